@@ -1,0 +1,1 @@
+"""moelight: high-throughput batch inference for Mixture-of-Experts LLMs."""

@@ -1,0 +1,49 @@
+"""Mixture-of-Experts FFN: top-k routing and grouped expert matmuls (one per expert)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def route(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int):
+    """Mixtral routing: softmax over all experts in float32, keep top-k, renormalise (float32)."""
+    probs = torch.softmax(F.linear(x, gate_weight).float(), dim=-1)
+    weights, experts = torch.topk(probs, top_k, dim=-1)
+    weights = weights / weights.sum(dim=-1, keepdim=True)
+    return weights, experts
+
+
+def moe_ffn(
+    x: torch.Tensor,
+    gate_weight: torch.Tensor,
+    gate_up_proj,
+    down_proj,
+    top_k: int,
+) -> torch.Tensor:
+    """x [T, h] -> [T, h].
+
+    Token-expert pairs are sorted by expert so each expert runs one matmul over all its
+    tokens. `gate_up_proj[e]` / `down_proj[e]` may be any indexable (a page table of
+    device buffers, for instance): only the experts that received tokens are touched.
+    """
+    T = x.shape[0]
+    weights, experts = route(x, gate_weight, top_k)
+    flat_experts = experts.reshape(-1)
+    order = torch.argsort(flat_experts, stable=True)
+    token_of_pair = order // top_k
+    counts = torch.bincount(flat_experts, minlength=gate_weight.shape[0]).tolist()
+    xs = x.index_select(0, token_of_pair)
+    ys = torch.empty_like(xs)
+    start = 0
+    for e, n in enumerate(counts):
+        if n == 0:
+            continue
+        gate_up = F.linear(xs[start : start + n], gate_up_proj[e])
+        gate, up = gate_up.chunk(2, dim=-1)
+        ys[start : start + n] = F.linear(F.silu(gate) * up, down_proj[e])
+        start += n
+    # Scale in float32 then round once, as the reference implementation does.
+    ys = (ys * weights.reshape(-1, 1).index_select(0, order)).to(x.dtype)
+    out = torch.zeros_like(x) if T else x.clone()
+    return out.index_add_(0, token_of_pair, ys)
