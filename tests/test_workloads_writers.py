@@ -1,0 +1,178 @@
+"""Streaming result writers, OpenAI Batch output shape, parquet, and resume after a kill."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+
+from workloads import (
+    OutputExistsError,
+    Request,
+    ResultWriter,
+    TurnOutput,
+    build_error_result,
+    build_result,
+    finished_ids,
+    output_format,
+    read_results,
+    sidecar_path,
+)
+
+
+def result(rid: str, text: str = "out", **kw) -> dict:
+    req = Request(id=rid, prompt=f"prompt {rid}", meta=kw.pop("meta", {}))
+    return build_result(req, [TurnOutput(text, [5, 6, 7], "stop", prompt_tokens=4)], **kw)
+
+
+def lines(path: Path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def test_build_result_shape_multi_turn():
+    req = Request(id="q1", messages=[{"role": "user", "content": "A?"}], followups=["B?"],
+                  meta={"category": "x"})
+    r = build_result(req, [TurnOutput("a", [1, 2], "stop", 10, user="A?"),
+                           TurnOutput("b", [3, 4, 5], "length", 20, user="B?")], model="m")
+    assert r["id"] == "q1" and r["output"] == "b" and r["output_token_ids"] == [3, 4, 5]
+    assert r["finish_reason"] == "length" and r["prompt_tokens"] == 30 and r["completion_tokens"] == 5
+    assert [t["output"] for t in r["turns"]] == ["a", "b"] and r["turns"][0]["user"] == "A?"
+    assert r["messages"] == req.messages and r["meta"] == {"category": "x"} and r["model"] == "m"
+    assert "turns" not in result("x")
+
+
+def test_jsonl_streaming_visible_before_close(tmp_path):
+    out = tmp_path / "sub" / "out.jsonl"
+    with ResultWriter(out) as w:
+        w.write(result("a", "hello"))
+        got = lines(out)  # on disk right after write(), before close
+        assert [g["id"] for g in got] == ["a"] and got[0]["output"] == "hello"
+        assert got[0]["output_token_ids"] == [5, 6, 7] and got[0]["finish_reason"] == "stop"
+        assert got[0]["prompt"] == "prompt a"
+        w.write(result("b"))
+        assert len(lines(out)) == 2 and w.written == 2
+    assert finished_ids(out) == {"a", "b"}
+    with pytest.raises(ValueError, match="closed"):
+        w.write(result("c"))
+
+
+def test_refuses_existing_output(tmp_path):
+    out = tmp_path / "out.jsonl"
+    with ResultWriter(out) as w:
+        w.write(result("a"))
+    with pytest.raises(OutputExistsError, match="--resume.*--overwrite"):
+        ResultWriter(out)
+    with pytest.raises(ValueError, match="not both"):
+        ResultWriter(out, resume=True, overwrite=True)
+    with ResultWriter(out, overwrite=True) as w:
+        w.write(result("z"))
+    assert finished_ids(out) == {"z"}
+
+
+def test_bad_results_rejected(tmp_path):
+    with ResultWriter(tmp_path / "o.jsonl") as w:
+        with pytest.raises(ValueError, match="missing"):
+            w.write({"id": "a", "output": "x"})
+        with pytest.raises(ValueError, match="finish_reason"):
+            w.write({**result("a"), "finish_reason": "eos"})
+        with pytest.raises(ValueError, match="string 'id'"):
+            w.write({**result("a"), "id": 3})
+    assert (tmp_path / "o.jsonl").read_text() == ""
+
+
+def test_resume_with_truncated_last_line(tmp_path):
+    out = tmp_path / "out.jsonl"
+    with ResultWriter(out) as w:
+        for rid in ("a", "b", "c"):
+            w.write(result(rid))
+    data = out.read_bytes()
+    out.write_bytes(data[: len(data) - 25])  # a kill in the middle of writing "c"
+    assert finished_ids(out) == {"a", "b"}
+    with ResultWriter(out, resume=True) as w:
+        w.write(result("c"))
+        w.write(result("d"))
+    assert [r["id"] for r in lines(out)] == ["a", "b", "c", "d"]
+    assert finished_ids(out) == {"a", "b", "c", "d"}
+
+
+def test_resume_keeps_complete_line_without_newline(tmp_path):
+    out = tmp_path / "out.jsonl"
+    out.write_text(json.dumps(result("a")))  # complete record, newline lost
+    assert finished_ids(out) == {"a"}
+    with ResultWriter(out, resume=True) as w:
+        w.write(result("b"))
+    assert [r["id"] for r in lines(out)] == ["a", "b"]
+
+
+def test_finished_ids_missing_and_corrupt_middle(tmp_path):
+    assert finished_ids(tmp_path / "none.jsonl") == set()
+    out = tmp_path / "out.jsonl"
+    out.write_text(json.dumps(result("a")) + "\n{garbage\n" + json.dumps(result("b")) + "\n")
+    with pytest.raises(ValueError, match=r"out.jsonl:2"):
+        finished_ids(out)
+
+
+def test_openai_output_shape(tmp_path):
+    out = tmp_path / "out.jsonl"
+    assert output_format(out, "openai") == "openai" and output_format(out) == "jsonl"
+    chat = result("req-1", "Hi!", meta={"custom_id": "req-1", "model": "mixtral-8x7b",
+                                        "url": "/v1/chat/completions"})
+    comp = result("req-2", "text", meta={"custom_id": "req-2", "url": "/v1/completions"})
+    with ResultWriter(out, format="openai", model_name="moelight-default") as w:
+        w.write(chat)
+        w.write(comp)
+        w.write(build_error_result(Request(id="req-3", prompt="x" * 10), "prompt too long", "context_length"))
+    a, b, c = lines(out)
+    assert set(a) == {"id", "custom_id", "response", "error"} and a["error"] is None
+    assert a["id"].startswith("batch_req_") and a["custom_id"] == "req-1"
+    resp = a["response"]
+    assert resp["status_code"] == 200 and isinstance(resp["request_id"], str)
+    body = resp["body"]
+    assert body["object"] == "chat.completion" and body["model"] == "mixtral-8x7b"
+    assert body["choices"][0]["message"] == {"role": "assistant", "content": "Hi!"}
+    assert body["choices"][0]["finish_reason"] == "stop" and body["choices"][0]["index"] == 0
+    assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}
+    bb = b["response"]["body"]
+    assert bb["object"] == "text_completion" and bb["choices"][0]["text"] == "text"
+    assert bb["model"] == "moelight-default"
+    assert c["response"] is None and c["error"] == {"code": "context_length", "message": "prompt too long"}
+    assert finished_ids(out) == {"req-1", "req-2", "req-3"}
+
+
+def test_parquet_round_trip(tmp_path):
+    out = tmp_path / "out.parquet"
+    req = Request(id="m", messages=[{"role": "user", "content": "A?"}], followups=["B?"],
+                  meta={"k": [1, "x"]})
+    multi = build_result(req, [TurnOutput("a", [1], "stop", 3, user="A?"), TurnOutput("b", [2], "length", 5)])
+    records = [result("a", "héllo"), multi]
+    with ResultWriter(out) as w:
+        assert w.format == "parquet"
+        w.write(records[0])
+        assert not out.exists() and lines(sidecar_path(out))[0]["id"] == "a"  # streamed to the sidecar
+        w.write(records[1])
+    assert out.exists() and not sidecar_path(out).exists()
+    table = pq.read_table(out)
+    assert table.column("id").to_pylist() == ["a", "m"]
+    assert table.column("output_token_ids").to_pylist() == [[5, 6, 7], [2]]
+    assert read_results(out) == [{k: r.get(k) for k in table.column_names} for r in records]
+    assert finished_ids(out) == {"a", "m"}
+
+
+def test_parquet_resume_after_crash(tmp_path):
+    out = tmp_path / "out.parquet"
+    with ResultWriter(out) as w:
+        w.write(result("a"))
+    # second run killed: sidecar holds b and half of c, parquet not rewritten
+    w = ResultWriter(out, resume=True)
+    w.write(result("b"))
+    w._f.write(json.dumps(result("c"))[:30])
+    w._f.close()  # the process dies here: no close(), no conversion
+    assert finished_ids(out) == {"a", "b"}
+    with pytest.raises(OutputExistsError):
+        ResultWriter(out)
+    with ResultWriter(out, resume=True) as w2:
+        w2.write(result("c"))
+    assert pq.read_table(out).column("id").to_pylist() == ["a", "b", "c"]
+    assert not sidecar_path(out).exists()

@@ -1,0 +1,47 @@
+"""Datasets in, results out: readers (MT-Bench, jsonl, OpenAI Batch, parquet), synthetic
+workloads, and streaming result writers with resume. No torch, no moelight imports."""
+
+from .dataset import FORMATS, LoadedDataset, load_dataset, read_dataset, replicate
+from .errors import DatasetError, OutputExistsError, Problem
+from .request import Request
+from .results import TurnOutput, build_error_result, build_result, to_openai_batch
+from .resume import finished_ids, read_results, sidecar_path
+from .synthetic import (
+    MTBENCH_MAX_LEN,
+    MTBENCH_MEAN_LEN,
+    mtbench_like_lengths,
+    mtbench_like_prompts,
+    synthetic_lengths,
+    synthetic_prompts,
+    synthetic_requests,
+)
+from .writer import OUTPUT_FORMATS, ResultWriter, output_format
+
+__all__ = [
+    "FORMATS",
+    "MTBENCH_MAX_LEN",
+    "MTBENCH_MEAN_LEN",
+    "OUTPUT_FORMATS",
+    "DatasetError",
+    "LoadedDataset",
+    "OutputExistsError",
+    "Problem",
+    "Request",
+    "ResultWriter",
+    "TurnOutput",
+    "build_error_result",
+    "build_result",
+    "finished_ids",
+    "load_dataset",
+    "mtbench_like_lengths",
+    "mtbench_like_prompts",
+    "output_format",
+    "read_dataset",
+    "read_results",
+    "replicate",
+    "sidecar_path",
+    "synthetic_lengths",
+    "synthetic_prompts",
+    "synthetic_requests",
+    "to_openai_batch",
+]

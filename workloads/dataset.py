@@ -1,0 +1,193 @@
+"""``read_dataset``: pick a reader by content/extension, collect every bad record, replicate.
+
+All problems of a file are reported in one ``DatasetError`` (file:line each) so a user
+fixes the file in one pass; ``skip_bad_lines`` trades that for going on without them.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from .errors import DatasetError, Problem, format_problems
+from .readers import (
+    looks_like_mtbench,
+    looks_like_openai_batch,
+    looks_like_prompt_jsonl,
+    parse_mtbench,
+    parse_openai_record,
+    parse_prompt_record,
+    read_json_lines,
+    read_parquet,
+)
+from .readers.fields import RecordError
+from .request import Request
+
+log = logging.getLogger("workloads")
+
+FORMATS = ("mtbench", "jsonl", "openai", "parquet")
+ALIASES = {"prompt": "jsonl", "json": "jsonl", "openai_batch": "openai", "batch": "openai",
+           "mt-bench": "mtbench", "mt_bench": "mtbench", "pq": "parquet"}
+PARSERS: dict[str, Callable[..., Request]] = {
+    "mtbench": parse_mtbench,
+    "jsonl": parse_prompt_record,
+    "openai": parse_openai_record,
+}
+SKIP_HINT = "Fix these records, or pass skip_bad_lines=True (--skip-bad-lines) to go on without them."
+
+
+@dataclass
+class LoadedDataset:
+    """Requests read plus the records skipped (only non-empty with ``skip_bad_lines``)."""
+
+    requests: list[Request]
+    format: str
+    skipped: list[Problem] = field(default_factory=list)
+
+
+def normalize_format(fmt: str | None) -> str | None:
+    if fmt is None:
+        return None
+    key = fmt.strip().lower()
+    key = ALIASES.get(key, key)
+    if key not in FORMATS:
+        raise DatasetError(f"unknown dataset format {fmt!r}; choose one of: {', '.join(FORMATS)}")
+    return key
+
+
+def _is_parquet(path: Path) -> bool:
+    if path.suffix.lower() in (".parquet", ".pq"):
+        return True
+    with open(path, "rb") as f:
+        return f.read(4) == b"PAR1"
+
+
+def _detect_jsonl_format(label: str, records: list[tuple[int, dict]]) -> str:
+    lineno, obj = records[0]
+    if looks_like_openai_batch(obj):
+        return "openai"
+    if looks_like_mtbench(obj):
+        return "mtbench"
+    if looks_like_prompt_jsonl(obj):
+        return "jsonl"
+    keys = ", ".join(sorted(obj)) or "none"
+    raise DatasetError(
+        f"{label}:{lineno}: cannot tell the dataset format from this record (keys: {keys}); "
+        f"expected 'prompt'/'messages' (jsonl), 'turns' (mtbench) or 'custom_id'+'body' (openai), "
+        f"or pass format= one of {', '.join(FORMATS)}"
+    )
+
+
+def _check_duplicates(requests: list[Request], problems: list[Problem]) -> list[Request]:
+    seen: dict[str, str] = {}
+    kept = []
+    for r in requests:
+        if r.id in seen:
+            problems.append(Problem(r.source, f"duplicate id {r.id!r} (first at {seen[r.id]})"))
+            continue
+        seen[r.id] = r.source
+        kept.append(r)
+    return kept
+
+
+def _line_of(p: Problem) -> int:
+    """Line (or row) number at the end of ``file:17`` / ``file:row 17``, to list problems in file order."""
+    m = re.search(r"(\d+)$", p.where)
+    return int(m.group(1)) if m else 0
+
+
+def load_dataset(path: str | Path, format: str | None = None, turn: int = 1,
+                 num_requests: int | None = None, skip_bad_lines: bool = False,
+                 prompt_column: str = "prompt", id_column: str = "id") -> LoadedDataset:
+    """Like ``read_dataset`` but also returns the detected format and the skipped records."""
+    label = str(path)
+    path = Path(path)
+    fmt = normalize_format(format)
+    if not isinstance(turn, int) or turn < 1:
+        raise DatasetError(f"turn must be an integer >= 1, got {turn!r}")
+    if num_requests is not None and (not isinstance(num_requests, int) or num_requests < 1):
+        raise DatasetError(f"num_requests must be a positive integer, got {num_requests!r}")
+    if not path.exists():
+        raise DatasetError(f"{label}: dataset file does not exist")
+    if path.is_dir():
+        raise DatasetError(f"{label}: is a directory, expected a dataset file")
+    if path.stat().st_size == 0:
+        raise DatasetError(f"{label}: file is empty")
+
+    if fmt is None and _is_parquet(path):
+        fmt = "parquet"
+    if turn != 1 and fmt not in (None, "mtbench"):
+        raise DatasetError(f"turn={turn} applies to MT-Bench datasets only (format is {fmt})")
+
+    if fmt == "parquet":
+        requests, problems = read_parquet(path, label, prompt_column, id_column)
+    else:
+        records, problems = read_json_lines(path, label)
+        if not records and not problems:
+            raise DatasetError(f"{label}: file is empty (no records)")
+        if not records:
+            raise DatasetError.from_problems(label, problems, "No line could be read.")
+        fmt = fmt or _detect_jsonl_format(label, records)
+        if turn != 1 and fmt != "mtbench":
+            raise DatasetError(f"turn={turn} applies to MT-Bench datasets only ({label} is {fmt})")
+        parse = PARSERS[fmt]
+        requests = []
+        for lineno, obj in records:
+            where = f"{label}:{lineno}"
+            try:
+                requests.append(parse(obj, where, lineno, turn))
+            except RecordError as e:
+                problems.append(Problem(where, str(e)))
+    requests = _check_duplicates(requests, problems)
+    problems.sort(key=_line_of)
+    for r in requests:
+        r.meta.setdefault("input_format", fmt)
+
+    if problems and not skip_bad_lines:
+        raise DatasetError.from_problems(label, problems, SKIP_HINT)
+    if problems:
+        log.warning("%s: skipped %d bad record(s):\n%s", label, len(problems), format_problems(problems))
+    if not requests:
+        raise DatasetError(f"{label}: no usable requests" + (" (all were skipped)" if problems else ""))
+    if num_requests is not None:
+        requests = replicate(requests, num_requests)
+    return LoadedDataset(requests=requests, format=fmt, skipped=problems)
+
+
+def read_dataset(path: str | Path, format: str | None = None, turn: int = 1,
+                 num_requests: int | None = None, skip_bad_lines: bool = False,
+                 prompt_column: str = "prompt", id_column: str = "id") -> list[Request]:
+    """Read a dataset file into requests.
+
+    ``format``: mtbench | jsonl | openai | parquet (None: detected from extension/content).
+    ``turn``: MT-Bench only; k asks turns 1..k as one conversation.
+    ``num_requests``: cycle (or truncate) to exactly this many requests.
+    """
+    return load_dataset(path, format, turn, num_requests, skip_bad_lines, prompt_column,
+                        id_column).requests
+
+
+def replicate(requests: list[Request], k: int) -> list[Request]:
+    """Cycle through ``requests`` to exactly ``k`` (MoE-Lightning fills big batches this way).
+
+    With k <= len the first k keep their ids; otherwise every copy gets ``"{id}#{r}"``
+    (r = replica number, from 0) so ids stay unique for output and resume.
+    """
+    n = len(requests)
+    if k <= n:
+        return requests[:k]
+    out = []
+    for i in range(k):
+        r, base = divmod(i, n)
+        src = requests[base]
+        meta = {**src.meta, "original_id": src.id, "replica": r}
+        out.append(replace(src, id=f"{src.id}#{r}", meta=meta, messages=_copy_msgs(src.messages),
+                           followups=list(src.followups)))
+    return out
+
+
+def _copy_msgs(messages: list[dict] | None) -> list[dict] | None:
+    return None if messages is None else [dict(m) for m in messages]

@@ -1,0 +1,75 @@
+"""Result records <-> parquet tables.
+
+Nested fields (messages, turns, meta, error) are stored as JSON strings and listed in
+the schema metadata, so any result dict survives a round trip without a fixed schema.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+JSON_COLUMNS_KEY = b"moelight.json_columns"
+
+
+def _column_type(values: list) -> pa.DataType | None:
+    """The arrow type for a column's non-null values, or None to store them as JSON."""
+    vals = [v for v in values if v is not None]
+    if not vals:
+        return pa.string()
+    if all(isinstance(v, str) for v in vals):
+        return pa.string()
+    if all(isinstance(v, bool) for v in vals):
+        return pa.bool_()
+    if all(isinstance(v, int) and not isinstance(v, bool) for v in vals):
+        return pa.int64()
+    if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in vals):
+        return pa.float64()
+    if all(isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+           for v in vals):
+        return pa.list_(pa.int64())
+    return None
+
+
+def records_to_table(records: list[dict]) -> pa.Table:
+    keys: list[str] = []
+    for r in records:
+        keys.extend(k for k in r if k not in keys)
+    if not keys:
+        keys = ["id"]
+    arrays, json_cols = {}, []
+    for k in keys:
+        values = [r.get(k) for r in records]
+        typ = _column_type(values)
+        if typ is None:
+            json_cols.append(k)
+            values = [None if v is None else json.dumps(v, ensure_ascii=False) for v in values]
+            typ = pa.string()
+        arrays[k] = pa.array(values, type=typ)
+    table = pa.table(arrays)
+    return table.replace_schema_metadata({JSON_COLUMNS_KEY: json.dumps(json_cols).encode()})
+
+
+def table_to_records(table: pa.Table) -> list[dict]:
+    meta = table.schema.metadata or {}
+    json_cols = json.loads(meta.get(JSON_COLUMNS_KEY, b"[]"))
+    rows = table.to_pylist()
+    for row in rows:
+        for k in json_cols:
+            if row.get(k) is not None:
+                row[k] = json.loads(row[k])
+    return rows
+
+
+def write_parquet_atomic(path: Path, records: list[dict]) -> None:
+    """Write to a temp file and rename, so a crash never leaves a half-written parquet."""
+    tmp = path.with_name(path.name + ".tmp")
+    pq.write_table(records_to_table(records), tmp)
+    tmp.replace(path)
+
+
+def read_parquet_records(path: Path) -> list[dict]:
+    return table_to_records(pq.read_table(path))

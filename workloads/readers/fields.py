@@ -1,0 +1,126 @@
+"""Field validation shared by the record parsers.
+
+Parsers raise ``RecordError`` with a short message; the dataset driver adds the file and
+line, collects every bad record and reports them together.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
+
+
+class RecordError(Exception):
+    """A record is unusable; the message says which field and why (no location)."""
+
+
+def _type_name(v: Any) -> str:
+    return "null" if v is None else type(v).__name__
+
+
+def get_id(obj: dict, key: str, default: str) -> str:
+    """An id may be a string or an integer in the input; the engine always uses strings."""
+    v = obj.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, (str, int)):
+        raise RecordError(f"field '{key}' must be a string or integer, got {_type_name(v)}")
+    s = str(v)
+    if not s.strip():
+        raise RecordError(f"field '{key}' is empty")
+    return s
+
+
+def get_text(obj: dict, key: str, *, required: bool = True) -> str | None:
+    """A prompt-like text field: must be a non-blank string."""
+    if key not in obj or obj[key] is None:
+        if required:
+            raise RecordError(f"missing required field '{key}'")
+        return None
+    v = obj[key]
+    if not isinstance(v, str):
+        raise RecordError(f"field '{key}' must be a string, got {_type_name(v)}")
+    if not v.strip():
+        raise RecordError(f"empty prompt in field '{key}'")
+    return v
+
+
+def opt_int(obj: dict, *keys: str, minimum: int | None = None) -> int | None:
+    """The first present of ``keys`` as an integer (aliases such as max_tokens/max_new_tokens)."""
+    for key in keys:
+        v = obj.get(key)
+        if v is None:
+            continue
+        if isinstance(v, float) and v.is_integer():
+            v = int(v)
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise RecordError(f"field '{key}' must be an integer, got {_type_name(v)} {v!r}")
+        if minimum is not None and v < minimum:
+            raise RecordError(f"field '{key}' must be >= {minimum}, got {v}")
+        return v
+    return None
+
+
+def opt_float(obj: dict, key: str, lo: float | None = None, hi: float | None = None) -> float | None:
+    """An optional number within [lo, hi]."""
+    v = obj.get(key)
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise RecordError(f"field '{key}' must be a number, got {_type_name(v)} {v!r}")
+    v = float(v)
+    if (lo is not None and v < lo) or (hi is not None and v > hi):
+        raise RecordError(f"field '{key}' must be in [{lo}, {hi}], got {v}")
+    return v
+
+
+def _content_text(content: Any, where: str) -> str:
+    """Chat content is a string, or OpenAI's list of parts of which only text is supported."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, dict) and part.get("type") == "text" and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            else:
+                kind = part.get("type") if isinstance(part, dict) else _type_name(part)
+                raise RecordError(f"{where}: only text content parts are supported, got {kind!r}")
+        return "".join(texts)
+    raise RecordError(f"{where}: content must be a string, got {_type_name(content)}")
+
+
+def parse_messages(v: Any, key: str = "messages") -> list[dict]:
+    """Validate chat turns and normalise them to ``{"role": str, "content": str}``."""
+    if not isinstance(v, list):
+        raise RecordError(f"field '{key}' must be a list of {{role, content}} objects, got {_type_name(v)}")
+    if not v:
+        raise RecordError(f"field '{key}' is empty")
+    out = []
+    for i, m in enumerate(v):
+        where = f"{key}[{i}]"
+        if not isinstance(m, dict):
+            raise RecordError(f"{where} must be an object with role and content, got {_type_name(m)}")
+        role = m.get("role")
+        if not isinstance(role, str) or role not in CHAT_ROLES:
+            raise RecordError(f"{where}: role must be one of {', '.join(CHAT_ROLES)}, got {role!r}")
+        if "content" not in m:
+            raise RecordError(f"{where}: missing 'content'")
+        content = _content_text(m["content"], where)
+        if role == "user" and not content.strip():
+            raise RecordError(f"{where}: empty prompt (user content is blank)")
+        out.append({"role": role, "content": content})
+    if not any(m["role"] == "user" for m in out):
+        raise RecordError(f"field '{key}' has no user turn")
+    return out
+
+
+def sampling_fields(obj: dict) -> dict:
+    """temperature / top_p / top_k / seed overrides, each None when absent."""
+    return {
+        "temperature": opt_float(obj, "temperature", 0.0, 100.0),
+        "top_p": opt_float(obj, "top_p", 0.0, 1.0),
+        "top_k": opt_int(obj, "top_k", minimum=-1),
+        "seed": opt_int(obj, "seed"),
+    }

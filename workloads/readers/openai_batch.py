@@ -1,0 +1,59 @@
+"""OpenAI Batch API input: ``{"custom_id", "method", "url", "body": {...}}`` a line.
+
+``body.messages`` (chat completions) or ``body.prompt`` (completions); the model name,
+url and custom_id are kept in ``meta`` so the writer can answer in the Batch output shape.
+"""
+
+from __future__ import annotations
+
+from ..request import Request
+from .fields import RecordError, get_id, opt_int, parse_messages, sampling_fields
+
+SUPPORTED_URLS = ("/v1/chat/completions", "/v1/completions")
+
+
+def looks_like_openai_batch(obj: dict) -> bool:
+    return "custom_id" in obj or ("body" in obj and "url" in obj)
+
+
+def parse_openai_record(obj: dict, where: str, lineno: int, turn: int = 1) -> Request:
+    if obj.get("custom_id") is None:
+        raise RecordError("missing required field 'custom_id'")
+    cid = get_id(obj, "custom_id", "")
+    method = obj.get("method", "POST")
+    if method != "POST":
+        raise RecordError(f"field 'method' must be 'POST', got {method!r}")
+    url = obj.get("url", "/v1/chat/completions")
+    if url not in SUPPORTED_URLS:
+        raise RecordError(f"field 'url' must be one of {', '.join(SUPPORTED_URLS)}, got {url!r}")
+    body = obj.get("body")
+    if body is None:
+        raise RecordError("missing required field 'body'")
+    if not isinstance(body, dict):
+        raise RecordError(f"field 'body' must be an object, got {type(body).__name__}")
+    n = body.get("n", 1)
+    if n != 1:
+        raise RecordError(f"body.n={n!r} is not supported (one completion per request)")
+    messages = None
+    prompt = None
+    if body.get("messages") is not None:
+        messages = parse_messages(body["messages"], "body.messages")
+    elif body.get("prompt") is not None:
+        p = body["prompt"]
+        if isinstance(p, list) and len(p) == 1:
+            p = p[0]
+        if not isinstance(p, str):
+            raise RecordError(f"body.prompt must be a string, got {type(p).__name__}")
+        if not p.strip():
+            raise RecordError("empty prompt in body.prompt")
+        prompt = p
+    else:
+        raise RecordError("missing required field 'body.messages' (or 'body.prompt')")
+    try:
+        sampling = sampling_fields(body)
+        max_new = opt_int(body, "max_completion_tokens", "max_tokens", minimum=1)
+    except RecordError as e:
+        raise RecordError(f"body: {e}") from None
+    meta = {"custom_id": obj["custom_id"], "url": url, "model": body.get("model")}
+    return Request(id=cid, messages=messages, prompt=prompt, max_new_tokens=max_new,
+                   source=where, meta=meta, **sampling)

@@ -1,0 +1,46 @@
+"""Plain jsonl: one object a line with ``prompt`` (or ``messages``), optional ``id``,
+``max_tokens``/``max_new_tokens``, sampling overrides and ``followups``."""
+
+from __future__ import annotations
+
+from ..request import Request
+from .fields import RecordError, get_id, get_text, opt_int, parse_messages, sampling_fields
+
+KNOWN_KEYS = {"id", "prompt", "messages", "max_tokens", "max_new_tokens", "followups",
+              "temperature", "top_p", "top_k", "seed"}
+
+
+def looks_like_prompt_jsonl(obj: dict) -> bool:
+    return "prompt" in obj or "messages" in obj
+
+
+def parse_prompt_record(obj: dict, where: str, lineno: int, turn: int = 1) -> Request:
+    """Ids default to the line number so they stay stable when bad lines are skipped."""
+    rid = get_id(obj, "id", str(lineno))
+    messages = None
+    prompt = None
+    if obj.get("messages") is not None:
+        if obj.get("prompt") is not None:
+            raise RecordError("give either 'prompt' or 'messages', not both")
+        messages = parse_messages(obj["messages"])
+    elif "prompt" in obj:
+        prompt = get_text(obj, "prompt")
+    else:
+        raise RecordError("missing required field 'prompt' (or 'messages')")
+    followups = obj.get("followups") or []
+    if not isinstance(followups, list) or not all(isinstance(t, str) and t.strip() for t in followups):
+        raise RecordError("field 'followups' must be a list of non-empty strings")
+    if followups and messages is None:
+        messages = [{"role": "user", "content": prompt}]
+        prompt = None
+    meta = {k: v for k, v in obj.items() if k not in KNOWN_KEYS}
+    return Request(
+        id=rid,
+        messages=messages,
+        prompt=prompt,
+        followups=list(followups),
+        max_new_tokens=opt_int(obj, "max_new_tokens", "max_tokens", minimum=1),
+        source=where,
+        meta=meta,
+        **sampling_fields(obj),
+    )

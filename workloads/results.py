@@ -1,0 +1,113 @@
+"""The result record the engine hands to ``ResultWriter`` and its OpenAI Batch rendering.
+
+Keeping the shape in one place lets the engine build it with ``build_result`` and never
+care which output format the user asked for.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from dataclasses import dataclass, field
+
+from .request import Request
+
+FINISH_REASONS = ("stop", "length")
+REQUIRED_KEYS = ("id", "output", "output_token_ids", "finish_reason", "prompt_tokens", "completion_tokens")
+
+
+@dataclass
+class TurnOutput:
+    """What the engine produced for one user turn."""
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    prompt_tokens: int
+    user: str | None = None  # the user turn that was answered (for multi-turn records)
+    extra: dict = field(default_factory=dict)
+
+
+def build_result(request: Request, turns: list[TurnOutput], model: str | None = None) -> dict:
+    """The dict ``ResultWriter.write`` expects, from a request and its per-turn outputs.
+
+    Top-level output fields describe the last turn; token counts are summed over turns
+    (each turn's prompt includes the conversation so far). ``turns`` is present only
+    for multi-turn requests.
+    """
+    if not turns:
+        raise ValueError(f"request {request.id!r}: no outputs")
+    last = turns[-1]
+    result: dict = {
+        "id": request.id,
+        "prompt": request.prompt,
+        "messages": request.messages,
+        "output": last.text,
+        "output_token_ids": list(last.token_ids),
+        "finish_reason": last.finish_reason,
+        "prompt_tokens": sum(t.prompt_tokens for t in turns),
+        "completion_tokens": sum(len(t.token_ids) for t in turns),
+    }
+    if len(turns) > 1:
+        result["turns"] = [
+            {"user": t.user, "output": t.text, "output_token_ids": list(t.token_ids),
+             "finish_reason": t.finish_reason, "prompt_tokens": t.prompt_tokens,
+             "completion_tokens": len(t.token_ids), **t.extra}
+            for t in turns
+        ]
+    if model is not None:
+        result["model"] = model
+    result["meta"] = dict(request.meta)
+    return result
+
+
+def build_error_result(request: Request, message: str, code: str = "engine_error") -> dict:
+    """A request the engine could not serve (e.g. prompt longer than the context)."""
+    return {"id": request.id, "prompt": request.prompt, "messages": request.messages,
+            "error": {"code": code, "message": message}, "meta": dict(request.meta)}
+
+
+def check_result(result: dict) -> None:
+    """Fail loudly on an engine bug rather than write a record resume cannot read."""
+    if not isinstance(result, dict):
+        raise TypeError(f"result must be a dict, got {type(result).__name__}")
+    if not isinstance(result.get("id"), str):
+        raise ValueError(f"result needs a string 'id', got {result.get('id')!r}")
+    if result.get("error") is not None:
+        return
+    missing = [k for k in REQUIRED_KEYS if k not in result]
+    if missing:
+        raise ValueError(f"result {result['id']!r} is missing {', '.join(missing)}")
+    if result["finish_reason"] not in FINISH_REASONS:
+        raise ValueError(f"result {result['id']!r}: finish_reason must be one of {FINISH_REASONS}, "
+                         f"got {result['finish_reason']!r}")
+
+
+def to_openai_batch(result: dict, default_model: str = "moelight") -> dict:
+    """Render a result as one line of OpenAI Batch output (chat.completion or text_completion)."""
+    meta = result.get("meta") or {}
+    custom_id = result["id"]
+    line_id = f"batch_req_{uuid.uuid4().hex[:24]}"
+    if result.get("error") is not None:
+        err = result["error"]
+        return {"id": line_id, "custom_id": custom_id, "response": None,
+                "error": {"code": err.get("code", "engine_error"), "message": err.get("message", "")}}
+    model = result.get("model") or meta.get("model") or default_model
+    created = int(result.get("created") or time.time())
+    usage = {"prompt_tokens": result["prompt_tokens"], "completion_tokens": result["completion_tokens"],
+             "total_tokens": result["prompt_tokens"] + result["completion_tokens"]}
+    if meta.get("url") == "/v1/completions":
+        body = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": created,
+                "model": model,
+                "choices": [{"index": 0, "text": result["output"], "logprobs": None,
+                             "finish_reason": result["finish_reason"]}],
+                "usage": usage}
+    else:
+        body = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": created,
+                "model": model,
+                "choices": [{"index": 0, "message": {"role": "assistant", "content": result["output"]},
+                             "logprobs": None, "finish_reason": result["finish_reason"]}],
+                "usage": usage}
+    return {"id": line_id, "custom_id": custom_id,
+            "response": {"status_code": 200, "request_id": uuid.uuid4().hex, "body": body},
+            "error": None}
