@@ -1,1 +1,22 @@
-"""moelight: high-throughput batch inference for Mixture-of-Experts LLMs."""
+"""moelight: high-throughput batch inference for Mixture-of-Experts LLMs.
+
+The public names load lazily so `import moelight.<module>` stays cheap.
+"""
+
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+
+
+def __getattr__(name: str):
+    if name == "LLM":
+        from moelight.llm import LLM
+
+        return LLM
+    if name == "SamplingParams":
+        from moelight.sampling import SamplingParams
+
+        return SamplingParams
+    if name in ("RequestOutput", "CompletionOutput"):
+        from moelight import outputs
+
+        return getattr(outputs, name)
+    raise AttributeError(f"module 'moelight' has no attribute {name!r}")

@@ -64,9 +64,10 @@ class SparseMoE(nn.Module):
         self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
         self.gate_up_proj = nn.Parameter(torch.empty(cfg.num_experts, 2 * cfg.intermediate_size, cfg.hidden_size))
         self.down_proj = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size))
+        self.linear = F.linear  # cpu_linear.pack_model swaps in pre-packed weights and their matmul
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return moe_ffn(x, self.gate.weight, self.gate_up_proj, self.down_proj, self.top_k)
+        return moe_ffn(x, self.gate.weight, self.gate_up_proj, self.down_proj, self.top_k, self.linear)
 
 
 class DecoderLayer(nn.Module):

@@ -20,12 +20,14 @@ def moe_ffn(
     gate_up_proj,
     down_proj,
     top_k: int,
+    linear=F.linear,
 ) -> torch.Tensor:
     """x [T, h] -> [T, h].
 
     Token-expert pairs are sorted by expert so each expert runs one matmul over all its
     tokens. `gate_up_proj[e]` / `down_proj[e]` may be any indexable (a page table of
-    device buffers, for instance): only the experts that received tokens are touched.
+    device buffers, pre-packed CPU weights) that `linear(x, w)` accepts: only the experts
+    that received tokens are touched.
     """
     T = x.shape[0]
     weights, experts = route(x, gate_weight, top_k)
@@ -39,9 +41,9 @@ def moe_ffn(
     for e, n in enumerate(counts):
         if n == 0:
             continue
-        gate_up = F.linear(xs[start : start + n], gate_up_proj[e])
+        gate_up = linear(xs[start : start + n], gate_up_proj[e])
         gate, up = gate_up.chunk(2, dim=-1)
-        ys[start : start + n] = F.linear(F.silu(gate) * up, down_proj[e])
+        ys[start : start + n] = linear(F.silu(gate) * up, down_proj[e])
         start += n
     # Scale in float32 then round once, as the reference implementation does.
     ys = (ys * weights.reshape(-1, 1).index_select(0, order)).to(x.dtype)

@@ -1,0 +1,71 @@
+"""oneDNN pre-packed weights for CPU matmuls.
+
+On this class of CPU, aten's float32 `F.linear` (MKL) runs small-M matmuls at a fraction
+of peak, and decode is all small M (a few to a few hundred tokens per expert). oneDNN
+with weights reordered once into its blocked layout reaches several times the FLOP/s in
+float32 and about 1.5x in bfloat16 (benchmarks/bench_linear.py). Packing replaces the
+model's dense weights layer by layer, so peak memory grows by one layer at most.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from moelight.model import MixtralModel
+
+_PACK_HINT = 64  # expected rows per matmul; oneDNN picks the blocking from it
+
+
+def packing_supported(dtype: torch.dtype) -> bool:
+    """float32 and bfloat16 on an x86 build of torch with oneDNN (float16 stays dense)."""
+    if dtype not in (torch.float32, torch.bfloat16) or not torch.backends.mkldnn.is_available():
+        return False
+    try:
+        w = torch.ops.mkldnn._reorder_linear_weight(torch.zeros(8, 8, dtype=dtype), _PACK_HINT)
+        torch.ops.mkldnn._linear_pointwise(torch.zeros(2, 8, dtype=dtype), w, None, "none", [], "")
+    except (RuntimeError, AttributeError):
+        return False
+    return True
+
+
+def pack_weight(weight: torch.Tensor) -> torch.Tensor:
+    return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), _PACK_HINT)
+
+
+def packed_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
+    """x [M, k] @ W^T with W pre-packed by `pack_weight`."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+
+
+class PackedLinear(nn.Module):
+    """Drop-in for a bias-free nn.Linear whose weight lives in oneDNN's layout."""
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features, self.out_features = linear.in_features, linear.out_features
+        self.packed = pack_weight(linear.weight.detach())
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return packed_linear(x, self.packed)
+
+
+def pack_model(model: MixtralModel) -> bool:
+    """Repack every large matmul weight of `model` in place; False if this torch/CPU cannot."""
+    if not packing_supported(model.embed_tokens.weight.dtype):
+        return False
+    for layer in model.layers:
+        attn = layer.self_attn
+        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
+            setattr(attn, name, PackedLinear(getattr(attn, name)))
+        moe = layer.mlp
+        gate_up = [pack_weight(w) for w in moe.gate_up_proj.detach()]
+        down = [pack_weight(w) for w in moe.down_proj.detach()]
+        del moe.gate_up_proj, moe.down_proj
+        moe.gate_up_proj, moe.down_proj, moe.linear = gate_up, down, packed_linear
+    if not model.config.tie_word_embeddings:
+        model.lm_head = PackedLinear(model.lm_head)
+    return True
+
+
+

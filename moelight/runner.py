@@ -1,0 +1,184 @@
+"""`moelight run`: dataset in, results streamed out, report beside them.
+
+Order matters for losing nothing: everything that can be checked without the model
+(dataset, output file, tokenization, prompt lengths, memory) is checked first; each
+finished request is written and flushed before the next batch starts; Ctrl-C closes the
+writer and leaves a file that `--resume` continues.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from tqdm import tqdm
+
+import workloads
+from cpu_kernels import kernel_backend
+from moelight.cpu_linear import pack_model
+from moelight.engine import Engine, GenerationStats, SequenceResult
+from moelight.errors import PromptError
+from moelight.loader import load_model, resolve_model
+from moelight.memory import check_fits, peak_rss_bytes
+from moelight.report import RunReport
+from moelight.sampling import SamplingParams
+from moelight.tokenizer import load_tokenizer
+
+
+@dataclass
+class RunOptions:
+    dataset: Path
+    model: str
+    output: Path
+    gen_len: int = 128
+    dtype: str = "auto"
+    load_format: str = "auto"
+    batch_size: int | None = None
+    micro_batch_size: int | None = None
+    seed: int = 0
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    ignore_eos: bool = False
+    turn: int = 1
+    num_requests: int | None = None
+    dataset_format: str | None = None
+    prompt_column: str = "prompt"
+    skip_bad_lines: bool = False
+    resume: bool = False
+    overwrite: bool = False
+    tokenizer: str = "auto"
+    max_prefill_tokens: int = 4096
+    progress: bool = True
+
+
+def report_path(output: Path) -> Path:
+    return output.with_name(output.name + ".report.json")
+
+
+def run_job(opts: RunOptions) -> RunReport:
+    loaded = workloads.load_dataset(
+        opts.dataset, opts.dataset_format, turn=opts.turn, num_requests=opts.num_requests,
+        skip_bad_lines=opts.skip_bad_lines, prompt_column=opts.prompt_column,
+    )
+    out_format = workloads.output_format(opts.output, loaded.format)
+    requests = loaded.requests
+    if opts.resume and opts.output.exists():
+        done = workloads.finished_ids(opts.output)
+        requests = [r for r in requests if r.id not in done]
+    elif opts.output.exists() and not opts.overwrite:
+        raise workloads.OutputExistsError(
+            f"{opts.output}: output exists; pass --resume to continue it or --overwrite to replace it"
+        )
+    src = resolve_model(opts.model, opts.load_format, opts.dtype)
+    cfg = src.config
+    tok_dir = src.model_dir if opts.tokenizer != "byte" else None
+    tokenizer = load_tokenizer(tok_dir, kind="byte" if tok_dir is None else opts.tokenizer,
+                               model_vocab_size=cfg.vocab_size)
+    prompts, params, skipped = _prepare(requests, tokenizer, cfg.max_position_embeddings, opts)
+    requests = [r for r in requests if r.id not in skipped]
+    batch_size = opts.batch_size or max(1, min(256, len(requests)))
+    micro = opts.micro_batch_size or batch_size
+    kv_tokens = _largest_batch_tokens(prompts, params, batch_size, opts.turn)
+    check_fits(cfg, src.dtype, kv_tokens)
+    report = RunReport(model=opts.model, dtype=str(src.dtype).replace("torch.", ""), requests=len(requests),
+                       batch_size=batch_size, micro_batch_size=micro,
+                       skipped_requests=len(loaded.skipped) + len(skipped))
+    t0 = time.perf_counter()
+    model = load_model(src, opts.seed)
+    pack_model(model)
+    report.load_seconds = time.perf_counter() - t0
+    report.attention_backend = kernel_backend()
+    eos = tuple(dict.fromkeys(tuple(cfg.eos_token_ids) + tuple(tokenizer.eos_ids)))
+    engine = Engine(model, eos, opts.max_prefill_tokens)
+    total = sum(1 + len(r.followups) for r in requests)
+    bar = tqdm(total=total, unit="req", disable=not opts.progress, desc="generating")
+    try:
+        with workloads.ResultWriter(opts.output, out_format, resume=opts.resume, overwrite=opts.overwrite,
+                                    model_name=opts.model) as writer:
+            _generate_rounds(engine, tokenizer, requests, prompts, params, opts, batch_size, micro,
+                             writer, bar, report)
+    except KeyboardInterrupt:
+        report.interrupted = True
+    finally:
+        bar.close()
+        report.peak_memory_bytes = peak_rss_bytes()
+        report.save(report_path(opts.output))
+    return report
+
+
+def _prepare(requests, tokenizer, context: int, opts: RunOptions):
+    """Tokenize every first turn and build its SamplingParams; gather every bad prompt at once."""
+    prompts, params, problems, skipped = [], [], [], set()
+    for r in requests:
+        ids = tokenizer.encode_request(r)
+        text_empty = not (r.prompt or r.messages)
+        if text_empty or not ids:
+            problems.append(f"{r.source or r.id}: empty prompt")
+        elif len(ids) >= context:
+            problems.append(f"{r.source or r.id}: prompt has {len(ids)} tokens, the model's context is {context}")
+        else:
+            p = SamplingParams(
+                max_tokens=min(r.max_new_tokens or opts.gen_len, context - len(ids)),
+                temperature=opts.temperature if r.temperature is None else r.temperature,
+                top_p=opts.top_p if r.top_p is None else r.top_p,
+                top_k=opts.top_k if r.top_k is None else r.top_k,
+                seed=r.seed if r.seed is not None else opts.seed + zlib.crc32(r.id.encode()),
+                ignore_eos=opts.ignore_eos,
+            )
+            prompts.append(ids)
+            params.append(p)
+            continue
+        skipped.add(r.id)
+    if problems and not opts.skip_bad_lines:
+        shown = "\n  ".join(problems[:20]) + (f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else "")
+        raise PromptError(f"{len(problems)} request(s) cannot be generated:\n  {shown}\n"
+                          "fix them, or pass --skip-bad-lines to go on without them")
+    return prompts, params, skipped
+
+
+def _largest_batch_tokens(prompts, params, batch_size: int, turn: int) -> int:
+    """KV slots of the largest batch (prompt + max new tokens per sequence), with room for turn 2."""
+    sizes = [len(p) + q.max_tokens for p, q in zip(prompts, params)]
+    worst = sum(sorted(sizes, reverse=True)[:batch_size])
+    return worst * (2 if turn > 1 else 1)
+
+
+def _generate_rounds(engine, tokenizer, requests, prompts, params, opts, batch_size, micro, writer, bar, report):
+    """Round k answers the k-th user turn of every request that has one."""
+    turns: list[list[workloads.TurnOutput]] = [[] for _ in requests]
+    messages = [list(r.messages) if r.messages is not None else None for r in requests]
+    active = list(range(len(requests)))
+    round_prompts = prompts
+    for k in range(1 + max((len(r.followups) for r in requests), default=0)):
+        last_round = {i for i in active if len(requests[i].followups) == k}
+
+        def on_finish(res: SequenceResult, active=active, last_round=last_round, round_prompts=round_prompts):
+            i = active[res.index]
+            req = requests[i]
+            user = req.followups[k - 1] if k else None
+            turns[i].append(workloads.TurnOutput(tokenizer.decode(res.token_ids), res.token_ids,
+                                                 res.finish_reason, len(round_prompts[res.index]), user=user))
+            if i in last_round:
+                writer.write(workloads.build_result(req, turns[i], model=opts.model))
+            bar.update(1)
+
+        stats = GenerationStats()
+        engine.generate(round_prompts, [params[i] for i in active], [0] * len(active), batch_size, micro,
+                        on_finish=on_finish, stats=stats)
+        report.add_stats(stats)
+        active = [i for i in active if i not in last_round]
+        round_prompts = []
+        for i in active:
+            req = requests[i]
+            history = messages[i] if messages[i] is not None else [{"role": "user", "content": req.prompt}]
+            history = history + [{"role": "assistant", "content": turns[i][-1].text},
+                                 {"role": "user", "content": req.followups[k]}]
+            messages[i] = history
+            round_prompts.append(tokenizer.apply_chat_template(history))
+            room = engine.model.config.max_position_embeddings - len(round_prompts[-1])
+            if room < 1:
+                raise PromptError(f"{req.source or req.id}: turn {k + 2} exceeds the model's context")
+            params[i] = replace(params[i], max_tokens=min(params[i].max_tokens, room))
