@@ -51,8 +51,10 @@ class _Seq:
 
 
 class Engine:
-    def __init__(self, model: MixtralModel, eos_token_ids: tuple[int, ...], max_prefill_tokens: int = 4096) -> None:
+    def __init__(self, model: MixtralModel, eos_token_ids: tuple[int, ...], max_prefill_tokens: int = 4096,
+                 executor=None) -> None:
         self.model = model
+        self.executor = executor or forward.PlainExecutor(model)
         self.eos = set(eos_token_ids)
         self.max_prefill_tokens = max_prefill_tokens
 
@@ -106,8 +108,7 @@ class Engine:
         for chunk in self._prefill_chunks(micro_batches, prompts):
             lens = torch.tensor([len(prompts[j]) for j in chunk], dtype=torch.int64)
             tokens = torch.tensor([t for j in chunk for t in prompts[j]], dtype=torch.int64)
-            h = forward.prefill(self.model, cache, tokens, lens, cache.offsets[chunk])
-            accept(chunk, self.model.logits(h))
+            accept(chunk, self.executor.prefill(cache, tokens, lens, cache.offsets[chunk]))
         t1 = time.perf_counter()
         steps = 0
         while True:
@@ -115,11 +116,13 @@ class Engine:
             active_mbs = [mb for mb in active_mbs if mb]
             if not active_mbs:
                 break
+            inputs = []
             for mb in active_mbs:
                 tokens = torch.tensor([seqs[j].out[-1] for j in mb], dtype=torch.int64)
                 positions = torch.tensor([seqs[j].prompt_len + len(seqs[j].out) - 1 for j in mb], dtype=torch.int64)
-                h = forward.decode_step(self.model, cache, tokens, cache.offsets[mb], positions)
-                accept(mb, self.model.logits(h))
+                inputs.append((tokens, cache.offsets[mb], positions))
+            for mb, logits in zip(active_mbs, self.executor.decode(cache, inputs)):
+                accept(mb, logits)
                 stats.decode_tokens += len(mb)
             steps += 1
         t2 = time.perf_counter()
