@@ -1,0 +1,147 @@
+"""Time costs of the CGOPipe tasks, in seconds, for a HardwareSpec / ModelSpec / dtype.
+
+This is the contract between HRM and its users: the optimizer's cost model and the
+CGOPipe simulator (which times a task graph with these numbers) both call it.
+
+Rules, all from the Hierarchical Roofline Model (DESIGN.md section 3):
+- A compute task runs on `where` = "gpu" or "cpu" with its data resident there. Each
+  kernel's time is max(FLOPs / P, bytes / B) with P the level's peak FLOP/s for `dtype`
+  and B its memory bandwidth; a task made of several kernels sums their times.
+- "gpu" means all GPUs of the host as one (tensor parallelism: t x FLOP/s, bandwidth).
+- Transfers take bytes / link bandwidth in their direction; the two directions are
+  independent (a simulator may overlap them), one direction is serial.
+- Counts (mu, seqs, context) may be numpy arrays; results are then arrays.
+
+Task boundaries match CGOPipe (DESIGN.md section 5):
+- pre-attention(mu): input RMSNorm + QKV projection (+ rotary) of mu tokens,
+- attention(mu, c): decode attention of mu sequences at context c (reads their KV cache),
+- post-attention(mu): O projection + residual + RMSNorm + router + MoE FFN with the
+  layer's experts resident on that level (only the experts the mu tokens touch are read).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hrm import operators as ops
+from hrm.dtypes import dtype_bytes
+from hrm.hardware import HardwareSpec, Level
+from hrm.model import ModelSpec
+
+DEFAULT_DTYPE = "bfloat16"
+
+
+def level_of(hw: HardwareSpec, where: str) -> Level:
+    """The Level object for "gpu" (all GPUs aggregated) or "cpu"."""
+    if where == "cpu":
+        return hw.cpu
+    if where == "gpu":
+        lvl = hw.gpu_total()
+        if lvl is None:
+            raise ValueError(f"hardware {hw.name!r} has no GPU")
+        return lvl
+    raise ValueError(f"where must be 'gpu' or 'cpu', not {where!r}")
+
+
+def op_time(cost: ops.OpCost, level: Level, dtype: str = DEFAULT_DTYPE):
+    """Roofline time of one kernel on `level`: max(FLOPs / P_level, bytes / B_level)."""
+    return np.maximum(np.asarray(cost.flops, float) / level.peak_flops(dtype),
+                      np.asarray(cost.bytes, float) / level.bandwidth)
+
+
+def _t(x):
+    """Plain float for scalar inputs, array otherwise."""
+    a = np.asarray(x, dtype=float)
+    return float(a) if a.ndim == 0 else a
+
+
+# ---- compute tasks ----
+def pre_attention_time(hw: HardwareSpec, m: ModelSpec, mu, where: str = "gpu", dtype: str = DEFAULT_DTYPE):
+    """Seconds for norm + QKV projection (+ rotary) of a micro-batch of mu tokens, one layer."""
+    return _t(op_time(ops.qkv_proj(m, mu, dtype_bytes(dtype)), level_of(hw, where), dtype))
+
+
+def attention_time(hw: HardwareSpec, m: ModelSpec, mu, context, where: str = "cpu",
+                   dtype: str = DEFAULT_DTYPE):
+    """Seconds for decode attention of mu sequences at `context` tokens each, one layer,
+    KV cache resident on `where` (the CPU in CGOPipe)."""
+    return _t(op_time(ops.decode_attention(m, mu, context, dtype_bytes(dtype)), level_of(hw, where), dtype))
+
+
+def post_attention_time(hw: HardwareSpec, m: ModelSpec, mu, where: str = "gpu", dtype: str = DEFAULT_DTYPE):
+    """Seconds for O proj + residual + norm + router + MoE FFN of mu tokens, one layer,
+    with the layer's expert weights resident on `where`."""
+    b, lvl = dtype_bytes(dtype), level_of(hw, where)
+    total = (op_time(ops.o_proj(m, mu, b), lvl, dtype) + op_time(ops.router(m, mu, b), lvl, dtype)
+             + op_time(ops.moe_ffn(m, mu, b), lvl, dtype))
+    return _t(total)
+
+
+def prefill_layer_time(hw: HardwareSpec, m: ModelSpec, seqs, prompt, where: str = "gpu",
+                       dtype: str = DEFAULT_DTYPE):
+    """Seconds for one layer of prefill of `seqs` prompts of `prompt` tokens (one micro-batch):
+    pre-attention + causal attention + post-attention on seqs*prompt tokens."""
+    b, lvl = dtype_bytes(dtype), level_of(hw, where)
+    tokens = np.asarray(seqs, float) * np.asarray(prompt, float)
+    total = (op_time(ops.qkv_proj(m, tokens, b), lvl, dtype)
+             + op_time(ops.prefill_attention(m, seqs, prompt, b), lvl, dtype)
+             + op_time(ops.o_proj(m, tokens, b), lvl, dtype) + op_time(ops.router(m, tokens, b), lvl, dtype)
+             + op_time(ops.moe_ffn(m, tokens, b), lvl, dtype))
+    return _t(total)
+
+
+def lm_head_time(hw: HardwareSpec, m: ModelSpec, tokens, where: str = "gpu", dtype: str = DEFAULT_DTYPE):
+    """Seconds for final norm + lm_head on `tokens` tokens (once per decode step per token)."""
+    return _t(op_time(ops.lm_head(m, tokens, dtype_bytes(dtype)), level_of(hw, where), dtype))
+
+
+# ---- transfers ----
+def transfer_time(hw: HardwareSpec, nbytes, direction: str = "h2d"):
+    """Seconds to move nbytes over the CPU<->GPU link (aggregate over GPUs); direction h2d or d2h."""
+    link = hw.link_total()
+    if link is None:
+        raise ValueError(f"hardware {hw.name!r} has no CPU<->GPU link")
+    if direction not in ("h2d", "d2h"):
+        raise ValueError("direction must be 'h2d' or 'd2h'")
+    bw = link.h2d if direction == "h2d" else link.d2h
+    return _t(np.asarray(nbytes, float) / bw)
+
+
+def h2d_time(hw: HardwareSpec, nbytes):
+    return transfer_time(hw, nbytes, "h2d")
+
+
+def d2h_time(hw: HardwareSpec, nbytes):
+    return transfer_time(hw, nbytes, "d2h")
+
+
+# ---- sizes ----
+def qkv_bytes(m: ModelSpec, mu, dtype: str = DEFAULT_DTYPE):
+    """Bytes of Q, K and V of mu tokens (what goes GPU -> CPU after pre-attention)."""
+    return _t(np.asarray(mu, float) * (m.q_dim + 2 * m.kv_dim) * dtype_bytes(dtype))
+
+
+def attention_output_bytes(m: ModelSpec, mu, dtype: str = DEFAULT_DTYPE):
+    """Bytes of the attention output of mu tokens (CPU -> GPU after CPU attention)."""
+    return _t(np.asarray(mu, float) * m.q_dim * dtype_bytes(dtype))
+
+
+def hidden_bytes(m: ModelSpec, mu, dtype: str = DEFAULT_DTYPE):
+    """Bytes of the hidden states of mu tokens."""
+    return _t(np.asarray(mu, float) * m.hidden_size * dtype_bytes(dtype))
+
+
+def layer_expert_bytes(m: ModelSpec, dtype: str = DEFAULT_DTYPE) -> float:
+    """Bytes of one layer's expert weights (all E experts)."""
+    return float(ops.layer_expert_bytes(m, dtype_bytes(dtype)))
+
+
+def layer_non_expert_bytes(m: ModelSpec, dtype: str = DEFAULT_DTYPE) -> float:
+    """Bytes of one layer's attention projections, norms and router."""
+    return float(m.attn_params_per_layer() * dtype_bytes(dtype))
+
+
+def kv_cache_bytes(m: ModelSpec, seqs, context, dtype: str = DEFAULT_DTYPE, layers: int = 1):
+    """Bytes of the KV cache of `seqs` sequences at `context` tokens, for `layers` layers."""
+    per = ops.kv_bytes_per_token_layer(m, dtype_bytes(dtype))
+    return _t(np.asarray(seqs, float) * np.asarray(context, float) * per * layers)

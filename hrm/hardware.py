@@ -1,0 +1,134 @@
+"""Hardware specs for the Hierarchical Roofline Model: levels (GPU, CPU) and the link.
+
+A level has a memory capacity, a memory bandwidth and a peak FLOP/s per dtype.
+GPU numbers are per GPU; `HardwareSpec.gpu_total()` gives the t-GPU aggregate the
+planner uses for tensor parallelism (t x memory, bandwidth and compute, and the
+CPU->GPU link per GPU, so t x aggregate link bandwidth).
+The JSON form is the profile cache written by `moelight profile`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+from hrm.dtypes import canonical_dtype
+
+GiB = 1024**3
+GB = 1e9
+TFLOPS = 1e12
+
+
+@dataclass(frozen=True)
+class Level:
+    """One level of the hierarchy: a processor with its own memory."""
+
+    name: str
+    memory_bytes: float
+    bandwidth: float  # bytes/s the processor reads its own memory at
+    flops: dict[str, float] = field(default_factory=dict)  # dtype -> peak FLOP/s
+
+    def peak_flops(self, dtype: str) -> float:
+        """Peak FLOP/s for `dtype`; falls back to float32 (kernels that upcast run at that rate)."""
+        key = canonical_dtype(dtype)
+        if key in self.flops:
+            return self.flops[key]
+        if "float32" in self.flops:
+            return self.flops["float32"]
+        raise KeyError(f"level {self.name!r} has no FLOP/s for {dtype!r} nor float32")
+
+    def scaled(self, t: int) -> Level:
+        """t identical devices seen as one (tensor parallel): every quantity times t."""
+        return Level(
+            name=f"{t}x{self.name}" if t != 1 else self.name,
+            memory_bytes=self.memory_bytes * t,
+            bandwidth=self.bandwidth * t,
+            flops={k: v * t for k, v in self.flops.items()},
+        )
+
+
+@dataclass(frozen=True)
+class Link:
+    """CPU<->GPU link of one GPU, one number per direction (they run concurrently)."""
+
+    h2d: float  # bytes/s, CPU (pinned) -> GPU
+    d2h: float  # bytes/s, GPU -> CPU (pinned)
+
+
+@dataclass(frozen=True)
+class HardwareSpec:
+    """A host: a CPU level, optionally `gpu_count` identical GPUs, each with its own link."""
+
+    name: str
+    cpu: Level
+    gpu: Level | None = None
+    gpu_count: int = 0
+    link: Link | None = None
+    notes: str = ""
+
+    def __post_init__(self) -> None:
+        if self.gpu is None and self.gpu_count:
+            raise ValueError("gpu_count > 0 but no GPU level given")
+        if self.gpu is not None and self.gpu_count > 0 and self.link is None:
+            raise ValueError("a GPU needs a CPU<->GPU link")
+
+    @property
+    def has_gpu(self) -> bool:
+        return self.gpu is not None and self.gpu_count > 0
+
+    def with_gpus(self, t: int) -> HardwareSpec:
+        """Same host with t GPUs of the same kind (t=0: CPU only)."""
+        if t < 0:
+            raise ValueError("gpu count must be >= 0")
+        if t > 0 and self.gpu is None:
+            raise ValueError(f"hardware {self.name!r} has no GPU to replicate")
+        return replace(self, gpu_count=t)
+
+    def gpu_total(self) -> Level | None:
+        """All GPUs as one level (tensor parallelism), or None on a CPU-only host."""
+        if not self.has_gpu:
+            return None
+        return self.gpu.scaled(self.gpu_count)
+
+    def link_total(self) -> Link | None:
+        """Aggregate link: each GPU has its own PCIe lanes, so bandwidth adds up."""
+        if not self.has_gpu:
+            return None
+        return Link(h2d=self.link.h2d * self.gpu_count, d2h=self.link.d2h * self.gpu_count)
+
+    # ---- JSON (profile cache) ----
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> HardwareSpec:
+        try:
+            gpu = Level(**d["gpu"]) if d.get("gpu") else None
+            link = Link(**d["link"]) if d.get("link") else None
+            return cls(
+                name=d.get("name", "profiled"),
+                cpu=Level(**d["cpu"]),
+                gpu=gpu,
+                gpu_count=int(d.get("gpu_count", 1 if gpu else 0)),
+                link=link,
+                notes=d.get("notes", ""),
+            )
+        except (KeyError, TypeError) as e:
+            raise ValueError(f"malformed hardware spec: {e}") from e
+
+    def save(self, path: str | Path) -> Path:
+        p = Path(path).expanduser()
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(self.to_dict(), indent=2))
+        return p
+
+    @classmethod
+    def load(cls, path: str | Path) -> HardwareSpec:
+        p = Path(path).expanduser()
+        if not p.is_file():
+            raise FileNotFoundError(f"hardware profile not found: {p}")
+        try:
+            return cls.from_dict(json.loads(p.read_text()))
+        except json.JSONDecodeError as e:
+            raise ValueError(f"hardware profile {p} is not valid JSON: {e}") from e

@@ -1,0 +1,122 @@
+"""FLOPs and bytes of the operators of one MoE decoder layer (DESIGN.md section 3).
+
+Every function takes token / sequence counts that may be numpy arrays, so the
+optimizer can evaluate a whole (micro-batch) grid at once. `b` is bytes per element.
+Bytes count the weights read plus activations read and written; the KV cache
+counts as the bytes attention reads.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from hrm.model import ModelSpec
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """FLOPs and bytes touched of one operator (scalars or numpy arrays)."""
+
+    flops: object
+    bytes: object
+
+    @property
+    def intensity(self):
+        """Operational intensity, FLOPs per byte."""
+        return np.asarray(self.flops, dtype=float) / np.asarray(self.bytes, dtype=float)
+
+    def __add__(self, other: OpCost) -> OpCost:
+        return OpCost(self.flops + other.flops, self.bytes + other.bytes)
+
+
+def experts_touched(m: ModelSpec, tokens):
+    """Expected distinct experts used by `tokens` tokens with uniform top-k routing: E(1-(1-k/E)^t)."""
+    e, k = m.num_experts, m.top_k
+    return e * (1.0 - np.power(1.0 - k / e, np.asarray(tokens, dtype=float)))
+
+
+def qkv_proj(m: ModelSpec, tokens, b: float) -> OpCost:
+    """Input RMSNorm + QKV projection of `tokens` tokens (rotary is negligible and folded in)."""
+    h, out = m.hidden_size, m.q_dim + 2 * m.kv_dim
+    t = np.asarray(tokens, dtype=float)
+    flops = 2.0 * t * h * out + 4.0 * t * h
+    byts = (h * out + h) * b + t * (h + out) * b
+    return OpCost(flops, byts)
+
+
+def o_proj(m: ModelSpec, tokens, b: float) -> OpCost:
+    """Attention output projection (H_q*d -> h) plus the residual add."""
+    h, q = m.hidden_size, m.q_dim
+    t = np.asarray(tokens, dtype=float)
+    return OpCost(2.0 * t * q * h + t * h, q * h * b + t * (q + 2 * h) * b)
+
+
+def router(m: ModelSpec, tokens, b: float) -> OpCost:
+    """Post-attention RMSNorm + router logits (h -> E)."""
+    h, e = m.hidden_size, m.num_experts
+    t = np.asarray(tokens, dtype=float)
+    return OpCost(2.0 * t * h * e + 4.0 * t * h, (h * e + h) * b + t * (2 * h + e) * b)
+
+
+def expert_ffn(m: ModelSpec, tokens, b: float) -> OpCost:
+    """One expert (w1, w3, w2) on `tokens` tokens: 6*h*f*t FLOPs, 3*h*f*b weight bytes."""
+    h, f = m.hidden_size, m.intermediate_size
+    t = np.asarray(tokens, dtype=float)
+    return OpCost(6.0 * h * f * t, 3.0 * h * f * b + 2.0 * t * h * b)
+
+
+def moe_ffn(m: ModelSpec, tokens, b: float) -> OpCost:
+    """The MoE FFN of `tokens` tokens: k expert-token passes each, weights of the touched experts."""
+    h, f = m.hidden_size, m.intermediate_size
+    t = np.asarray(tokens, dtype=float)
+    flops = 6.0 * h * f * m.top_k * t
+    byts = experts_touched(m, t) * 3.0 * h * f * b + 2.0 * t * h * b
+    return OpCost(flops, byts)
+
+
+def decode_attention(m: ModelSpec, seqs, context, b: float) -> OpCost:
+    """Decode attention (no projections) of `seqs` sequences at `context` tokens each.
+
+    FLOPs 4*H_q*d*ctx per sequence (QK^T and PV); bytes: the K and V cache 2*H_kv*d*ctx*b
+    plus the new q/k/v in and the output out.
+    """
+    s, c = np.asarray(seqs, dtype=float), np.asarray(context, dtype=float)
+    flops = 4.0 * m.q_dim * c * s
+    byts = 2.0 * m.kv_dim * c * b * s + s * (2 * m.q_dim + 2 * m.kv_dim) * b
+    return OpCost(flops, byts)
+
+
+def prefill_attention(m: ModelSpec, seqs, prompt, b: float) -> OpCost:
+    """Causal prefill attention (flash style, no score matrix in memory) of `seqs` prompts."""
+    s, p = np.asarray(seqs, dtype=float), np.asarray(prompt, dtype=float)
+    flops = 2.0 * m.q_dim * p * p * s  # 4*Hq*d*p^2 halved by the causal mask
+    byts = s * p * (2 * m.q_dim + 2 * m.kv_dim) * b
+    return OpCost(flops, byts)
+
+
+def lm_head(m: ModelSpec, tokens, b: float) -> OpCost:
+    """Final norm + lm_head (h -> V) of `tokens` tokens."""
+    h, v = m.hidden_size, m.vocab_size
+    t = np.asarray(tokens, dtype=float)
+    return OpCost(2.0 * t * h * v + 4.0 * t * h, (v * h + h) * b + t * (h + v) * b)
+
+
+# ---- sizes in bytes ----
+def kv_bytes_per_token_layer(m: ModelSpec, b: float) -> float:
+    """K and V of one token in one layer."""
+    return 2.0 * m.kv_dim * b
+
+
+def layer_expert_bytes(m: ModelSpec, b: float) -> float:
+    return m.layer_expert_params() * b
+
+
+def activation_bytes_per_token(m: ModelSpec, b: float) -> float:
+    """Peak live activations per token inside one layer (hidden in/out, residual, QKV,
+    attention output, router logits, and one expert's intermediate at a time shared
+    by the k/E share of tokens routed to it)."""
+    h, f = m.hidden_size, m.intermediate_size
+    per = 3 * h + (m.q_dim + 2 * m.kv_dim) + m.q_dim + m.num_experts + 2.0 * f * m.top_k / m.num_experts
+    return per * b

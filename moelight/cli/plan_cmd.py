@@ -1,0 +1,107 @@
+"""`moelight plan`: the HRM policy for a model on a machine, and why."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+GiB = 2.0**30
+
+
+def _fmt_mem(parts: dict[str, float], cap: float) -> str:
+    body = ", ".join(f"{k} {v / GiB:.2f}" for k, v in parts.items())
+    return f"{sum(parts.values()) / GiB:.2f} / {cap / GiB:.2f} GiB usable ({body})"
+
+
+def format_plan(res) -> str:
+    """Human-readable plan: the policy, predicted throughput, per-layer split, memory, reason."""
+    p = res.policy
+    lt = {k: v * 1e3 for k, v in res.layer_times.items()}
+    lines = [
+        f"model {res.model} on {res.hardware}  dtype {p.dtype}  family {res.family}",
+        f"policy: N={p.batch_size} = mu {p.micro_batch_size} x {p.num_micro_batches} micro-batches, "
+        f"attention on {'GPU' if p.attn_on_gpu else 'CPU'} (A_g={p.A_g}), MoE FFN on "
+        f"{'GPU' if p.ffn_on_gpu else 'CPU'} (F_g={p.F_g}), r_w={p.r_w:.4f}, r_c={p.r_c:.4f}",
+        f"predicted: prefill {res.prefill_tok_s:.1f} tok/s, decode {res.decode_tok_s:.1f} tok/s, "
+        f"end-to-end {res.e2e_tok_s:.2f} tok/s",
+        f"per layer (decode): T_link {lt['T_link']:.2f} ms (H2D {lt['T_h2d']:.2f}, D2H {lt['T_d2h']:.2f}), "
+        f"T_cpu {lt['T_cpu']:.2f} ms, T_gpu {lt['T_gpu']:.2f} ms -> bound by {res.binding}",
+        f"prefill {res.prefill_time:.2f} s per batch, decode step {res.decode_step_time * 1e3:.1f} ms",
+    ]
+    if res.gpu_memory:
+        lines.append("GPU memory: " + _fmt_mem(res.gpu_memory, res.gpu_capacity))
+    lines.append("CPU memory: " + _fmt_mem(res.cpu_memory, res.cpu_capacity))
+    lines.append("why:\n  " + res.reason.replace("\n", "\n  "))
+    lines.append(f"planned in {res.solve_seconds * 1e3:.0f} ms over {res.grid_points} grid points")
+    return "\n".join(lines)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("plan")
+    def plan(
+        model: str = typer.Option(..., "--model", "-m", help="preset name or a directory with config.json"),
+        hardware: str = typer.Option("profile", "--hardware", help="preset, 'profile', or a JSON path"),
+        gpus: int | None = typer.Option(None, "--gpus", help="GPUs (tensor parallel; 0 = CPU only)"),
+        prompt_len: float = typer.Option(77, "--prompt-len", help="mean prompt length"),
+        gen_len: int = typer.Option(128, "--gen-len", help="tokens generated per request"),
+        max_prompt_len: int | None = typer.Option(None, "--max-prompt-len", help="longest prompt"),
+        padded: bool = typer.Option(False, "--padded", help="pad prompts to the max (FlexGen)"),
+        dtype: str = typer.Option("bfloat16", "--dtype"),
+        family: str = typer.Option("moelight", "--family", help="moelight | cgopipe | flexgen | cpu"),
+        profile_path: Path | None = typer.Option(None, "--profile-path", help="profile JSON for 'profile'"),
+        as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
+        plot: Path | None = typer.Option(None, "--plot", help="write HRM roofline PNGs to this directory"),
+        save_policy: Path | None = typer.Option(None, "--save-policy", help="write the policy JSON here"),
+    ) -> None:
+        """Search the HRM policy (batch, micro-batch, placement, r_w, r_c) and explain it."""
+        from hrm import WorkloadSpec, get_hardware, get_model
+        from hrm.dtypes import canonical_dtype
+        from optimizer import InfeasibleError
+        from optimizer import plan as run_plan
+        from optimizer.search import FAMILIES
+
+        try:
+            mspec = get_model(model)
+        except KeyError as e:
+            raise typer.BadParameter(str(e.args[0]), param_hint="--model") from None
+        except (FileNotFoundError, ValueError) as e:
+            raise typer.BadParameter(str(e), param_hint="--model") from None
+        try:
+            hw = get_hardware(hardware, profile_path)
+        except KeyError as e:
+            raise typer.BadParameter(str(e.args[0]), param_hint="--hardware") from None
+        except FileNotFoundError as e:
+            hint = " (run `moelight profile` first, or pass a preset)" if hardware == "profile" else ""
+            raise typer.BadParameter(f"{e}{hint}", param_hint="--hardware") from None
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--hardware") from None
+        try:
+            dtype = canonical_dtype(dtype)
+            workload = WorkloadSpec(prompt_len, gen_len, max_prompt_len, padded)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
+        if family not in FAMILIES:
+            raise typer.BadParameter(f"unknown family {family!r}; valid: {', '.join(FAMILIES)}",
+                                     param_hint="--family")
+        if gpus is not None and gpus < 0:
+            raise typer.BadParameter("must be >= 0", param_hint="--gpus")
+        try:
+            res = run_plan(hw, mspec, workload, dtype, gpus=gpus, family=family)
+        except InfeasibleError as e:
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(1) from None
+        except ValueError as e:  # e.g. --gpus on a host without GPU, a family that needs one
+            typer.echo(f"error: {e}", err=True)
+            raise typer.Exit(2) from None
+        typer.echo(res.to_json() if as_json else format_plan(res))
+        if save_policy is not None:
+            res.policy.save(save_policy)
+        if plot is not None:
+            from hrm.plots import plot_all
+
+            used = hw.with_gpus(gpus) if gpus is not None else hw
+            p = res.policy
+            paths = plot_all(used, mspec, workload, dtype, plot, micro_batch=p.mu, r_w=p.r_w)
+            if not as_json:
+                typer.echo("plots: " + ", ".join(str(p) for p in paths))

@@ -1,0 +1,43 @@
+"""`moelight profile`: measure this machine and cache it as the HRM hardware profile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from hrm.hardware_presets import DEFAULT_PROFILE_PATH
+
+
+def _describe(hw) -> str:
+    g = 2.0**30
+    c = hw.cpu
+    lines = [f"CPU  {c.name}: {c.memory_bytes / g:.1f} GiB, read {c.bandwidth / 1e9:.1f} GB/s, "
+             + ", ".join(f"{k} {v / 1e12:.2f} TFLOP/s" for k, v in hw.cpu.flops.items())]
+    if hw.has_gpu:
+        lines.append(f"GPU  {hw.gpu_count} x {hw.gpu.name}: {hw.gpu.memory_bytes / g:.1f} GiB, "
+                     f"{hw.gpu.bandwidth / 1e9:.0f} GB/s, "
+                     + ", ".join(f"{k} {v / 1e12:.1f} TFLOP/s" for k, v in hw.gpu.flops.items()))
+        lines.append(f"link H2D {hw.link.h2d / 1e9:.1f} GB/s, D2H {hw.link.d2h / 1e9:.1f} GB/s (pinned)")
+    else:
+        lines.append("GPU  none (CUDA not available)")
+    return "\n".join(lines)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("profile")
+    def profile(
+        output: Path = typer.Option(DEFAULT_PROFILE_PATH, "--output", "-o", help="JSON profile path"),
+        quick: bool = typer.Option(False, "--quick", help="smaller buffers: faster, noisier"),
+    ) -> None:
+        """Measure CPU bandwidth and matmul FLOP/s (and GPU, link with CUDA); cache for --hardware profile."""
+        from moelight.hardware_profile import profile_machine
+
+        hw = profile_machine(quick=quick)
+        try:
+            path = hw.save(output)
+        except OSError as e:
+            typer.echo(f"error: cannot write {output}: {e}", err=True)
+            raise typer.Exit(2) from None
+        typer.echo(_describe(hw))
+        typer.echo(f"saved to {path}")

@@ -1,0 +1,205 @@
+"""The HRM cost model of a policy, as affine pieces in (r_w, r_c) at fixed integers.
+
+For fixed (mu, n_mb, A_g, F_g) every time and memory term below is affine in the two
+continuous unknowns x = r_w (share of expert weights resident on the GPU) and
+y = r_c (share of the KV cache resident on the GPU), so the per-point problem is an
+LP. `build_point_model` evaluates all coefficients for a whole (mu, n_mb) grid at
+once (numpy broadcasting); `Affine` pieces are (c0, cx, cy) arrays.
+
+Per-layer decode time (DESIGN.md section 4), n = n_mb micro-batches of mu tokens, N = mu*n:
+  T_layer = max(T_h2d(x, y), T_d2h(y), T_cpu, T_gpu)
+  T_h2d  = [F(1-x) W_layer_experts + A(1-y) KV_layer(N, c_mean) + cross-level activations] / B_h2d
+  T_d2h  = [cross-level activations + A(1-y) new K/V of N tokens] / B_d2h
+  T_gpu  = n * (F (pre + post)(mu) + A attention(mu, c_mean))    on the GPU
+  T_cpu  = n * ((1-F)(pre + post)(mu) + (1-A) attention(mu, c_mean)) on the CPU
+Prefill per layer (the whole batch, on the FFN level, weights streamed once per batch):
+  T_pre_layer = max(n * prefill_layer(mu, prompt), T_weights_h2d(x), T_kv_d2h(y))
+End to end for one batch: T = L T_pre_layer + head + (gen-1) (L T_layer + head).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hrm import costs
+from hrm import operators as ops
+from hrm.dtypes import dtype_bytes
+from hrm.hardware import HardwareSpec
+from hrm.model import ModelSpec
+from hrm.workload import WorkloadSpec
+
+ALPHA = 0.9  # usable share of each memory (headroom for allocator, fragmentation, runtime)
+
+
+@dataclass
+class Affine:
+    """c0 + cx * r_w + cy * r_c, each an array over the grid."""
+
+    c0: np.ndarray
+    cx: np.ndarray
+    cy: np.ndarray
+
+    def at(self, x, y):
+        return self.c0 + self.cx * x + self.cy * y
+
+
+def _aff(c0, cx=0.0, cy=0.0, shape=()) -> Affine:
+    return Affine(*(np.broadcast_to(np.asarray(v, float), shape).astype(float) for v in (c0, cx, cy)))
+
+
+@dataclass
+class PointModel:
+    """All coefficients of the per-point LP for a grid of (mu, n_mb) at fixed (A_g, F_g)."""
+
+    mu: np.ndarray
+    n_mb: np.ndarray
+    a_g: int
+    f_g: int
+    num_layers: int
+    gen_len: int
+    prompt: float
+    x_max: float
+    y_max: float
+    t_gpu: np.ndarray
+    t_cpu: np.ndarray
+    h2d: Affine
+    d2h: Affine
+    pre_comp: np.ndarray
+    pre_h2d: Affine
+    pre_d2h: Affine
+    head_pre: np.ndarray
+    head_dec: np.ndarray
+    gpu_mem: dict[str, Affine] = field(default_factory=dict)
+    cpu_mem: dict[str, Affine] = field(default_factory=dict)
+    gpu_cap: float = 0.0
+    cpu_cap: float = 0.0
+
+    @property
+    def batch(self) -> np.ndarray:
+        return self.mu * self.n_mb
+
+    def gpu_total(self) -> Affine:
+        return _sum(self.gpu_mem, self.mu.shape)
+
+    def cpu_total(self) -> Affine:
+        return _sum(self.cpu_mem, self.mu.shape)
+
+    # ---- evaluation at given (x, y) ----
+    def layer_times(self, x, y) -> dict[str, np.ndarray]:
+        h2d, d2h = self.h2d.at(x, y), self.d2h.at(x, y)
+        link = np.maximum(h2d, d2h)
+        return {"T_h2d": h2d, "T_d2h": d2h, "T_link": link, "T_cpu": self.t_cpu, "T_gpu": self.t_gpu,
+                "T_layer": np.maximum(link, np.maximum(self.t_cpu, self.t_gpu))}
+
+    def prefill_time(self, x, y):
+        per_layer = np.maximum(self.pre_comp, np.maximum(self.pre_h2d.at(x, y), self.pre_d2h.at(x, y)))
+        return self.num_layers * per_layer + self.head_pre
+
+    def decode_step_time(self, x, y):
+        return self.num_layers * self.layer_times(x, y)["T_layer"] + self.head_dec
+
+    def total_time(self, x, y):
+        return self.prefill_time(x, y) + (self.gen_len - 1) * self.decode_step_time(x, y)
+
+    def throughput(self, x, y):
+        """End-to-end generated tokens per second: N * gen_len / (prefill + decode)."""
+        return self.batch * self.gen_len / self.total_time(x, y)
+
+
+def _sum(d: dict[str, Affine], shape) -> Affine:
+    out = _aff(0.0, shape=shape)
+    for a in d.values():
+        out = Affine(out.c0 + a.c0, out.cx + a.cx, out.cy + a.cy)
+    return out
+
+
+def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: str, mu, n_mb,
+                      a_g: int, f_g: int, alpha: float = ALPHA) -> PointModel:
+    """Coefficients of the LP at every (mu, n_mb) (arrays broadcast together) for (A_g, F_g)."""
+    mu, n_mb = np.broadcast_arrays(np.asarray(mu, float), np.asarray(n_mb, float))
+    shape = mu.shape
+    has_gpu = hw.has_gpu
+    if not has_gpu and (a_g or f_g):
+        raise ValueError("A_g/F_g = 1 needs a GPU")
+    b = dtype_bytes(dtype)
+    big_n = mu * n_mb
+    L, g = m.num_layers, wl.gen_len
+    p, p_peak = wl.effective_prompt, wl.peak_prompt
+    c_mean, c_max = wl.mean_context, wl.max_context
+    ffn_lvl = "gpu" if f_g else "cpu"
+    att_lvl = "gpu" if a_g else "cpu"
+
+    w_le = costs.layer_expert_bytes(m, dtype)
+    w_e = L * w_le
+    non_exp = float(m.non_expert_params() * b)
+    kv_mean_layer = costs.kv_cache_bytes(m, big_n, c_mean, dtype)
+    kv_total = costs.kv_cache_bytes(m, big_n, c_max, dtype, layers=L)
+    kv_mb_layer = costs.kv_cache_bytes(m, mu, c_max, dtype)
+    new_kv = costs.kv_cache_bytes(m, big_n, 1, dtype)
+    qkv_n, out_n = costs.qkv_bytes(m, big_n, dtype), costs.attention_output_bytes(m, big_n, dtype)
+    zeros = np.zeros(shape)
+
+    # ---- decode compute ----
+    pre_post = costs.pre_attention_time(hw, m, mu, ffn_lvl, dtype) + costs.post_attention_time(
+        hw, m, mu, ffn_lvl, dtype)
+    att = costs.attention_time(hw, m, mu, c_mean, att_lvl, dtype)
+    t_gpu = n_mb * (f_g * pre_post + a_g * att) + zeros
+    t_cpu = n_mb * ((1 - f_g) * pre_post + (1 - a_g) * att) + zeros
+
+    # ---- link (seconds), zero on a CPU-only host ----
+    if has_gpu:
+        link = hw.link_total()
+        bh, bd = link.h2d, link.d2h
+        cross_h2d = f_g * (1 - a_g) * out_n + a_g * (1 - f_g) * qkv_n
+        cross_d2h = f_g * (1 - a_g) * qkv_n + a_g * (1 - f_g) * out_n
+        h2d = _aff((f_g * w_le + a_g * kv_mean_layer + cross_h2d) / bh, -f_g * w_le / bh,
+                   -a_g * kv_mean_layer / bh, shape)
+        d2h = _aff((cross_d2h + a_g * new_kv) / bd, 0.0, -a_g * new_kv / bd, shape)
+        kv_pre = costs.kv_cache_bytes(m, big_n, p, dtype)
+        if f_g:  # prefill on GPU: stream the CPU share of the experts, write the KV cache back
+            pre_h2d = _aff(w_le / bh, -w_le / bh, 0.0, shape)
+            pre_d2h = _aff(kv_pre / bd, 0.0, -a_g * kv_pre / bd, shape)
+        else:  # prefill on CPU; only the GPU-resident KV share crosses
+            pre_h2d = _aff(0.0, 0.0, a_g * kv_pre / bh, shape)
+            pre_d2h = _aff(0.0, shape=shape)
+    else:
+        h2d = d2h = pre_h2d = pre_d2h = _aff(0.0, shape=shape)
+
+    pre_comp = n_mb * costs.prefill_layer_time(hw, m, mu, p, ffn_lvl, dtype) + zeros
+    head = n_mb * costs.lm_head_time(hw, m, mu, ffn_lvl, dtype) + zeros
+
+    # ---- memory (bytes) ----
+    act_tok = ops.activation_bytes_per_token(m, b)
+    act = mu * max(1.0, p_peak) * act_tok + mu * m.vocab_size * 4.0  # prefill micro-batch + fp32 logits
+    gpu_mem: dict[str, Affine] = {}
+    cpu_mem: dict[str, Affine] = {}
+    if f_g:
+        gpu_mem["non_expert_weights"] = _aff(non_exp, shape=shape)
+        gpu_mem["resident_experts"] = _aff(0.0, w_e, 0.0, shape)
+        gpu_mem["paged_weight_buffers"] = _aff(2 * w_le, -2 * w_le, 0.0, shape)
+    if f_g or a_g:
+        gpu_mem["activations"] = _aff(act, shape=shape)
+    if a_g:
+        gpu_mem["kv_cache"] = _aff(0.0, 0.0, kv_total, shape)
+        gpu_mem["kv_prefetch_buffers"] = _aff(2 * kv_mb_layer, 0.0, -2 * kv_mb_layer, shape)
+    if not f_g:
+        cpu_mem["non_expert_weights"] = _aff(non_exp, shape=shape)
+        cpu_mem["activations"] = _aff(act, shape=shape)
+    cpu_mem["experts"] = _aff(w_e, -f_g * w_e, 0.0, shape)
+    cpu_mem["kv_cache"] = _aff(kv_total, 0.0, -a_g * kv_total, shape)
+    if f_g:
+        cpu_mem["pinned_weight_pages"] = _aff(2 * w_le / n_mb, -2 * w_le / n_mb, 0.0, shape)
+    if has_gpu and (f_g or a_g):
+        cpu_mem["pinned_activations"] = _aff(qkv_n + out_n, shape=shape)
+
+    gpu = hw.gpu_total()
+    return PointModel(
+        mu=mu, n_mb=n_mb, a_g=a_g, f_g=f_g, num_layers=L, gen_len=g, prompt=p,
+        x_max=1.0 if f_g else 0.0, y_max=1.0 if a_g else 0.0,
+        t_gpu=t_gpu, t_cpu=t_cpu, h2d=h2d, d2h=d2h, pre_comp=pre_comp, pre_h2d=pre_h2d,
+        pre_d2h=pre_d2h, head_pre=head, head_dec=head, gpu_mem=gpu_mem, cpu_mem=cpu_mem,
+        gpu_cap=alpha * gpu.memory_bytes if gpu is not None else 0.0,
+        cpu_cap=alpha * hw.cpu.memory_bytes,
+    )

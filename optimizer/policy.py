@@ -1,0 +1,107 @@
+"""Policy (what the engine runs with) and PlanResult (what the planner predicts)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The paper's 6-tuple (N, mu, A_g, F_g, r_w, r_c) plus the dtype it was planned for.
+
+    batch_size N = micro_batch_size mu * num_micro_batches. r_w: share of every layer's
+    expert weights resident on the GPU (the rest is paged in per layer); r_c: share of
+    the KV cache resident on the GPU (only with attention on the GPU).
+    """
+
+    batch_size: int
+    micro_batch_size: int
+    num_micro_batches: int
+    attn_on_gpu: bool
+    ffn_on_gpu: bool
+    r_w: float
+    r_c: float
+    dtype: str = "bfloat16"
+
+    def __post_init__(self) -> None:
+        if self.batch_size != self.micro_batch_size * self.num_micro_batches:
+            raise ValueError("batch_size must equal micro_batch_size * num_micro_batches")
+        if not (0.0 <= self.r_w <= 1.0 and 0.0 <= self.r_c <= 1.0):
+            raise ValueError("r_w and r_c must lie in [0, 1]")
+
+    # paper notation
+    @property
+    def N(self) -> int:  # noqa: N802
+        return self.batch_size
+
+    @property
+    def mu(self) -> int:
+        return self.micro_batch_size
+
+    @property
+    def n_mb(self) -> int:
+        return self.num_micro_batches
+
+    @property
+    def A_g(self) -> int:  # noqa: N802
+        return int(self.attn_on_gpu)
+
+    @property
+    def F_g(self) -> int:  # noqa: N802
+        return int(self.ffn_on_gpu)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Policy:
+        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+
+    def save(self, path: str | Path) -> Path:
+        p = Path(path)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_text(json.dumps(self.to_dict(), indent=2))
+        return p
+
+    @classmethod
+    def load(cls, path: str | Path) -> Policy:
+        return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+@dataclass
+class PlanResult:
+    """A policy with its HRM prediction and the reasons behind it (all times in seconds)."""
+
+    policy: Policy
+    hardware: str
+    model: str
+    workload: dict
+    family: str
+    prefill_tok_s: float
+    decode_tok_s: float
+    e2e_tok_s: float
+    prefill_time: float
+    decode_step_time: float
+    layer_times: dict[str, float]
+    binding: str  # "link", "gpu" or "cpu": the largest term of T_layer
+    gpu_memory: dict[str, float] = field(default_factory=dict)  # bytes per component
+    cpu_memory: dict[str, float] = field(default_factory=dict)
+    gpu_capacity: float = 0.0  # usable bytes (alpha x capacity)
+    cpu_capacity: float = 0.0
+    reason: str = ""
+    solve_seconds: float = 0.0
+    grid_points: int = 0
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["policy"] = self.policy.to_dict()
+        return d
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2)
+
+
+class InfeasibleError(ValueError):
+    """No policy fits in memory; the message says which memory and by how much."""

@@ -1,0 +1,173 @@
+"""Policy search: an exact outer loop over the integer grid with an LP per point.
+
+For every placement (A_g, F_g) allowed by the policy family and every (mu, n_mb) on the
+grid, the best (r_w, r_c) is an LP (see optimizer.lp); all LPs of the grid are solved
+exactly at once by vertex enumeration, the point of highest predicted end-to-end
+throughput wins, and that point's LP is solved again with PuLP/CBC, which supplies the
+returned r_w, r_c (and must agree with the enumeration). The optimum is therefore exact
+over the grid, not a heuristic; the grid is dense where policies live (every mu up to 32,
+every 4th to 1024, every 16th to 4096; every n_mb up to 128).
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from hrm.hardware import HardwareSpec
+from hrm.model import ModelSpec
+from hrm.workload import WorkloadSpec
+from optimizer.cost_model import ALPHA, PointModel, build_point_model
+from optimizer.explain import explain
+from optimizer.lp import feasible, maybe_feasible, solve_grid, solve_point_pulp
+from optimizer.policy import InfeasibleError, PlanResult, Policy
+
+# (A_g, F_g) placements per policy family.
+FAMILIES: dict[str, list[tuple[int, int]]] = {
+    "moelight": [(0, 1), (1, 1), (0, 0), (1, 0)],  # the paper's whole search space
+    "cgopipe": [(0, 1)],  # CPU attention, GPU FFN with paged weights
+    "flexgen": [(1, 1)],  # GPU attention, KV of each micro-batch moved to the GPU
+    "cpu": [(0, 0)],  # everything on the CPU
+}
+
+GiB = 2.0**30
+
+
+def default_mu_grid(max_mu: int = 4096) -> np.ndarray:
+    g = np.concatenate([np.arange(1, 33), np.arange(36, 1025, 4), np.arange(1040, 4097, 16)])
+    return g[g <= max_mu].astype(float)
+
+
+def default_n_grid(max_n: int = 128) -> np.ndarray:
+    return np.arange(1, max_n + 1, dtype=float)
+
+
+def _placements(hw: HardwareSpec, family: str) -> list[tuple[int, int]]:
+    if family not in FAMILIES:
+        raise ValueError(f"unknown policy family {family!r}; valid: {', '.join(FAMILIES)}")
+    combos = FAMILIES[family]
+    if not hw.has_gpu:
+        combos = [c for c in combos if c == (0, 0)]
+        if not combos:
+            raise ValueError(f"policy family {family!r} needs a GPU; hardware {hw.name!r} has none")
+    return combos
+
+
+def plan(hw: HardwareSpec, model: ModelSpec, workload: WorkloadSpec, dtype: str = "bfloat16",
+         gpus: int | None = None, family: str = "moelight", alpha: float = ALPHA,
+         mu_grid=None, n_grid=None, verify_with_pulp: bool = True) -> PlanResult:
+    """Best policy for `model` on `hw` for `workload` (highest predicted end-to-end tok/s).
+
+    gpus: override the GPU count (tensor parallelism; 0 = ignore the GPU).
+    Raises InfeasibleError when nothing fits, naming the memory and the shortfall.
+    """
+    t0 = time.perf_counter()
+    if gpus is not None:
+        hw = hw.with_gpus(gpus)
+    mus = np.asarray(default_mu_grid() if mu_grid is None else mu_grid, float)
+    ns = np.asarray(default_n_grid() if n_grid is None else n_grid, float)
+    best = None  # (thr, -N, mu, combo, pm, flat index, x, y)
+    points = 0
+    for a_g, f_g in _placements(hw, family):
+        mu_f, n_f = (a.ravel() for a in np.meshgrid(mus, ns, indexing="ij"))
+        keep = maybe_feasible(build_point_model(hw, model, workload, dtype, mu_f, n_f, a_g, f_g, alpha))
+        points += mu_f.size
+        if not keep.any():
+            continue
+        pm = build_point_model(hw, model, workload, dtype, mu_f[keep], n_f[keep], a_g, f_g, alpha)
+        t, x, y = solve_grid(pm)
+        if not np.isfinite(t).any():
+            continue
+        thr = np.where(np.isfinite(t), pm.batch * workload.gen_len / np.where(np.isfinite(t), t, 1.0), -1.0)
+        top = thr.max()
+        cand = np.flatnonzero(thr.reshape(-1) >= top * (1 - 1e-6))
+        # ties: the smallest batch, then the largest micro-batch (fewer kernel launches)
+        key = np.lexsort((-pm.mu.reshape(-1)[cand], pm.batch.reshape(-1)[cand]))
+        i = int(cand[key[0]])
+        entry = (float(top), i, (a_g, f_g), pm, float(x.reshape(-1)[i]), float(y.reshape(-1)[i]))
+        if best is None or entry[0] > best[0] * (1 + 1e-6) or (
+            entry[0] >= best[0] * (1 - 1e-6) and pm.batch.reshape(-1)[i] < best[3].batch.reshape(-1)[best[1]]
+        ):
+            best = entry
+    if best is None:
+        raise InfeasibleError(_infeasible_message(hw, model, workload, dtype, family, alpha))
+    _, i, (a_g, f_g), pm_grid, x, y = best
+    mu, n = int(pm_grid.mu.reshape(-1)[i]), int(pm_grid.n_mb.reshape(-1)[i])
+    pm = build_point_model(hw, model, workload, dtype, mu, n, a_g, f_g, alpha)
+    if verify_with_pulp:
+        sol = solve_point_pulp(pm)
+        if sol is not None:
+            t_lp, x_lp, y_lp = sol
+            t_enum = float(pm.total_time(x, y))
+            if t_lp <= t_enum * (1 + 1e-6) and feasible_point(pm, x_lp, y_lp):
+                x, y = x_lp, y_lp
+    policy = Policy(mu * n, mu, n, bool(a_g), bool(f_g), float(x), float(y), dtype)
+    result = summarize(pm, policy, hw, model, workload, family)
+    result.solve_seconds = time.perf_counter() - t0
+    result.grid_points = points
+    return result
+
+
+def feasible_point(pm: PointModel, x: float, y: float) -> bool:
+    return bool(np.all(feasible(pm, np.float64(x), np.float64(y), rtol=1e-7)))
+
+
+def evaluate_policy(hw: HardwareSpec, model: ModelSpec, workload: WorkloadSpec, policy: Policy,
+                    alpha: float = ALPHA, family: str = "given") -> PlanResult:
+    """HRM prediction for a given policy (no search); memory is reported, not enforced."""
+    pm = build_point_model(hw, model, workload, policy.dtype, policy.mu, policy.n_mb, policy.A_g,
+                           policy.F_g, alpha)
+    return summarize(pm, policy, hw, model, workload, family)
+
+
+def summarize(pm: PointModel, policy: Policy, hw: HardwareSpec, model: ModelSpec,
+              workload: WorkloadSpec, family: str) -> PlanResult:
+    x, y = policy.r_w, policy.r_c
+    lt = {k: float(v) for k, v in pm.layer_times(x, y).items()}
+    parts = {"link": lt["T_link"], "cpu": lt["T_cpu"], "gpu": lt["T_gpu"]}
+    binding = max(parts, key=parts.get)
+    t_pre = float(pm.prefill_time(x, y))
+    t_step = float(pm.decode_step_time(x, y))
+    n, g = policy.batch_size, workload.gen_len
+    total = t_pre + (g - 1) * t_step
+    res = PlanResult(
+        policy=policy, hardware=hw.name + (f" x{hw.gpu_count} GPU" if hw.gpu_count > 1 else ""),
+        model=model.name, workload=workload.to_dict(), family=family,
+        prefill_tok_s=n * workload.effective_prompt / t_pre, decode_tok_s=n / t_step,
+        e2e_tok_s=n * g / total, prefill_time=t_pre, decode_step_time=t_step, layer_times=lt,
+        binding=binding,
+        gpu_memory={k: float(a.at(x, y)) for k, a in pm.gpu_mem.items()},
+        cpu_memory={k: float(a.at(x, y)) for k, a in pm.cpu_mem.items()},
+        gpu_capacity=pm.gpu_cap, cpu_capacity=pm.cpu_cap,
+    )
+    res.reason = explain(res, hw, model, workload)
+    return res
+
+
+def _infeasible_message(hw, model, workload, dtype, family, alpha) -> str:
+    """Smallest shortfall over placements at the smallest batch (mu = N = 1)."""
+    best = None
+    xs = np.linspace(0, 1, 101)
+    for a_g, f_g in _placements(hw, family):
+        pm = build_point_model(hw, model, workload, dtype, 1.0, 1.0, a_g, f_g, alpha)
+        gx, gy = np.meshgrid(xs * pm.x_max, xs * pm.y_max)
+        g_over = np.maximum(0.0, pm.gpu_total().at(gx, gy) - pm.gpu_cap) if pm.gpu_mem else 0 * gx
+        c_over = np.maximum(0.0, pm.cpu_total().at(gx, gy) - pm.cpu_cap)
+        j = np.unravel_index(np.argmin(g_over + c_over), gx.shape)
+        cand = (float(g_over[j] + c_over[j]), float(g_over[j]), float(c_over[j]), a_g, f_g,
+                float(pm.gpu_total().at(gx[j], gy[j])), float(pm.cpu_total().at(gx[j], gy[j])), pm)
+        if best is None or cand[0] < best[0]:
+            best = cand
+    _, g_over, c_over, a_g, f_g, g_need, c_need, pm = best
+    where = f"attention on {'GPU' if a_g else 'CPU'}, FFN on {'GPU' if f_g else 'CPU'}"
+    msgs = []
+    if g_over > 0:
+        cap = hw.gpu_total().memory_bytes / GiB
+        msgs.append(f"GPU memory short by {g_over / GiB:.2f} GiB (needs {g_need / GiB:.2f} GiB, "
+                    f"{pm.gpu_cap / GiB:.2f} GiB usable = {alpha:.0%} of {cap:.1f})")
+    if c_over > 0:
+        msgs.append(f"CPU memory short by {c_over / GiB:.2f} GiB (needs {c_need / GiB:.2f} GiB, "
+                    f"{pm.cpu_cap / GiB:.2f} GiB usable = {alpha:.0%} of {hw.cpu.memory_bytes / GiB:.1f})")
+    return (f"no policy fits {model.name} on {hw.name} even at batch size 1 ({where}): "
+            + "; ".join(msgs))

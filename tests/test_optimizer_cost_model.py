@@ -1,0 +1,65 @@
+"""The policy cost model (memory breakdown and per-layer split) against hand arithmetic."""
+
+import pytest
+
+from hrm import costs
+from hrm.hardware import HardwareSpec, Level, Link
+from hrm.model_presets import get_model
+from hrm.workload import WorkloadSpec
+from optimizer import Policy, evaluate_policy
+
+TINY = get_model("tiny")  # h=64 f=128 L=2 E=4 k=2 Hq=4 Hkv=2 d=16 V=512
+HW = HardwareSpec("synthetic", Level("cpu", 1e9, 5e10, {"bfloat16": 1e12}),
+                  Level("gpu", 1e8, 1e11, {"bfloat16": 1e13}), 1, Link(h2d=1e10, d2h=5e9))
+WL = WorkloadSpec(prompt_len=10, gen_len=6)  # context: max 16, mean 13
+
+
+def test_cgopipe_policy_memory_by_hand():
+    pol = Policy(8, 4, 2, attn_on_gpu=False, ffn_on_gpu=True, r_w=0.5, r_c=0.0, dtype="bfloat16")
+    res = evaluate_policy(HW, TINY, WL, pol)
+    w_le = 4 * 3 * 64 * 128 * 2  # one layer's experts, bytes
+    non_exp = (2 * (64 * 128 + 64 * 64 + 2 * 64 + 64 * 4) + 2 * 512 * 64 + 64) * 2
+    act = 4 * 10 * (3 * 64 + 128 + 64 + 4 + 2 * 128 * 2 / 4) * 2 + 4 * 512 * 4
+    assert res.gpu_memory == pytest.approx({
+        "non_expert_weights": non_exp, "resident_experts": 0.5 * 2 * w_le,
+        "paged_weight_buffers": 2 * 0.5 * w_le, "activations": act})
+    assert res.cpu_memory == pytest.approx({
+        "experts": 0.5 * 2 * w_le, "kv_cache": 8 * 16 * 2 * 32 * 2 * 2,
+        "pinned_weight_pages": 2 * 0.5 * w_le / 2, "pinned_activations": 8 * 128 * 2 + 8 * 64 * 2})
+    assert res.gpu_capacity == pytest.approx(0.9e8) and res.cpu_capacity == pytest.approx(0.9e9)
+
+
+def test_cgopipe_policy_layer_split_by_hand():
+    pol = Policy(8, 4, 2, attn_on_gpu=False, ffn_on_gpu=True, r_w=0.5, r_c=0.0, dtype="bfloat16")
+    lt = evaluate_policy(HW, TINY, WL, pol).layer_times
+    w_le = 4 * 3 * 64 * 128 * 2
+    assert lt["T_h2d"] == pytest.approx((0.5 * w_le + 8 * 64 * 2) / 1e10)  # paged weights + attn output
+    assert lt["T_d2h"] == pytest.approx(8 * 128 * 2 / 5e9)  # QKV of N tokens
+    gpu_mb = costs.pre_attention_time(HW, TINY, 4, "gpu") + costs.post_attention_time(HW, TINY, 4, "gpu")
+    assert lt["T_gpu"] == pytest.approx(2 * gpu_mb)
+    assert lt["T_cpu"] == pytest.approx(2 * costs.attention_time(HW, TINY, 4, 13, "cpu"))
+    assert lt["T_layer"] == pytest.approx(max(lt["T_h2d"], lt["T_d2h"], lt["T_gpu"], lt["T_cpu"]))
+
+
+def test_flexgen_policy_moves_kv_and_keeps_rc_share():
+    pol = Policy(8, 4, 2, attn_on_gpu=True, ffn_on_gpu=True, r_w=0.0, r_c=0.25, dtype="bfloat16")
+    res = evaluate_policy(HW, TINY, WL, pol)
+    w_le = 4 * 3 * 64 * 128 * 2
+    kv_mean_layer = 8 * 13 * 2 * 32 * 2
+    assert res.layer_times["T_h2d"] == pytest.approx((w_le + 0.75 * kv_mean_layer) / 1e10)
+    assert res.layer_times["T_d2h"] == pytest.approx(0.75 * 8 * 2 * 32 * 2 / 5e9)  # new K/V written back
+    kv_total = 8 * 16 * 2 * 32 * 2 * 2
+    assert res.gpu_memory["kv_cache"] == pytest.approx(0.25 * kv_total)
+    assert res.cpu_memory["kv_cache"] == pytest.approx(0.75 * kv_total)
+    assert res.layer_times["T_cpu"] == 0.0
+
+
+def test_end_to_end_throughput_formula():
+    pol = Policy(8, 4, 2, attn_on_gpu=False, ffn_on_gpu=True, r_w=0.5, r_c=0.0, dtype="bfloat16")
+    res = evaluate_policy(HW, TINY, WL, pol)
+    total = res.prefill_time + (WL.gen_len - 1) * res.decode_step_time
+    assert res.e2e_tok_s == pytest.approx(8 * 6 / total)
+    assert res.decode_tok_s == pytest.approx(8 / res.decode_step_time)
+    assert res.prefill_tok_s == pytest.approx(8 * 10 / res.prefill_time)
+    head = 2 * costs.lm_head_time(HW, TINY, 4, "gpu")
+    assert res.decode_step_time == pytest.approx(2 * res.layer_times["T_layer"] + head)

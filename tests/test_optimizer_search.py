@@ -1,0 +1,128 @@
+"""Search properties: memory limits, monotonicity, CPU-only hosts, errors, families, TP, JSON."""
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+from hrm import WorkloadSpec, get_hardware, get_model
+from hrm.hardware import HardwareSpec, Level, Link
+from optimizer import InfeasibleError, Policy, evaluate_policy, plan
+from tests.test_optimizer_cases import DTYPE, random_case
+
+MUS = np.arange(1, 13, dtype=float)
+NS = np.arange(1, 7, dtype=float)
+MIX = get_model("mixtral-8x7b")
+MTBENCH = WorkloadSpec(77, 128, 418)
+
+
+def _plan(hw, m, wl, **kw):
+    return plan(hw, m, wl, DTYPE, mu_grid=MUS, n_grid=NS, **kw)
+
+
+def _scale_level(lvl: Level, mem=1.0, bw=1.0) -> Level:
+    return dataclasses.replace(lvl, memory_bytes=lvl.memory_bytes * mem, bandwidth=lvl.bandwidth * bw)
+
+
+@pytest.mark.parametrize("seed", range(40, 52))
+def test_more_resources_never_lower_throughput(seed):
+    hw, m, wl = random_case(seed)
+    try:
+        base = _plan(hw, m, wl).e2e_tok_s
+    except InfeasibleError:
+        base = 0.0
+    variants = [dataclasses.replace(hw, cpu=_scale_level(hw.cpu, mem=1.5))]
+    if hw.has_gpu:
+        variants.append(dataclasses.replace(hw, gpu=_scale_level(hw.gpu, mem=1.5)))
+        variants.append(dataclasses.replace(hw, link=Link(hw.link.h2d * 2, hw.link.d2h * 2)))
+    for v in variants:
+        assert _plan(v, m, wl).e2e_tok_s >= base * (1 - 1e-9)
+
+
+def test_more_memory_and_link_on_mixtral_presets():
+    base = plan(get_hardware("s1"), MIX, MTBENCH, "float16")
+    s1 = get_hardware("s1")
+    more_gpu = dataclasses.replace(s1, gpu=_scale_level(s1.gpu, mem=1.5))
+    more_cpu = dataclasses.replace(s1, cpu=_scale_level(s1.cpu, mem=1.5))
+    faster = dataclasses.replace(s1, link=Link(s1.link.h2d * 2, s1.link.d2h * 2))
+    for hw in (more_gpu, more_cpu, faster):
+        assert plan(hw, MIX, MTBENCH, "float16").e2e_tok_s > base.e2e_tok_s
+
+
+@pytest.mark.parametrize("name", ["s1", "s2", "s7"])
+def test_memory_never_exceeded_on_presets(name):
+    m = get_model("mixtral-8x22b") if name == "s7" else MIX
+    res = plan(get_hardware(name), m, MTBENCH, "float16")
+    assert 0 < sum(res.gpu_memory.values()) <= res.gpu_capacity * (1 + 1e-6)
+    assert 0 < sum(res.cpu_memory.values()) <= res.cpu_capacity * (1 + 1e-6)
+    assert res.policy.batch_size == res.policy.micro_batch_size * res.policy.num_micro_batches
+
+
+def test_paper_finding_cpu_attention_gpu_ffn_small_rw():
+    for name in ("s1", "s2"):
+        p = plan(get_hardware(name), MIX, MTBENCH, "float16").policy
+        assert (p.A_g, p.F_g) == (0, 1)
+        assert 0.0 <= p.r_w < 0.3 and p.r_c == 0.0
+
+
+def test_cpu_only_host_gets_all_cpu_policy():
+    hw = get_hardware("cpu-server")
+    res = plan(hw, MIX, MTBENCH, "bfloat16")
+    p = res.policy
+    assert (p.A_g, p.F_g, p.r_w, p.r_c) == (0, 0, 0.0, 0.0)
+    assert res.gpu_memory == {} and res.binding == "cpu"
+    # the same answer when a GPU host is told to use no GPU
+    p0 = plan(get_hardware("s1"), MIX, MTBENCH, "bfloat16", gpus=0).policy
+    assert (p0.A_g, p0.F_g) == (0, 0)
+    # N chosen for CPU throughput: the plan beats a batch of one micro-batch of 1
+    one = evaluate_policy(hw, MIX, MTBENCH, Policy(1, 1, 1, False, False, 0.0, 0.0, "bfloat16"))
+    assert res.e2e_tok_s > 10 * one.e2e_tok_s
+    with pytest.raises(ValueError, match="needs a GPU"):
+        plan(hw, MIX, MTBENCH, family="flexgen")
+
+
+def test_infeasible_names_the_memory():
+    small = HardwareSpec("small", Level("cpu", 40 * 2**30, 1e11, {"bfloat16": 1e12}))
+    with pytest.raises(InfeasibleError, match=r"CPU memory short by \d+\.\d+ GiB"):
+        plan(small, MIX, MTBENCH)
+    tiny_gpu = dataclasses.replace(get_hardware("s1"), gpu=Level("g", 2**30, 3e11, {"bfloat16": 1e13}))
+    with pytest.raises(InfeasibleError, match=r"GPU memory short by"):
+        plan(tiny_gpu, MIX, MTBENCH, family="cgopipe")
+    # with the whole search space the CPU can still take everything
+    assert plan(tiny_gpu, MIX, MTBENCH).policy.F_g == 0
+
+
+def test_flexgen_family_and_comparison():
+    hw = get_hardware("s1")
+    fg = plan(hw, MIX, MTBENCH, "float16", family="flexgen")
+    ml = plan(hw, MIX, MTBENCH, "float16", family="moelight")
+    assert (fg.policy.A_g, fg.policy.F_g) == (1, 1)
+    assert ml.e2e_tok_s >= fg.e2e_tok_s
+    # FlexGen moves KV over the link: its link time exceeds what the weights alone need
+    w_only = (1 - fg.policy.r_w) * MIX.layer_expert_params() * 2 / hw.link_total().h2d
+    assert fg.layer_times["T_h2d"] > w_only
+
+
+def test_tensor_parallel_scales_resources():
+    m = get_model("mixtral-8x22b")
+    two = plan(get_hardware("s7"), m, MTBENCH, "float16", gpus=2)
+    four = plan(get_hardware("s7"), m, MTBENCH, "float16")
+    assert four.gpu_capacity == pytest.approx(2 * two.gpu_capacity)
+    assert four.e2e_tok_s > two.e2e_tok_s
+
+
+def test_policy_and_result_json_roundtrip(tmp_path):
+    res = plan(get_hardware("s2"), MIX, MTBENCH, "bfloat16")
+    p = res.policy.save(tmp_path / "policy.json")
+    assert Policy.load(p) == res.policy
+    d = res.to_dict()
+    assert d["policy"]["micro_batch_size"] == res.policy.mu and "T_link" in d["layer_times"]
+    assert "bound by" in res.reason
+    with pytest.raises(ValueError):
+        Policy(10, 3, 3, False, True, 0.1, 0.0)
+
+
+def test_evaluate_policy_matches_plan():
+    res = plan(get_hardware("s1"), MIX, MTBENCH, "float16")
+    again = evaluate_policy(get_hardware("s1"), MIX, MTBENCH, res.policy)
+    assert again.e2e_tok_s == pytest.approx(res.e2e_tok_s, rel=1e-9)

@@ -1,0 +1,101 @@
+"""`moelight plan` and `moelight profile` through typer's CliRunner."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from moelight.cli import app
+
+runner = CliRunner()
+
+
+def _plan(*args):
+    return runner.invoke(app, ["plan", *args])
+
+
+def test_plan_prints_policy_and_reason():
+    r = _plan("--model", "mixtral-8x7b", "--hardware", "s1", "--dtype", "float16", "--max-prompt-len", "418")
+    assert r.exit_code == 0, r.output
+    assert "attention on CPU (A_g=0), MoE FFN on GPU (F_g=1)" in r.output
+    assert "bound by" in r.output and "GPU memory" in r.output and "why:" in r.output
+
+
+def test_plan_json_and_save_policy(tmp_path):
+    pol = tmp_path / "p.json"
+    r = _plan("--model", "bench-1b", "--hardware", "t4", "--gen-len", "32", "--json",
+              "--save-policy", str(pol))
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["policy"]["batch_size"] == d["policy"]["micro_batch_size"] * d["policy"]["num_micro_batches"]
+    assert d["e2e_tok_s"] > 0 and d["binding"] in ("link", "gpu", "cpu")
+    assert json.loads(pol.read_text()) == d["policy"]
+
+
+def test_plan_gpus_zero_is_all_cpu():
+    r = _plan("--model", "mixtral-8x7b", "--hardware", "s1", "--gpus", "0", "--json")
+    assert r.exit_code == 0, r.output
+    p = json.loads(r.output)["policy"]
+    assert (p["attn_on_gpu"], p["ffn_on_gpu"], p["r_w"], p["r_c"]) == (False, False, 0.0, 0.0)
+
+
+def test_plan_model_dir(tmp_path):
+    cfg = {"model_type": "mixtral", "vocab_size": 512, "hidden_size": 64, "intermediate_size": 128,
+           "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "num_local_experts": 4,
+           "num_experts_per_tok": 2}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    r = _plan("--model", str(tmp_path), "--hardware", "cpu-server", "--json")
+    assert r.exit_code == 0, r.output
+
+
+def test_plan_plots(tmp_path):
+    pytest.importorskip("matplotlib")
+    r = _plan("--model", "mixtral-8x7b", "--hardware", "s2", "--plot", str(tmp_path))
+    assert r.exit_code == 0, r.output
+    for name in ("hrm_attention.png", "hrm_moe_ffn.png"):
+        assert (tmp_path / name).stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(
+    "args, needle",
+    [
+        (["--model", "mixtral-8x7b", "--hardware", "v100"], "s1"),  # lists valid presets
+        (["--model", "llama", "--hardware", "s1"], "mixtral-8x7b"),
+        (["--model", "/nonexistent/dir", "--hardware", "s1"], "valid presets"),
+        (["--model", "tiny", "--hardware", "/no/such/profile.json"], "/no/such/profile.json"),
+        (["--model", "tiny", "--hardware", "s1", "--dtype", "float8"], "float8"),
+        (["--model", "tiny", "--hardware", "s1", "--family", "deepspeed"], "flexgen"),
+    ],
+)
+def test_bad_input_exit_2_without_traceback(args, needle):
+    r = _plan(*args)
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output
+    assert needle.split("/")[-1] in r.output or needle in r.output
+
+
+def test_missing_profile_mentions_path(tmp_path):
+    missing = tmp_path / "hw.json"
+    r = _plan("--model", "tiny", "--hardware", "profile", "--profile-path", str(missing))
+    assert r.exit_code == 2
+    assert "hw.json" in r.output and "moelight profile" in r.output
+
+
+def test_infeasible_is_a_message(tmp_path):
+    from hrm.hardware import HardwareSpec, Level
+
+    small = HardwareSpec("small", Level("cpu", 8 * 2**30, 1e11, {"bfloat16": 1e12}))
+    r = _plan("--model", "mixtral-8x7b", "--hardware", str(small.save(tmp_path / "small.json")))
+    assert r.exit_code == 1
+    assert "CPU memory short by" in r.output and "Traceback" not in r.output
+
+
+def test_profile_then_plan_with_it(tmp_path):
+    pytest.importorskip("torch")
+    out = tmp_path / "hw.json"
+    r = runner.invoke(app, ["profile", "--output", str(out), "--quick"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(out.read_text())
+    assert d["cpu"]["bandwidth"] > 1e8 and d["cpu"]["flops"]["float32"] > 1e8
+    r = _plan("--model", "tiny", "--hardware", "profile", "--profile-path", str(out), "--json")
+    assert r.exit_code == 0, r.output
