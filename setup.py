@@ -13,7 +13,7 @@ setup(
     description="High-throughput batch inference for Mixture-of-Experts LLMs (MoE-Lightning)",
     python_requires=">=3.10",
     packages=find_packages(include=["moelight*", "cpu_kernels*", "hrm*", "optimizer*", "workloads*"]),
-    package_data={"cpu_kernels": ["csrc/*.cpp", "csrc/*.h"]},
+    package_data={"cpu_kernels": ["csrc/*.cpp", "csrc/*.h"], "workloads": ["examples/*.jsonl"]},
     install_requires=[
         "torch==2.13.0",
         "numpy",

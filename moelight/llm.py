@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from moelight.cpu_linear import pack_model
 from moelight.engine import Engine, GenerationStats
 from moelight.errors import PromptError
 from moelight.loader import load_model, resolve_model
@@ -42,6 +43,7 @@ class LLM:
         else:
             self.tokenizer = ByteTokenizer(self.config.vocab_size)
         self.model = load_model(self.source, seed)
+        pack_model(self.model)  # CPU executor: oneDNN pre-packed weights
         eos = tuple(self.config.eos_token_ids) + tuple(self.tokenizer.eos_ids)
         self.engine = Engine(self.model, tuple(dict.fromkeys(eos)), max_prefill_tokens)
         self.last_stats: GenerationStats | None = None
