@@ -27,25 +27,24 @@ def moe_ffn(
     Token-expert pairs are sorted by expert so each expert runs one matmul over all its
     tokens. `gate_up_proj[e]` / `down_proj[e]` may be any indexable (a page table of
     device buffers, pre-packed CPU weights) that `linear(x, w)` accepts: only the experts
-    that received tokens are touched.
+    that received tokens are touched. Experts are summed in ascending order, as the
+    reference implementation does, so float32 results match it bit for bit in practice.
     """
-    T = x.shape[0]
     weights, experts = route(x, gate_weight, top_k)
     flat_experts = experts.reshape(-1)
     order = torch.argsort(flat_experts, stable=True)
     token_of_pair = order // top_k
+    pair_weight = weights.reshape(-1, 1).index_select(0, order)
     counts = torch.bincount(flat_experts, minlength=gate_weight.shape[0]).tolist()
-    xs = x.index_select(0, token_of_pair)
-    ys = torch.empty_like(xs)
+    out = torch.zeros_like(x)
     start = 0
     for e, n in enumerate(counts):
         if n == 0:
             continue
-        gate_up = linear(xs[start : start + n], gate_up_proj[e])
-        gate, up = gate_up.chunk(2, dim=-1)
-        ys[start : start + n] = linear(F.silu(gate) * up, down_proj[e])
+        rows = token_of_pair[start : start + n]
+        gate, up = linear(x.index_select(0, rows), gate_up_proj[e]).chunk(2, dim=-1)
+        y = linear(F.silu(gate) * up, down_proj[e])
+        # scale in float32, round once, as the reference does
+        out.index_add_(0, rows, (y * pair_weight[start : start + n]).to(x.dtype))
         start += n
-    # Scale in float32 then round once, as the reference implementation does.
-    ys = (ys * weights.reshape(-1, 1).index_select(0, order)).to(x.dtype)
-    out = torch.zeros_like(x) if T else x.clone()
-    return out.index_add_(0, token_of_pair, ys)
+    return out
