@@ -1,0 +1,99 @@
+"""`moelight simulate`: time a CGOPipe (or comparison) schedule with HRM costs, no GPU needed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+SCHEDULE_HELP = "cgopipe | flexgen | flexgen-cpu | overlap-unpaged | all"
+
+
+def format_result(res) -> str:
+    p = res.policy
+    util = ", ".join(f"{k} {v:.1%}" for k, v in res.utilisation.items())
+    return "\n".join(
+        [
+            f"schedule {res.schedule}: {res.model} on {res.hardware}",
+            f"  policy N={p.batch_size} = mu {p.micro_batch_size} x {p.num_micro_batches}, r_w={p.r_w:.4f}, "
+            f"dtype {p.dtype}",
+            f"  per layer (decode) {res.layer_seconds * 1e3:.2f} ms, step {res.step_seconds:.3f} s, "
+            f"prefill {res.prefill_seconds:.2f} s per batch",
+            f"  lane utilisation (decode step): {util}",
+            f"  throughput: decode {res.decode_tok_s:.1f} tok/s, end-to-end {res.e2e_tok_s:.1f} tok/s",
+        ]
+    )
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("simulate")
+    def simulate(
+        model: str = typer.Option(..., "--model", "-m", help="preset name or a directory with config.json"),
+        hardware: str = typer.Option(
+            "t4", "--hardware", help="preset (t4, l4, s1, s2...), 'profile' or JSON"
+        ),
+        policy: str = typer.Option("auto", "--policy", help="'auto' (the planner's) or a policy JSON file"),
+        schedule: str = typer.Option("cgopipe", "--schedule", help=SCHEDULE_HELP),
+        prompt_len: float = typer.Option(77, "--prompt-len", help="mean prompt length"),
+        gen_len: int = typer.Option(128, "--gen-len", help="tokens generated per request"),
+        dtype: str = typer.Option("bfloat16", "--dtype", help="dtype for --policy auto"),
+        family: str = typer.Option("cgopipe", "--family", help="planner family for --policy auto"),
+        gantt: Path | None = typer.Option(None, "--gantt", help="write the decode-step timeline PNG here"),
+    ) -> None:
+        """Simulate one batch: prefill, then decode steps, with the schedule's task graph."""
+        from hrm import WorkloadSpec, get_hardware, get_model
+        from moelight.pipeline.schedule import SCHEDULES
+        from moelight.pipeline.simulator import simulate_policy
+        from optimizer import InfeasibleError, Policy, plan
+
+        names = list(SCHEDULES) if schedule == "all" else [schedule]
+        if any(n not in SCHEDULES for n in names):
+            raise typer.BadParameter(
+                f"unknown schedule {schedule!r}; valid: {SCHEDULE_HELP}", param_hint="--schedule"
+            )
+        try:
+            mspec = get_model(model)
+            hw = get_hardware(hardware)
+        except (KeyError, FileNotFoundError, ValueError) as e:
+            raise typer.BadParameter(str(e.args[0] if isinstance(e, KeyError) else e)) from None
+        if not hw.has_gpu:
+            raise typer.BadParameter(
+                f"hardware {hw.name!r} has no GPU: the schedules need one", param_hint="--hardware"
+            )
+        work = WorkloadSpec(prompt_len, gen_len)
+        if policy == "auto":
+            try:
+                pol = plan(hw, mspec, work, dtype=dtype, family=family).policy
+            except InfeasibleError as e:
+                typer.echo(f"error: {e}", err=True)
+                raise typer.Exit(2) from None
+        else:
+            path = Path(policy)
+            if not path.is_file():
+                raise typer.BadParameter(f"policy file not found: {path}", param_hint="--policy")
+            try:
+                pol = Policy.load(path)
+            except (ValueError, TypeError, KeyError) as e:
+                raise typer.BadParameter(f"{path}: not a policy JSON ({e})", param_hint="--policy") from None
+        if pol.attn_on_gpu or not pol.ffn_on_gpu:
+            typer.echo(
+                "note: the schedules place attention by themselves and the MoE FFN on the GPU; "
+                "the policy's A_g/F_g are not used",
+                err=True,
+            )
+        results = [simulate_policy(hw, mspec, work, pol, n) for n in names]
+        for r in results:
+            typer.echo(format_result(r))
+        if len(results) > 1:
+            base = next((r for r in results if r.schedule == "cgopipe"), results[0])
+            typer.echo(
+                "speed-up of cgopipe: "
+                + ", ".join(
+                    f"{base.e2e_tok_s / r.e2e_tok_s:.2f}x vs {r.schedule}" for r in results if r is not base
+                )
+            )
+        if gantt is not None:
+            from moelight.pipeline.gantt import draw_gantt
+
+            out = draw_gantt([(f"{r.schedule} on {hw.name}", r.step) for r in results], gantt)
+            typer.echo(f"gantt: {out}")

@@ -1,0 +1,437 @@
+"""The real executor: launches a schedule's task graph on a device (the engine's executor).
+
+`PipelineExecutor` has the PlainExecutor interface (`prefill`, `decode`), so
+`Engine(model, eos, executor=PipelineExecutor(model, ...))` runs the CGOPipe runtime
+(or one of the comparison schedules). Every pass builds its graph with the same
+builders the simulator times, binds each task to a closure over the model, the page
+table and the CPU KV cache, and submits the tasks in launch order (the launcher thread
+of the paper's Algorithm 1); the device's lane workers run them.
+
+Device-memory use is accounted task by task: resident weights, the two paged-weight
+slots, activations (released by their last consumer) and per-kernel scratch; with the
+emulated device a pass that would exceed the planned budget raises DeviceOutOfMemory.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+from cpu_kernels import decode_attention, prefill_attention
+from moelight.kv_cache import RaggedKVCache
+from moelight.model import MixtralModel
+from moelight.moe import moe_ffn
+from moelight.pipeline.device_base import Device, create_device
+from moelight.pipeline.schedule import (
+    GraphShape,
+    Schedule,
+    Task,
+    attention_on_gpu,
+    build_decode,
+    build_prefill,
+)
+from moelight.pipeline.weight_pager import (
+    MemoryPlan,
+    WeightPager,
+    activation_bytes_per_token,
+    prefill_attention_scratch,
+)
+
+
+def device_decode_attention(
+    q, k, v, offsets: torch.Tensor, lengths: torch.Tensor, scale: float
+) -> torch.Tensor:
+    """Decode attention where the KV buffer lives: the CPU kernel on CPU tensors (the
+    emulated device, bit-identical to the plain engine), plain torch on a GPU."""
+    if q.device.type == "cpu":
+        return decode_attention(q, k, v, offsets, lengths, scale)
+    B, Hq, d = q.shape
+    group = Hq // k.shape[0]
+    out = torch.empty_like(q)
+    for b, (o, n) in enumerate(zip(offsets.tolist(), lengths.tolist(), strict=True)):
+        qb = q[b].float().view(k.shape[0], group, d)
+        p = torch.softmax(torch.matmul(qb, k[:, o : o + n].float().transpose(1, 2)) * scale, dim=-1)
+        out[b] = torch.matmul(p, v[:, o : o + n].float()).reshape(Hq, d).to(q.dtype)
+    return out
+
+
+def _inference(fn: Callable[[], None]) -> Callable[[], None]:
+    """Lane threads do not inherit the launcher's inference mode."""
+
+    def run() -> None:
+        with torch.inference_mode():
+            fn()
+
+    return run
+
+
+class _Held:
+    """Device tensors with a count of consumers still to read them; freed at zero."""
+
+    def __init__(self, device: Device) -> None:
+        self.device = device
+        self.items: dict[tuple, list] = {}
+        self.lock = threading.Lock()  # consumers on different lanes finish concurrently
+
+    def put(self, key: tuple, users: int, *tensors: torch.Tensor) -> None:
+        entry = [users, [self.device.adopt(t, key[0]) for t in tensors]]
+        with self.lock:
+            self.items[key] = entry
+
+    def get(self, key: tuple) -> list[torch.Tensor]:
+        with self.lock:
+            return self.items[key][1]
+
+    def done(self, key: tuple) -> None:
+        with self.lock:
+            entry = self.items[key]
+            entry[0] -= 1
+            if entry[0] > 0:
+                return
+            del self.items[key]
+        for t in entry[1]:
+            self.device.free(t)
+
+
+class PipelineExecutor:
+    """CGOPipe runtime (and the comparison schedules) over a Device."""
+
+    def __init__(
+        self,
+        model: MixtralModel,
+        schedule: str = "cgopipe",
+        device: str | Device = "emulated",
+        r_w: float = 0.0,
+        device_memory: int | None = None,
+        max_prefill_tokens: int = 4096,
+        max_prompt_len: int = 512,
+        max_batch: int = 256,
+        max_context: int = 2048,
+        **device_kwargs,
+    ) -> None:
+        self.model, self.cfg, self.schedule = model, model.config, schedule
+        self.dtype = model.embed_tokens.weight.dtype
+        self.slot_base = 0  # double-buffer slot of layer 0 in the next pass
+        self.first_loaded = False  # layer 0's paged experts already sit in slot_base
+        build_decode(schedule, self._shape([1], [1.0], 0))  # validates the name early
+        n_res = max(0, min(self.cfg.num_experts, round(r_w * self.cfg.num_experts)))
+        self.plan = MemoryPlan.for_model(
+            model,
+            n_res,
+            max_prefill_tokens,
+            max_prompt_len,
+            max_batch,
+            max_context,
+            attention_on_gpu(schedule),
+        )
+        owned = isinstance(device, str)
+        if owned:
+            device = create_device(device, capacity_bytes=device_memory or self.plan.total, **device_kwargs)
+        self.device = device
+        try:
+            self.pager = WeightPager(model, device, r_w)
+        except BaseException:
+            if owned:
+                device.close()
+            raise
+        self.scale = self.cfg.head_dim**-0.5
+        self.last_pass: tuple[Schedule, list] | None = None  # graph and events of the last pass (timings)
+
+    @classmethod
+    def from_policy(
+        cls,
+        model: MixtralModel,
+        policy,
+        schedule: str = "cgopipe",
+        device: str | Device = "emulated",
+        **kwargs,
+    ) -> PipelineExecutor:
+        """Executor for an optimizer Policy: its r_w, and its micro-batch size as the largest wave."""
+        kwargs.setdefault("max_batch", policy.micro_batch_size)
+        return cls(model, schedule, device, r_w=policy.r_w, **kwargs)
+
+    # ---- graph plumbing ----
+    def _shape(self, mb_tokens, mb_context, paged_bytes, prompt_tokens: int = 0) -> GraphShape:
+        c = self.cfg
+        el = torch.empty((), dtype=self.dtype).element_size()
+        q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        return GraphShape(
+            c.num_layers,
+            tuple(mb_tokens),
+            tuple(mb_context),
+            (q + 2 * kv) * el,
+            q * el,
+            2 * kv * el,
+            4 * c.vocab_size,
+            paged_bytes,
+            self.slot_base,
+            self.first_loaded,
+            True,
+            prompt_tokens,
+        )
+
+    def _run(self, graph: Schedule, bind: Callable[[Task], Callable[[], None]]) -> None:
+        n_pages = [t.n_pages for t in graph.tasks if t.op == "w_stage"]
+        if n_pages:
+            self.pager.ensure_pinned(min(n_pages))  # the largest page of the pass
+        events = []
+        for t in graph.tasks:
+            nbytes = self.pager.page_bytes(t.page, t.n_pages) if t.op == "w_h2d" else t.nbytes
+            events.append(
+                self.device.submit(t.lane, _inference(bind(t)), [events[d] for d in t.deps], nbytes, t.name)
+            )
+        try:
+            self.device.synchronize()
+        except BaseException:
+            self.first_loaded = False  # slot contents unknown after a failed pass
+            raise
+        self.last_pass = (graph, events)
+        if self.pager.n_paged and graph.shape.prefetch_next:
+            self.slot_base = (self.slot_base + self.cfg.num_layers) % 2
+            self.first_loaded = True
+
+    def _weights(self, t: Task) -> Callable[[], None] | None:
+        if t.op == "w_stage":
+            return lambda: self.pager.stage(t.layer, t.page, t.n_pages, t.pin_slot)
+        if t.op == "w_h2d":
+            return lambda: self.pager.upload(t.page, t.n_pages, t.slot, t.pin_slot)
+        return None
+
+    def _moe(self, j: int):
+        layer = self.model.layers[j]
+        gu, dn = self.pager.table(j, (self.slot_base + j) % 2)
+        return lambda h: moe_ffn(h, layer.mlp.gate.weight, gu, dn, layer.mlp.top_k, F.linear)
+
+    def _post(self, j: int, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        scratch = self.device.reserve(
+            x.shape[0] * activation_bytes_per_token(self.cfg, self.dtype), "moe-scratch"
+        )
+        try:
+            return self.model.layers[j].post_attention(x, attn, moe=self._moe(j))
+        finally:
+            self.device.release(scratch)
+
+    def _to_host(self, t: torch.Tensor) -> torch.Tensor:
+        host = self.device.pinned(t.shape, t.dtype)
+        self.device.copy(host, t)
+        return host
+
+    def _to_device(self, t: torch.Tensor, tag: str) -> torch.Tensor:
+        dev = self.device.empty(t.shape, t.dtype, tag)
+        self.device.copy(dev, t)
+        return dev
+
+    # ---- prefill ----
+    @torch.inference_mode()
+    def prefill(
+        self, cache: RaggedKVCache, tokens: torch.Tensor, seq_lens: torch.Tensor, offsets: torch.Tensor
+    ) -> torch.Tensor:
+        """All layers on the device; each layer's K/V go to the CPU cache. -> logits [B, vocab]."""
+        m, dev = self.model, self.device.torch_device
+        cu = torch.zeros(len(seq_lens) + 1, dtype=torch.int64)
+        torch.cumsum(seq_lens, 0, out=cu[1:])
+        positions = torch.arange(int(cu[-1]), dtype=torch.int64) - torch.repeat_interleave(cu[:-1], seq_lens)
+        slots = torch.repeat_interleave(offsets, seq_lens) + positions
+        last = cu[1:] - 1
+        T, L = int(cu[-1]), self.cfg.num_layers
+        graph = build_prefill(
+            self._shape(
+                [len(seq_lens)], [float(seq_lens.float().mean())], self.pager.paged_bytes, prompt_tokens=T
+            )
+        )
+        held, out = _Held(self.device), {}
+        longest = int(seq_lens.max())
+
+        def bind(t: Task) -> Callable[[], None]:
+            w = self._weights(t)
+            if w is not None:
+                return w
+            j, op = t.layer, t.op
+            if op == "embed":
+
+                def run():
+                    x = m.embed_tokens(tokens.to(dev))
+                    held.put(("x", 0), 1, x)
+                    out["cos"], out["sin"] = (r.to(dev) for r in m.rotary(positions, x.dtype))
+            elif op == "pre_attn":
+
+                def run():
+                    q, k, v = m.layers[j].pre_attention(held.get(("x", j))[0], out["cos"], out["sin"])
+                    held.put(("q", j), 1, q)
+                    held.put(("kv", j), 2, k, v)  # prefill attention and the copy to the CPU cache
+            elif op == "kv_d2h":
+
+                def run():
+                    k, v = held.get(("kv", j))
+                    out[("kvh", j)] = (self._to_host(k), self._to_host(v))
+                    held.done(("kv", j))
+            elif op == "kv_write":
+
+                def run():
+                    cache.write(j, *out.pop(("kvh", j)), slots)
+            elif op == "prefill_attn":
+
+                def run():
+                    h = self.device.reserve(prefill_attention_scratch(self.cfg, longest), "attn-scratch")
+                    try:
+                        (q,), (k, v) = held.get(("q", j)), held.get(("kv", j))
+                        a = prefill_attention(q, k, v, cu.to(dev), self.scale).flatten(1)
+                    finally:
+                        self.device.release(h)
+                    held.put(("attn", j), 1, a)
+                    held.done(("q", j))
+                    held.done(("kv", j))
+            elif op == "post_attn":
+
+                def run():
+                    x, a = held.get(("x", j))[0], held.get(("attn", j))[0]
+                    if j == L - 1:
+                        idx = last.to(dev)
+                        x, a = x[idx], a[idx]
+                    held.put(("x", j + 1), 1, self._post(j, x, a))
+                    held.done(("x", j))
+                    held.done(("attn", j))
+            elif op == "lm_head":
+
+                def run():
+                    held.put(("logits",), 1, m.logits(held.get(("x", L))[0]))
+                    held.done(("x", L))
+            elif op == "logits_d2h":
+
+                def run():
+                    out["logits"] = self._to_host(held.get(("logits",))[0])
+                    held.done(("logits",))
+            else:
+                raise ValueError(f"prefill has no op {op!r}")
+            return run
+
+        self._run(graph, bind)
+        return out["logits"]
+
+    # ---- decode ----
+    @torch.inference_mode()
+    def decode(
+        self, cache: RaggedKVCache, micro_batches: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    ):
+        """One token for every sequence of every micro-batch -> logits [B_i, vocab] each."""
+        m, dev, L = self.model, self.device.torch_device, self.cfg.num_layers
+        mbs = [(tok, off, pos, off + pos, pos + 1) for tok, off, pos in micro_batches]
+        graph = build_decode(
+            self.schedule,
+            self._shape(
+                [len(t) for t, *_ in mbs],
+                [float(ln.float().mean()) for *_, ln in mbs],
+                self.pager.paged_bytes,
+            ),
+        )
+        held, out = _Held(self.device), {}
+        c = self.cfg
+
+        def bind(t: Task) -> Callable[[], None]:
+            w = self._weights(t)
+            if w is not None:
+                return w
+            j, i, op = t.layer, t.mb, t.op
+            tok, off, pos, slots, lengths = mbs[i] if i >= 0 else (None,) * 5
+            if op == "embed":
+
+                def run():
+                    x = m.embed_tokens(tok.to(dev))
+                    held.put(("x", 0, i), 1, x)
+                    out[("rope", i)] = tuple(r.to(dev) for r in m.rotary(pos, x.dtype))
+            elif op == "pre_attn":
+
+                def run():
+                    q, k, v = m.layers[j].pre_attention(held.get(("x", j, i))[0], *out[("rope", i)])
+                    users = 2 if attention_on_gpu(self.schedule) else 1  # FlexGen: GPU attention + copy out
+                    held.put(("q", j, i), 1, q)
+                    held.put(("kv", j, i), users, k, v)
+            elif op == "qkv_d2h":
+
+                def run():
+                    (q,), (k, v) = held.get(("q", j, i)), held.get(("kv", j, i))
+                    out[("qkvh", j, i)] = tuple(self._to_host(a) for a in (q, k, v))
+                    held.done(("q", j, i))
+                    held.done(("kv", j, i))
+            elif op == "cpu_attn":
+
+                def run():
+                    q, k, v = out.pop(("qkvh", j, i))
+                    cache.write(j, k, v, slots)
+                    out[("ah", j, i)] = decode_attention(
+                        q, cache.k[j], cache.v[j], off, lengths, self.scale
+                    ).flatten(1)
+            elif op == "attn_h2d":
+
+                def run():
+                    held.put(("attn", j, i), 1, self._to_device(out.pop(("ah", j, i)), "attn"))
+            elif op == "kv_h2d":
+
+                def run():
+                    new_off = torch.cumsum(lengths, 0) - lengths
+                    src = torch.cat(
+                        [torch.arange(o, o + p) for o, p in zip(off.tolist(), pos.tolist(), strict=True)]
+                    )
+                    dst = torch.cat(
+                        [torch.arange(o, o + p) for o, p in zip(new_off.tolist(), pos.tolist(), strict=True)]
+                    )
+                    shape = (c.num_kv_heads, int(lengths.sum()), c.head_dim)
+                    kd, vd = (self.device.empty(shape, self.dtype, "kv-buffer") for _ in range(2))
+                    for cached, d in ((cache.k[j], kd), (cache.v[j], vd)):
+                        host = self.device.pinned(shape, self.dtype)
+                        host[:, dst] = cached[:, src]
+                        self.device.copy(d, host)
+                    out[("kvd", j, i)] = (kd, vd, new_off)
+            elif op == "gpu_attn":
+
+                def run():
+                    kd, vd, new_off = out.pop(("kvd", j, i))
+                    (q,), (k, v) = held.get(("q", j, i)), held.get(("kv", j, i))
+                    at = (new_off + pos).to(dev)
+                    kd.index_copy_(1, at, k.transpose(0, 1))
+                    vd.index_copy_(1, at, v.transpose(0, 1))
+                    a = device_decode_attention(q, kd, vd, new_off, lengths, self.scale).flatten(1)
+                    self.device.free(kd)
+                    self.device.free(vd)
+                    held.put(("attn", j, i), 1, a)
+                    held.done(("q", j, i))
+                    held.done(("kv", j, i))
+            elif op == "kv_d2h":
+
+                def run():
+                    k, v = held.get(("kv", j, i))
+                    out[("newkv", j, i)] = (self._to_host(k), self._to_host(v))
+                    held.done(("kv", j, i))
+            elif op == "kv_write":
+
+                def run():
+                    cache.write(j, *out.pop(("newkv", j, i)), slots)
+            elif op == "post_attn":
+
+                def run():
+                    x, a = held.get(("x", j, i))[0], held.get(("attn", j, i))[0]
+                    held.put(("x", j + 1, i), 1, self._post(j, x, a))
+                    held.done(("x", j, i))
+                    held.done(("attn", j, i))
+            elif op == "lm_head":
+
+                def run():
+                    held.put(("logits", i), 1, m.logits(held.get(("x", L, i))[0]))
+                    held.done(("x", L, i))
+            elif op == "logits_d2h":
+
+                def run():
+                    out[("logits", i)] = self._to_host(held.get(("logits", i))[0])
+                    held.done(("logits", i))
+            else:
+                raise ValueError(f"decode has no op {op!r}")
+            return run
+
+        self._run(graph, bind)
+        return [out[("logits", i)] for i in range(len(mbs))]
+
+    def close(self) -> None:
+        self.device.close()
