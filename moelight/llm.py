@@ -44,7 +44,9 @@ class LLM:
             self.tokenizer = ByteTokenizer(self.config.vocab_size)
         self.model = load_model(self.source, seed)
         pack_model(self.model)  # CPU executor: oneDNN pre-packed weights
-        eos = tuple(self.config.eos_token_ids) + tuple(self.tokenizer.eos_ids)
+        # a real tokenizer may add end-of-turn ids; the byte fallback's ids mean nothing to a checkpoint
+        tok_eos = () if isinstance(self.tokenizer, ByteTokenizer) and self.source.model_dir else self.tokenizer.eos_ids
+        eos = tuple(self.config.eos_token_ids) + tuple(sorted(tok_eos))
         self.engine = Engine(self.model, tuple(dict.fromkeys(eos)), max_prefill_tokens)
         self.last_stats: GenerationStats | None = None
 
@@ -56,6 +58,10 @@ class LLM:
         """Generate for text prompts or pre-tokenized prompts (lists of token ids)."""
         if isinstance(prompts, str):
             prompts = [prompts]
+        blank = [i for i, p in enumerate(prompts) if isinstance(p, str) and not p.strip()]
+        if blank:
+            more = f" (and {len(blank) - 1} more)" if len(blank) > 1 else ""
+            raise PromptError(f"prompt {blank[0]} is empty{more}; every prompt needs some text")
         token_lists = [p if isinstance(p, list) else self.tokenizer.encode(p) for p in prompts]
         texts = [p if isinstance(p, str) else None for p in prompts]
         return self._run(token_lists, texts, sampling_params)
