@@ -43,10 +43,15 @@ def level_of(hw: HardwareSpec, where: str) -> Level:
     raise ValueError(f"where must be 'gpu' or 'cpu', not {where!r}")
 
 
-def op_time(cost: ops.OpCost, level: Level, dtype: str = DEFAULT_DTYPE):
-    """Roofline time of one kernel on `level`: max(FLOPs / P_level, bytes / B_level)."""
-    return np.maximum(np.asarray(cost.flops, float) / level.peak_flops(dtype),
-                      np.asarray(cost.bytes, float) / level.bandwidth)
+def op_time(cost: ops.OpCost, level: Level, dtype: str = DEFAULT_DTYPE, peak=None, bandwidth=None):
+    """Roofline time of one kernel on `level`: max(FLOPs / P_level, bytes / B_level).
+
+    A GEMM (cost.rows set) runs at the level's measured FLOP/s for its M when the level
+    has a GEMM curve; `peak` / `bandwidth` override both for special kernels (attention).
+    """
+    p = peak if peak is not None else level.gemm_peak(dtype, cost.rows)
+    return np.maximum(np.asarray(cost.flops, float) / p,
+                      np.asarray(cost.bytes, float) / (bandwidth or level.bandwidth))
 
 
 def _t(x):
@@ -65,7 +70,9 @@ def attention_time(hw: HardwareSpec, m: ModelSpec, mu, context, where: str = "cp
                    dtype: str = DEFAULT_DTYPE):
     """Seconds for decode attention of mu sequences at `context` tokens each, one layer,
     KV cache resident on `where` (the CPU in CGOPipe)."""
-    return _t(op_time(ops.decode_attention(m, mu, context, dtype_bytes(dtype)), level_of(hw, where), dtype))
+    lvl = level_of(hw, where)
+    return _t(op_time(ops.decode_attention(m, mu, context, dtype_bytes(dtype)), lvl, dtype,
+                      bandwidth=lvl.attention_bandwidth or None))
 
 
 def post_attention_time(hw: HardwareSpec, m: ModelSpec, mu, where: str = "gpu", dtype: str = DEFAULT_DTYPE):
@@ -84,10 +91,21 @@ def prefill_layer_time(hw: HardwareSpec, m: ModelSpec, seqs, prompt, where: str 
     b, lvl = dtype_bytes(dtype), level_of(hw, where)
     tokens = np.asarray(seqs, float) * np.asarray(prompt, float)
     total = (op_time(ops.qkv_proj(m, tokens, b), lvl, dtype)
-             + op_time(ops.prefill_attention(m, seqs, prompt, b), lvl, dtype)
+             + op_time(ops.prefill_attention(m, seqs, prompt, b), lvl, dtype, peak=lvl.attention_peak(dtype))
              + op_time(ops.o_proj(m, tokens, b), lvl, dtype) + op_time(ops.router(m, tokens, b), lvl, dtype)
              + op_time(ops.moe_ffn(m, tokens, b), lvl, dtype))
     return _t(total)
+
+
+def layer_overhead_time(hw: HardwareSpec, passes, where: str = "cpu"):
+    """Fixed dispatch cost (Python, kernel launches) of `passes` layer passes on `where`."""
+    return _t(np.asarray(passes, float) * level_of(hw, where).layer_overhead_s)
+
+
+def step_overhead_time(hw: HardwareSpec, passes, where: str = "cpu"):
+    """Fixed per-step cost outside the layers (embedding, sampling, bookkeeping) of `passes`
+    micro-batch steps driven from `where`."""
+    return _t(np.asarray(passes, float) * level_of(hw, where).step_overhead_s)
 
 
 def lm_head_time(hw: HardwareSpec, m: ModelSpec, tokens, where: str = "gpu", dtype: str = DEFAULT_DTYPE):

@@ -1,6 +1,11 @@
 """Hardware specs for the Hierarchical Roofline Model: levels (GPU, CPU) and the link.
 
 A level has a memory capacity, a memory bandwidth and a peak FLOP/s per dtype.
+A measured level (`moelight profile`) may also carry what the engine's own kernels
+achieve there: GEMM FLOP/s as a function of the row count M (small-M matmuls run far
+below peak on a CPU), the attention kernels' bandwidth / FLOP/s, and the fixed
+per-layer and per-step costs of dispatching work (Python, kernel launches). Presets
+leave them empty and fall back to the datasheet roofs.
 GPU numbers are per GPU; `HardwareSpec.gpu_total()` gives the t-GPU aggregate the
 planner uses for tensor parallelism (t x memory, bandwidth and compute, and the
 CPU->GPU link per GPU, so t x aggregate link bandwidth).
@@ -12,6 +17,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
+
+import numpy as np
 
 from hrm.dtypes import canonical_dtype
 
@@ -28,6 +35,26 @@ class Level:
     memory_bytes: float
     bandwidth: float  # bytes/s the processor reads its own memory at
     flops: dict[str, float] = field(default_factory=dict)  # dtype -> peak FLOP/s
+    # dtype -> [[M, FLOP/s], ...] measured for the engine's GEMM kernel, M ascending
+    gemm_flops: dict[str, list[list[float]]] = field(default_factory=dict)
+    attention_bandwidth: float = 0.0  # bytes/s the decode attention kernel reads KV at (0: bandwidth)
+    attention_flops: dict[str, float] = field(default_factory=dict)  # prefill attention kernel FLOP/s
+    layer_overhead_s: float = 0.0  # fixed cost of one layer pass of one micro-batch
+    step_overhead_s: float = 0.0  # fixed cost per micro-batch per step outside the layers
+
+    def gemm_peak(self, dtype: str, rows=None):
+        """FLOP/s of a GEMM with `rows` rows (M): the measured curve interpolated in log M,
+        clamped at its ends; the plain peak without a curve or without `rows`."""
+        curve = self.gemm_flops.get(canonical_dtype(dtype)) if rows is not None else None
+        if not curve:
+            return self.peak_flops(dtype)
+        ms = np.log([max(1.0, c[0]) for c in curve])
+        fs = np.array([c[1] for c in curve], float)
+        r = np.log(np.maximum(1.0, np.asarray(rows, float)))
+        return np.interp(r, ms, fs)
+
+    def attention_peak(self, dtype: str) -> float:
+        return self.attention_flops.get(canonical_dtype(dtype)) or self.peak_flops(dtype)
 
     def peak_flops(self, dtype: str) -> float:
         """Peak FLOP/s for `dtype`; falls back to float32 (kernels that upcast run at that rate)."""
@@ -40,11 +67,15 @@ class Level:
 
     def scaled(self, t: int) -> Level:
         """t identical devices seen as one (tensor parallel): every quantity times t."""
-        return Level(
+        return replace(
+            self,
             name=f"{t}x{self.name}" if t != 1 else self.name,
             memory_bytes=self.memory_bytes * t,
             bandwidth=self.bandwidth * t,
             flops={k: v * t for k, v in self.flops.items()},
+            gemm_flops={k: [[m, f * t] for m, f in c] for k, c in self.gemm_flops.items()},
+            attention_bandwidth=self.attention_bandwidth * t,
+            attention_flops={k: v * t for k, v in self.attention_flops.items()},
         )
 
 

@@ -17,10 +17,15 @@ from hrm.model import ModelSpec
 
 @dataclass(frozen=True)
 class OpCost:
-    """FLOPs and bytes touched of one operator (scalars or numpy arrays)."""
+    """FLOPs and bytes touched of one operator (scalars or numpy arrays).
+
+    rows: the M of the operator's GEMMs (tokens per weight matrix) when it is one; a
+    measured level runs a GEMM at its FLOP/s for that M (Level.gemm_peak).
+    """
 
     flops: object
     bytes: object
+    rows: object = None
 
     @property
     def intensity(self):
@@ -43,28 +48,28 @@ def qkv_proj(m: ModelSpec, tokens, b: float) -> OpCost:
     t = np.asarray(tokens, dtype=float)
     flops = 2.0 * t * h * out + 4.0 * t * h
     byts = (h * out + h) * b + t * (h + out) * b
-    return OpCost(flops, byts)
+    return OpCost(flops, byts, t)
 
 
 def o_proj(m: ModelSpec, tokens, b: float) -> OpCost:
     """Attention output projection (H_q*d -> h) plus the residual add."""
     h, q = m.hidden_size, m.q_dim
     t = np.asarray(tokens, dtype=float)
-    return OpCost(2.0 * t * q * h + t * h, q * h * b + t * (q + 2 * h) * b)
+    return OpCost(2.0 * t * q * h + t * h, q * h * b + t * (q + 2 * h) * b, t)
 
 
 def router(m: ModelSpec, tokens, b: float) -> OpCost:
     """Post-attention RMSNorm + router logits (h -> E)."""
     h, e = m.hidden_size, m.num_experts
     t = np.asarray(tokens, dtype=float)
-    return OpCost(2.0 * t * h * e + 4.0 * t * h, (h * e + h) * b + t * (2 * h + e) * b)
+    return OpCost(2.0 * t * h * e + 4.0 * t * h, (h * e + h) * b + t * (2 * h + e) * b, t)
 
 
 def expert_ffn(m: ModelSpec, tokens, b: float) -> OpCost:
     """One expert (w1, w3, w2) on `tokens` tokens: 6*h*f*t FLOPs, 3*h*f*b weight bytes."""
     h, f = m.hidden_size, m.intermediate_size
     t = np.asarray(tokens, dtype=float)
-    return OpCost(6.0 * h * f * t, 3.0 * h * f * b + 2.0 * t * h * b)
+    return OpCost(6.0 * h * f * t, 3.0 * h * f * b + 2.0 * t * h * b, t)
 
 
 def moe_ffn(m: ModelSpec, tokens, b: float) -> OpCost:
@@ -72,8 +77,10 @@ def moe_ffn(m: ModelSpec, tokens, b: float) -> OpCost:
     h, f = m.hidden_size, m.intermediate_size
     t = np.asarray(tokens, dtype=float)
     flops = 6.0 * h * f * m.top_k * t
-    byts = experts_touched(m, t) * 3.0 * h * f * b + 2.0 * t * h * b
-    return OpCost(flops, byts)
+    touched = experts_touched(m, t)
+    byts = touched * 3.0 * h * f * b + 2.0 * t * h * b
+    rows = m.top_k * t / np.maximum(touched, 1e-12)  # tokens per touched expert
+    return OpCost(flops, byts, rows)
 
 
 def decode_attention(m: ModelSpec, seqs, context, b: float) -> OpCost:
@@ -100,7 +107,7 @@ def lm_head(m: ModelSpec, tokens, b: float) -> OpCost:
     """Final norm + lm_head (h -> V) of `tokens` tokens."""
     h, v = m.hidden_size, m.vocab_size
     t = np.asarray(tokens, dtype=float)
-    return OpCost(2.0 * t * h * v + 4.0 * t * h, (v * h + h) * b + t * (h + v) * b)
+    return OpCost(2.0 * t * h * v + 4.0 * t * h, (v * h + h) * b + t * (h + v) * b, t)
 
 
 # ---- sizes in bytes ----

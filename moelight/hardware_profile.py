@@ -1,9 +1,18 @@
 """Measure this machine's HRM numbers with torch (`moelight profile`).
 
-Peaks are measured, not looked up: CPU read bandwidth, CPU matmul FLOP/s per dtype and,
-with CUDA, GPU bandwidth, GPU matmul FLOP/s per dtype and pinned H2D / D2H bandwidth.
-The result is an hrm.HardwareSpec (hrm itself never imports torch); it is cached as
-JSON and loaded with `--hardware profile`.
+Peaks are measured, not looked up, and on the CPU they are measured with the kernels
+the engine runs, so the HRM predicts the engine rather than an ideal machine:
+- read bandwidth (a sum over a large buffer),
+- GEMM FLOP/s of oneDNN pre-packed weights (moelight.cpu_linear.packed_linear) as a
+  function of the row count M, cycling through more weight bytes than the caches hold
+  (an expert's weights come from DRAM in every layer); small M is far below peak,
+- the decode attention kernel's KV read bandwidth and the prefill attention FLOP/s
+  (cpu_kernels),
+- the fixed cost per layer pass and per decode step (Python dispatch, small ops), from
+  decode steps of two toy models that differ only in depth (their compute is ~0).
+With CUDA it also measures GPU bandwidth, GPU matmul FLOP/s per dtype and pinned H2D / D2H.
+The result is an hrm.HardwareSpec (hrm itself never imports torch), cached as JSON and
+loaded with `--hardware profile`.
 """
 
 from __future__ import annotations
@@ -12,8 +21,13 @@ import os
 import platform
 import time
 from collections.abc import Callable
+from dataclasses import replace
 
 from hrm.hardware import HardwareSpec, Level, Link
+
+GEMM_ROWS = (1, 4, 16, 64, 256, 1024)
+GEMM_ROWS_QUICK = (1, 16, 128, 1024)
+_GEMM_K, _GEMM_N = 2048, 4096  # weight shape (in, out) of the probe GEMM
 
 
 def _best_time(fn: Callable[[], None], repeat: int, sync: Callable[[], None] = lambda: None) -> float:
@@ -35,21 +49,141 @@ def _cpu_memory_bytes() -> float:
         return 16.0 * 2**30
 
 
-def measure_cpu(quick: bool = False) -> Level:
-    """CPU read bandwidth (sum over a large float32 buffer) and matmul FLOP/s."""
+def measure_gemm_curve(dtype, rows=GEMM_ROWS, pool_bytes: float = 96 * 2**20,
+                       repeat: int = 3) -> list[list[float]]:
+    """[[M, FLOP/s], ...] of the engine's CPU GEMM (packed oneDNN weights; aten if unsupported)."""
     import torch
 
-    n_bytes = (64 if quick else 512) * 2**20
+    from moelight.cpu_linear import pack_weight, packed_linear, packing_supported
+
+    elem = torch.empty((), dtype=dtype).element_size()
+    n_w = max(2, int(pool_bytes // (_GEMM_K * _GEMM_N * elem)))
+    dense = [torch.randn(_GEMM_N, _GEMM_K).to(dtype) for _ in range(n_w)]
+    if packing_supported(dtype):
+        weights, mm = [pack_weight(w) for w in dense], packed_linear
+    else:
+        weights, mm = dense, torch.nn.functional.linear
+    curve = []
+    for m in rows:
+        x = torch.randn(m, _GEMM_K).to(dtype)
+        pool = weights if m <= 64 else weights[:2]  # large M is compute-bound: caches do not matter
+
+        it = iter(range(1 << 30))
+
+        def one(x=x, pool=pool, it=it) -> None:  # next weight of the pool: it was evicted from cache
+            mm(x, pool[next(it) % len(pool)])
+
+        t = _fastest(one, repeat * len(pool))
+        curve.append([float(m), 2.0 * m * _GEMM_K * _GEMM_N / t])
+    return curve
+
+
+def measure_attention(dtype, quick: bool = False) -> tuple[float, float]:
+    """(decode attention KV bytes/s, prefill attention FLOP/s) of cpu_kernels in `dtype`."""
+    import torch
+
+    from cpu_kernels import decode_attention, prefill_attention
+
+    hq, hkv, d = 16, 4, 128
+    seqs, ctx = (32, 256) if quick else (64, 512)
+    total = seqs * ctx
+    k = torch.randn(hkv, total, d).to(dtype)
+    v = torch.randn(hkv, total, d).to(dtype)
+    q = torch.randn(seqs, hq, d).to(dtype)
+    offsets = torch.arange(seqs, dtype=torch.int64) * ctx
+    lengths = torch.full((seqs,), ctx, dtype=torch.int64)
+    t = _best_time(lambda: decode_attention(q, k, v, offsets, lengths, d**-0.5), 3)
+    kv_bw = 2.0 * total * hkv * d * k.element_size() / t
+    p_seqs, p_len = (2, 256) if quick else (4, 512)
+    tokens = p_seqs * p_len
+    qp = torch.randn(tokens, hq, d).to(dtype)
+    kp = torch.randn(tokens, hkv, d).to(dtype)
+    vp = torch.randn(tokens, hkv, d).to(dtype)
+    cu = torch.arange(p_seqs + 1, dtype=torch.int64) * p_len
+    t = _best_time(lambda: prefill_attention(qp, kp, vp, cu, d**-0.5), 2)
+    flops = 2.0 * hq * d * p_len * p_len * p_seqs  # causal: half of 4 * Hq * d * p^2
+    return kv_bw, flops / t
+
+
+def _fastest(fn: Callable[[], None], samples: int) -> float:
+    """Fastest of `samples` single calls: on a shared machine other processes only add
+    time, and short samples are the likeliest to run undisturbed."""
+    fn()
+    best = float("inf")
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def measure_overheads(dtype, quick: bool = False) -> tuple[float, float]:
+    """(seconds per layer pass, seconds per micro-batch step outside the layers).
+
+    A toy model (hidden 64, 8 experts, 16 sequences so every expert is touched) has
+    negligible compute, so its times are dispatch cost (Python, kernel calls, threading).
+    The per-layer cost is the slope of a decode forward over depth (0 vs 4 layers); the
+    per-step cost is the 0-layer forward (embedding, rotary) plus LM head and sampling.
+    """
+    import torch
+    from torch import nn
+
+    from moelight.cpu_linear import pack_model
+    from moelight.forward import decode_step
+    from moelight.kv_cache import RaggedKVCache
+    from moelight.presets import PRESETS
+    from moelight.sampling import Sampler, SamplingParams
+    from moelight.weights import build_model
+
+    samples, seqs, ctx, depth = (12 if quick else 30), 16, 32, 4
+    cfg = replace(PRESETS["tiny"], num_layers=depth, num_experts=8, top_k=2)
+    model = build_model(cfg, dtype, None, 0)
+    pack_model(model)
+    all_layers = model.layers
+    cache = RaggedKVCache.allocate(cfg, [ctx + 1] * seqs, dtype)
+    offsets = cache.offsets.clone()
+    tokens = torch.arange(seqs, dtype=torch.int64) + 3
+    pos = torch.full((seqs,), ctx, dtype=torch.int64)
+    rows = list(range(seqs))
+    sampler = Sampler([SamplingParams(max_tokens=2, temperature=0.0)] * seqs, [0] * seqs)
+
+    def step() -> None:
+        logits = model.logits(decode_step(model, cache, tokens, offsets, pos))
+        torch.tensor(sampler(logits, rows).tolist(), dtype=torch.int64)
+
+    try:
+        full = _fastest(step, samples)
+        model.layers = nn.ModuleList()
+        bare = _fastest(step, samples)
+    finally:
+        model.layers = all_layers
+    return max(0.0, (full - bare) / depth), bare
+
+
+def measure_cpu(quick: bool = False) -> Level:
+    """CPU read bandwidth, engine GEMM FLOP/s curves, attention kernels and dispatch overheads."""
+    import torch
+
+    n_bytes = (64 if quick else 256) * 2**20
     buf = torch.ones(n_bytes // 4, dtype=torch.float32)
-    bw = n_bytes / _best_time(lambda: buf.sum(), 3 if quick else 5)
-    flops = {}
-    size = 512 if quick else 1024
-    for name, dt in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
-        a = torch.randn(size, size).to(dt)
-        b = torch.randn(size, size).to(dt)
-        flops[name] = 2.0 * size**3 / _best_time(lambda a=a, b=b: torch.mm(a, b), 2 if quick else 4)
-    flops["float16"] = flops["bfloat16"]  # CPU half kernels run at about the bf16 rate
-    return Level(f"cpu-{os.cpu_count()}c-{platform.machine()}", _cpu_memory_bytes(), bw, flops)
+    bw = n_bytes / _best_time(buf.sum, 3 if quick else 5)
+    buf = None  # free it before the GEMM probes allocate theirs
+    rows = GEMM_ROWS_QUICK if quick else GEMM_ROWS
+    pool = (48 if quick else 96) * 2**20
+    curves = {name: measure_gemm_curve(dt, rows, pool) for name, dt in
+              (("float32", torch.float32), ("bfloat16", torch.bfloat16))}
+    flops = {name: max(f for _, f in c) for name, c in curves.items()}
+    flops["float16"] = flops["bfloat16"]  # CPU half kernels run at about the bf16 rate (no curve: aten)
+    att_bw, att_flops = 0.0, {}
+    try:
+        att_bw, att_flops["bfloat16"] = measure_attention(torch.bfloat16, quick)
+        att_flops["float32"] = measure_attention(torch.float32, quick)[1]
+    except (RuntimeError, ImportError):  # no attention kernels: the HRM falls back to the roofs
+        pass
+    layer_oh, step_oh = measure_overheads(torch.bfloat16, quick)
+    return Level(f"cpu-{os.cpu_count()}c-{platform.machine()}", _cpu_memory_bytes(), bw, flops,
+                 gemm_flops=curves, attention_bandwidth=att_bw, attention_flops=att_flops,
+                 layer_overhead_s=layer_oh, step_overhead_s=step_oh)
 
 
 def measure_gpu(quick: bool = False) -> tuple[Level, Link, int] | None:

@@ -8,8 +8,10 @@ writer and leaves a file that `--resume` continues.
 
 from __future__ import annotations
 
+import math
 import time
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -19,7 +21,7 @@ import workloads
 from cpu_kernels import kernel_backend
 from moelight.cpu_linear import pack_model
 from moelight.engine import Engine, GenerationStats, SequenceResult
-from moelight.errors import PromptError
+from moelight.errors import MoelightError, PromptError
 from moelight.loader import load_model, resolve_model
 from moelight.memory import check_fits, peak_rss_bytes
 from moelight.report import RunReport
@@ -52,6 +54,10 @@ class RunOptions:
     tokenizer: str = "auto"
     max_prefill_tokens: int = 4096
     progress: bool = True
+    policy: str = "auto"  # "auto" (plan with the HRM) or a policy JSON (`moelight plan --save-policy`)
+    hardware: str | None = None  # preset, "profile" or a JSON path; None: the cached (or a quick) profile
+    gpus: int | None = None  # GPUs the plan may use (None: what the hardware spec says)
+    log: Callable[[str], None] | None = None  # one-line notes (the plan, a fresh profile)
 
 
 def report_path(output: Path) -> Path:
@@ -79,13 +85,14 @@ def run_job(opts: RunOptions) -> RunReport:
                                model_vocab_size=cfg.vocab_size)
     prompts, params, skipped = _prepare(requests, tokenizer, cfg.max_position_embeddings, opts)
     requests = [r for r in requests if r.id not in skipped]
-    batch_size = opts.batch_size or max(1, min(256, len(requests)))
-    micro = opts.micro_batch_size or batch_size
+    dtype_name = str(src.dtype).replace("torch.", "")
+    batch_size, micro, policy_info, prediction = _choose_policy(opts, cfg, dtype_name, prompts, params)
     kv_tokens = _largest_batch_tokens(prompts, params, batch_size, opts.turn)
     check_fits(cfg, src.dtype, kv_tokens)
-    report = RunReport(model=opts.model, dtype=str(src.dtype).replace("torch.", ""), requests=len(requests),
+    report = RunReport(model=opts.model, dtype=dtype_name, requests=len(requests),
                        batch_size=batch_size, micro_batch_size=micro,
-                       skipped_requests=len(loaded.skipped) + len(skipped))
+                       skipped_requests=len(loaded.skipped) + len(skipped),
+                       policy=policy_info, prediction=prediction)
     t0 = time.perf_counter()
     model = load_model(src, opts.seed)
     pack_model(model)
@@ -109,6 +116,126 @@ def run_job(opts: RunOptions) -> RunReport:
     return report
 
 
+class PlanError(MoelightError):
+    """The policy cannot run: it does not fit, it cannot be read, or it needs a missing GPU."""
+
+
+def resolve_hardware(name: str | None, log: Callable[[str], None] | None = None):
+    """The HardwareSpec to plan with: a preset, a profile JSON, or the cached profile.
+
+    With no cached profile, a quick profile (a few seconds) is taken now and cached, so
+    the plan always describes this machine and the next run starts at once.
+    """
+    from hrm import DEFAULT_PROFILE_PATH, get_hardware
+
+    key = name or "profile"
+    if key.lower() == "profile" and not DEFAULT_PROFILE_PATH.expanduser().is_file():
+        from moelight.hardware_profile import profile_machine
+
+        t0 = time.perf_counter()
+        hw = profile_machine(quick=True)
+        try:
+            path = hw.save(DEFAULT_PROFILE_PATH)
+            where = f"cached in {path}"
+        except OSError as e:
+            where = f"not cached: {e}"
+        if log:
+            log(f"no hardware profile yet: took a quick one in {time.perf_counter() - t0:.1f} s ({where}; "
+                "`moelight profile` takes a fuller one)")
+        return hw
+    try:
+        return get_hardware(key)
+    except KeyError as e:
+        raise PlanError(f"--hardware: {e.args[0]}") from None
+    except (FileNotFoundError, ValueError) as e:
+        raise PlanError(f"--hardware {key}: {e}") from None
+
+
+def workload_of(prompts: list[list[int]], params: list[SamplingParams]):
+    """The HRM workload of a tokenized job: mean / max prompt length, mean generation length."""
+    from hrm import WorkloadSpec
+
+    lens = [len(p) for p in prompts] or [1]
+    gen = math.ceil(sum(q.max_tokens for q in params) / max(1, len(params))) if params else 1
+    return WorkloadSpec(sum(lens) / len(lens), max(1, gen), max(lens))
+
+
+def _choose_policy(opts: RunOptions, cfg, dtype: str, prompts, params) -> tuple[int, int, dict, dict]:
+    """(batch size, micro-batch size, report.policy, report.prediction) for this job.
+
+    The policy is planned (auto) or read from a file, capped to the number of requests,
+    then explicit --batch-size / --micro-batch-size win; the prediction is for what runs.
+    """
+    from hrm import model_from_hf_config
+    from optimizer import InfeasibleError, Policy, fit_policy, plan, predict_job
+
+    n_req = len(prompts)
+    hw = resolve_hardware(opts.hardware, opts.log)
+    if opts.gpus is not None:
+        try:
+            hw = hw.with_gpus(opts.gpus)
+        except ValueError as e:
+            raise PlanError(f"--gpus {opts.gpus}: {e}") from None
+    mspec = model_from_hf_config(cfg.to_hf_dict(), name=opts.model)
+    workload = workload_of(prompts, params)
+    t0 = time.perf_counter()
+    if opts.policy == "auto":
+        try:
+            planned = plan(hw, mspec, workload, dtype).policy
+        except InfeasibleError as e:
+            raise PlanError(f"the job does not fit: {e}") from None
+        source = "auto"
+    else:
+        try:
+            planned = replace(Policy.load(opts.policy), dtype=dtype)
+        except FileNotFoundError:
+            raise PlanError(f"--policy {opts.policy}: no such file") from None
+        except (ValueError, TypeError, KeyError) as e:  # bad JSON, missing fields, N != mu x n_mb
+            raise PlanError(f"--policy {opts.policy}: not a policy JSON ({e})") from None
+        source = str(opts.policy)
+    plan_s = time.perf_counter() - t0
+    if planned.attn_on_gpu or planned.ffn_on_gpu:
+        _gpu_runtime(planned)
+    policy = fit_policy(planned, n_req)
+    batch = opts.batch_size or policy.batch_size
+    micro = min(opts.micro_batch_size or policy.micro_batch_size, batch)
+    ran = policy.to_dict() | {"batch_size": batch, "micro_batch_size": micro,
+                              "num_micro_batches": math.ceil(min(batch, n_req) / micro)}
+    info = ran | {"source": source, "hardware": hw.name, "plan_seconds": plan_s,
+                  "workload": workload.to_dict()}
+    if ran["batch_size"] != planned.batch_size or ran["micro_batch_size"] != planned.micro_batch_size:
+        info["planned"] = planned.to_dict()
+    pred = predict_job(hw, mspec, workload, policy, n_req, batch, micro)
+    if opts.log:
+        opts.log(f"policy ({source}, {plan_s * 1e3:.0f} ms, hardware {hw.name}): batch {batch}, micro-batch "
+                 f"{micro}, all on CPU; predicted {pred['end_to_end_tokens_per_s']:.1f} tok/s end-to-end, "
+                 f"bound by {pred['binding']}")
+    return batch, micro, info, pred
+
+
+def _gpu_runtime(policy) -> None:
+    """HOOK (CGOPipe): a policy with GPU placement runs on moelight.pipeline's executor.
+
+    That runtime (another engineer's work, not wired into `moelight run` yet) would be
+    built here and handed to Engine(executor=...). Until then such a policy is an error.
+    """
+    import importlib.util
+
+    import torch
+
+    placed = (("attention", policy.attn_on_gpu), ("the MoE FFN", policy.ffn_on_gpu))
+    parts = [name for name, on in placed if on]
+    where = " and ".join(parts)
+    if not torch.cuda.is_available():
+        why = ("this host has no CUDA; the GPU runtime is used only with CUDA or `--device emulated`")
+    elif importlib.util.find_spec("moelight.pipeline") is None:
+        why = "this build has no GPU runtime (moelight.pipeline)"
+    else:
+        why = "the GPU runtime (moelight.pipeline) is not wired into `moelight run` yet"
+    raise PlanError(f"the policy puts {where} on the GPU, but {why}; plan for the CPU with --gpus 0 "
+                    "(or a CPU --hardware), or pass a CPU policy")
+
+
 def _prepare(requests, tokenizer, context: int, opts: RunOptions):
     """Tokenize every first turn and build its SamplingParams; gather every bad prompt at once."""
     prompts, params, problems, skipped = [], [], [], set()
@@ -118,7 +245,8 @@ def _prepare(requests, tokenizer, context: int, opts: RunOptions):
         if text_empty or not ids:
             problems.append(f"{r.source or r.id}: empty prompt")
         elif len(ids) >= context:
-            problems.append(f"{r.source or r.id}: prompt has {len(ids)} tokens, the model's context is {context}")
+            problems.append(f"{r.source or r.id}: prompt has {len(ids)} tokens, "
+                            f"the model's context is {context}")
         else:
             p = SamplingParams(
                 max_tokens=min(r.max_new_tokens or opts.gen_len, context - len(ids)),
@@ -133,7 +261,8 @@ def _prepare(requests, tokenizer, context: int, opts: RunOptions):
             continue
         skipped.add(r.id)
     if problems and not opts.skip_bad_lines:
-        shown = "\n  ".join(problems[:20]) + (f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else "")
+        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+        shown = "\n  ".join(problems[:20]) + more
         raise PromptError(f"{len(problems)} request(s) cannot be generated:\n  {shown}\n"
                           "fix them, or pass --skip-bad-lines to go on without them")
     return prompts, params, skipped
@@ -141,12 +270,13 @@ def _prepare(requests, tokenizer, context: int, opts: RunOptions):
 
 def _largest_batch_tokens(prompts, params, batch_size: int, turn: int) -> int:
     """KV slots of the largest batch (prompt + max new tokens per sequence), with room for turn 2."""
-    sizes = [len(p) + q.max_tokens for p, q in zip(prompts, params)]
+    sizes = [len(p) + q.max_tokens for p, q in zip(prompts, params, strict=True)]
     worst = sum(sorted(sizes, reverse=True)[:batch_size])
     return worst * (2 if turn > 1 else 1)
 
 
-def _generate_rounds(engine, tokenizer, requests, prompts, params, opts, batch_size, micro, writer, bar, report):
+def _generate_rounds(engine, tokenizer, requests, prompts, params, opts, batch_size, micro, writer, bar,
+                     report):
     """Round k answers the k-th user turn of every request that has one."""
     turns: list[list[workloads.TurnOutput]] = [[] for _ in requests]
     messages = [list(r.messages) if r.messages is not None else None for r in requests]
@@ -155,7 +285,8 @@ def _generate_rounds(engine, tokenizer, requests, prompts, params, opts, batch_s
     for k in range(1 + max((len(r.followups) for r in requests), default=0)):
         last_round = {i for i in active if len(requests[i].followups) == k}
 
-        def on_finish(res: SequenceResult, active=active, last_round=last_round, round_prompts=round_prompts):
+        def on_finish(res: SequenceResult, active=active, last_round=last_round, round_prompts=round_prompts,
+                      k=k):
             i = active[res.index]
             req = requests[i]
             user = req.followups[k - 1] if k else None

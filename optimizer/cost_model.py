@@ -12,9 +12,11 @@ Per-layer decode time (DESIGN.md section 4), n = n_mb micro-batches of mu tokens
   T_d2h  = [cross-level activations + A(1-y) new K/V of N tokens] / B_d2h
   T_gpu  = n * (F (pre + post)(mu) + A attention(mu, c_mean))    on the GPU
   T_cpu  = n * ((1-F)(pre + post)(mu) + (1-A) attention(mu, c_mean)) on the CPU
+  (pre + post include the driving level's fixed per-layer-pass overhead, zero for presets)
 Prefill per layer (the whole batch, on the FFN level, weights streamed once per batch):
   T_pre_layer = max(n * prefill_layer(mu, prompt), T_weights_h2d(x), T_kv_d2h(y))
-End to end for one batch: T = L T_pre_layer + head + (gen-1) (L T_layer + head).
+End to end for one batch: T = L T_pre_layer + head + (gen-1) (L T_layer + head), where
+head = n * (lm_head(mu) + per-step overhead).
 """
 
 from __future__ import annotations
@@ -145,6 +147,8 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
     pre_post = costs.pre_attention_time(hw, m, mu, ffn_lvl, dtype) + costs.post_attention_time(
         hw, m, mu, ffn_lvl, dtype)
     att = costs.attention_time(hw, m, mu, c_mean, att_lvl, dtype)
+    # fixed dispatch cost of a layer pass, charged to the level that drives the layer (the FFN's)
+    pre_post = pre_post + costs.layer_overhead_time(hw, 1.0, ffn_lvl)
     t_gpu = n_mb * (f_g * pre_post + a_g * att) + zeros
     t_cpu = n_mb * ((1 - f_g) * pre_post + (1 - a_g) * att) + zeros
 
@@ -167,8 +171,10 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
     else:
         h2d = d2h = pre_h2d = pre_d2h = _aff(0.0, shape=shape)
 
-    pre_comp = n_mb * costs.prefill_layer_time(hw, m, mu, p, ffn_lvl, dtype) + zeros
-    head = n_mb * costs.lm_head_time(hw, m, mu, ffn_lvl, dtype) + zeros
+    pre_comp = n_mb * (costs.prefill_layer_time(hw, m, mu, p, ffn_lvl, dtype)
+                       + costs.layer_overhead_time(hw, 1.0, ffn_lvl)) + zeros
+    head = n_mb * (costs.lm_head_time(hw, m, mu, ffn_lvl, dtype)
+                   + costs.step_overhead_time(hw, 1.0, ffn_lvl)) + zeros
 
     # ---- memory (bytes) ----
     act_tok = ops.activation_bytes_per_token(m, b)

@@ -14,6 +14,16 @@ def _describe(hw) -> str:
     c = hw.cpu
     lines = [f"CPU  {c.name}: {c.memory_bytes / g:.1f} GiB, read {c.bandwidth / 1e9:.1f} GB/s, "
              + ", ".join(f"{k} {v / 1e12:.2f} TFLOP/s" for k, v in hw.cpu.flops.items())]
+    for dt, curve in c.gemm_flops.items():
+        lines.append(f"     GEMM {dt} (packed, GFLOP/s by rows M): "
+                     + ", ".join(f"{m:g}: {f / 1e9:.0f}" for m, f in curve))
+    if c.attention_bandwidth or c.attention_flops:
+        lines.append(f"     attention kernels: decode reads KV at {c.attention_bandwidth / 1e9:.1f} GB/s, "
+                     "prefill "
+                     + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in c.attention_flops.items()))
+    if c.layer_overhead_s or c.step_overhead_s:
+        lines.append(f"     dispatch overhead: {c.layer_overhead_s * 1e3:.2f} ms per layer pass, "
+                     f"{c.step_overhead_s * 1e3:.2f} ms per micro-batch step")
     if hw.has_gpu:
         lines.append(f"GPU  {hw.gpu_count} x {hw.gpu.name}: {hw.gpu.memory_bytes / g:.1f} GiB, "
                      f"{hw.gpu.bandwidth / 1e9:.0f} GB/s, "
@@ -30,7 +40,7 @@ def register(app: typer.Typer) -> None:
         output: Path = typer.Option(DEFAULT_PROFILE_PATH, "--output", "-o", help="JSON profile path"),
         quick: bool = typer.Option(False, "--quick", help="smaller buffers: faster, noisier"),
     ) -> None:
-        """Measure CPU bandwidth and matmul FLOP/s (and GPU, link with CUDA); cache for --hardware profile."""
+        """Measure CPU bandwidth, the engine's GEMM / attention speeds and overheads (GPU, link with CUDA)."""
         from moelight.hardware_profile import profile_machine
 
         hw = profile_machine(quick=quick)

@@ -1,0 +1,84 @@
+"""Measured-level terms: the GEMM curve by row count, attention kernel speeds, overheads."""
+
+import json
+
+import numpy as np
+import pytest
+
+from hrm import HardwareSpec, Level, WorkloadSpec, costs, get_model
+from hrm import operators as ops
+from optimizer import Policy, build_point_model, predict_job
+
+CURVE = [[1, 1e9], [16, 16e9], [256, 256e9]]
+
+
+def _level(**kw) -> Level:
+    base = dict(name="c", memory_bytes=64 * 2**30, bandwidth=1e12,
+                flops={"bfloat16": 256e9, "float32": 128e9})
+    return Level(**(base | kw))
+
+
+def test_gemm_peak_interpolates_in_log_m_and_clamps():
+    lvl = _level(gemm_flops={"bfloat16": CURVE})
+    assert lvl.gemm_peak("bf16", 16) == pytest.approx(16e9)
+    assert lvl.gemm_peak("bfloat16", 4) == pytest.approx(8.5e9)  # halfway in log M between 1 and 16
+    assert lvl.gemm_peak("bfloat16", 0.5) == pytest.approx(1e9)
+    assert lvl.gemm_peak("bfloat16", 4096) == pytest.approx(256e9)
+    assert np.allclose(lvl.gemm_peak("bfloat16", np.array([1.0, 256.0])), [1e9, 256e9])
+    assert lvl.gemm_peak("bfloat16", None) == 256e9  # not a GEMM: the plain peak
+    assert lvl.gemm_peak("float32", 4) == 128e9  # no curve for the dtype: its plain peak
+
+
+def test_op_time_uses_gemm_rows_and_attention_kernel_speeds():
+    m = get_model("bench-1b")
+    hw = HardwareSpec("h", _level(gemm_flops={"bfloat16": CURVE}, attention_bandwidth=1e9))
+    flat = HardwareSpec("h", _level())
+    head = ops.lm_head(m, 1, 2.0)
+    assert costs.lm_head_time(hw, m, 1, "cpu") == pytest.approx(float(head.flops) / 1e9)
+    assert costs.lm_head_time(hw, m, 1, "cpu") > 100 * costs.lm_head_time(flat, m, 1, "cpu")
+    att = ops.decode_attention(m, 4, 100, 2.0)
+    assert costs.attention_time(hw, m, 4, 100, "cpu") == pytest.approx(float(att.bytes) / 1e9)
+    ffn = ops.moe_ffn(m, 8, 2.0)  # 8 tokens x top-2 over ~6.6 touched experts: ~2.4 rows per expert
+    assert 1.0 < float(ffn.rows) < 3.0
+
+
+def test_overheads_enter_the_cost_model_per_micro_batch():
+    m, wl = get_model("bench-1b"), WorkloadSpec(77, 16, 418)
+    quiet = HardwareSpec("h", _level())
+    busy = HardwareSpec("h", _level(layer_overhead_s=1e-3, step_overhead_s=2e-3))
+    a = build_point_model(quiet, m, wl, "bfloat16", 8, 3, 0, 0)
+    b = build_point_model(busy, m, wl, "bfloat16", 8, 3, 0, 0)
+    step = float(b.decode_step_time(0, 0) - a.decode_step_time(0, 0))
+    assert step == pytest.approx(3 * (m.num_layers * 1e-3 + 2e-3))
+
+
+def test_measured_fields_roundtrip_and_old_profiles_still_load(tmp_path):
+    hw = HardwareSpec("p", _level(gemm_flops={"bfloat16": CURVE}, attention_bandwidth=5e9,
+                                  attention_flops={"bfloat16": 5e10}, layer_overhead_s=1e-4))
+    back = HardwareSpec.load(hw.save(tmp_path / "hw.json"))
+    assert back == hw
+    old = {"name": "p",
+           "cpu": {"name": "c", "memory_bytes": 1e9, "bandwidth": 1e10, "flops": {"float32": 1e11}}}
+    (tmp_path / "old.json").write_text(json.dumps(old))
+    lvl = HardwareSpec.load(tmp_path / "old.json").cpu
+    assert lvl.gemm_flops == {} and lvl.layer_overhead_s == 0.0 and lvl.gemm_peak("float32", 4) == 1e11
+
+
+def test_predict_job_sums_batches():
+    m, wl = get_model("bench-1b"), WorkloadSpec(100, 10, 200)
+    hw = HardwareSpec("h", _level(gemm_flops={"bfloat16": CURVE}))
+    pol = Policy(8, 4, 2, False, False, 0.0, 0.0)
+    one = predict_job(hw, m, wl, pol, 8)
+    two = predict_job(hw, m, wl, pol, 16)
+    assert two["batches"] == 2 and two["generation_seconds"] == pytest.approx(2 * one["generation_seconds"])
+    assert two["end_to_end_tokens_per_s"] == pytest.approx(one["end_to_end_tokens_per_s"])
+    ragged = predict_job(hw, m, wl, pol, 10)  # a batch of 8 and one of 2
+    assert ragged["batches"] == 2 and ragged["end_to_end_tokens_per_s"] < one["end_to_end_tokens_per_s"]
+
+
+def test_profile_gemm_curve_is_measured_with_the_engine_kernel():
+    torch = pytest.importorskip("torch")
+    from moelight.hardware_profile import measure_gemm_curve
+
+    curve = measure_gemm_curve(torch.float32, rows=(1, 8), pool_bytes=2**20, repeat=1)
+    assert [m for m, _ in curve] == [1.0, 8.0] and all(f > 0 for _, f in curve)

@@ -1,0 +1,116 @@
+"""`moelight run` plans its policy (HRM + optimizer) before loading anything."""
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from hrm import HardwareSpec, Level
+from moelight.cli import app
+from moelight.runner import workload_of
+from moelight.sampling import SamplingParams
+from optimizer import Policy, fit_policy
+
+runner = CliRunner()
+GiB = 2**30
+
+
+def _hardware(tmp_path, memory=16 * GiB, name="hw.json"):
+    """A fixed CPU-only profile, so the plan does not depend on this machine's timings."""
+    cpu = Level("test-cpu", memory, 20e9, {"float32": 100e9, "bfloat16": 200e9},
+                gemm_flops={"bfloat16": [[1, 2e9], [64, 100e9], [1024, 200e9]]},
+                attention_bandwidth=10e9, layer_overhead_s=2e-4, step_overhead_s=5e-4)
+    return str(HardwareSpec("test-host", cpu).save(tmp_path / name))
+
+
+def _dataset(tmp_path, n=5):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps({"id": f"r{i}", "prompt": "hello world " * (i + 1)}) + "\n"
+                            for i in range(n)))
+    return str(path)
+
+
+def _run(tmp_path, *extra, n=5):
+    out = tmp_path / "out.jsonl"
+    args = ["run", "--dataset", _dataset(tmp_path, n), "--model", "tiny", "--load-format", "dummy",
+            "--output", str(out), "--gen-len", "3", "--no-progress", *extra]
+    r = runner.invoke(app, args)
+    report = out.with_name(out.name + ".report.json")
+    return r, (json.loads(report.read_text()) if report.exists() else None), out
+
+
+def test_auto_plans_cpu_policy_capped_to_requests(tmp_path):
+    r, rep, out = _run(tmp_path, "--hardware", _hardware(tmp_path))
+    assert r.exit_code == 0, r.output
+    pol = rep["policy"]
+    assert pol["source"] == "auto" and pol["hardware"] == "test-host"
+    assert (pol["attn_on_gpu"], pol["ffn_on_gpu"]) == (False, False)
+    assert rep["batch_size"] == pol["batch_size"] == 5  # the plan's N is capped at the 5 requests
+    assert rep["micro_batch_size"] == pol["micro_batch_size"]
+    pred = rep["prediction"]
+    for key in ("prefill_tokens_per_s", "decode_tokens_per_s", "end_to_end_tokens_per_s", "binding"):
+        assert key in pred
+    assert pred["end_to_end_tokens_per_s"] > 0 and pred["binding"] == "cpu"
+    assert "tok/s end-to-end (HRM)" in r.output and "predicted     prefill" in r.output
+    assert len(out.read_text().splitlines()) == 5
+
+
+def test_saved_policy_is_honoured(tmp_path):
+    pol = Policy(2, 1, 2, False, False, 0.0, 0.0, "float32").save(tmp_path / "policy.json")
+    r, rep, _ = _run(tmp_path, "--hardware", _hardware(tmp_path), "--policy", str(pol))
+    assert r.exit_code == 0, r.output
+    assert (rep["batch_size"], rep["micro_batch_size"]) == (2, 1)
+    assert rep["policy"]["source"] == str(pol) and rep["policy"]["num_micro_batches"] == 2
+    assert rep["prediction"]["end_to_end_tokens_per_s"] > 0
+
+
+def test_explicit_batch_size_wins(tmp_path):
+    r, rep, _ = _run(tmp_path, "--hardware", _hardware(tmp_path), "--batch-size", "3",
+                     "--micro-batch-size", "2")
+    assert r.exit_code == 0, r.output
+    assert (rep["batch_size"], rep["micro_batch_size"]) == (3, 2)
+    assert rep["policy"]["batch_size"] == 3 and rep["policy"]["planned"]["batch_size"] >= 5
+    assert rep["prediction"]["batches"] == 2  # 5 requests in batches of 3: what actually runs
+
+
+def test_infeasible_plan_exits_2_before_loading(tmp_path):
+    r, rep, out = _run(tmp_path, "--hardware", _hardware(tmp_path, memory=2**14))
+    assert r.exit_code == 2, r.output
+    assert "does not fit" in r.output and "CPU memory short by" in r.output
+    assert rep is None and not out.exists()
+
+
+def test_gpu_policy_on_cpu_host_is_a_clear_error(tmp_path):
+    pytest.importorskip("torch")
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this host has CUDA")
+    pol = Policy(4, 4, 1, False, True, 0.5, 0.0, "float32").save(tmp_path / "gpu.json")
+    r, _, out = _run(tmp_path, "--hardware", _hardware(tmp_path), "--policy", str(pol))
+    assert r.exit_code == 2, r.output
+    assert "MoE FFN on the GPU" in r.output and "only with CUDA or `--device emulated`" in r.output
+    assert not out.exists()
+    r, _, _ = _run(tmp_path, "--hardware", "t4")  # a GPU preset plans a GPU policy
+    assert r.exit_code == 2 and "on the GPU" in r.output, r.output
+    r, rep, _ = _run(tmp_path, "--hardware", "t4", "--gpus", "0")
+    assert r.exit_code == 0, r.output
+    assert rep["policy"]["ffn_on_gpu"] is False
+
+
+def test_bad_policy_file(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"batch_size": 3, "micro_batch_size": 2, "num_micro_batches": 1}')
+    r, _, _ = _run(tmp_path, "--hardware", _hardware(tmp_path), "--policy", str(bad))
+    assert r.exit_code == 2 and "not a policy JSON" in r.output, r.output
+
+
+def test_fit_policy_and_workload():
+    p = Policy(64, 16, 4, False, False, 0.0, 0.0)
+    assert fit_policy(p, 100) == p
+    small = fit_policy(p, 10)
+    assert (small.batch_size, small.micro_batch_size, small.num_micro_batches) == (10, 10, 1)
+    mid = fit_policy(p, 40)
+    assert mid.num_micro_batches == 3 and mid.micro_batch_size == 14 and mid.batch_size == 42
+    wl = workload_of([[1] * 10, [1] * 30], [SamplingParams(max_tokens=8), SamplingParams(max_tokens=8)])
+    assert (wl.prompt_len, wl.max_prompt_len, wl.gen_len) == (20, 30, 8)
