@@ -26,7 +26,7 @@ from moelight.loader import load_model, resolve_model
 from moelight.memory import check_fits, peak_rss_bytes
 from moelight.report import RunReport
 from moelight.sampling import SamplingParams
-from moelight.tokenizer import load_tokenizer
+from moelight.tokenizer import ByteTokenizer, load_tokenizer
 
 
 @dataclass
@@ -65,6 +65,8 @@ def report_path(output: Path) -> Path:
 
 
 def run_job(opts: RunOptions) -> RunReport:
+    if opts.resume and opts.overwrite:
+        raise MoelightError("--resume and --overwrite contradict each other: choose one")
     loaded = workloads.load_dataset(
         opts.dataset, opts.dataset_format, turn=opts.turn, num_requests=opts.num_requests,
         skip_bad_lines=opts.skip_bad_lines, prompt_column=opts.prompt_column,
@@ -86,6 +88,11 @@ def run_job(opts: RunOptions) -> RunReport:
     prompts, params, skipped = _prepare(requests, tokenizer, cfg.max_position_embeddings, opts)
     requests = [r for r in requests if r.id not in skipped]
     dtype_name = str(src.dtype).replace("torch.", "")
+    if not requests:  # e.g. --resume on a finished output: nothing to plan, load or write
+        report = RunReport(model=opts.model, dtype=dtype_name, requests=0, batch_size=0, micro_batch_size=0,
+                           skipped_requests=len(loaded.skipped) + len(skipped))
+        report.save(report_path(opts.output))
+        return report
     batch_size, micro, policy_info, prediction = _choose_policy(opts, cfg, dtype_name, prompts, params)
     kv_tokens = _largest_batch_tokens(prompts, params, batch_size, opts.turn)
     check_fits(cfg, src.dtype, kv_tokens)
@@ -98,7 +105,9 @@ def run_job(opts: RunOptions) -> RunReport:
     pack_model(model)
     report.load_seconds = time.perf_counter() - t0
     report.attention_backend = kernel_backend()
-    eos = tuple(dict.fromkeys(tuple(cfg.eos_token_ids) + tuple(tokenizer.eos_ids)))
+    # a real tokenizer may add end-of-turn ids; the byte fallback's ids mean nothing to a checkpoint
+    tok_eos = () if isinstance(tokenizer, ByteTokenizer) and src.model_dir else tokenizer.eos_ids
+    eos = tuple(dict.fromkeys(tuple(cfg.eos_token_ids) + tuple(sorted(tok_eos))))
     engine = Engine(model, eos, opts.max_prefill_tokens)
     total = sum(1 + len(r.followups) for r in requests)
     bar = tqdm(total=total, unit="req", disable=not opts.progress, desc="generating")

@@ -199,8 +199,6 @@ def test_output_exists_needs_resume_or_overwrite(tmp_path):
     assert sorted(x["id"] for x in read_jsonl(out)) == ["p0", "p1"]
 
 
-@pytest.mark.xfail(strict=False, reason="--resume with --overwrite reaches ResultWriter's ValueError "
-                   "after the model is loaded: exit 1 with a traceback, not a clear error (runner.run_job)")
 def test_resume_and_overwrite_together(tmp_path):
     ds = prompts_file(tmp_path, 2)
     out = tmp_path / "o.jsonl"
@@ -331,8 +329,6 @@ def test_interrupt_keeps_finished_results_and_resume_completes(tmp_path, monkeyp
     assert report_of(out)["requests"] == 4  # only the unfinished ones ran again
 
 
-@pytest.mark.xfail(strict=False, reason="nothing left to run: the runner's prediction (optimizer/job.py "
-                   "predict_job with 0 requests) indexes layer=None -> TypeError, exit 1 with a traceback")
 def test_resume_of_a_finished_output_does_nothing(tmp_path):
     ds = prompts_file(tmp_path, 3)
     out = tmp_path / "o.jsonl"
