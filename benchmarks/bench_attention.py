@@ -1,0 +1,229 @@
+"""Decode attention on the CPU: achieved KV read bandwidth vs the machine and vs torch SDPA.
+
+Shape of the issue (Mixtral-like): 32 query heads, 8 KV heads, head dim 128, every
+sequence at the same context so torch SDPA (GQA form) can run on the very same bytes.
+Bandwidth = bytes of K+V read / time. The machine's read bandwidth is measured in the
+same run twice: the extension's OpenMP streaming read and a large torch sum.
+
+    python benchmarks/bench_attention.py            # full grid, writes benchmarks/results/attention.md
+    python benchmarks/bench_attention.py --quick    # B=64, ctx=512 only
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import cpu_kernels  # noqa: E402
+
+HQ, HKV, D = 32, 8, 128
+GB = 1e9
+SDPA_MEM_LIMIT = 6 * 2**30  # SDPA's GQA path may expand K/V to Hq heads in float32
+
+
+def best_time(fn, reps: int, min_s: float = 0.3) -> float:
+    """Best of `reps` calls (at least), repeating until `min_s` has elapsed."""
+    fn()
+    best, spent, n = float("inf"), 0.0, 0
+    while n < reps or spent < min_s:
+        t = time.perf_counter()
+        fn()
+        dt = time.perf_counter() - t
+        best, spent, n = min(best, dt), spent + dt, n + 1
+        if n >= 50:
+            break
+    return best
+
+
+def machine_bandwidth() -> dict[str, float]:
+    """Read bandwidth (GB/s) over 1 GiB: the extension's streaming read and a torch sum."""
+    x = torch.ones(2**28, dtype=torch.float32)
+    out = {"torch sum": x.numel() * 4 / best_time(lambda: x.sum(), 5) / GB}
+    if cpu_kernels.kernel_backend() != "torch":
+        out["C++ stream"] = x.numel() * 4 / best_time(lambda: torch.ops.moelight.stream_read(x), 5) / GB
+    return out
+
+
+def hrm_time_fn(bandwidth: float):
+    """HRM-predicted decode attention seconds(B, ctx, dtype) at `bandwidth`, or None."""
+    try:
+        from hrm.costs import attention_time
+        from hrm.hardware import HardwareSpec, Level
+        from hrm.model import ModelSpec
+    except ImportError:
+        return None
+    a = torch.randn(1024, 1024)
+    flops = 2 * 1024**3 / best_time(lambda: a @ a, 3)
+    hw = HardwareSpec("this-cpu", Level("cpu", 24 * 2**30, bandwidth * GB, {"float32": flops}))
+    m = ModelSpec("bench", 32000, HQ * D, 14336, 1, 8, 2, HQ, HKV, D)
+    return lambda b, ctx, dtype: attention_time(hw, m, b, ctx, "cpu", str(dtype).removeprefix("torch."))
+
+
+def make_cache(b: int, ctx: int, dtype: torch.dtype) -> torch.Tensor:
+    """[B, Hkv, ctx, d] filled at memory speed (a random tile repeated)."""
+    kv = torch.empty(b, HKV, ctx, D, dtype=dtype)
+    tile = torch.randn(1, 8192).to(dtype)
+    kv.view(-1, 8192).copy_(tile.expand(kv.numel() // 8192, 8192))
+    return kv
+
+
+def read_bw_now(buf: torch.Tensor) -> float:
+    """Read bandwidth right now (GB/s), the better of the C++ streaming read and a torch sum:
+    other jobs on a shared machine move it a lot."""
+    fns = [lambda: buf.sum()]
+    if cpu_kernels.kernel_backend() != "torch":
+        fns.append(lambda: torch.ops.moelight.stream_read(buf))
+    return max(buf.numel() * buf.element_size() / best_time(f, 3, 0.0) / GB for f in fns)
+
+
+def run_case(b: int, ctx: int, dtype: torch.dtype, sdpa: bool, hrm, buf: torch.Tensor) -> dict:
+    k4, v4 = make_cache(b, ctx, dtype), make_cache(b, ctx, dtype)
+    q = torch.randn(b, HQ, D).to(dtype)
+    # The engine's layout [Hkv, T, d] as a view of the same bytes: (b, h) block at b*Hkv*ctx.
+    t_len = (b - 1) * HKV * ctx + ctx
+    kc = k4.as_strided((HKV, t_len, D), (ctx * D, D, 1))
+    vc = v4.as_strided((HKV, t_len, D), (ctx * D, D, 1))
+    offs = torch.arange(b) * HKV * ctx
+    lens = torch.full((b,), ctx)
+    scale = D**-0.5
+    kv_bytes = 2 * k4.numel() * k4.element_size()
+    row = {"B": b, "ctx": ctx, "dtype": str(dtype).removeprefix("torch."), "MiB": kv_bytes / 2**20}
+    row["bw_now"] = read_bw_now(buf)
+    t = best_time(lambda: cpu_kernels.decode_attention(q, kc, vc, offs, lens, scale), 5)
+    row["ours_ms"], row["ours_gbs"] = t * 1e3, kv_bytes / t / GB
+    row["bw_now"] = max(row["bw_now"], read_bw_now(buf))
+    row["sdpa_ms"] = row["sdpa_gbs"] = float("nan")
+    expanded = 2 * b * HQ * ctx * D * 4
+    if sdpa and expanded <= SDPA_MEM_LIMIT:
+        q4 = q.unsqueeze(2)
+        ts = best_time(lambda: F.scaled_dot_product_attention(q4, k4, v4, scale=scale, enable_gqa=True),
+                       2, 0.0)
+        row["sdpa_ms"], row["sdpa_gbs"] = ts * 1e3, kv_bytes / ts / GB
+    row["hrm_ms"] = hrm(b, ctx, dtype) * 1e3 if hrm else float("nan")
+    return row
+
+
+def bench_prefill() -> list[str]:
+    """Ragged causal prefill, MT-Bench-like prompts: C++ kernel vs the per-sequence SDPA loop."""
+    from cpu_kernels.reference import prefill_attention_torch
+
+    gen = torch.Generator().manual_seed(0)
+    lens = torch.empty(80).log_normal_(3.95, 0.75, generator=gen).clamp(10, 418).long()
+    cu = torch.tensor([0, *lens.cumsum(0).tolist()])
+    tot = int(cu[-1])
+    out = [f"Prefill: {len(lens)} prompts, lengths {int(lens.min())}..{int(lens.max())} "
+           f"(mean {lens.float().mean():.0f}), Hq=16, Hkv=4, d=64, causal.", "",
+           "| dtype | C++ ms | reference (SDPA loop) ms | speed-up |", "|---|---|---|---|"]
+    for dt in (torch.float32, torch.bfloat16):
+        q = torch.randn(tot, 16, 64, generator=gen).to(dt)
+        k = torch.randn(tot, 4, 64, generator=gen).to(dt)
+        v = torch.randn(tot, 4, 64, generator=gen).to(dt)
+        args = (q, k, v, cu, 0.125)
+        ours = best_time(lambda a=args: cpu_kernels.prefill_attention(*a), 5)
+        ref = best_time(lambda a=args: prefill_attention_torch(*a), 3)
+        name = str(dt).removeprefix("torch.")
+        out.append(f"| {name} | {ours * 1e3:.1f} | {ref * 1e3:.1f} | {ref / ours:.1f}x |")
+    return out
+
+
+def fmt_table(rows: list[dict], bw: float) -> str:
+    head = ("| B | ctx | dtype | KV MiB | ours ms | ours GB/s | read BW now | % of read BW now | % of run BW "
+            "| SDPA ms | SDPA GB/s | speed-up vs SDPA | HRM ms |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        sp = r["sdpa_ms"] / r["ours_ms"] if r["sdpa_ms"] == r["sdpa_ms"] else float("nan")
+        lines.append(
+            f"| {r['B']} | {r['ctx']} | {r['dtype']} | {r['MiB']:.0f} | {r['ours_ms']:.2f} "
+            f"| {r['ours_gbs']:.1f} | {r['bw_now']:.1f} | {100 * r['ours_gbs'] / r['bw_now']:.0f}% "
+            f"| {100 * r['ours_gbs'] / bw:.0f}% | {r['sdpa_ms']:.1f} | {r['sdpa_gbs']:.2f} | {sp:.1f}x "
+            f"| {r['hrm_ms']:.2f} |".replace("nan", "–")
+        )
+    return "\n".join(lines)
+
+
+def verdict(rows: list[dict], bw: float) -> list[str]:
+    """Which of the issue's targets were met, with the worst case of each."""
+    out = []
+    big = [r for r in rows if r["B"] >= 64 and r["ctx"] >= 512]
+    if big:
+        worst = min(big, key=lambda r: r["ours_gbs"] / r["bw_now"])
+        ok = all(r["ours_gbs"] >= 0.8 * r["bw_now"] for r in big)
+        out.append(f"- >= 80% of read bandwidth (measured next to each case) for B >= 64, ctx >= 512: "
+                   f"{'MET' if ok else 'MISSED'} (worst {100 * worst['ours_gbs'] / worst['bw_now']:.0f}% at "
+                   f"B={worst['B']}, ctx={worst['ctx']}, {worst['dtype']})")
+    for dt, target in (("bfloat16", 10), ("float32", 2)):
+        sp = [(r["sdpa_ms"] / r["ours_ms"], r) for r in rows
+              if r["dtype"] == dt and r["sdpa_ms"] == r["sdpa_ms"]]
+        if sp:
+            s, r = min(sp, key=lambda x: x[0])
+            out.append(f"- >= {target}x torch SDPA in {dt}: {'MET' if s >= target else 'MISSED'} "
+                       f"(smallest {s:.1f}x at B={r['B']}, ctx={r['ctx']})")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batches", type=int, nargs="+", default=[16, 64, 256])
+    ap.add_argument("--contexts", type=int, nargs="+", default=[128, 512, 2048])
+    ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
+    ap.add_argument("--no-sdpa", action="store_true")
+    ap.add_argument("--quick", action="store_true", help="B=64, ctx=512 only")
+    ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "attention.md"))
+    ap.add_argument("--append", action="store_true", help="add to --out instead of replacing it")
+    args = ap.parse_args()
+    if args.quick:
+        args.batches, args.contexts = [64], [512]
+    backend = cpu_kernels.kernel_backend()
+    bws = machine_bandwidth()
+    bw = max(bws.values())
+    hrm = hrm_time_fn(bw)
+    print(f"backend {backend}, threads {torch.get_num_threads()}, read bandwidth: "
+          + ", ".join(f"{k} {v:.1f} GB/s" for k, v in bws.items()))
+    rows = []
+    buf = torch.ones(2**27, dtype=torch.float32)  # 512 MiB for the per-case bandwidth probe
+    for dt in args.dtypes:
+        for b in args.batches:
+            for ctx in args.contexts:
+                r = run_case(b, ctx, getattr(torch, dt), not args.no_sdpa, hrm, buf)
+                rows.append(r)
+                print(f"B={b:4d} ctx={ctx:5d} {dt:9s} ours {r['ours_gbs']:6.1f} GB/s "
+                      f"(read BW now {r['bw_now']:5.1f})  "
+                      f"sdpa {r['sdpa_gbs']:6.2f} GB/s", flush=True)
+    table = fmt_table(rows, bw)
+    lines = verdict(rows, bw)
+    prefill = bench_prefill() if backend != "torch" else ["Prefill: C++ kernels unavailable, skipped."]
+    print(table, *lines, "", *prefill, sep="\n")
+    env = " ".join(f"{k}={os.environ[k]}" for k in ("OMP_WAIT_POLICY", "OMP_NUM_THREADS") if k in os.environ)
+    cmd = (env + " " if env else "") + "python " + " ".join(sys.argv)
+    md = [
+        "" if args.append else "# Decode attention on the CPU (issue 4)\n",
+        f"## Run of {time.strftime('%Y-%m-%d %H:%M')}", "",
+        f"Command: `{cmd}`", "",
+        f"Backend `{backend}`, {torch.get_num_threads()} threads, torch {torch.__version__}. "
+        f"Hq={HQ}, Hkv={HKV}, d={D}, equal contexts. Read bandwidth measured in the same run: "
+        + ", ".join(f"{k} {v:.1f} GB/s" for k, v in bws.items()) + f" ('% of run BW' uses {bw:.1f} GB/s). "
+        "Other jobs share this 2-core machine, so both reads are repeated right before and "
+        "after each case ('read BW now', the better of the two) and the target is judged against it.",
+        "SDPA is `F.scaled_dot_product_attention(q[B,Hq,1,d], k[B,Hkv,T,d], v, enable_gqa=True)` on the"
+        f" same bytes; skipped (–) where its GQA expansion would need > {SDPA_MEM_LIMIT / 2**30:.0f} GiB.",
+        "HRM ms: `hrm.costs.attention_time` with the measured read bandwidth "
+        + ("(present)." if hrm else "(hrm/costs.py not importable in this run)."), "",
+        table, "", "Targets:", *lines, "", *prefill, "",
+    ]
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    text = "\n".join(md)
+    if args.append and Path(args.out).exists():
+        text = Path(args.out).read_text() + "\n" + text
+    Path(args.out).write_text(text)
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,23 @@
+"""CPU attention kernels for moelight.
+
+Public API (the engine calls only these two functions):
+
+- ``decode_attention(q, k_cache, v_cache, offsets, lengths, scale)``: one query token per
+  sequence over a ragged KV cache.
+- ``prefill_attention(q, k, v, cu_seqlens, scale)``: causal attention over packed prompts.
+
+KV cache layout (one tensor each for K and V, per layer): ``[H_kv, T_total, d]``.
+Sequence ``b`` owns the token slots ``offsets[b] : offsets[b] + capacity_b`` of every head;
+its first ``lengths[b]`` slots are valid. Each (sequence, KV head) is therefore one
+contiguous ``[length, d]`` block, which is what a bandwidth-bound kernel wants.
+
+The C++ kernels (csrc/, registered as torch.ops.moelight.*) are built on first use and
+cached (see build.py); if that fails the pure-torch reference runs, with one warning.
+``kernel_backend()`` names the path in use: 'cpp-avx512bf16', 'cpp-avx512', 'cpp-avx2' or
+'torch' (MOELIGHT_CPU_KERNELS=torch forces the fallback). The ops use
+torch.get_num_threads() OpenMP threads and release the GIL while they run.
+"""
+
+from cpu_kernels.dispatch import decode_attention, kernel_backend, prefill_attention
+
+__all__ = ["decode_attention", "prefill_attention", "kernel_backend"]

@@ -1,0 +1,86 @@
+"""Builds and loads the C++ kernels (cpu_kernels/csrc) as the torch.ops.moelight library.
+
+Order of attempts, first success wins:
+1. a library prebuilt at install time (``cpu_kernels/_C*.so``, from setup.py ext_modules);
+2. ``torch.utils.cpp_extension.load`` (JIT with ninja, cached in ~/.cache/torch_extensions);
+3. a single compiler call with the same flags (no ninja needed), cached next to (2).
+Any failure leaves the pure-torch path in place; the caller warns once.
+"""
+
+from __future__ import annotations
+
+import glob
+import hashlib
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import torch
+
+CSRC = Path(__file__).resolve().parent / "csrc"
+SOURCES = ["ops.cpp", "decode_attention.cpp", "prefill_attention.cpp", "stream_read.cpp", "isa.cpp",
+           "isa_avx512bf16.cpp", "isa_avx512.cpp", "isa_avx2.cpp"]
+CFLAGS = ["-O3", "-fopenmp", "-fno-math-errno"]
+LDFLAGS = ["-fopenmp"]
+NAME = "moelight_cpu_kernels"
+
+
+def _ops_loaded() -> bool:
+    return hasattr(torch.ops, "moelight") and hasattr(torch.ops.moelight, "decode_attention")
+
+
+def _source_hash() -> str:
+    h = hashlib.sha256(torch.__version__.encode())
+    for f in sorted(CSRC.iterdir()):
+        if f.suffix in (".cpp", ".h"):
+            h.update(f.name.encode() + f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _load_prebuilt() -> bool:
+    for lib in glob.glob(str(Path(__file__).resolve().parent / "_C*.so")):
+        torch.ops.load_library(lib)
+        return _ops_loaded()
+    return False
+
+
+def _load_jit(verbose: bool) -> bool:
+    from torch.utils.cpp_extension import load, verify_ninja_availability
+
+    verify_ninja_availability()  # raises when ninja is missing: go to the plain-compiler path
+    load(name=f"{NAME}_{_source_hash()}", sources=[str(CSRC / s) for s in SOURCES],
+         extra_cflags=CFLAGS, extra_ldflags=LDFLAGS, is_python_module=False, verbose=verbose)
+    return _ops_loaded()
+
+
+def _load_direct(verbose: bool) -> bool:
+    from torch.utils.cpp_extension import _get_build_directory, include_paths, library_paths
+
+    out_dir = Path(_get_build_directory(f"{NAME}_direct_{_source_hash()}", verbose))
+    lib = out_dir / f"{NAME}.so"
+    if not lib.exists():
+        cxx = os.environ.get("CXX", shutil.which("c++") or "g++")
+        abi = int(torch.compiled_with_cxx11_abi())
+        cmd = [cxx, "-shared", "-fPIC", *CFLAGS, f"-D_GLIBCXX_USE_CXX11_ABI={abi}",
+               f"-DTORCH_EXTENSION_NAME={NAME}", *[f"-I{p}" for p in include_paths()],
+               *[str(CSRC / s) for s in SOURCES], *[f"-L{p}" for p in library_paths()],
+               "-lc10", "-ltorch_cpu", "-ltorch", *LDFLAGS, "-o", str(lib) + ".tmp"]
+        subprocess.run(cmd, check=True, capture_output=not verbose)
+        os.replace(str(lib) + ".tmp", lib)
+    torch.ops.load_library(str(lib))
+    return _ops_loaded()
+
+
+def load_kernels(verbose: bool = False) -> tuple[bool, str]:
+    """Returns (loaded, reason for failure)."""
+    if _ops_loaded():
+        return True, ""
+    errors = []
+    for attempt in (_load_prebuilt, lambda: _load_jit(verbose), lambda: _load_direct(verbose)):
+        try:
+            if attempt():
+                return True, ""
+        except Exception as e:  # noqa: BLE001 - any build failure means "use the fallback"
+            errors.append(f"{type(e).__name__}: {str(e).strip()[-300:]}")
+    return False, "; ".join(errors) or "no build method available"

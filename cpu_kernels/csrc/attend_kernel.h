@@ -1,0 +1,344 @@
+// Flash-style attention over one tile of query rows against one KV head, templated on
+// the vector ISA (V), the KV storage type (T) and the head dim (D).
+//
+// Used by both ops: decode (1 query x `group` heads, no mask: each K/V byte of the
+// (sequence, KV head) block is read once for all heads of the group) and prefill
+// (a block of queries x `group` heads, causal). Keys are processed in blocks of 16:
+//   1. scores  s[r][t] = q_r . k_t: float32 K is read in place; bf16/f16 K is converted
+//      once into L1 scratch, or (AVX512-BF16) used as stored by bf16 dot products
+//   2. online softmax with lazy rescaling (running max m_r, lane-wise sums l_r)
+//   3. acc_r += p[r][t] * v_t with NR rows x CG vectors of accumulators in registers
+// bf16 data is widened in an even/odd element order (no shuffles); q and the output are
+// permuted to match (kPerm). All accumulation is float32.
+// Include after `#pragma GCC target` in an ISA TU.
+#pragma once
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "kernels.h"
+
+namespace {
+
+constexpr int kKeyBlock = 16;
+constexpr float kRescaleSlack = 8.0f;  // see the online softmax below
+constexpr int kMaxRows = 64;  // rows per pass; more rows re-read K/V (never in practice)
+// Rows per pass for head dim D: keeps the stack scratch of one call under ~150 KB.
+template <int D> constexpr int rows_per_pass() { return D > 128 ? kMaxRows / 2 : kMaxRows; }
+
+template <class T> struct KvLoad;
+template <> struct KvLoad<float> {
+  template <class V> static typename V::R load(const float* p) { return V::load(p); }
+};
+struct Bf16 { uint16_t bits; };
+struct F16 { uint16_t bits; };
+template <> struct KvLoad<Bf16> {
+  template <class V> static typename V::R load(const Bf16* p) {
+    return V::load(reinterpret_cast<const uint16_t*>(p), true);
+  }
+};
+template <> struct KvLoad<F16> {
+  template <class V> static typename V::R load(const F16* p) {
+    return V::load(reinterpret_cast<const uint16_t*>(p), false);
+  }
+};
+
+// acc rows [0, NR) += P[r][t] * v_t for t < nk, with v already float32 in L1. NR rows x CG
+// chunks of accumulators stay in registers; each broadcast P[r][t] serves CG chunks.
+template <class V, int D, int NR>
+inline void accumulate_pv(float* acc, const float* P, const float* vf, int64_t vst, int nk) {
+  using R = typename V::R;
+  constexpr int NCH = D / V::W;
+  constexpr int CG = NR >= 8 ? 2 : (NR >= 4 ? 4 : 8);
+  for (int c0 = 0; c0 < NCH; c0 += CG) {
+    R a[NR][CG];
+    for (int r = 0; r < NR; ++r)
+      for (int cc = 0; cc < CG; ++cc)
+        if (c0 + cc < NCH) a[r][cc] = V::load(acc + r * D + (c0 + cc) * V::W);
+    for (int t = 0; t < nk; ++t) {
+      R vv[CG];
+      for (int cc = 0; cc < CG; ++cc)
+        if (c0 + cc < NCH) vv[cc] = V::load(vf + t * vst + (c0 + cc) * V::W);
+      for (int r = 0; r < NR; ++r) {
+        const R p = V::set1(P[r * kKeyBlock + t]);
+        for (int cc = 0; cc < CG; ++cc)
+          if (c0 + cc < NCH) a[r][cc] = V::fma(p, vv[cc], a[r][cc]);
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int cc = 0; cc < CG; ++cc)
+        if (c0 + cc < NCH) V::store(acc + r * D + (c0 + cc) * V::W, a[r][cc]);
+  }
+}
+
+// Same as accumulate_pv, reading bf16 V rows in place: each 2W-element chunk converts to
+// an even and an odd vector (the kPerm order of acc) with two integer ops, no scratch copy.
+template <class V, int D, int NR>
+inline void accumulate_pv_bf16(float* acc, const float* P, const uint16_t* v, int64_t vst, int nk) {
+  using R = typename V::R;
+  constexpr int NP = D / (2 * V::W);  // bf16 chunks per row
+  constexpr int CP = NR >= 8 ? 1 : (NR >= 4 ? 2 : 4);
+  for (int c0 = 0; c0 < NP; c0 += CP) {
+    R a[NR][2 * CP];
+    for (int r = 0; r < NR; ++r)
+      for (int cc = 0; cc < 2 * CP; ++cc)
+        if (c0 + cc / 2 < NP) a[r][cc] = V::load(acc + r * D + c0 * 2 * V::W + cc * V::W);
+    for (int t = 0; t < nk; ++t) {
+      R vv[2 * CP];
+      for (int cc = 0; cc < CP; ++cc)
+        if (c0 + cc < NP) V::load_bf16_pair(v + t * vst + (c0 + cc) * 2 * V::W, vv[2 * cc], vv[2 * cc + 1]);
+      for (int r = 0; r < NR; ++r) {
+        const R p = V::set1(P[r * kKeyBlock + t]);
+        for (int cc = 0; cc < 2 * CP; ++cc)
+          if (c0 + cc / 2 < NP) a[r][cc] = V::fma(p, vv[cc], a[r][cc]);
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int cc = 0; cc < 2 * CP; ++cc)
+        if (c0 + cc / 2 < NP) V::store(acc + r * D + c0 * 2 * V::W + cc * V::W, a[r][cc]);
+  }
+}
+
+// Block of nk rows (stride st) -> float32 rows in L1, zero-padded to kKeyBlock rows so the
+// vector loops never read outside the cache tensor. Sequential, so the prefetcher keeps up.
+// With kPerm (bf16, D a multiple of 2W) each 2W chunk is stored even elements first, then
+// odd ones: the conversion needs no shuffles, and q / the output use the same order.
+template <class V, class T, int D, bool kPerm>
+inline void load_block(float* dst, const T* src, int64_t st, int nk) {
+  for (int t = 0; t < kKeyBlock; ++t) {
+    if constexpr (kPerm) {
+      for (int c = 0; c < D; c += 2 * V::W) {
+        typename V::R ev = V::zero(), od = V::zero();
+        if (t < nk) V::load_bf16_pair(reinterpret_cast<const uint16_t*>(src + t * st + c), ev, od);
+        V::store(dst + t * D + c, ev);
+        V::store(dst + t * D + c + V::W, od);
+      }
+    } else {
+      for (int c = 0; c < D; c += V::W) {
+        V::store(dst + t * D + c, t < nk ? KvLoad<T>::template load<V>(src + t * st + c) : V::zero());
+      }
+    }
+  }
+}
+
+// Position in the even/odd chunk order of natural element c (see load_block).
+template <int W>
+inline int perm_index(int c) {
+  const int base = c - c % (2 * W), w = c % (2 * W);
+  return base + (w % 2) * W + w / 2;
+}
+
+// s[h] lanes = q . k_t for the block's keys (float32 path): q row in registers, the 16
+// partial vectors of a key group reduced together by transpose_sum.
+template <class V, int D>
+inline void row_scores(typename V::R* s, const float* qrow, const float* kblk, int64_t kst) {
+  using R = typename V::R;
+  constexpr int NC = D / V::W;
+  R qv[NC];
+  for (int c = 0; c < NC; ++c) qv[c] = V::load(qrow + c * V::W);
+  for (int h = 0; h < kKeyBlock / V::W; ++h) {
+    R part[V::W];  // part[t] lanes sum to q . k_t
+    for (int t = 0; t < V::W; ++t) {
+      const float* kt = kblk + (h * V::W + t) * kst;
+      R x = V::mul(qv[0], V::load(kt));
+      for (int c = 1; c < NC; ++c) x = V::fma(qv[c], V::load(kt + c * V::W), x);
+      part[t] = x;
+    }
+    s[h] = V::transpose_sum(part);
+  }
+}
+
+// Same with bf16 dot-product instructions straight on the bf16 cache (no conversion).
+// q = qh + ql split into two bf16 parts (ql is all zero when q was bf16), so the products
+// keep ~16 mantissa bits of q; the scale is applied to the float32 sums.
+template <class V, int D>
+inline void row_scores_bf16(typename V::R* s, const uint16_t* qh, const uint16_t* ql, bool has_lo,
+                            const uint16_t* kblk, int64_t kst, float scale) {
+  using R = typename V::R;
+  constexpr int NP = D / (2 * V::W);  // 32 bf16 per instruction
+  R qhv[NP], qlv[NP];
+  for (int c = 0; c < NP; ++c) {
+    qhv[c] = V::load_raw(qh + c * 2 * V::W);
+    qlv[c] = V::load_raw(ql + c * 2 * V::W);
+  }
+  const R sv = V::set1(scale);
+  for (int h = 0; h < kKeyBlock / V::W; ++h) {
+    R part[V::W];
+    for (int t = 0; t < V::W; ++t) {
+      const uint16_t* kt = kblk + (h * V::W + t) * kst;
+      R x = V::zero();
+      for (int c = 0; c < NP; ++c) x = V::dot_bf16(x, qhv[c], V::load_raw(kt + c * 2 * V::W));
+      if (has_lo)
+        for (int c = 0; c < NP; ++c) x = V::dot_bf16(x, qlv[c], V::load_raw(kt + c * 2 * V::W));
+      part[t] = x;
+    }
+    s[h] = V::mul(sv, V::transpose_sum(part));
+  }
+}
+
+template <class V, class T, int D>
+void attend_rows(const moelight::AttnArgs& a, int r0, int nr) {
+  using R = typename V::R;
+  constexpr int NV = kKeyBlock / V::W;  // score vectors per key block
+  alignas(64) float qs[rows_per_pass<D>() * D];
+  alignas(64) float acc[rows_per_pass<D>() * D];
+  alignas(64) float P[rows_per_pass<D>() * kKeyBlock];
+  alignas(64) float kf[kKeyBlock * D];
+  // bf16 dot-product path (AVX512-BF16 on a bf16 cache): q split in two bf16 halves.
+  constexpr bool kPerm = std::is_same<T, Bf16>::value && D % (2 * V::W) == 0;
+  constexpr bool kDot = V::kBf16Dot && std::is_same<T, Bf16>::value && D % (2 * V::W) == 0;
+  alignas(64) uint16_t qh[kDot ? rows_per_pass<D>() * D : 1], ql[kDot ? rows_per_pass<D>() * D : 1];
+  alignas(64) uint16_t ktail[kDot ? kKeyBlock * D : 1];
+  bool has_lo = false;
+  alignas(64) float lv[rows_per_pass<D>() * V::W];  // per-row softmax denominators, lane-wise
+  float m[rows_per_pass<D>()];
+  int64_t limit[rows_per_pass<D>()];  // keys visible to each row
+
+  const int g = a.group;
+  int64_t kmax = 0;
+  for (int r = 0; r < nr; ++r) {
+    const int i = (r0 + r) / g, j = (r0 + r) % g;
+    const float* src = a.q + i * a.q_stride_i + j * D;
+    for (int c = 0; c < D; ++c) qs[r * D + (kPerm ? perm_index<V::W>(c) : c)] = src[c] * a.scale;
+    if constexpr (kDot) {
+      for (int c = 0; c < D; c += V::W) has_lo |= V::split_bf16(src + c, qh + r * D + c, ql + r * D + c);
+    }
+    limit[r] = a.causal_first < 0 ? a.n_keys : a.causal_first + i + 1;
+    if (limit[r] > a.n_keys) limit[r] = a.n_keys;
+    if (limit[r] > kmax) kmax = limit[r];
+    m[r] = -__builtin_inff();
+    V::store(lv + r * V::W, V::zero());
+  }
+  std::memset(acc, 0, sizeof(float) * nr * D);
+
+  const T* kbase = static_cast<const T*>(a.k);
+  const T* vbase = static_cast<const T*>(a.v);
+  const int64_t st = a.kv_stride_t;
+  for (int64_t kb = 0; kb < kmax; kb += kKeyBlock) {
+    const int nk = kmax - kb < kKeyBlock ? static_cast<int>(kmax - kb) : kKeyBlock;
+    // float32 full blocks are read in place; other dtypes / the tail go through L1 scratch.
+    const bool direct = sizeof(T) == sizeof(float) && nk == kKeyBlock;
+    const float* kblk = reinterpret_cast<const float*>(kbase + kb * st);
+    const int64_t kst = direct ? st : D;
+    const uint16_t* kraw = reinterpret_cast<const uint16_t*>(kbase + kb * st);
+    int64_t kraw_st = st;
+    if constexpr (kDot) {  // K is used as stored; only a tail block is copied (zero-padded)
+      if (nk < kKeyBlock) {
+        std::memset(ktail, 0, sizeof(ktail));
+        for (int t = 0; t < nk; ++t) std::memcpy(ktail + t * D, kraw + t * st, D * sizeof(uint16_t));
+        kraw = ktail;
+        kraw_st = D;
+      }
+    } else if (!direct) {
+      load_block<V, T, D, kPerm>(kf, kbase + kb * st, st, nk);
+      kblk = kf;
+    }
+
+    for (int r = 0; r < nr; ++r) {
+      const int valid = limit[r] - kb >= kKeyBlock ? kKeyBlock : static_cast<int>(limit[r] - kb);
+      float* pr = P + r * kKeyBlock;
+      if (valid <= 0) {  // causal: this row sees none of the block
+        for (int t = 0; t < kKeyBlock; ++t) pr[t] = 0.0f;
+        continue;
+      }
+      R s[NV];
+      if constexpr (kDot) {
+        row_scores_bf16<V, D>(s, qh + r * D, ql + r * D, has_lo, kraw, kraw_st, a.scale);
+      } else {
+        row_scores<V, D>(s, qs + r * D, kblk, kst);
+      }
+      for (int h = 0; h < NV; ++h) {
+        if (valid < kKeyBlock) s[h] = V::keep_first(s[h], valid - h * V::W, -__builtin_inff());
+      }
+      // Lazy rescaling: the reference max m[r] only moves when a score exceeds it by more
+      // than kRescaleSlack, so p = exp(s - m) <= e^8 cannot overflow, while most blocks skip
+      // the horizontal max, the scalar exp and the rescale of acc.
+      bool grow = false;
+      for (int h = 0; h < NV; ++h) grow |= V::any_gt(s[h], m[r] + kRescaleSlack);
+      R lsum = V::load(lv + r * V::W);
+      if (grow) {
+        R mx = s[0];
+        for (int h = 1; h < NV; ++h) mx = V::max(mx, s[h]);
+        const float bm = V::hmax(mx);
+        const float m_new = m[r] > bm ? m[r] : bm;
+        const R av = V::set1(__builtin_expf(m[r] - m_new));  // 0 on the first block (m = -inf)
+        lsum = V::mul(lsum, av);
+        for (int c = 0; c < D; c += V::W) V::store(acc + r * D + c, V::mul(av, V::load(acc + r * D + c)));
+        m[r] = m_new;
+      }
+      const R mv = V::set1(m[r]);
+      for (int h = 0; h < NV; ++h) {
+        R p = V::exp(V::sub(s[h], mv));
+        if (valid < kKeyBlock) p = V::keep_first(p, valid - h * V::W, 0.0f);
+        V::store(pr + h * V::W, p);
+        lsum = V::add(lsum, p);
+      }
+      V::store(lv + r * V::W, lsum);
+    }
+
+    if constexpr (kPerm) {
+      const uint16_t* vraw = reinterpret_cast<const uint16_t*>(vbase + kb * st);
+      int r = 0;
+      for (; r + 8 <= nr; r += 8) accumulate_pv_bf16<V, D, 8>(acc + r * D, P + r * kKeyBlock, vraw, st, nk);
+      if (nr - r >= 4) { accumulate_pv_bf16<V, D, 4>(acc + r * D, P + r * kKeyBlock, vraw, st, nk); r += 4; }
+      if (nr - r >= 2) { accumulate_pv_bf16<V, D, 2>(acc + r * D, P + r * kKeyBlock, vraw, st, nk); r += 2; }
+      if (nr - r >= 1) accumulate_pv_bf16<V, D, 1>(acc + r * D, P + r * kKeyBlock, vraw, st, nk);
+    } else {
+      const float* vblk = reinterpret_cast<const float*>(vbase + kb * st);
+      if (!direct) {
+        load_block<V, T, D, kPerm>(kf, vbase + kb * st, st, nk);  // K no longer needed: reuse its buffer
+        vblk = kf;
+      }
+      int r = 0;
+      for (; r + 8 <= nr; r += 8) accumulate_pv<V, D, 8>(acc + r * D, P + r * kKeyBlock, vblk, kst, nk);
+      if (nr - r >= 4) { accumulate_pv<V, D, 4>(acc + r * D, P + r * kKeyBlock, vblk, kst, nk); r += 4; }
+      if (nr - r >= 2) { accumulate_pv<V, D, 2>(acc + r * D, P + r * kKeyBlock, vblk, kst, nk); r += 2; }
+      if (nr - r >= 1) accumulate_pv<V, D, 1>(acc + r * D, P + r * kKeyBlock, vblk, kst, nk);
+    }
+  }
+
+  for (int r = 0; r < nr; ++r) {
+    const int i = (r0 + r) / g, j = (r0 + r) % g;
+    float* dst = a.out + i * a.out_stride_i + j * D;
+    const float l = V::hsum(V::load(lv + r * V::W));
+    if (a.m != nullptr) {  // split-K partial: the caller merges and normalises
+      for (int c = 0; c < D; ++c) dst[c] = acc[r * D + (kPerm ? perm_index<V::W>(c) : c)];
+      a.m[r0 + r] = m[r];
+      a.l[r0 + r] = l;
+    } else {
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // no keys: zeros, like the reference
+      for (int c = 0; c < D; ++c) dst[c] = acc[r * D + (kPerm ? perm_index<V::W>(c) : c)] * inv;
+    }
+  }
+}
+
+template <class V, class T, int D>
+void attend(const moelight::AttnArgs& a) {
+  const int rows = a.n_queries * a.group;
+  for (int r0 = 0; r0 < rows; r0 += rows_per_pass<D>()) {
+    attend_rows<V, T, D>(a, r0, rows - r0 < rows_per_pass<D>() ? rows - r0 : rows_per_pass<D>());
+  }
+}
+
+// Table lookup shared by the ISA TUs: head dims must be multiples of 16.
+template <class V>
+moelight::AttnFn select_attn(moelight::KvDtype dtype, int64_t d) {
+#define MOELIGHT_DIMS(T)                  \
+  switch (d) {                            \
+    case 64: return &attend<V, T, 64>;    \
+    case 80: return &attend<V, T, 80>;    \
+    case 96: return &attend<V, T, 96>;    \
+    case 128: return &attend<V, T, 128>;  \
+    case 256: return &attend<V, T, 256>;  \
+    default: return nullptr;              \
+  }
+  switch (dtype) {
+    case moelight::KvDtype::F32: MOELIGHT_DIMS(float)
+    case moelight::KvDtype::BF16: MOELIGHT_DIMS(Bf16)
+    case moelight::KvDtype::F16: MOELIGHT_DIMS(F16)
+  }
+#undef MOELIGHT_DIMS
+  return nullptr;
+}
+
+}  // namespace

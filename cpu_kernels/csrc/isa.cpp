@@ -1,0 +1,64 @@
+// Picks the kernel ISA from the running CPU (or a test override via set_isa).
+#include <atomic>
+#include <cstring>
+
+#include "kernels.h"
+
+namespace moelight {
+namespace {
+
+enum Isa : int { kUnset = -1, kNone = 0, kAvx2 = 1, kAvx512 = 2, kAvx512Bf16 = 3 };
+std::atomic<int> g_isa{kUnset};
+
+int detect() {
+#if defined(__x86_64__) || defined(_M_X64)
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f")) {
+    return __builtin_cpu_supports("avx512bf16") && __builtin_cpu_supports("avx512bw") ? kAvx512Bf16 : kAvx512;
+  }
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return kAvx2;  // F16C comes with them
+#endif
+  return kNone;
+}
+
+int current() {
+  int isa = g_isa.load(std::memory_order_relaxed);
+  if (isa == kUnset) {
+    isa = detect();
+    g_isa.store(isa, std::memory_order_relaxed);
+  }
+  return isa;
+}
+
+}  // namespace
+
+AttnFn attn_fn(KvDtype dtype, int64_t d) {
+  switch (current()) {
+    case kAvx512Bf16: return avx512bf16_attn_fn(dtype, d);
+    case kAvx512: return avx512_attn_fn(dtype, d);
+    case kAvx2: return avx2_attn_fn(dtype, d);
+    default: return nullptr;
+  }
+}
+
+const char* active_isa() {
+  switch (current()) {
+    case kAvx512Bf16: return "avx512bf16";
+    case kAvx512: return "avx512";
+    case kAvx2: return "avx2";
+    default: return "none";
+  }
+}
+
+const char* set_isa(const char* name) {
+  const int best = detect();
+  int want = best;
+  if (std::strcmp(name, "avx2") == 0) want = best >= kAvx2 ? kAvx2 : best;
+  if (std::strcmp(name, "avx512") == 0) want = best >= kAvx512 ? kAvx512 : best;
+  if (std::strcmp(name, "avx512bf16") == 0) want = best;
+  if (std::strcmp(name, "none") == 0) want = kNone;
+  g_isa.store(want, std::memory_order_relaxed);
+  return active_isa();
+}
+
+}  // namespace moelight

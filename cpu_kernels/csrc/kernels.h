@@ -1,0 +1,46 @@
+// Plain-C++ interface between the torch-facing ops and the per-ISA attention kernels.
+// The ISA translation units never include torch headers: they are compiled with
+// `#pragma GCC target(...)`, and any inline torch/STL function compiled there could be
+// merged by the linker with the generic copy and run AVX-512 code on a CPU without it.
+#pragma once
+#include <cstdint>
+
+namespace moelight {
+
+enum class KvDtype : int { F32 = 0, BF16 = 1, F16 = 2 };
+
+// One attention tile: `n_queries` query positions x `group` query heads (one KV head)
+// against keys [0, n_keys) of one contiguous-per-key region.
+// Row r = (i, j) with i = r / group (query), j = r % group (head in the group).
+struct AttnArgs {
+  const float* q;        // row (i, j) at q + i * q_stride_i + j * d, float32, unscaled
+  int64_t q_stride_i;
+  const void* k;         // key t at k + t * kv_stride_t elements (of the KV dtype)
+  const void* v;
+  int64_t kv_stride_t;
+  int64_t n_keys;
+  int n_queries;
+  int group;
+  int64_t causal_first;  // < 0: no mask; else query i sees keys [0, causal_first + i]
+  float scale;
+  float* out;            // row (i, j) at out + i * out_stride_i + j * d
+  int64_t out_stride_i;
+  float* m;              // nullptr: write softmax-normalised rows. Otherwise write the
+  float* l;              // unnormalised accumulator plus running max m and sum l per row
+                         // (split-K partials, merged by the caller).
+};
+
+using AttnFn = void (*)(const AttnArgs&);
+
+// nullptr when (dtype, d) has no instantiation for that ISA.
+AttnFn avx512bf16_attn_fn(KvDtype dtype, int64_t d);
+AttnFn avx512_attn_fn(KvDtype dtype, int64_t d);
+AttnFn avx2_attn_fn(KvDtype dtype, int64_t d);
+
+// Active kernel table, chosen from the CPU at first use (see isa.cpp).
+AttnFn attn_fn(KvDtype dtype, int64_t d);
+const char* active_isa();
+// "auto", "avx512bf16", "avx512", "avx2" or "none"; returns the ISA now in use.
+const char* set_isa(const char* name);
+
+}  // namespace moelight

@@ -1,0 +1,93 @@
+// Causal attention over packed prompts (prefill), flash-style on the CPU.
+//
+// Work item = (sequence, KV head, block of queries). A block holds up to 64 rows
+// (queries x the Hq/Hkv heads sharing the KV head), so each K/V block loaded into L1 is
+// used by every row; keys past the block's last query are never visited. Items are run
+// in order of decreasing work (later query blocks see more keys) under dynamic scheduling.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <vector>
+
+#include "kernels.h"
+
+namespace moelight {
+namespace {
+
+struct Tile {
+  int64_t start, h, i0, nq;  // sequence start in the packed tensor, KV head, first query, count
+};
+
+KvDtype prefill_dtype(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return KvDtype::F32;
+    case at::kBFloat16: return KvDtype::BF16;
+    case at::kHalf: return KvDtype::F16;
+    default: TORCH_CHECK(false, "moelight: unsupported K/V dtype ", t.scalar_type());
+  }
+}
+
+}  // namespace
+
+at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in,
+                             const at::Tensor& cu_seqlens, double scale) {
+  TORCH_CHECK(q.dim() == 3 && k_in.dim() == 3 && v_in.dim() == 3, "moelight: bad ranks");
+  TORCH_CHECK(k_in.sizes() == v_in.sizes() && k_in.scalar_type() == v_in.scalar_type(), "moelight: K/V mismatch");
+  const int64_t Tn = q.size(0), Hq = q.size(1), d = q.size(2), Hkv = k_in.size(1);
+  TORCH_CHECK(k_in.size(0) == Tn && k_in.size(2) == d && Hkv > 0 && Hq % Hkv == 0, "moelight: head shapes");
+  const AttnFn fn = attn_fn(prefill_dtype(k_in), d);
+  TORCH_CHECK(fn != nullptr, "moelight: no kernel for this CPU / head dim ", d);
+
+  const at::Tensor k = k_in.contiguous(), v = v_in.contiguous();
+  const at::Tensor q32 = q.to(at::kFloat).contiguous();
+  const at::Tensor cu = cu_seqlens.to(at::kLong).contiguous();
+  const int64_t* cp = cu.data_ptr<int64_t>();
+  const int64_t B = cu.numel() - 1;
+  TORCH_CHECK(B >= 0 && cp[0] == 0 && cp[B] == Tn, "moelight: cu_seqlens must span q");
+  const int64_t g = Hq / Hkv;
+  const int64_t qb = std::max<int64_t>(1, 64 / g);  // queries per tile -> <= 64 rows
+
+  std::vector<Tile> tiles;
+  for (int64_t s = 0; s < B; ++s) {
+    const int64_t n = cp[s + 1] - cp[s];
+    TORCH_CHECK(n >= 0, "moelight: cu_seqlens must be non-decreasing");
+    for (int64_t h = 0; h < Hkv; ++h)
+      for (int64_t i0 = 0; i0 < n; i0 += qb) tiles.push_back({cp[s], h, i0, std::min(qb, n - i0)});
+  }
+  std::stable_sort(tiles.begin(), tiles.end(),
+                   [](const Tile& x, const Tile& y) { return (x.i0 + x.nq) * x.nq > (y.i0 + y.nq) * y.nq; });
+
+  at::Tensor out32 = at::empty({Tn, Hq, d}, q.options().dtype(at::kFloat));
+  const float* qp = q32.data_ptr<float>();
+  float* outp = out32.data_ptr<float>();
+  const char* kp = static_cast<const char*>(k.data_ptr());
+  const char* vp = static_cast<const char*>(v.data_ptr());
+  const int64_t es = k.element_size();
+  const int64_t n_tiles = static_cast<int64_t>(tiles.size());
+  const int nt = at::get_num_threads();
+
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
+  for (int64_t w = 0; w < n_tiles; ++w) {
+    const Tile& t = tiles[w];
+    AttnArgs a{};
+    a.q = qp + ((t.start + t.i0) * Hq + t.h * g) * d;
+    a.q_stride_i = Hq * d;
+    const int64_t kv_off = (t.start * Hkv + t.h) * d * es;
+    a.k = kp + kv_off;
+    a.v = vp + kv_off;
+    a.kv_stride_t = Hkv * d;
+    a.n_keys = t.i0 + t.nq;
+    a.n_queries = static_cast<int>(t.nq);
+    a.group = static_cast<int>(g);
+    a.causal_first = t.i0;
+    a.scale = static_cast<float>(scale);
+    a.out = outp + ((t.start + t.i0) * Hq + t.h * g) * d;
+    a.out_stride_i = Hq * d;
+    fn(a);
+  }
+  return q.scalar_type() == at::kFloat ? out32 : out32.to(q.scalar_type());
+}
+
+}  // namespace moelight

@@ -1,0 +1,93 @@
+// 8-lane float32 vector ops for AVX2 + FMA + F16C. Include only from a TU compiled for them.
+#pragma once
+#include <immintrin.h>
+#include <cstdint>
+
+namespace {
+
+struct VecAvx2 {
+  using R = __m256;
+  static constexpr bool kBf16Dot = false;  // has dot_bf16 / load_raw
+  static constexpr int W = 8;
+
+  static R zero() { return _mm256_setzero_ps(); }
+  static R set1(float x) { return _mm256_set1_ps(x); }
+  static R load(const float* p) { return _mm256_loadu_ps(p); }
+  static R load(const uint16_t* p, bool is_bf16) {
+    __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+    if (is_bf16) {  // bf16 is the top half of a float32: widen and shift
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+    return _mm256_cvtph_ps(h);
+  }
+  // 2W bf16 -> float32 without shuffles: even elements and odd elements (see simd_avx512.h).
+  static void load_bf16_pair(const uint16_t* p, R& even, R& odd) {
+    __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+    even = _mm256_castsi256_ps(_mm256_slli_epi32(x, 16));
+    odd = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+  }
+  static void store(float* p, R x) { _mm256_storeu_ps(p, x); }
+  static R add(R a, R b) { return _mm256_add_ps(a, b); }
+  static R sub(R a, R b) { return _mm256_sub_ps(a, b); }
+  static R mul(R a, R b) { return _mm256_mul_ps(a, b); }
+  static R fma(R a, R b, R c) { return _mm256_fmadd_ps(a, b, c); }
+  static R max(R a, R b) { return _mm256_max_ps(a, b); }
+  static bool any_gt(R a, float b) {
+    return _mm256_movemask_ps(_mm256_cmp_ps(a, _mm256_set1_ps(b), _CMP_GT_OQ)) != 0;
+  }
+  static float hmax(R a) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    return _mm_cvtss_f32(m);
+  }
+  static float hsum(R a) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+    return _mm_cvtss_f32(s);
+  }
+  static R keep_first(R a, int n, float fill) {
+    const __m256i idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    __m256 k = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n), idx));
+    return _mm256_blendv_ps(_mm256_set1_ps(fill), a, k);
+  }
+
+  static R exp(R x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    x = _mm256_min_ps(x, _mm256_set1_ps(88.0f));
+    R n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                          _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    R r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+    R y = _mm256_set1_ps(1.9875691500e-4f);
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+    y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+    y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    // 2^n built in the exponent field; n is in [-126, 127] after the clamp above.
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
+  }
+
+  // out[t] = sum of the lanes of a[t], t = 0..7 (transpose-and-add tree).
+  static R transpose_sum(const R* a) {
+    R s1[4];
+    for (int i = 0; i < 4; ++i) {
+      s1[i] = _mm256_add_ps(_mm256_unpacklo_ps(a[2 * i], a[2 * i + 1]),
+                            _mm256_unpackhi_ps(a[2 * i], a[2 * i + 1]));
+    }
+    R s2[2];
+    for (int i = 0; i < 2; ++i) {
+      __m256d x = _mm256_castps_pd(s1[2 * i]), y = _mm256_castps_pd(s1[2 * i + 1]);
+      s2[i] = _mm256_add_ps(_mm256_castpd_ps(_mm256_unpacklo_pd(x, y)),
+                            _mm256_castpd_ps(_mm256_unpackhi_pd(x, y)));
+    }
+    return _mm256_add_ps(_mm256_permute2f128_ps(s2[0], s2[1], 0x20),
+                         _mm256_permute2f128_ps(s2[0], s2[1], 0x31));
+  }
+};
+
+}  // namespace

@@ -1,0 +1,87 @@
+"""Chooses the C++ kernels when they build, the torch reference otherwise.
+
+The extension is built (or loaded from cache) on the first call, not at import, so
+importing moelight stays cheap. Set MOELIGHT_CPU_KERNELS=torch to force the fallback.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+
+import torch
+
+from cpu_kernels.reference import decode_attention_torch, prefill_attention_torch
+
+_lock = threading.Lock()
+_state: dict[str, object] = {"loaded": None, "warned": False}
+_SUPPORTED_DIMS = (64, 80, 96, 128, 256)
+_KV_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def _cpp_available() -> bool:
+    """Builds/loads the extension once per process; warns exactly once when it cannot."""
+    loaded = _state["loaded"]
+    if loaded is not None:
+        return bool(loaded)
+    with _lock:
+        if _state["loaded"] is None:
+            ok, why = False, "disabled by MOELIGHT_CPU_KERNELS=torch"
+            if os.environ.get("MOELIGHT_CPU_KERNELS", "").lower() != "torch":
+                from cpu_kernels.build import load_kernels
+
+                ok, why = load_kernels()
+                if ok and torch.ops.moelight.kernel_isa() == "none":
+                    ok, why = False, "CPU has neither AVX-512 nor AVX2"
+            if not ok and not _state["warned"]:
+                _state["warned"] = True
+                warnings.warn(f"moelight C++ CPU kernels unavailable, using pure-torch attention ({why})",
+                              RuntimeWarning, stacklevel=3)
+            _state["loaded"] = ok
+    return bool(_state["loaded"])
+
+
+def kernel_backend() -> str:
+    """'cpp-avx512bf16' / 'cpp-avx512' / 'cpp-avx2' when the C++ kernels run, 'torch' for the fallback."""
+    if _cpp_available():
+        return f"cpp-{torch.ops.moelight.kernel_isa()}"
+    return "torch"
+
+
+def _cpp_ok(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    return (
+        _cpp_available()
+        and q.device.type == "cpu"
+        and k.device.type == "cpu"
+        and k.dtype in _KV_DTYPES
+        and v.dtype == k.dtype
+        and q.shape[-1] in _SUPPORTED_DIMS
+    )
+
+
+def decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    offsets: torch.Tensor,
+    lengths: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """q [B, Hq, d] over the ragged cache [Hkv, T, d] -> [B, Hq, d] in q's dtype."""
+    if _cpp_ok(q, k_cache, v_cache) and k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride():
+        return torch.ops.moelight.decode_attention(q, k_cache, v_cache, offsets, lengths, float(scale))
+    return decode_attention_torch(q, k_cache, v_cache, offsets, lengths, scale)
+
+
+def prefill_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    scale: float,
+) -> torch.Tensor:
+    """Causal attention over packed prompts: q [T, Hq, d], k/v [T, Hkv, d] -> [T, Hq, d]."""
+    if _cpp_ok(q, k, v):
+        return torch.ops.moelight.prefill_attention(q, k, v, cu_seqlens, float(scale))
+    return prefill_attention_torch(q, k, v, cu_seqlens, scale)

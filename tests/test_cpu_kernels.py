@@ -1,0 +1,240 @@
+"""cpu_kernels against a float64 reference: ragged decode and causal prefill, every dtype.
+
+The same cases run on every available backend: the C++ kernels (each ISA this CPU has)
+and the pure-torch fallback, so both paths keep the engine's semantics.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import cpu_kernels
+from cpu_kernels import dispatch
+from cpu_kernels.reference import decode_attention_torch, prefill_attention_torch
+
+TOL = {torch.float32: 2e-5, torch.bfloat16: 2.5e-2, torch.float16: 3e-3}  # abs, on O(1) outputs
+HAS_CPP = cpu_kernels.kernel_backend() != "torch"
+ISAS = ["avx512bf16", "avx512", "avx2"] if HAS_CPP else []
+
+
+def _backends() -> list[str]:
+    return ["torch", *[f"cpp-{i}" for i in ISAS]]
+
+
+@pytest.fixture(params=_backends())
+def backend(request, monkeypatch):
+    """Selects the path under test; C++ ISAs the CPU lacks are skipped."""
+    name = request.param
+    if name == "torch":
+        monkeypatch.setitem(dispatch._state, "loaded", False)
+        yield name
+        return
+    isa = name.removeprefix("cpp-")
+    if torch.ops.moelight.set_isa(isa) != isa:
+        torch.ops.moelight.set_isa("auto")
+        pytest.skip(f"CPU lacks {isa}")
+    yield name
+    torch.ops.moelight.set_isa("auto")
+
+
+@contextlib.contextmanager
+def _one_thread():
+    """The float64 references are many tiny ops: one thread avoids OpenMP wake-up costs."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+def _decode_ref(q, k, v, offs, lens, scale):
+    with _one_thread():
+        return decode_attention_torch(q.double(), k.double(), v.double(), offs, lens, scale)
+
+
+def _prefill_ref(q, k, v, cu, scale):
+    with _one_thread():
+        return prefill_attention_torch(q.double(), k.double(), v.double(), cu, scale)
+
+
+def _make_cache(lens: list[int], hkv: int, d: int, dtype, shuffle: bool, gen, mag: float = 1.0):
+    """Cache with gaps between sequences; regions in random order when `shuffle`."""
+    order = torch.randperm(len(lens), generator=gen).tolist() if shuffle else list(range(len(lens)))
+    offs = [0] * len(lens)
+    pos = 3
+    for b in order:
+        offs[b] = pos
+        pos += lens[b] + 5  # spare capacity, like the engine's pages
+    k = (torch.randn(hkv, pos, d, generator=gen) * mag).to(dtype)
+    v = torch.randn(hkv, pos, d, generator=gen).to(dtype)
+    return k, v, torch.tensor(offs), torch.tensor(lens)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("hq,hkv", [(1, 1), (4, 1), (8, 1), (32, 4), (8, 8)])  # Hq/Hkv = 1, 4, 8
+@pytest.mark.parametrize("d", [64, 128])
+def test_decode_matches_float64(backend, dtype, hq, hkv, d):
+    if backend == "torch" and d == 128:
+        pytest.skip("the fallback is the reference code itself: d=64 covers it")
+    gen = torch.Generator().manual_seed(hq * 131 + hkv * 7 + d)
+    lens = [1, 7, 16, 17, 33, 100, 257, 1, 600]
+    k, v, offs, lens_t = _make_cache(lens, hkv, d, dtype, shuffle=True, gen=gen)
+    q = torch.randn(len(lens), hq, d, generator=gen).to(dtype)
+    scale = d**-0.5
+    out = cpu_kernels.decode_attention(q, k, v, offs, lens_t, scale)
+    assert out.dtype == dtype and out.shape == q.shape
+    ref = _decode_ref(q, k, v, offs, lens_t, scale)
+    torch.testing.assert_close(out.double(), ref, atol=TOL[dtype], rtol=0)
+
+
+@pytest.mark.parametrize("b", [1, 3, 32])
+def test_decode_batch_sizes_and_odd_lengths(backend, b):
+    gen = torch.Generator().manual_seed(b)
+    lens = torch.randint(1, 300, (b,), generator=gen).tolist()
+    k, v, offs, lens_t = _make_cache(lens, 4, 64, torch.float32, shuffle=b > 1, gen=gen)
+    q = torch.randn(b, 16, 64, generator=gen)
+    out = cpu_kernels.decode_attention(q, k, v, offs, lens_t, 0.125)
+    torch.testing.assert_close(out.double(), _decode_ref(q, k, v, offs, lens_t, 0.125), atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_long_context_large_scores(backend, dtype):
+    """8192 keys with scores in the hundreds: online softmax must not overflow."""
+    gen = torch.Generator().manual_seed(5)
+    lens = [8192, 3001]
+    k, v, offs, lens_t = _make_cache(lens, 2, 128, dtype, shuffle=True, gen=gen, mag=8.0)
+    q = (torch.randn(2, 8, 128, generator=gen) * 8.0).to(dtype)
+    out = cpu_kernels.decode_attention(q, k, v, offs, lens_t, 128**-0.5)
+    assert torch.isfinite(out).all()
+    ref = _decode_ref(q, k, v, offs, lens_t, 128**-0.5)
+    # scores ~1e3: float32 rounding of the scores alone moves the output by ~1e-4
+    torch.testing.assert_close(out.double(), ref, atol=max(TOL[dtype] * 2, 5e-4), rtol=0)
+
+
+def test_decode_float32_query_over_bf16_cache(backend):
+    gen = torch.Generator().manual_seed(11)
+    k, v, offs, lens_t = _make_cache([5, 70, 300], 2, 64, torch.bfloat16, shuffle=True, gen=gen)
+    q = torch.randn(3, 8, 64, generator=gen)
+    out = cpu_kernels.decode_attention(q, k, v, offs, lens_t, 0.125)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), _decode_ref(q, k, v, offs, lens_t, 0.125), atol=1e-4, rtol=0)
+
+
+@pytest.mark.skipif(not HAS_CPP, reason="C++ kernels unavailable")
+def test_decode_writes_every_output_element():
+    """Runs into a NaN-filled buffer via the op's output, and the fallback path agrees."""
+    gen = torch.Generator().manual_seed(3)
+    lens = [1, 2, 15, 16, 17, 31, 4000]
+    k, v, offs, lens_t = _make_cache(lens, 4, 128, torch.bfloat16, shuffle=True, gen=gen)
+    q = torch.randn(len(lens), 16, 128, generator=gen).to(torch.bfloat16)
+    out = torch.full_like(q, float("nan"))
+    out.copy_(torch.ops.moelight.decode_attention(q, k, v, offs, lens_t, 0.1))
+    assert not torch.isnan(out).any()
+    fallback = decode_attention_torch(q, k, v, offs, lens_t, 0.1)
+    torch.testing.assert_close(out.float(), fallback.float(), atol=2.5e-2, rtol=0)
+
+
+@pytest.mark.parametrize("d", [80, 96, 256])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_other_head_dims(backend, d, dtype):
+    """Every head dim the C++ kernels are instantiated for, decode and prefill."""
+    gen = torch.Generator().manual_seed(d)
+    k, v, offs, lens_t = _make_cache([3, 40, 129], 2, d, dtype, shuffle=True, gen=gen)
+    q = torch.randn(3, 8, d, generator=gen).to(dtype)
+    out = cpu_kernels.decode_attention(q, k, v, offs, lens_t, d**-0.5)
+    ref = _decode_ref(q, k, v, offs, lens_t, d**-0.5)
+    torch.testing.assert_close(out.double(), ref, atol=TOL[dtype], rtol=0)
+    q, k, v, cu = _prefill_case([5, 70], 8, 2, d, dtype, gen)
+    out = cpu_kernels.prefill_attention(q, k, v, cu, d**-0.5)
+    ref = _prefill_ref(q, k, v, cu, d**-0.5)
+    torch.testing.assert_close(out.double(), ref, atol=TOL[dtype], rtol=0)
+
+
+def _prefill_case(lens: list[int], hq: int, hkv: int, d: int, dtype, gen):
+    tot = sum(lens)
+    q = torch.randn(tot, hq, d, generator=gen).to(dtype)
+    k = torch.randn(tot, hkv, d, generator=gen).to(dtype)
+    v = torch.randn(tot, hkv, d, generator=gen).to(dtype)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    return q, k, v, cu
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("hq,hkv", [(1, 1), (8, 1), (16, 4), (8, 8)])
+@pytest.mark.parametrize("d", [64, 128])
+def test_prefill_matches_float64(backend, dtype, hq, hkv, d):
+    if backend == "torch" and d == 128:
+        pytest.skip("the fallback is the reference code itself: d=64 covers it")
+    gen = torch.Generator().manual_seed(hq + hkv + d)
+    q, k, v, cu = _prefill_case([1, 17, 77, 130, 2], hq, hkv, d, dtype, gen)
+    out = cpu_kernels.prefill_attention(q, k, v, cu, d**-0.5)
+    assert out.dtype == dtype and out.shape == q.shape and not torch.isnan(out).any()
+    ref = _prefill_ref(q, k, v, cu, d**-0.5)
+    torch.testing.assert_close(out.double(), ref, atol=TOL[dtype], rtol=0)
+
+
+def test_prefill_single_long_prompt(backend):
+    gen = torch.Generator().manual_seed(9)
+    q, k, v, cu = _prefill_case([700], 16, 4, 64, torch.float32, gen)
+    out = cpu_kernels.prefill_attention(q, k, v, cu, 0.125)
+    ref = _prefill_ref(q, k, v, cu, 0.125)
+    torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=0)
+
+
+@pytest.mark.skipif(not HAS_CPP, reason="C++ kernels unavailable")
+def test_decode_op_releases_the_gil():
+    """A Python thread keeps running while the op runs on another thread."""
+    gen = torch.Generator().manual_seed(1)
+    k, v, offs, lens_t = _make_cache([2048] * 32, 8, 128, torch.float32, shuffle=False, gen=gen)
+    q = torch.randn(32, 32, 128, generator=gen)
+    done = threading.Event()
+
+    def worker() -> None:
+        for _ in range(5):
+            torch.ops.moelight.decode_attention(q, k, v, offs, lens_t, 0.1)
+        done.set()
+
+    t0 = time.perf_counter()
+    th = threading.Thread(target=worker)
+    th.start()
+    ticks = 0
+    while not done.is_set():
+        ticks += 1  # pure-Python work: only progresses when the GIL is free
+    th.join()
+    assert ticks > 1000, f"main thread starved ({ticks} ticks in {time.perf_counter() - t0:.3f}s)"
+
+
+def test_backend_name():
+    assert cpu_kernels.kernel_backend() in ("torch", "cpp-avx512bf16", "cpp-avx512", "cpp-avx2")
+
+
+def test_fallback_warns_exactly_once():
+    """With the extension disabled both ops still work and warn once per process."""
+    code = (
+        "import warnings, torch, cpu_kernels\n"
+        "warnings.simplefilter('always')\n"
+        "with warnings.catch_warnings(record=True) as w:\n"
+        "    warnings.simplefilter('always')\n"
+        "    q = torch.randn(2, 4, 64); k = torch.randn(1, 10, 64)\n"
+        "    for _ in range(3):\n"
+        "        cpu_kernels.decode_attention(q, k, k, torch.tensor([0, 5]), torch.tensor([5, 5]), 0.1)\n"
+        "        cpu_kernels.prefill_attention(torch.randn(5, 4, 64), torch.randn(5, 1, 64),\n"
+        "                                      torch.randn(5, 1, 64), torch.tensor([0, 5]), 0.1)\n"
+        "    assert cpu_kernels.kernel_backend() == 'torch'\n"
+        "print(sum('pure-torch' in str(x.message) for x in w))\n"
+    )
+    env = {**os.environ, "MOELIGHT_CPU_KERNELS": "torch"}
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "1"
