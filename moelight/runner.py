@@ -58,6 +58,8 @@ class RunOptions:
     hardware: str | None = None  # preset, "profile" or a JSON path; None: the cached (or a quick) profile
     gpus: int | None = None  # GPUs the plan may use (None: what the hardware spec says)
     log: Callable[[str], None] | None = None  # one-line notes (the plan, a fresh profile)
+    device: str = "auto"  # cpu (plain executor), cuda or emulated (CGOPipe runtime); auto: cuda if present
+    schedule: str = "cgopipe"  # the pipeline schedule on cuda/emulated: cgopipe, flexgen, flexgen-cpu, overlap-unpaged
 
 
 def report_path(output: Path) -> Path:
@@ -93,7 +95,9 @@ def run_job(opts: RunOptions) -> RunReport:
                            skipped_requests=len(loaded.skipped) + len(skipped))
         report.save(report_path(opts.output))
         return report
-    batch_size, micro, policy_info, prediction = _choose_policy(opts, cfg, dtype_name, prompts, params)
+    device = resolve_device(opts.device)
+    batch_size, micro, policy_info, prediction, policy, hw = _choose_policy(
+        opts, cfg, dtype_name, prompts, params, device)
     kv_tokens = _largest_batch_tokens(prompts, params, batch_size, opts.turn)
     check_fits(cfg, src.dtype, kv_tokens)
     report = RunReport(model=opts.model, dtype=dtype_name, requests=len(requests),
@@ -102,13 +106,20 @@ def run_job(opts: RunOptions) -> RunReport:
                        policy=policy_info, prediction=prediction)
     t0 = time.perf_counter()
     model = load_model(src, opts.seed)
-    pack_model(model)
+    executor = None
+    if device == "cpu":
+        pack_model(model)
+    else:
+        executor = _pipeline_executor(model, policy, hw, device, opts, prompts, params, micro)
     report.load_seconds = time.perf_counter() - t0
     report.attention_backend = kernel_backend()
     # a real tokenizer may add end-of-turn ids; the byte fallback's ids mean nothing to a checkpoint
     tok_eos = () if isinstance(tokenizer, ByteTokenizer) and src.model_dir else tokenizer.eos_ids
     eos = tuple(dict.fromkeys(tuple(cfg.eos_token_ids) + tuple(sorted(tok_eos))))
-    engine = Engine(model, eos, opts.max_prefill_tokens)
+    engine = Engine(model, eos, opts.max_prefill_tokens, executor=executor)
+    report.policy["device"] = device
+    if device != "cpu":
+        report.policy["schedule"] = opts.schedule
     total = sum(1 + len(r.followups) for r in requests)
     bar = tqdm(total=total, unit="req", disable=not opts.progress, desc="generating")
     try:
@@ -169,8 +180,8 @@ def workload_of(prompts: list[list[int]], params: list[SamplingParams]):
     return WorkloadSpec(sum(lens) / len(lens), max(1, gen), max(lens))
 
 
-def _choose_policy(opts: RunOptions, cfg, dtype: str, prompts, params) -> tuple[int, int, dict, dict]:
-    """(batch size, micro-batch size, report.policy, report.prediction) for this job.
+def _choose_policy(opts: RunOptions, cfg, dtype: str, prompts, params, device: str):
+    """(batch size, micro-batch size, report.policy, report.prediction, policy, hardware) for this job.
 
     The policy is planned (auto) or read from a file, capped to the number of requests,
     then explicit --batch-size / --micro-batch-size win; the prediction is for what runs.
@@ -203,8 +214,8 @@ def _choose_policy(opts: RunOptions, cfg, dtype: str, prompts, params) -> tuple[
             raise PlanError(f"--policy {opts.policy}: not a policy JSON ({e})") from None
         source = str(opts.policy)
     plan_s = time.perf_counter() - t0
-    if planned.attn_on_gpu or planned.ffn_on_gpu:
-        _gpu_runtime(planned)
+    if (planned.attn_on_gpu or planned.ffn_on_gpu) and device == "cpu":
+        _no_gpu_runtime(planned, opts.device)
     policy = fit_policy(planned, n_req)
     batch = opts.batch_size or policy.batch_size
     micro = min(opts.micro_batch_size or policy.micro_batch_size, batch)
@@ -217,32 +228,55 @@ def _choose_policy(opts: RunOptions, cfg, dtype: str, prompts, params) -> tuple[
     pred = predict_job(hw, mspec, workload, policy, n_req, batch, micro)
     if opts.log:
         opts.log(f"policy ({source}, {plan_s * 1e3:.0f} ms, hardware {hw.name}): batch {batch}, micro-batch "
-                 f"{micro}, all on CPU; predicted {pred['end_to_end_tokens_per_s']:.1f} tok/s end-to-end, "
+                 f"{micro}, {_placement(policy)}; predicted {pred['end_to_end_tokens_per_s']:.1f} tok/s end-to-end, "
                  f"bound by {pred['binding']}")
-    return batch, micro, info, pred
+    return batch, micro, info, pred, policy, hw
 
 
-def _gpu_runtime(policy) -> None:
-    """HOOK (CGOPipe): a policy with GPU placement runs on moelight.pipeline's executor.
+def _placement(policy) -> str:
+    if not (policy.attn_on_gpu or policy.ffn_on_gpu):
+        return "all on CPU"
+    return (f"attention on {'GPU' if policy.attn_on_gpu else 'CPU'}, FFN on {'GPU' if policy.ffn_on_gpu else 'CPU'}, "
+            f"r_w {policy.r_w:.3f}")
 
-    That runtime (another engineer's work, not wired into `moelight run` yet) would be
-    built here and handed to Engine(executor=...). Until then such a policy is an error.
-    """
-    import importlib.util
 
+def resolve_device(name: str) -> str:
+    """auto: the CGOPipe runtime on CUDA when there is a GPU, else the plain CPU executor."""
     import torch
 
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name not in ("cpu", "cuda", "emulated"):
+        raise PlanError(f"--device {name!r}: choose auto, cpu, cuda or emulated")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise PlanError("--device cuda: this torch build or host has no CUDA; use --device cpu or emulated")
+    return name
+
+
+def _no_gpu_runtime(policy, asked: str) -> None:
     placed = (("attention", policy.attn_on_gpu), ("the MoE FFN", policy.ffn_on_gpu))
-    parts = [name for name, on in placed if on]
-    where = " and ".join(parts)
-    if not torch.cuda.is_available():
-        why = ("this host has no CUDA; the GPU runtime is used only with CUDA or `--device emulated`")
-    elif importlib.util.find_spec("moelight.pipeline") is None:
-        why = "this build has no GPU runtime (moelight.pipeline)"
-    else:
-        why = "the GPU runtime (moelight.pipeline) is not wired into `moelight run` yet"
-    raise PlanError(f"the policy puts {where} on the GPU, but {why}; plan for the CPU with --gpus 0 "
-                    "(or a CPU --hardware), or pass a CPU policy")
+    where = " and ".join(name for name, on in placed if on)
+    raise PlanError(
+        f"the policy puts {where} on the GPU, but --device {asked} runs on the CPU; use --device cuda on a "
+        "GPU host or --device emulated to run the CGOPipe runtime on an emulated accelerator, or plan for "
+        "the CPU with --gpus 0 (or a CPU --hardware)"
+    )
+
+
+def _pipeline_executor(model, policy, hw, device: str, opts: RunOptions, prompts, params, micro: int):
+    """The CGOPipe runtime for this job; the emulated device takes the planned GPU's memory and link."""
+    from moelight.pipeline.executor import PipelineExecutor
+
+    kwargs: dict = {}
+    if device == "emulated" and hw.has_gpu:
+        kwargs["device_memory"] = int(hw.gpu.memory_bytes * hw.gpu_count)
+        kwargs["h2d_bandwidth"], kwargs["d2h_bandwidth"] = hw.link.h2d, hw.link.d2h
+    longest = max(len(p) + q.max_tokens for p, q in zip(prompts, params))
+    return PipelineExecutor.from_policy(
+        model, replace(policy, batch_size=micro, micro_batch_size=micro, num_micro_batches=1), opts.schedule,
+        device=device, max_prefill_tokens=opts.max_prefill_tokens, max_prompt_len=max(len(p) for p in prompts),
+        max_context=longest * (2 if opts.turn > 1 else 1), **kwargs,
+    )
 
 
 def _prepare(requests, tokenizer, context: int, opts: RunOptions):

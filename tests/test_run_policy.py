@@ -30,9 +30,9 @@ def _dataset(tmp_path, n=5):
     return str(path)
 
 
-def _run(tmp_path, *extra, n=5):
+def _run(tmp_path, *extra, n=5, model=("--model", "tiny", "--load-format", "dummy")):
     out = tmp_path / "out.jsonl"
-    args = ["run", "--dataset", _dataset(tmp_path, n), "--model", "tiny", "--load-format", "dummy",
+    args = ["run", "--dataset", _dataset(tmp_path, n), *model,
             "--output", str(out), "--gen-len", "3", "--no-progress", *extra]
     r = runner.invoke(app, args)
     report = out.with_name(out.name + ".report.json")
@@ -89,13 +89,44 @@ def test_gpu_policy_on_cpu_host_is_a_clear_error(tmp_path):
     pol = Policy(4, 4, 1, False, True, 0.5, 0.0, "float32").save(tmp_path / "gpu.json")
     r, _, out = _run(tmp_path, "--hardware", _hardware(tmp_path), "--policy", str(pol))
     assert r.exit_code == 2, r.output
-    assert "MoE FFN on the GPU" in r.output and "only with CUDA or `--device emulated`" in r.output
+    assert "MoE FFN on the GPU" in r.output and "--device emulated" in r.output
     assert not out.exists()
     r, _, _ = _run(tmp_path, "--hardware", "t4")  # a GPU preset plans a GPU policy
     assert r.exit_code == 2 and "on the GPU" in r.output, r.output
     r, rep, _ = _run(tmp_path, "--hardware", "t4", "--gpus", "0")
     assert r.exit_code == 0, r.output
     assert rep["policy"]["ffn_on_gpu"] is False
+
+
+@pytest.mark.parametrize("schedule", ["cgopipe", "flexgen-cpu"])
+def test_gpu_policy_runs_on_the_emulated_device_with_the_cpu_tokens(tmp_path, schedule):
+    """`--device emulated` runs a GPU policy through the CGOPipe runtime: the CPU engine's tokens.
+
+    A checkpoint with well-separated logits (tests/checkpoints.py), not the dummy preset,
+    whose near-tied logits would let float rounding pick between equals."""
+    from tests.checkpoints import make_hf_model, save_checkpoint
+
+    model = ("--model", str(save_checkpoint(make_hf_model(), tmp_path / "ckpt")))
+    pol = Policy(4, 2, 2, False, True, 0.5, 0.0, "float32").save(tmp_path / "gpu.json")
+    r, rep, out = _run(tmp_path, "--hardware", "t4", "--policy", str(pol), "--device", "emulated",
+                       "--schedule", schedule, "--dtype", "float32", model=model)
+    assert r.exit_code == 0, r.output
+    assert rep["policy"]["ffn_on_gpu"] is True and rep["policy"]["device"] == "emulated"
+    assert rep["policy"]["schedule"] == schedule
+    piped = {r["id"]: r["output_token_ids"] for r in map(json.loads, out.read_text().splitlines())}
+    out.unlink()
+    r, rep, out = _run(tmp_path, "--hardware", _hardware(tmp_path), "--device", "cpu", "--dtype", "float32",
+                       model=model)
+    assert r.exit_code == 0, r.output
+    assert rep["policy"]["device"] == "cpu"
+    plain = {r["id"]: r["output_token_ids"] for r in map(json.loads, out.read_text().splitlines())}
+    assert piped == plain and len(plain) == 5
+
+
+def test_unknown_device(tmp_path):
+    r, _, out = _run(tmp_path, "--hardware", _hardware(tmp_path), "--device", "tpu")
+    assert r.exit_code == 2 and "--device 'tpu'" in r.output, r.output
+    assert not out.exists()
 
 
 def test_bad_policy_file(tmp_path):

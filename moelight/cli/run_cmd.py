@@ -32,6 +32,9 @@ def run(
                         help="hardware to plan for: a preset, 'profile' or a JSON path (default: the cached "
                              "profile; without one a quick profile is taken and cached)"),
     gpus: int = Opt(None, "--gpus", min=0, help="GPUs the plan may use (0 = CPU only)"),
+    device: str = Opt("auto", "--device", help="auto, cpu, cuda, or emulated (CGOPipe on an emulated accelerator)"),
+    schedule: str = Opt("cgopipe", "--schedule", help="pipeline schedule on cuda/emulated: cgopipe, flexgen, "
+                        "flexgen-cpu, overlap-unpaged"),
     seed: int = Opt(0, "--seed", help="base seed: request r samples with seed + crc32(id)"),
     temperature: float = Opt(0.0, "--temperature", min=0.0, help="0 = greedy"),
     top_p: float = Opt(1.0, "--top-p"),
