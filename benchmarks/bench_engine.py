@@ -47,7 +47,8 @@ def hf_model_from(ours, cfg, dtype):
     hf = MixtralForCausalLM(hf_cfg)
     state = {}
     for name, t in ours.state_dict().items():
-        name = name.replace("mlp.gate_up_proj", "mlp.experts.gate_up_proj").replace("mlp.down_proj", "mlp.experts.down_proj")
+        for packed in ("gate_up_proj", "down_proj"):
+            name = name.replace(f"mlp.{packed}", f"mlp.experts.{packed}")
         state[name if name.startswith("lm_head") else "model." + name] = t
     hf.load_state_dict(state, strict=True)
     return hf.to(dtype).eval()
@@ -149,7 +150,8 @@ def render(rows, args) -> str:
         hf = r.get("hf_tps")
         ratio = f"{r['ours_tps'] / hf:.2f}x" if hf else "-"
         lines.append(
-            f"| {r['dtype']} | {r['ours_batch']} | {r['ours_tps']:.1f} | {r['ours_prefill']:.0f} | {r['ours_decode']:.0f} "
+            f"| {r['dtype']} | {r['ours_batch']} | {r['ours_tps']:.1f} | {r['ours_prefill']:.0f} "
+            f"| {r['ours_decode']:.0f} "
             f"| {r.get('hf_batch', '-')} | {f'{hf:.1f}' if hf else '-'} | {ratio} |"
         )
     return "\n".join(lines)

@@ -80,9 +80,9 @@ class Engine:
         return results  # type: ignore[return-value]
 
     def _run_batch(self, prompts, indices, params, sampler, micro_batch_size, stats, on_finish):
-        seqs = [_Seq(i, len(p), params[i]) for i, p in zip(indices, prompts)]
+        seqs = [_Seq(i, len(p), params[i]) for i, p in zip(indices, prompts, strict=False)]
         cache = RaggedKVCache.allocate(
-            self.model.config, [len(p) + s.params.max_tokens for p, s in zip(prompts, seqs)],
+            self.model.config, [len(p) + s.params.max_tokens for p, s in zip(prompts, seqs, strict=False)],
             self.model.embed_tokens.weight.dtype,
         )
         n_mb = math.ceil(len(seqs) / max(1, micro_batch_size))
@@ -91,7 +91,7 @@ class Engine:
 
         def accept(local: list[int], logits: torch.Tensor) -> None:
             tokens = sampler(logits, [seqs[j].index for j in local]).tolist()
-            for j, tok in zip(local, tokens):
+            for j, tok in zip(local, tokens, strict=False):
                 s = seqs[j]
                 s.out.append(tok)
                 if not s.params.ignore_eos and (tok in self.eos or tok in s.params.stop_token_ids):
@@ -121,7 +121,7 @@ class Engine:
                 tokens = torch.tensor([seqs[j].out[-1] for j in mb], dtype=torch.int64)
                 positions = torch.tensor([seqs[j].prompt_len + len(seqs[j].out) - 1 for j in mb], dtype=torch.int64)
                 inputs.append((tokens, cache.offsets[mb], positions))
-            for mb, logits in zip(active_mbs, self.executor.decode(cache, inputs)):
+            for mb, logits in zip(active_mbs, self.executor.decode(cache, inputs), strict=False):
                 accept(mb, logits)
                 stats.decode_tokens += len(mb)
             steps += 1

@@ -84,7 +84,7 @@ class LLM:
         params = list(sampling_params) if isinstance(sampling_params, Sequence) else [sampling_params] * n
         if len(params) != n:
             raise ValueError(f"{len(params)} SamplingParams for {n} prompts")
-        params = [self._fit_context(i, t, p) for i, (t, p) in enumerate(zip(token_lists, params))]
+        params = [self._fit_context(i, t, p) for i, (t, p) in enumerate(zip(token_lists, params, strict=False))]
         check_fits(self.config, self.source.dtype, 0)
         stats = GenerationStats()
         results = self.engine.generate(

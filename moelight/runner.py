@@ -271,7 +271,7 @@ def _pipeline_executor(model, policy, hw, device: str, opts: RunOptions, prompts
     if device == "emulated" and hw.has_gpu:
         kwargs["device_memory"] = int(hw.gpu.memory_bytes * hw.gpu_count)
         kwargs["h2d_bandwidth"], kwargs["d2h_bandwidth"] = hw.link.h2d, hw.link.d2h
-    longest = max(len(p) + q.max_tokens for p, q in zip(prompts, params))
+    longest = max(len(p) + q.max_tokens for p, q in zip(prompts, params, strict=False))
     return PipelineExecutor.from_policy(
         model, replace(policy, batch_size=micro, micro_batch_size=micro, num_micro_batches=1), opts.schedule,
         device=device, max_prefill_tokens=opts.max_prefill_tokens, max_prompt_len=max(len(p) for p in prompts),

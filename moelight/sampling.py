@@ -44,7 +44,7 @@ class Sampler:
         self.params = params
         self.generators = [
             None if p.greedy else torch.Generator().manual_seed(p.seed if p.seed is not None else s)
-            for p, s in zip(params, seeds)
+            for p, s in zip(params, seeds, strict=False)
         ]
 
     def __call__(self, logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
