@@ -39,14 +39,14 @@ def make_prompts(n: int, vocab: int, seed: int = 0) -> list[list[int]]:
             for length in mtbench_like_lengths(n, seed=seed)]
 
 
-def hf_model_from(ours, cfg, dtype):
-    """transformers' MixtralForCausalLM holding exactly our dummy weights."""
+def hf_model_from(ours_state: dict, cfg, dtype):
+    """transformers' MixtralForCausalLM holding exactly our dummy weights (our state dict)."""
     from transformers import MixtralConfig, MixtralForCausalLM
 
     hf_cfg = MixtralConfig(**{k: v for k, v in cfg.to_hf_dict().items() if k not in ("architectures", "model_type")})
     hf = MixtralForCausalLM(hf_cfg)
     state = {}
-    for name, t in ours.state_dict().items():
+    for name, t in ours_state.items():
         for packed in ("gate_up_proj", "down_proj"):
             name = name.replace(f"mlp.{packed}", f"mlp.experts.{packed}")
         state[name if name.startswith("lm_head") else "model." + name] = t
@@ -84,7 +84,10 @@ def main() -> None:
     ap.add_argument("--num-prompts", type=int, default=256)
     ap.add_argument("--gen-len", type=int, default=64)
     ap.add_argument("--dtypes", default="float32,bfloat16")
-    ap.add_argument("--batch-sizes", default="32,64,128,256")
+    ap.add_argument("--batch-sizes", default="32,64,128,256", help="moelight's sweep")
+    ap.add_argument("--hf-batch-sizes", default="16,32,64",
+                    help="transformers' sweep (its padded eager attention runs out of 24 GiB at 256)")
+    ap.add_argument("--hf-sweep-prompts", type=int, default=64)
     ap.add_argument("--sweep-prompts", type=int, default=64)
     ap.add_argument("--sweep-gen", type=int, default=16)
     ap.add_argument("--skip-hf", action="store_true")
@@ -98,7 +101,7 @@ def main() -> None:
     for dname in args.dtypes.split(","):
         dtype = DTYPES[dname]
         ours = build_model(cfg, dtype, None, seed=0)
-        hf = None if args.skip_hf else hf_model_from(ours, cfg, dtype)
+        dense = None if args.skip_hf else {k: v.clone() for k, v in ours.state_dict().items()}
         pack_model(ours)
         engine = Engine(ours, (2,))
         sweep = prompts[: args.sweep_prompts]
@@ -109,15 +112,15 @@ def main() -> None:
         row = {"dtype": dname, "ours_batch": best_ours, "ours_tps": ours_tps,
                "ours_prefill": st.prompt_tokens / st.prefill_seconds,
                "ours_decode": st.decode_tokens / st.decode_seconds, "ours_wall": st.wall_seconds}
+        del engine, ours  # transformers runs alone, after ours, on the same weights
+        hf = None if dense is None else hf_model_from(dense, cfg, dtype)
         print(f"[{dname}] moelight sweep " + ", ".join(
             f"b={b}: {s.generated_tokens / s.wall_seconds:.1f}" for b, s in ours_sweep.items()), flush=True)
         print(f"[{dname}] moelight b={best_ours}: {ours_tps:.1f} tok/s e2e", flush=True)
         if hf is not None:
             hf_sweep = {}
-            for b in sizes:
-                if b > len(sweep) and b != sizes[0]:
-                    continue
-                secs, n = run_hf(hf, sweep, args.sweep_gen, b)
+            for b in (int(x) for x in args.hf_batch_sizes.split(",")):
+                secs, n = run_hf(hf, prompts[: args.hf_sweep_prompts], args.sweep_gen, b)
                 hf_sweep[b] = n / secs
             best_hf = max(hf_sweep, key=hf_sweep.get)
             secs, n = run_hf(hf, prompts, args.gen_len, best_hf)
@@ -125,7 +128,7 @@ def main() -> None:
             print(f"[{dname}] transformers sweep " + ", ".join(f"b={b}: {v:.1f}" for b, v in hf_sweep.items()))
             print(f"[{dname}] transformers b={best_hf}: {n / secs:.1f} tok/s e2e", flush=True)
         rows.append(row)
-        del ours, hf, engine
+        del hf, dense
     table = render(rows, args)
     print(table)
     if args.output:
