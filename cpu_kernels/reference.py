@@ -15,8 +15,8 @@ def decode_attention_torch(
 ) -> torch.Tensor:
     """q [B, Hq, d]; k_cache/v_cache [Hkv, T, d]; offsets/lengths int64 [B] -> [B, Hq, d].
 
-    Sequences are processed in groups of equal length so a batch of similar lengths costs
-    a few batched matmuls rather than B small ones. Accumulates in float32.
+    One sequence at a time (slow, simple: the fallback and the semantics the C++ kernel
+    must match). Accumulates in float32.
     """
     B, Hq, d = q.shape
     Hkv = k_cache.shape[0]

@@ -9,12 +9,13 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from moelight.cpu_linear import pack_model
 from moelight.engine import Engine, GenerationStats
 from moelight.errors import PromptError
 from moelight.loader import load_model, resolve_model
-from moelight.memory import check_fits
+from moelight.memory import available_bytes, check_fits, weight_bytes
 from moelight.outputs import CompletionOutput, RequestOutput
 from moelight.sampling import SamplingParams
 from moelight.tokenizer import ByteTokenizer, load_tokenizer
@@ -85,7 +86,10 @@ class LLM:
         if len(params) != n:
             raise ValueError(f"{len(params)} SamplingParams for {n} prompts")
         params = [self._fit_context(i, t, p) for i, (t, p) in enumerate(zip(token_lists, params, strict=False))]
-        check_fits(self.config, self.source.dtype, 0)
+        # the model is loaded: what is left to check is the KV cache of the largest batch
+        slots = sorted((len(t) + p.max_tokens for t, p in zip(token_lists, params, strict=True)), reverse=True)
+        check_fits(self.config, self.source.dtype, sum(slots[: self.batch_size]),
+                   available=available_bytes() + weight_bytes(self.config, self.source.dtype))
         stats = GenerationStats()
         results = self.engine.generate(
             token_lists, params, [self.seed + i for i in range(n)],
@@ -105,7 +109,5 @@ class LLM:
         if len(tokens) >= limit:
             raise PromptError(f"prompt {i} has {len(tokens)} tokens; the model's context is {limit}")
         if len(tokens) + p.max_tokens > limit:
-            from dataclasses import replace
-
             return replace(p, max_tokens=limit - len(tokens))
         return p
