@@ -7,6 +7,9 @@ Rules, all from the Hierarchical Roofline Model (DESIGN.md section 3):
 - A compute task runs on `where` = "gpu" or "cpu" with its data resident there. Each
   kernel's time is max(FLOPs / P, bytes / B) with P the level's peak FLOP/s for `dtype`
   and B its memory bandwidth; a task made of several kernels sums their times.
+- The element-wise work between the GEMMs (norms, rotary, residuals, the MoE gather /
+  SiLU / scale / scatter) adds bytes / B_elem where the level has a measured element-wise
+  rate (a `moelight profile`); datasheet levels treat it as fused (zero), like the paper.
 - "gpu" means all GPUs of the host as one (tensor parallelism: t x FLOP/s, bandwidth).
 - Transfers take bytes / link bandwidth in their direction; the two directions are
   independent (a simulator may overlap them), one direction is serial.
@@ -54,6 +57,14 @@ def op_time(cost: ops.OpCost, level: Level, dtype: str = DEFAULT_DTYPE, peak=Non
                       np.asarray(cost.bytes, float) / (bandwidth or level.bandwidth))
 
 
+def elementwise_time(cost: ops.OpCost, level: Level):
+    """Element-wise work at the level's measured element-wise rate. Levels without one (the
+    datasheet presets) count it as fused into the GEMMs, as the paper's HRM does: zero."""
+    if not level.elementwise_bandwidth:
+        return 0.0 * np.asarray(cost.bytes, float)
+    return np.asarray(cost.bytes, float) / level.elementwise_bandwidth
+
+
 def _t(x):
     """Plain float for scalar inputs, array otherwise."""
     a = np.asarray(x, dtype=float)
@@ -63,7 +74,9 @@ def _t(x):
 # ---- compute tasks ----
 def pre_attention_time(hw: HardwareSpec, m: ModelSpec, mu, where: str = "gpu", dtype: str = DEFAULT_DTYPE):
     """Seconds for norm + QKV projection (+ rotary) of a micro-batch of mu tokens, one layer."""
-    return _t(op_time(ops.qkv_proj(m, mu, dtype_bytes(dtype)), level_of(hw, where), dtype))
+    b, lvl = dtype_bytes(dtype), level_of(hw, where)
+    return _t(op_time(ops.qkv_proj(m, mu, b), lvl, dtype)
+              + elementwise_time(ops.pre_attention_elementwise(m, mu, b), lvl))
 
 
 def attention_time(hw: HardwareSpec, m: ModelSpec, mu, context, where: str = "cpu",
@@ -80,7 +93,8 @@ def post_attention_time(hw: HardwareSpec, m: ModelSpec, mu, where: str = "gpu", 
     with the layer's expert weights resident on `where`."""
     b, lvl = dtype_bytes(dtype), level_of(hw, where)
     total = (op_time(ops.o_proj(m, mu, b), lvl, dtype) + op_time(ops.router(m, mu, b), lvl, dtype)
-             + op_time(ops.moe_ffn(m, mu, b), lvl, dtype))
+             + op_time(ops.moe_ffn(m, mu, b), lvl, dtype)
+             + elementwise_time(ops.post_attention_elementwise(m, mu, b), lvl))
     return _t(total)
 
 
@@ -93,7 +107,9 @@ def prefill_layer_time(hw: HardwareSpec, m: ModelSpec, seqs, prompt, where: str 
     total = (op_time(ops.qkv_proj(m, tokens, b), lvl, dtype)
              + op_time(ops.prefill_attention(m, seqs, prompt, b), lvl, dtype, peak=lvl.attention_peak(dtype))
              + op_time(ops.o_proj(m, tokens, b), lvl, dtype) + op_time(ops.router(m, tokens, b), lvl, dtype)
-             + op_time(ops.moe_ffn(m, tokens, b), lvl, dtype))
+             + op_time(ops.moe_ffn(m, tokens, b), lvl, dtype)
+             + elementwise_time(ops.pre_attention_elementwise(m, tokens, b), lvl)
+             + elementwise_time(ops.post_attention_elementwise(m, tokens, b), lvl))
     return _t(total)
 
 

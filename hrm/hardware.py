@@ -4,8 +4,8 @@ A level has a memory capacity, a memory bandwidth and a peak FLOP/s per dtype.
 A measured level (`moelight profile`) may also carry what the engine's own kernels
 achieve there: GEMM FLOP/s as a function of the row count M (small-M matmuls run far
 below peak on a CPU), the attention kernels' bandwidth / FLOP/s, and the fixed
-per-layer and per-step costs of dispatching work (Python, kernel launches). Presets
-leave them empty and fall back to the datasheet roofs.
+per-layer and per-step costs of dispatching work (Python, kernel launches), and the rate
+of its element-wise ops. Presets leave them empty and fall back to the datasheet roofs.
 GPU numbers are per GPU; `HardwareSpec.gpu_total()` gives the t-GPU aggregate the
 planner uses for tensor parallelism (t x memory, bandwidth and compute, and the
 CPU->GPU link per GPU, so t x aggregate link bandwidth).
@@ -41,6 +41,7 @@ class Level:
     attention_flops: dict[str, float] = field(default_factory=dict)  # prefill attention kernel FLOP/s
     layer_overhead_s: float = 0.0  # fixed cost of one layer pass of one micro-batch
     step_overhead_s: float = 0.0  # fixed cost per micro-batch per step outside the layers
+    elementwise_bandwidth: float = 0.0  # bytes/s of the engine's element-wise ops (0: fused, free)
 
     def gemm_peak(self, dtype: str, rows=None):
         """FLOP/s of a GEMM with `rows` rows (M): the measured curve interpolated in log M,
@@ -76,6 +77,7 @@ class Level:
             gemm_flops={k: [[m, f * t] for m, f in c] for k, c in self.gemm_flops.items()},
             attention_bandwidth=self.attention_bandwidth * t,
             attention_flops={k: v * t for k, v in self.attention_flops.items()},
+            elementwise_bandwidth=self.elementwise_bandwidth * t,
         )
 
 

@@ -110,6 +110,34 @@ def lm_head(m: ModelSpec, tokens, b: float) -> OpCost:
     return OpCost(2.0 * t * h * v + 4.0 * t * h, (v * h + h) * b + t * (h + v) * b, t)
 
 
+# ---- element-wise work around the GEMMs (engine-specific, in eager torch) ----
+def rmsnorm_bytes(elements, b: float):
+    """Bytes one RMSNorm moves as the engine runs it: widen to float32, square, mean, scale,
+    round back, times the weight (a float32 input skips the two casts)."""
+    n = np.asarray(elements, dtype=float)
+    casts = 2.0 * (b + 4.0) * n if b != 4 else 0.0
+    return (20.0 + 2.0 * b) * n + casts
+
+
+def pre_attention_elementwise(m: ModelSpec, tokens, b: float) -> OpCost:
+    """Input RMSNorm and rotary on q and k (negate half, concatenate, two products, a sum:
+    10 passes of b bytes) of `tokens` tokens. Memory-bound: no FLOPs counted."""
+    t = np.asarray(tokens, dtype=float)
+    byts = rmsnorm_bytes(t * m.hidden_size, b) + 10.0 * t * (m.q_dim + m.kv_dim) * b
+    return OpCost(0.0 * t, byts)
+
+
+def post_attention_elementwise(m: ModelSpec, tokens, b: float) -> OpCost:
+    """Post-attention RMSNorm, the MoE output buffer and final residual add (4 passes), and
+    per token-expert pair: gather the input row (2h), SiLU and product on the intermediate
+    (5f), scale by the routing weight in float32 and round back (2h*b + 8h), scatter-add (3h)."""
+    h, f = m.hidden_size, m.intermediate_size
+    t = np.asarray(tokens, dtype=float)
+    pairs = m.top_k * t
+    byts = rmsnorm_bytes(t * h, b) + 4.0 * t * h * b + pairs * ((7.0 * h + 5.0 * f) * b + 8.0 * h)
+    return OpCost(0.0 * t, byts)
+
+
 # ---- sizes in bytes ----
 def kv_bytes_per_token_layer(m: ModelSpec, b: float) -> float:
     """K and V of one token in one layer."""

@@ -9,7 +9,9 @@ the engine runs, so the HRM predicts the engine rather than an ideal machine:
 - the decode attention kernel's KV read bandwidth and the prefill attention FLOP/s
   (cpu_kernels),
 - the fixed cost per layer pass and per decode step (Python dispatch, small ops), from
-  decode steps of two toy models that differ only in depth (their compute is ~0).
+  decode steps of two toy models that differ only in depth (their compute is ~0),
+- the rate of the element-wise work between the GEMMs (norms, rotary, MoE glue): one
+  real decoder layer minus its GEMMs, at two token counts.
 With CUDA it also measures GPU bandwidth, GPU matmul FLOP/s per dtype and pinned H2D / D2H.
 The result is an hrm.HardwareSpec (hrm itself never imports torch), cached as JSON and
 loaded with `--hardware profile`.
@@ -160,6 +162,62 @@ def measure_overheads(dtype, quick: bool = False) -> tuple[float, float]:
     return max(0.0, (full - bare) / depth), bare
 
 
+def measure_elementwise(dtype, quick: bool = False) -> float:
+    """Bytes/s of the engine's element-wise work around the GEMMs, 0.0 if unmeasurable.
+
+    One decoder layer of a small MoE (bench-1b shapes; its 176 MB of experts stream from
+    DRAM as in a real layer) runs pre- and post-attention at 32 and 1024 tokens; the same
+    GEMMs (same shapes, same routing) are timed alone and subtracted. The rate is the
+    slope of the remainder over the bytes hrm.operators counts for that work; the
+    intercept is dispatch, which `measure_overheads` already charges per layer.
+    """
+    import torch
+
+    from hrm.dtypes import dtype_bytes
+    from hrm.model import model_from_hf_config
+    from hrm.operators import post_attention_elementwise, pre_attention_elementwise
+    from moelight.cpu_linear import pack_model, packed_linear
+    from moelight.moe import route
+    from moelight.presets import PRESETS
+    from moelight.weights import build_model
+
+    cfg = replace(PRESETS["bench-1b"], num_layers=1, vocab_size=256)
+    model = build_model(cfg, dtype, None, 0)
+    if not pack_model(model):
+        return 0.0
+    layer, samples = model.layers[0], (6 if quick else 20)
+    attn, moe = layer.self_attn, layer.mlp
+    spec = model_from_hf_config(cfg.to_hf_dict(), "profile")
+    b = dtype_bytes(str(dtype).removeprefix("torch."))
+    glue, nbytes = [], []
+    for t in (32, 1024):
+        x = torch.randn(t, cfg.hidden_size).to(dtype)
+        a = torch.randn(t, cfg.num_heads * cfg.head_dim).to(dtype)
+        cos, sin = model.rotary(torch.arange(t), dtype)
+        h = layer.post_attention_layernorm(x + attn.o_proj(a))
+        counts = torch.bincount(route(h, moe.gate.weight, cfg.top_k)[1].reshape(-1),
+                                minlength=cfg.num_experts).tolist()
+        xs = {n: torch.randn(n, cfg.hidden_size).to(dtype) for n in counts}
+        ys = {n: torch.randn(n, cfg.intermediate_size).to(dtype) for n in counts}
+
+        def whole(x=x, a=a, cos=cos, sin=sin) -> None:
+            layer.pre_attention(x, cos, sin)
+            layer.post_attention(x, a)
+
+        def gemms_only(x=x, a=a, h=h, counts=counts, xs=xs, ys=ys) -> None:
+            attn.q_proj(x), attn.k_proj(x), attn.v_proj(x), attn.o_proj(a)
+            torch.nn.functional.linear(h, moe.gate.weight)
+            for e, n in enumerate(counts):
+                if n:
+                    packed_linear(xs[n], moe.gate_up_proj[e])
+                    packed_linear(ys[n], moe.down_proj[e])
+
+        glue.append(_fastest(whole, samples) - _fastest(gemms_only, samples))
+        nbytes.append(float(pre_attention_elementwise(spec, t, b).bytes + post_attention_elementwise(spec, t, b).bytes))
+    slope_s = glue[1] - glue[0]
+    return (nbytes[1] - nbytes[0]) / slope_s if slope_s > 0 else 0.0
+
+
 def measure_cpu(quick: bool = False) -> Level:
     """CPU read bandwidth, engine GEMM FLOP/s curves, attention kernels and dispatch overheads."""
     import torch
@@ -183,7 +241,8 @@ def measure_cpu(quick: bool = False) -> Level:
     layer_oh, step_oh = measure_overheads(torch.bfloat16, quick)
     return Level(f"cpu-{os.cpu_count()}c-{platform.machine()}", _cpu_memory_bytes(), bw, flops,
                  gemm_flops=curves, attention_bandwidth=att_bw, attention_flops=att_flops,
-                 layer_overhead_s=layer_oh, step_overhead_s=step_oh)
+                 layer_overhead_s=layer_oh, step_overhead_s=step_oh,
+                 elementwise_bandwidth=measure_elementwise(torch.bfloat16, quick))
 
 
 def measure_gpu(quick: bool = False) -> tuple[Level, Link, int] | None:

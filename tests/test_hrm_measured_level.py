@@ -54,7 +54,8 @@ def test_overheads_enter_the_cost_model_per_micro_batch():
 
 def test_measured_fields_roundtrip_and_old_profiles_still_load(tmp_path):
     hw = HardwareSpec("p", _level(gemm_flops={"bfloat16": CURVE}, attention_bandwidth=5e9,
-                                  attention_flops={"bfloat16": 5e10}, layer_overhead_s=1e-4))
+                                  attention_flops={"bfloat16": 5e10}, layer_overhead_s=1e-4,
+                                  elementwise_bandwidth=3e10))
     back = HardwareSpec.load(hw.save(tmp_path / "hw.json"))
     assert back == hw
     old = {"name": "p",
@@ -62,6 +63,7 @@ def test_measured_fields_roundtrip_and_old_profiles_still_load(tmp_path):
     (tmp_path / "old.json").write_text(json.dumps(old))
     lvl = HardwareSpec.load(tmp_path / "old.json").cpu
     assert lvl.gemm_flops == {} and lvl.layer_overhead_s == 0.0 and lvl.gemm_peak("float32", 4) == 1e11
+    assert lvl.elementwise_bandwidth == 0.0
 
 
 def test_predict_job_sums_batches():
@@ -82,3 +84,38 @@ def test_profile_gemm_curve_is_measured_with_the_engine_kernel():
 
     curve = measure_gemm_curve(torch.float32, rows=(1, 8), pool_bytes=2**20, repeat=1)
     assert [m for m, _ in curve] == [1.0, 8.0] and all(f > 0 for _, f in curve)
+
+
+def test_elementwise_bytes_by_hand():
+    m = get_model("tiny")  # h=64 f=128 E=4 k=2 Hq=4 Hkv=2 d=16: q_dim 64, kv_dim 32
+    assert float(ops.rmsnorm_bytes(10, 2.0)) == 10 * (6 + 8 + 4 + 8 + 6 + 4)  # bf16: 36 per element
+    assert float(ops.rmsnorm_bytes(10, 4.0)) == 10 * 28  # float32: no casts
+    pre = ops.pre_attention_elementwise(m, 3, 2.0)
+    assert float(pre.bytes) == 3 * 64 * 36 + 10 * 3 * (64 + 32) * 2
+    post = ops.post_attention_elementwise(m, 3, 2.0)
+    pair = (2 * 64 + 5 * 128 + 2 * 64 + 3 * 64) * 2 + 8 * 64  # gather, SiLU*up, scale+round, scatter
+    assert float(post.bytes) == 3 * 64 * 36 + 4 * 3 * 64 * 2 + 2 * 3 * pair
+    assert float(pre.flops) == 0.0
+
+
+def test_elementwise_time_only_where_measured():
+    m = get_model("bench-1b")
+    datasheet = HardwareSpec("h", _level())
+    measured = HardwareSpec("h", _level(elementwise_bandwidth=2e10))
+    for part, ew in ((costs.pre_attention_time, ops.pre_attention_elementwise),
+                     (costs.post_attention_time, ops.post_attention_elementwise)):
+        extra = part(measured, m, 64, "cpu") - part(datasheet, m, 64, "cpu")
+        assert extra == pytest.approx(float(ew(m, 64, 2.0).bytes) / 2e10)
+    both = float(ops.pre_attention_elementwise(m, 2 * 77, 2.0).bytes
+                 + ops.post_attention_elementwise(m, 2 * 77, 2.0).bytes)
+    extra = costs.prefill_layer_time(measured, m, 2, 77, "cpu") - costs.prefill_layer_time(datasheet, m, 2, 77, "cpu")
+    assert extra == pytest.approx(both / 2e10)
+    assert measured.cpu.scaled(2).elementwise_bandwidth == 4e10
+
+
+def test_profile_measures_elementwise_rate_on_a_real_layer():
+    torch = pytest.importorskip("torch")
+    from moelight.hardware_profile import measure_elementwise
+
+    rate = measure_elementwise(torch.bfloat16, quick=True)
+    assert rate == 0.0 or 1e8 < rate < 1e13  # 0.0 only where packed bf16 matmuls are unsupported
