@@ -14,7 +14,6 @@ emulated device a pass that would exceed the planned budget raises DeviceOutOfMe
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 import torch
@@ -24,7 +23,9 @@ from cpu_kernels import decode_attention, prefill_attention
 from moelight.kv_cache import RaggedKVCache
 from moelight.model import MixtralModel
 from moelight.moe import moe_ffn
+from moelight.pipeline.device_attention import device_decode_attention
 from moelight.pipeline.device_base import Device, create_device
+from moelight.pipeline.held_tensors import HeldTensors, in_inference_mode
 from moelight.pipeline.schedule import (
     GraphShape,
     Schedule,
@@ -39,61 +40,6 @@ from moelight.pipeline.weight_pager import (
     activation_bytes_per_token,
     prefill_attention_scratch,
 )
-
-
-def device_decode_attention(
-    q, k, v, offsets: torch.Tensor, lengths: torch.Tensor, scale: float
-) -> torch.Tensor:
-    """Decode attention where the KV buffer lives: the CPU kernel on CPU tensors (the
-    emulated device, bit-identical to the plain engine), plain torch on a GPU."""
-    if q.device.type == "cpu":
-        return decode_attention(q, k, v, offsets, lengths, scale)
-    B, Hq, d = q.shape
-    group = Hq // k.shape[0]
-    out = torch.empty_like(q)
-    for b, (o, n) in enumerate(zip(offsets.tolist(), lengths.tolist(), strict=True)):
-        qb = q[b].float().view(k.shape[0], group, d)
-        p = torch.softmax(torch.matmul(qb, k[:, o : o + n].float().transpose(1, 2)) * scale, dim=-1)
-        out[b] = torch.matmul(p, v[:, o : o + n].float()).reshape(Hq, d).to(q.dtype)
-    return out
-
-
-def _inference(fn: Callable[[], None]) -> Callable[[], None]:
-    """Lane threads do not inherit the launcher's inference mode."""
-
-    def run() -> None:
-        with torch.inference_mode():
-            fn()
-
-    return run
-
-
-class _Held:
-    """Device tensors with a count of consumers still to read them; freed at zero."""
-
-    def __init__(self, device: Device) -> None:
-        self.device = device
-        self.items: dict[tuple, list] = {}
-        self.lock = threading.Lock()  # consumers on different lanes finish concurrently
-
-    def put(self, key: tuple, users: int, *tensors: torch.Tensor) -> None:
-        entry = [users, [self.device.adopt(t, key[0]) for t in tensors]]
-        with self.lock:
-            self.items[key] = entry
-
-    def get(self, key: tuple) -> list[torch.Tensor]:
-        with self.lock:
-            return self.items[key][1]
-
-    def done(self, key: tuple) -> None:
-        with self.lock:
-            entry = self.items[key]
-            entry[0] -= 1
-            if entry[0] > 0:
-                return
-            del self.items[key]
-        for t in entry[1]:
-            self.device.free(t)
 
 
 class PipelineExecutor:
@@ -181,7 +127,7 @@ class PipelineExecutor:
         for t in graph.tasks:
             nbytes = self.pager.page_bytes(t.page, t.n_pages) if t.op == "w_h2d" else t.nbytes
             events.append(
-                self.device.submit(t.lane, _inference(bind(t)), [events[d] for d in t.deps], nbytes, t.name)
+                self.device.submit(t.lane, in_inference_mode(bind(t)), [events[d] for d in t.deps], nbytes, t.name)
             )
         try:
             self.device.synchronize()
@@ -242,7 +188,7 @@ class PipelineExecutor:
                 [len(seq_lens)], [float(seq_lens.float().mean())], self.pager.paged_bytes, prompt_tokens=T
             )
         )
-        held, out = _Held(self.device), {}
+        held, out = HeldTensors(self.device), {}
         longest = int(seq_lens.max())
 
         def bind(t: Task) -> Callable[[], None]:
@@ -327,7 +273,7 @@ class PipelineExecutor:
                 self.pager.paged_bytes,
             ),
         )
-        held, out = _Held(self.device), {}
+        held, out = HeldTensors(self.device), {}
         c = self.cfg
 
         def bind(t: Task) -> Callable[[], None]:
