@@ -45,6 +45,15 @@ template <> struct KvLoad<F16> {
   }
 };
 
+// Demand-touch the cache lines of one row that this pass of a multi-pass loop does not
+// read (bytes [from, to)). The passes below read every row in chunks, so DRAM sees each
+// row's lines in two visits; touching the rest in the first visit keeps the stream
+// sequential for the hardware prefetcher (software prefetch hurt on the machines we tried).
+inline void touch_rest(const void* row, int from, int to) {
+  const volatile char* c = static_cast<const volatile char*>(row);
+  for (int b = from; b < to; b += 64) (void)c[b];
+}
+
 // acc rows [0, NR) += P[r][t] * v_t for t < nk, with v already float32 in L1. NR rows x CG
 // chunks of accumulators stay in registers; each broadcast P[r][t] serves CG chunks.
 template <class V, int D, int NR>
@@ -58,6 +67,7 @@ inline void accumulate_pv(float* acc, const float* P, const float* vf, int64_t v
       for (int cc = 0; cc < CG; ++cc)
         if (c0 + cc < NCH) a[r][cc] = V::load(acc + r * D + (c0 + cc) * V::W);
     for (int t = 0; t < nk; ++t) {
+      if (c0 == 0 && CG < NCH) touch_rest(vf + t * vst, CG * V::W * 4, D * 4);
       R vv[CG];
       for (int cc = 0; cc < CG; ++cc)
         if (c0 + cc < NCH) vv[cc] = V::load(vf + t * vst + (c0 + cc) * V::W);
@@ -86,6 +96,7 @@ inline void accumulate_pv_bf16(float* acc, const float* P, const uint16_t* v, in
       for (int cc = 0; cc < 2 * CP; ++cc)
         if (c0 + cc / 2 < NP) a[r][cc] = V::load(acc + r * D + c0 * 2 * V::W + cc * V::W);
     for (int t = 0; t < nk; ++t) {
+      if (c0 == 0 && CP < NP) touch_rest(v + t * vst, CP * 2 * V::W * 2, D * 2);
       R vv[2 * CP];
       for (int cc = 0; cc < CP; ++cc)
         if (c0 + cc < NP) V::load_bf16_pair(v + t * vst + (c0 + cc) * 2 * V::W, vv[2 * cc], vv[2 * cc + 1]);
