@@ -54,6 +54,19 @@ inline void touch_rest(const void* row, int from, int to) {
   for (int b = from; b < to; b += 64) (void)c[b];
 }
 
+// V rows of the block touched while K rows are scored, so K and V stream side by side
+// instead of in alternating bursts (float32: 0.69 -> ~0.8 of a core's read bandwidth).
+// Empty (p == nullptr) for all but the first row group.
+struct RowTouch {
+  const char* p = nullptr;
+  int64_t stride = 0;  // bytes between rows
+  int nbytes = 0;
+  int rows = 0;  // rows that exist (a tail block has fewer)
+  void row(int t) const {
+    if (p != nullptr && t < rows) touch_rest(p + t * stride, 0, nbytes);
+  }
+};
+
 // acc rows [0, NR) += P[r][t] * v_t for t < nk, with v already float32 in L1. NR rows x CG
 // chunks of accumulators stay in registers; each broadcast P[r][t] serves CG chunks.
 template <class V, int D, int NR>
@@ -149,7 +162,7 @@ inline int perm_index(int c) {
 // mantissa bits of q; the scale is applied to the float32 sums. S[r][t] = scaled score.
 template <class V, int D, int NR, bool kLo>
 inline void block_scores_bf16(float* S, const uint16_t* qh, const uint16_t* ql, const uint16_t* kblk,
-                              int64_t kst, float scale) {
+                              int64_t kst, float scale, RowTouch vt = {}) {
   using R = typename V::R;
   constexpr int NP = D / (2 * V::W);  // 32 bf16 per instruction
   alignas(64) float part[NR][kKeyBlock][V::W];  // part[r][t] lanes sum to q_r . k_t
@@ -157,6 +170,7 @@ inline void block_scores_bf16(float* S, const uint16_t* qh, const uint16_t* ql, 
   for (int r = 0; r < NR; ++r)
     for (int c = 0; c < NP; ++c) qv[r][c] = V::load_raw(qh + r * D + c * 2 * V::W);
   for (int t = 0; t < kKeyBlock; ++t) {
+    vt.row(t);
     const uint16_t* kt = kblk + t * kst;
     R x[NR];
     for (int r = 0; r < NR; ++r) x[r] = V::zero();
@@ -183,11 +197,12 @@ inline void block_scores_bf16(float* S, const uint16_t* qh, const uint16_t* ql, 
 // f16 keys widened into L1): as block_scores_bf16, each K chunk loaded once for NR rows.
 // q rows are already scaled (and permuted like the keys).
 template <class V, int D, int NR>
-inline void block_scores_f32(float* S, const float* q, const float* kblk, int64_t kst) {
+inline void block_scores_f32(float* S, const float* q, const float* kblk, int64_t kst, RowTouch vt = {}) {
   using R = typename V::R;
   constexpr int NC = D / V::W;
   alignas(64) float part[NR][kKeyBlock][V::W];
   for (int t = 0; t < kKeyBlock; ++t) {
+    vt.row(t);
     const float* kt = kblk + t * kst;
     R x[NR];
     for (int r = 0; r < NR; ++r) x[r] = V::zero();
@@ -207,28 +222,31 @@ inline void block_scores_f32(float* S, const float* q, const float* kblk, int64_
 }
 
 template <class V, int D>
-inline void scores_f32(float* S, const float* q, int nr, const float* kblk, int64_t kst) {
+inline void scores_f32(float* S, const float* q, int nr, const float* kblk, int64_t kst, RowTouch vt) {
   int r = 0;
-  for (; r + 4 <= nr; r += 4) block_scores_f32<V, D, 4>(S + r * kKeyBlock, q + r * D, kblk, kst);
+  for (; r + 4 <= nr; r += 4, vt = {}) block_scores_f32<V, D, 4>(S + r * kKeyBlock, q + r * D, kblk, kst, vt);
   if (nr - r >= 2) {
-    block_scores_f32<V, D, 2>(S + r * kKeyBlock, q + r * D, kblk, kst);
+    block_scores_f32<V, D, 2>(S + r * kKeyBlock, q + r * D, kblk, kst, vt);
     r += 2;
+    vt = {};
   }
-  if (nr - r >= 1) block_scores_f32<V, D, 1>(S + r * kKeyBlock, q + r * D, kblk, kst);
+  if (nr - r >= 1) block_scores_f32<V, D, 1>(S + r * kKeyBlock, q + r * D, kblk, kst, vt);
 }
 
 // All nr rows' scores for one block, in groups of 4, 2 and 1 rows.
 template <class V, int D, bool kLo>
 inline void scores_bf16(float* S, const uint16_t* qh, const uint16_t* ql, int nr, const uint16_t* kblk,
-                        int64_t kst, float scale) {
+                        int64_t kst, float scale, RowTouch vt = {}) {
   int r = 0;
-  for (; r + 4 <= nr; r += 4)
-    block_scores_bf16<V, D, 4, kLo>(S + r * kKeyBlock, qh + r * D, ql + r * D, kblk, kst, scale);
+  for (; r + 4 <= nr; r += 4, vt = {})
+    block_scores_bf16<V, D, 4, kLo>(S + r * kKeyBlock, qh + r * D, ql + r * D, kblk, kst, scale, vt);
   if (nr - r >= 2) {
-    block_scores_bf16<V, D, 2, kLo>(S + r * kKeyBlock, qh + r * D, ql + r * D, kblk, kst, scale);
+    block_scores_bf16<V, D, 2, kLo>(S + r * kKeyBlock, qh + r * D, ql + r * D, kblk, kst, scale, vt);
     r += 2;
+    vt = {};
   }
-  if (nr - r >= 1) block_scores_bf16<V, D, 1, kLo>(S + r * kKeyBlock, qh + r * D, ql + r * D, kblk, kst, scale);
+  if (nr - r >= 1)
+    block_scores_bf16<V, D, 1, kLo>(S + r * kKeyBlock, qh + r * D, ql + r * D, kblk, kst, scale, vt);
 }
 
 template <class V, class T, int D>
@@ -271,6 +289,10 @@ void attend_rows(const moelight::AttnArgs& a, int r0, int nr) {
   const int64_t st = a.kv_stride_t;
   for (int64_t kb = 0; kb < kmax; kb += kKeyBlock) {
     const int nk = kmax - kb < kKeyBlock ? static_cast<int>(kmax - kb) : kKeyBlock;
+    // Widened keys (float32 or converted in L1): touch V while scoring. The bf16 dot path
+    // is faster without it (its V pass is short and touches the rest of each row itself).
+    const RowTouch vt{kDot ? nullptr : reinterpret_cast<const char*>(vbase + kb * st),
+                      st * static_cast<int64_t>(sizeof(T)), D * static_cast<int>(sizeof(T)), nk};
     // float32 full blocks are read in place; other dtypes / the tail go through L1 scratch.
     const bool direct = sizeof(T) == sizeof(float) && nk == kKeyBlock;
     const float* kblk = reinterpret_cast<const float*>(kbase + kb * st);
@@ -297,7 +319,7 @@ void attend_rows(const moelight::AttnArgs& a, int r0, int nr) {
         scores_bf16<V, D, false>(P, qh, ql, nr, kraw, kraw_st, a.scale);
       }
     } else {
-      scores_f32<V, D>(P, qs, nr, kblk, kst);
+      scores_f32<V, D>(P, qs, nr, kblk, kst, vt);
     }
     // Phase 2: online softmax per row, scores in P replaced by probabilities.
     for (int r = 0; r < nr; ++r) {
