@@ -272,7 +272,9 @@ void attend_rows(const moelight::AttnArgs& a, int r0, int nr) {
   for (int r = 0; r < nr; ++r) {
     const int i = (r0 + r) / g, j = (r0 + r) % g;
     const float* src = a.q + i * a.q_stride_i + j * D;
-    for (int c = 0; c < D; ++c) qs[r * D + (kPerm ? perm_index<V::W>(c) : c)] = src[c] * a.scale;
+    if constexpr (!kDot) {  // the bf16 dot path scores with qh / ql below instead
+      for (int c = 0; c < D; ++c) qs[r * D + (kPerm ? perm_index<V::W>(c) : c)] = src[c] * a.scale;
+    }
     if constexpr (kDot) {
       for (int c = 0; c < D; c += V::W) has_lo |= V::split_bf16(src + c, qh + r * D + c, ql + r * D + c);
     }
@@ -385,13 +387,21 @@ void attend_rows(const moelight::AttnArgs& a, int r0, int nr) {
     const int i = (r0 + r) / g, j = (r0 + r) % g;
     float* dst = a.out + i * a.out_stride_i + j * D;
     const float l = V::hsum(V::load(lv + r * V::W));
-    if (a.m != nullptr) {  // split-K partial: the caller merges and normalises
-      for (int c = 0; c < D; ++c) dst[c] = acc[r * D + (kPerm ? perm_index<V::W>(c) : c)];
+    // split-K partial (a.m set): unnormalised, the caller merges; else normalised (no keys: zeros).
+    const float inv = a.m != nullptr ? 1.0f : (l > 0.0f ? 1.0f / l : 0.0f);
+    if (a.m != nullptr) {
       a.m[r0 + r] = m[r];
       a.l[r0 + r] = l;
+    }
+    const float* src = acc + r * D;
+    if constexpr (kPerm) {  // undo the even/odd order chunk by chunk (vectorisable, no index math)
+      for (int base = 0; base < D; base += 2 * V::W)
+        for (int w = 0; w < V::W; ++w) {
+          dst[base + 2 * w] = src[base + w] * inv;
+          dst[base + 2 * w + 1] = src[base + V::W + w] * inv;
+        }
     } else {
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;  // no keys: zeros, like the reference
-      for (int c = 0; c < D; ++c) dst[c] = acc[r * D + (kPerm ? perm_index<V::W>(c) : c)] * inv;
+      for (int c = 0; c < D; ++c) dst[c] = src[c] * inv;
     }
   }
 }
