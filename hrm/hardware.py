@@ -118,6 +118,15 @@ class HardwareSpec:
             raise ValueError(f"hardware {self.name!r} has no GPU to replicate")
         return replace(self, gpu_count=t)
 
+    def preferred_dtype(self) -> str:
+        """The 16-bit dtype this host computes fastest in: the GPU's faster of bfloat16 and
+        float16 (float16 on a T4, which has no bf16 tensor cores), bfloat16 on a CPU-only host
+        (half the bytes of float32; CPUs without bf16 units convert at the float32 rate)."""
+        if not self.has_gpu:
+            return "bfloat16"
+        f = self.gpu.flops  # per GPU; the same for any count
+        return "float16" if f.get("float16", 0.0) > f.get("bfloat16", 0.0) else "bfloat16"
+
     def gpu_total(self) -> Level | None:
         """All GPUs as one level (tensor parallelism), or None on a CPU-only host."""
         if not self.has_gpu:

@@ -1,4 +1,4 @@
-"""`moelight simulate` (registered on a local app until the lead adds it to moelight.cli)."""
+"""`moelight simulate` through a local typer app holding only that command (and a no-op)."""
 
 from __future__ import annotations
 
@@ -73,3 +73,10 @@ def test_simulate_policy_file_and_errors(tmp_path):
     assert bad.exit_code == 2 and "unknown schedule" in bad.output
     cpu = runner.invoke(_app(), ["simulate", "--model", "mixtral-8x7b", "--hardware", "cpu-server"])
     assert cpu.exit_code == 2 and "no GPU" in cpu.output
+
+
+def test_simulate_auto_dtype_on_a_t4_is_float16():
+    res = CliRunner().invoke(_app(), ["simulate", "--model", "mixtral-8x7b", "--hardware", "s1",
+                                      "--schedule", "cgopipe", "--gen-len", "32"])
+    assert res.exit_code == 0, res.output
+    assert "dtype float16" in res.output

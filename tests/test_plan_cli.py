@@ -99,3 +99,12 @@ def test_profile_then_plan_with_it(tmp_path):
     assert d["cpu"]["bandwidth"] > 1e8 and d["cpu"]["flops"]["float32"] > 1e8
     r = _plan("--model", "tiny", "--hardware", "profile", "--profile-path", str(out), "--json")
     assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("hardware,want", [("t4", "float16"), ("l4", "bfloat16"), ("s1", "float16")])
+def test_plan_auto_dtype_is_the_gpus_faster_16_bit_type(hardware, want):
+    r = _plan("--model", "bench-1b", "--hardware", hardware, "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["policy"]["dtype"] == want
+    cpu = _plan("--model", "bench-1b", "--hardware", hardware, "--gpus", "0", "--json")
+    assert json.loads(cpu.output)["policy"]["dtype"] == "bfloat16"

@@ -47,7 +47,7 @@ def register(app: typer.Typer) -> None:
         gen_len: int = typer.Option(128, "--gen-len", help="tokens generated per request"),
         max_prompt_len: int | None = typer.Option(None, "--max-prompt-len", help="longest prompt"),
         padded: bool = typer.Option(False, "--padded", help="pad prompts to the max (FlexGen)"),
-        dtype: str = typer.Option("bfloat16", "--dtype"),
+        dtype: str = typer.Option("auto", "--dtype", help="auto (the GPU's faster 16-bit type), or a dtype"),
         family: str = typer.Option("moelight", "--family", help="moelight | cgopipe | flexgen | cpu"),
         profile_path: Path | None = typer.Option(None, "--profile-path", help="profile JSON for 'profile'"),
         as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
@@ -77,6 +77,8 @@ def register(app: typer.Typer) -> None:
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="--hardware") from None
         try:
+            if dtype == "auto":
+                dtype = "bfloat16" if gpus == 0 else hw.preferred_dtype()
             dtype = canonical_dtype(dtype)
             workload = WorkloadSpec(prompt_len, gen_len, max_prompt_len, padded)
         except ValueError as e:

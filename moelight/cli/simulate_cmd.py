@@ -36,12 +36,13 @@ def register(app: typer.Typer) -> None:
         schedule: str = typer.Option("cgopipe", "--schedule", help=SCHEDULE_HELP),
         prompt_len: float = typer.Option(77, "--prompt-len", help="mean prompt length"),
         gen_len: int = typer.Option(128, "--gen-len", help="tokens generated per request"),
-        dtype: str = typer.Option("bfloat16", "--dtype", help="dtype for --policy auto"),
+        dtype: str = typer.Option("auto", "--dtype", help="for --policy auto; auto: the GPU's faster 16-bit type"),
         family: str = typer.Option("cgopipe", "--family", help="planner family for --policy auto"),
         gantt: Path | None = typer.Option(None, "--gantt", help="write the decode-step timeline PNG here"),
     ) -> None:
         """Simulate one batch: prefill, then decode steps, with the schedule's task graph."""
         from hrm import WorkloadSpec, get_hardware, get_model
+        from hrm.dtypes import canonical_dtype
         from moelight.pipeline.schedule import SCHEDULES
         from moelight.pipeline.simulator import simulate_policy
         from optimizer import InfeasibleError, Policy, plan
@@ -61,6 +62,10 @@ def register(app: typer.Typer) -> None:
                 f"hardware {hw.name!r} has no GPU: the schedules need one", param_hint="--hardware"
             )
         work = WorkloadSpec(prompt_len, gen_len)
+        try:
+            dtype = hw.preferred_dtype() if dtype == "auto" else canonical_dtype(dtype)
+        except ValueError as e:
+            raise typer.BadParameter(str(e), param_hint="--dtype") from None
         if policy == "auto":
             try:
                 pol = plan(hw, mspec, work, dtype=dtype, family=family).policy
