@@ -97,6 +97,8 @@ def test_profile_then_plan_with_it(tmp_path):
     assert r.exit_code == 0, r.output
     d = json.loads(out.read_text())
     assert d["cpu"]["bandwidth"] > 1e8 and d["cpu"]["flops"]["float32"] > 1e8
+    if d["cpu"]["elementwise_bandwidth"]:  # 0.0 where packed bf16 matmuls are unavailable
+        assert "element-wise ops between the matmuls" in r.output
     r = _plan("--model", "tiny", "--hardware", "profile", "--profile-path", str(out), "--json")
     assert r.exit_code == 0, r.output
 

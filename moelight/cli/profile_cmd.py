@@ -21,6 +21,8 @@ def _describe(hw) -> str:
         lines.append(f"     attention kernels: decode reads KV at {c.attention_bandwidth / 1e9:.1f} GB/s, "
                      "prefill "
                      + ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in c.attention_flops.items()))
+    if c.elementwise_bandwidth:
+        lines.append(f"     element-wise ops between the matmuls: {c.elementwise_bandwidth / 1e9:.1f} GB/s")
     if c.layer_overhead_s or c.step_overhead_s:
         lines.append(f"     dispatch overhead: {c.layer_overhead_s * 1e3:.2f} ms per layer pass, "
                      f"{c.step_overhead_s * 1e3:.2f} ms per micro-batch step")
