@@ -31,6 +31,15 @@ class RaggedKVCache:
         v = [torch.empty(shape, dtype=dtype) for _ in range(cfg.num_layers)]
         return cls(k, v, offsets, caps)
 
+    @classmethod
+    def pool(cls, cfg: ModelConfig, total_tokens: int, dtype: torch.dtype) -> RaggedKVCache:
+        """Cache of `total_tokens` slots whose regions the caller assigns (moelight.slot_pool)."""
+        shape = (cfg.num_kv_heads, total_tokens, cfg.head_dim)
+        k = [torch.empty(shape, dtype=dtype) for _ in range(cfg.num_layers)]
+        v = [torch.empty(shape, dtype=dtype) for _ in range(cfg.num_layers)]
+        empty = torch.zeros(0, dtype=torch.int64)
+        return cls(k, v, empty, empty)
+
     @staticmethod
     def bytes_needed(cfg: ModelConfig, total_tokens: int, dtype: torch.dtype) -> int:
         elem = torch.empty((), dtype=dtype).element_size()

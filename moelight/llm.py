@@ -32,6 +32,7 @@ class LLM:
         batch_size: int = 256,
         micro_batch_size: int | None = None,
         max_prefill_tokens: int = 4096,
+        refill: bool = True,
     ) -> None:
         self.source = resolve_model(model, load_format, dtype)
         self.config = self.source.config
@@ -48,7 +49,7 @@ class LLM:
         # a real tokenizer may add end-of-turn ids; the byte fallback's ids mean nothing to a checkpoint
         tok_eos = () if isinstance(self.tokenizer, ByteTokenizer) and self.source.model_dir else self.tokenizer.eos_ids
         eos = tuple(self.config.eos_token_ids) + tuple(sorted(tok_eos))
-        self.engine = Engine(self.model, tuple(dict.fromkeys(eos)), max_prefill_tokens)
+        self.engine = Engine(self.model, tuple(dict.fromkeys(eos)), max_prefill_tokens, refill=refill)
         self.last_stats: GenerationStats | None = None
 
     def generate(

@@ -56,7 +56,8 @@ class RunReport:
         lines = [
             f"requests      {self.requests} ({self.skipped_requests} skipped)"
             + ("  [interrupted]" if self.interrupted else ""),
-            f"model         {self.model} ({self.dtype}), batch {self.batch_size}, micro-batch {self.micro_batch_size}",
+            f"model         {self.model} ({self.dtype}), batch {self.batch_size}, micro-batch {self.micro_batch_size}"
+            + (f", {self.policy['batching']} batching" if self.policy.get("batching") else ""),
             f"tokens        {self.prompt_tokens} prompt, {self.generated_tokens} generated",
             f"prefill       {self.prefill_tokens_per_s:10.1f} tok/s  ({self.prefill_seconds:.2f} s)",
             f"decode        {self.decode_tokens_per_s:10.1f} tok/s  ({self.decode_seconds:.2f} s)",

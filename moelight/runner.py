@@ -60,6 +60,7 @@ class RunOptions:
     log: Callable[[str], None] | None = None  # one-line notes (the plan, a fresh profile)
     device: str = "auto"  # cpu (plain executor), cuda or emulated (CGOPipe runtime); auto: cuda if present
     schedule: str = "cgopipe"  # the pipeline schedule on cuda/emulated: cgopipe, flexgen, flexgen-cpu, overlap-unpaged
+    refill: bool = True  # refill freed KV slots with waiting requests; False: static batches of N (the paper's)
 
 
 def report_path(output: Path) -> Path:
@@ -116,8 +117,9 @@ def run_job(opts: RunOptions) -> RunReport:
     # a real tokenizer may add end-of-turn ids; the byte fallback's ids mean nothing to a checkpoint
     tok_eos = () if isinstance(tokenizer, ByteTokenizer) and src.model_dir else tokenizer.eos_ids
     eos = tuple(dict.fromkeys(tuple(cfg.eos_token_ids) + tuple(sorted(tok_eos))))
-    engine = Engine(model, eos, opts.max_prefill_tokens, executor=executor)
+    engine = Engine(model, eos, opts.max_prefill_tokens, executor=executor, refill=opts.refill)
     report.policy["device"] = device
+    report.policy["batching"] = "refill" if opts.refill else "static"
     if device != "cpu":
         report.policy["schedule"] = opts.schedule
     total = sum(1 + len(r.followups) for r in requests)

@@ -143,6 +143,21 @@ def test_jsonl_per_request_max_tokens_and_greedy_determinism(tmp_path):
         assert outs[0][k]["output_token_ids"] == outs[1][k]["output_token_ids"]
 
 
+def test_static_batches_and_refill_give_the_same_results(tmp_path):
+    ds = write_jsonl(tmp_path / "d.jsonl", [{"id": f"r{i}", "prompt": "x" * (i + 1), "max_tokens": 1 + i % 4}
+                                           for i in range(7)])
+    outs = {}
+    for flag in ("--refill", "--static-batches"):
+        out = tmp_path / f"{flag[2:]}.jsonl"
+        r = invoke("--dataset", ds, *TINY, "--output", out, "--gen-len", "5", "--ignore-eos", "--batch-size", "3",
+                   flag)
+        assert r.exit_code == 0, (r.output, r.exception)
+        assert ("refill batching" if flag == "--refill" else "static batching") in r.output
+        assert report_of(out)["policy"]["batching"] == flag[2:].removesuffix("-batches")
+        outs[flag] = {x["id"]: x["output_token_ids"] for x in read_jsonl(out)}
+    assert outs["--refill"] == outs["--static-batches"] and len(outs["--refill"]) == 7
+
+
 # ----------------------------------------------------------------------------- bad inputs
 
 

@@ -53,6 +53,8 @@ def run(
     tokenizer: str = Opt("auto", "--tokenizer", help="auto (tokenizer.json), hf, or byte"),
     max_prefill_tokens: int = Opt(4096, "--max-prefill-tokens", min=1, help="tokens per prefill pass"),
     progress: bool = Opt(True, "--progress/--no-progress"),
+    refill: bool = Opt(True, "--refill/--static-batches",
+                       help="refill freed KV slots with waiting requests (default), or run static batches of N"),
 ) -> None:
     """Generate for every request of a dataset; stream results to --output; print a report."""
     from moelight.runner import RunOptions, report_path, run_job
