@@ -89,7 +89,7 @@ class Engine:
         batches = [range(len(prompts))] if self.refill else split_batches(len(prompts), batch_size)
         for batch in batches:
             run = _Run(self, [prompts[i] for i in batch], list(batch), params, sampler, stats, on_finish)
-            for r in run.rolling(batch_size, micro_batch_size):
+            for r in run.generate(batch_size, micro_batch_size):
                 results[r.index] = r
         stats.wall_seconds += time.perf_counter() - t0
         return results  # type: ignore[return-value]
@@ -127,7 +127,7 @@ class _Run:
         self.offsets = torch.zeros(len(prompts), dtype=torch.int64)
         self.finished: list[SequenceResult] = []
 
-    def rolling(self, batch_size: int, micro_batch_size: int) -> list[SequenceResult]:
+    def generate(self, batch_size: int, micro_batch_size: int) -> list[SequenceResult]:
         n = max(1, min(batch_size, len(self.seqs)))
         capacity = sum(sorted(self.sizes, reverse=True)[:n])
         model = self.engine.model
