@@ -70,12 +70,14 @@ def measure_gemm_curve(dtype, rows=GEMM_ROWS, pool_bytes: float = 96 * 2**20,
         x = torch.randn(m, _GEMM_K).to(dtype)
         pool = weights if m <= 64 else weights[:2]  # large M is compute-bound: caches do not matter
 
-        it = iter(range(1 << 30))
+        def one_pass(x=x, pool=pool) -> None:
+            # back to back through the pool, as a layer calls its experts: each weight was
+            # evicted from cache since its last use, and the fastest *single* call (a lucky
+            # one) would overstate the sustained rate at small M by ~1.4x
+            for w in pool:
+                mm(x, w)
 
-        def one(x=x, pool=pool, it=it) -> None:  # next weight of the pool: it was evicted from cache
-            mm(x, pool[next(it) % len(pool)])
-
-        t = _fastest(one, repeat * len(pool))
+        t = _fastest(one_pass, repeat) / len(pool)
         curve.append([float(m), 2.0 * m * _GEMM_K * _GEMM_N / t])
     return curve
 
