@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from moelight.config import ModelConfig
-from moelight.engine import Engine
+from moelight.engine import Engine, GenerationStats
 from moelight.pipeline.device_base import DeviceOutOfMemory
 from moelight.pipeline.executor import PipelineExecutor
 from moelight.pipeline.schedule import SCHEDULES
@@ -83,6 +83,23 @@ def test_two_batches_and_the_carried_weight_slot(setup):
         )
         assert [r.token_ids for r in out] == [r.token_ids for r in ref]
         assert ex.first_loaded
+    finally:
+        ex.close()
+
+
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_refilled_batches_on_every_schedule(setup, schedule):
+    """Finished sequences' slots refilled mid-run (prefill between decode steps) on the runtime."""
+    model, prompts, params, ref = setup
+    ex = PipelineExecutor(model, schedule, "emulated", r_w=0.5, **EXEC_KW)
+    try:
+        stats = GenerationStats()
+        out = Engine(model, (2,), max_prefill_tokens=32, executor=ex, refill=True).generate(
+            prompts, params, [0] * 9, batch_size=4, micro_batch_size=2, stats=stats
+        )
+        assert [r.token_ids for r in out] == ref
+        assert len(stats.batches) > 3  # more prefill waves than the 3 static batches of 4
+        assert ex.device.memory_peak <= ex.device.memory_capacity
     finally:
         ex.close()
 
