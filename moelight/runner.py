@@ -145,32 +145,47 @@ class PlanError(MoelightError):
 def resolve_hardware(name: str | None, log: Callable[[str], None] | None = None):
     """The HardwareSpec to plan with: a preset, a profile JSON, or the cached profile.
 
-    With no cached profile, a quick profile (a few seconds) is taken now and cached, so
-    the plan always describes this machine and the next run starts at once.
+    With no cached profile, or one from an older moelight that lacks a measurement the HRM
+    now uses, a quick profile (a few seconds) is taken now and cached, so the plan always
+    describes this machine and the next run starts at once.
     """
-    from hrm import DEFAULT_PROFILE_PATH, get_hardware
+    from hrm import hardware_presets
 
     key = name or "profile"
-    if key.lower() == "profile" and not DEFAULT_PROFILE_PATH.expanduser().is_file():
+    cached = hardware_presets.DEFAULT_PROFILE_PATH.expanduser()
+    if key.lower() == "profile" and (not cached.is_file() or _profile_is_stale(cached)):
         from moelight.hardware_profile import profile_machine
 
+        why = "an older moelight's profile" if cached.is_file() else "no hardware profile yet"
         t0 = time.perf_counter()
         hw = profile_machine(quick=True)
         try:
-            path = hw.save(DEFAULT_PROFILE_PATH)
+            path = hw.save(cached)
             where = f"cached in {path}"
         except OSError as e:
             where = f"not cached: {e}"
         if log:
-            log(f"no hardware profile yet: took a quick one in {time.perf_counter() - t0:.1f} s ({where}; "
+            log(f"{why}: took a quick one in {time.perf_counter() - t0:.1f} s ({where}; "
                 "`moelight profile` takes a fuller one)")
         return hw
     try:
-        return get_hardware(key)
+        return hardware_presets.get_hardware(key)
     except KeyError as e:
         raise PlanError(f"--hardware: {e.args[0]}") from None
     except (FileNotFoundError, ValueError) as e:
         raise PlanError(f"--hardware {key}: {e}") from None
+
+
+def _profile_is_stale(path) -> bool:
+    """A measured CPU level (it has a GEMM curve) without the element-wise rate: written
+    before the HRM charged element-wise work, so its plans would be ~25% optimistic."""
+    import json
+
+    try:
+        cpu = json.loads(path.read_text()).get("cpu", {})
+    except (OSError, ValueError, AttributeError):
+        return False  # let the normal load report what is wrong with it
+    return bool(cpu.get("gemm_flops")) and not cpu.get("elementwise_bandwidth")
 
 
 def workload_of(prompts: list[list[int]], params: list[SamplingParams]):

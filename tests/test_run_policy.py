@@ -145,3 +145,21 @@ def test_fit_policy_and_workload():
     assert mid.num_micro_batches == 3 and mid.micro_batch_size == 14 and mid.batch_size == 42
     wl = workload_of([[1] * 10, [1] * 30], [SamplingParams(max_tokens=8), SamplingParams(max_tokens=8)])
     assert (wl.prompt_len, wl.max_prompt_len, wl.gen_len) == (20, 30, 8)
+
+
+def test_cached_profile_from_an_older_version_is_retaken(tmp_path, monkeypatch):
+    from hrm import HardwareSpec, Level, hardware_presets
+    from moelight import hardware_profile, runner
+
+    cached = tmp_path / "hardware.json"
+    old = Level("c", 1e10, 1e10, {"bfloat16": 1e11}, gemm_flops={"bfloat16": [[1, 1e9], [64, 5e10]]})
+    HardwareSpec("profiled", old).save(cached)
+    fresh = HardwareSpec("profiled", Level("c", 1e10, 1e10, {"bfloat16": 1e11}, elementwise_bandwidth=2e10,
+                                           gemm_flops={"bfloat16": [[1, 1e9]]}))
+    monkeypatch.setattr(hardware_presets, "DEFAULT_PROFILE_PATH", cached)
+    monkeypatch.setattr(hardware_profile, "profile_machine", lambda quick: fresh)
+    notes = []
+    assert runner.resolve_hardware(None, notes.append) == fresh
+    assert "older moelight" in notes[0] and HardwareSpec.load(cached) == fresh
+    notes.clear()
+    assert runner.resolve_hardware(None, notes.append) == fresh and notes == []  # up to date: used as is
