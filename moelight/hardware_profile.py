@@ -73,7 +73,7 @@ def measure_gemm_curve(dtype, rows=GEMM_ROWS, pool_bytes: float = 96 * 2**20,
         def one_pass(x=x, pool=pool) -> None:
             # back to back through the pool, as a layer calls its experts: each weight was
             # evicted from cache since its last use, and the fastest *single* call (a lucky
-            # one) would overstate the sustained rate at small M by ~1.4x
+            # one) would overstate the sustained rate at small M
             for w in pool:
                 mm(x, w)
 

@@ -7,7 +7,7 @@
 //   1. scores  s[r][t] = q_r . k_t for all rows first, 4 rows sharing each K load:
 //      float32 K is read in place; bf16/f16 K is converted once into L1 scratch, or
 //      (AVX512-BF16) used as stored by bf16 dot products. Doing one row's scores and
-//      softmax at a time was latency-bound (dot -> transpose -> exp chains): 1.3-1.5x slower.
+//      softmax at a time was latency-bound (dot -> transpose -> exp chains).
 //   2. online softmax with lazy rescaling (running max m_r, lane-wise sums l_r)
 //   3. acc_r += p[r][t] * v_t with NR rows x CG vectors of accumulators in registers
 // bf16 data is widened in an even/odd element order (no shuffles); q and the output are

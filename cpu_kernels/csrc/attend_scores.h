@@ -10,7 +10,7 @@ namespace {
 // Scores of NR rows against one key block with bf16 dot-product instructions straight on
 // the bf16 cache (no conversion). Each K chunk is loaded once for all NR rows, and the NR
 // independent dot chains per key keep the FMA ports busy (one row at a time was bound by
-// the dot -> transpose -> exp latency chain, ~2x slower). q = qh + ql split into two
+// the dot -> transpose -> exp latency chain). q = qh + ql split into two
 // bf16 parts (ql all zero when q was bf16: has_lo false), so the products keep ~16
 // mantissa bits of q; the scale is applied to the float32 sums. S[r][t] = scaled score.
 template <class V, int D, int NR, bool kLo>
