@@ -83,7 +83,39 @@ def read_bw_now(buf: torch.Tensor) -> float:
     return max(buf.numel() * buf.element_size() / best_time(f, 3, 0.0) / GB for f in fns)
 
 
-def run_case(b: int, ctx: int, dtype: torch.dtype, sdpa: bool, hrm, buf: torch.Tensor) -> dict:
+def cold_time(fn, reps: int, evict: torch.Tensor) -> float:
+    """Best of `reps` calls, each after reading `evict` (larger than the L3): the engine never
+    finds a layer's KV cache in cache, so a small case must not be timed from the L3."""
+    best = float("inf")
+    for _ in range(reps):
+        evict.sum()
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def paired_bandwidth(fn, kv_bytes: int, buf: torch.Tensor, evict: torch.Tensor, pairs: int) -> dict:
+    """Kernel GB/s and the machine's read GB/s measured in alternation, `pairs` times.
+
+    The host's read bandwidth moves between states within seconds (other tenants), so each
+    kernel timing is divided by the read bandwidth measured just before it, and the median
+    of those ratios is reported, not one best kernel time against one best read."""
+    fn()
+    ratios, ours, reads = [], [], []
+    for _ in range(pairs):
+        bw = read_bw_now(buf)
+        gbs = kv_bytes / cold_time(fn, 3, evict) / GB
+        ratios.append(gbs / bw)
+        ours.append(gbs)
+        reads.append(bw)
+    med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+    return {"ratio": med(ratios), "ours_gbs": med(ours), "bw_now": med(reads),
+            "ratio_lo": min(ratios), "ratio_hi": max(ratios)}
+
+
+def run_case(b: int, ctx: int, dtype: torch.dtype, sdpa: bool, hrm, buf: torch.Tensor,
+             evict: torch.Tensor, pairs: int) -> dict:
     k4, v4 = make_cache(b, ctx, dtype), make_cache(b, ctx, dtype)
     q = torch.randn(b, HQ, D).to(dtype)
     # The engine's layout [Hkv, T, d] as a view of the same bytes: (b, h) block at b*Hkv*ctx.
@@ -95,16 +127,15 @@ def run_case(b: int, ctx: int, dtype: torch.dtype, sdpa: bool, hrm, buf: torch.T
     scale = D**-0.5
     kv_bytes = 2 * k4.numel() * k4.element_size()
     row = {"B": b, "ctx": ctx, "dtype": str(dtype).removeprefix("torch."), "MiB": kv_bytes / 2**20}
-    row["bw_now"] = read_bw_now(buf)
-    t = best_time(lambda: cpu_kernels.decode_attention(q, kc, vc, offs, lens, scale), 5)
-    row["ours_ms"], row["ours_gbs"] = t * 1e3, kv_bytes / t / GB
-    row["bw_now"] = max(row["bw_now"], read_bw_now(buf))
+    row.update(paired_bandwidth(lambda: cpu_kernels.decode_attention(q, kc, vc, offs, lens, scale),
+                                kv_bytes, buf, evict, pairs))
+    row["ours_ms"] = kv_bytes / row["ours_gbs"] / GB * 1e3
     row["sdpa_ms"] = row["sdpa_gbs"] = float("nan")
     expanded = 2 * b * HQ * ctx * D * 4
     if sdpa and expanded <= SDPA_MEM_LIMIT:
         q4 = q.unsqueeze(2)
-        ts = best_time(lambda: F.scaled_dot_product_attention(q4, k4, v4, scale=scale, enable_gqa=True),
-                       2, 0.0)
+        ts = cold_time(lambda: F.scaled_dot_product_attention(q4, k4, v4, scale=scale, enable_gqa=True),
+                       2, evict)
         row["sdpa_ms"], row["sdpa_gbs"] = ts * 1e3, kv_bytes / ts / GB
     row["hrm_ms"] = hrm(b, ctx, dtype) * 1e3 if hrm else float("nan")
     return row
@@ -134,14 +165,15 @@ def bench_prefill() -> list[str]:
 
 
 def fmt_table(rows: list[dict], bw: float) -> str:
-    head = ("| B | ctx | dtype | KV MiB | ours ms | ours GB/s | read BW now | % of read BW now | % of run BW "
+    head = ("| B | ctx | dtype | KV MiB | ours ms | ours GB/s | read BW now | % of read BW now (range) | % of run BW "
             "| SDPA ms | SDPA GB/s | speed-up vs SDPA | HRM ms |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         sp = r["sdpa_ms"] / r["ours_ms"] if r["sdpa_ms"] == r["sdpa_ms"] else float("nan")
         lines.append(
             f"| {r['B']} | {r['ctx']} | {r['dtype']} | {r['MiB']:.0f} | {r['ours_ms']:.2f} "
-            f"| {r['ours_gbs']:.1f} | {r['bw_now']:.1f} | {100 * r['ours_gbs'] / r['bw_now']:.0f}% "
+            f"| {r['ours_gbs']:.1f} | {r['bw_now']:.1f} | {100 * r['ratio']:.0f}% "
+            f"({100 * r['ratio_lo']:.0f}–{100 * r['ratio_hi']:.0f}) "
             f"| {100 * r['ours_gbs'] / bw:.0f}% | {r['sdpa_ms']:.1f} | {r['sdpa_gbs']:.2f} | {sp:.1f}x "
             f"| {r['hrm_ms']:.2f} |".replace("nan", "–")
         )
@@ -153,10 +185,10 @@ def verdict(rows: list[dict], bw: float) -> list[str]:
     out = []
     big = [r for r in rows if r["B"] >= 64 and r["ctx"] >= 512]
     if big:
-        worst = min(big, key=lambda r: r["ours_gbs"] / r["bw_now"])
-        ok = all(r["ours_gbs"] >= 0.8 * r["bw_now"] for r in big)
-        out.append(f"- >= 80% of read bandwidth (measured next to each case) for B >= 64, ctx >= 512: "
-                   f"{'MET' if ok else 'MISSED'} (worst {100 * worst['ours_gbs'] / worst['bw_now']:.0f}% at "
+        worst = min(big, key=lambda r: r["ratio"])
+        ok = all(r["ratio"] >= 0.8 for r in big)
+        out.append(f"- >= 80% of read bandwidth (median of paired ratios) for B >= 64, ctx >= 512: "
+                   f"{'MET' if ok else 'MISSED'} (worst {100 * worst['ratio']:.0f}% at "
                    f"B={worst['B']}, ctx={worst['ctx']}, {worst['dtype']})")
     for dt, target in (("bfloat16", 10), ("float32", 2)):
         sp = [(r["sdpa_ms"] / r["ours_ms"], r) for r in rows
@@ -174,6 +206,7 @@ def main() -> None:
     ap.add_argument("--contexts", type=int, nargs="+", default=[128, 512, 2048])
     ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
     ap.add_argument("--no-sdpa", action="store_true")
+    ap.add_argument("--pairs", type=int, default=7, help="alternating read-BW / kernel timings per case")
     ap.add_argument("--quick", action="store_true", help="B=64, ctx=512 only")
     ap.add_argument("--out", default=str(Path(__file__).parent / "results" / "attention.md"))
     ap.add_argument("--append", action="store_true", help="add to --out instead of replacing it")
@@ -188,13 +221,14 @@ def main() -> None:
           + ", ".join(f"{k} {v:.1f} GB/s" for k, v in bws.items()))
     rows = []
     buf = torch.ones(2**27, dtype=torch.float32)  # 512 MiB for the per-case bandwidth probe
+    evict = torch.ones(2**25, dtype=torch.float32)  # 128 MiB, 4x the L3, read before each timed call
     for dt in args.dtypes:
         for b in args.batches:
             for ctx in args.contexts:
-                r = run_case(b, ctx, getattr(torch, dt), not args.no_sdpa, hrm, buf)
+                r = run_case(b, ctx, getattr(torch, dt), not args.no_sdpa, hrm, buf, evict, args.pairs)
                 rows.append(r)
                 print(f"B={b:4d} ctx={ctx:5d} {dt:9s} ours {r['ours_gbs']:6.1f} GB/s "
-                      f"(read BW now {r['bw_now']:5.1f})  "
+                      f"(read BW now {r['bw_now']:5.1f}, {100 * r['ratio']:.0f}%)  "
                       f"sdpa {r['sdpa_gbs']:6.2f} GB/s", flush=True)
     table = fmt_table(rows, bw)
     lines = verdict(rows, bw)
@@ -209,8 +243,11 @@ def main() -> None:
         f"Backend `{backend}`, {torch.get_num_threads()} threads, torch {torch.__version__}. "
         f"Hq={HQ}, Hkv={HKV}, d={D}, equal contexts. Read bandwidth measured in the same run: "
         + ", ".join(f"{k} {v:.1f} GB/s" for k, v in bws.items()) + f" ('% of run BW' uses {bw:.1f} GB/s). "
-        "Other jobs share this 2-core machine, so both reads are repeated right before and "
-        "after each case ('read BW now', the better of the two) and the target is judged against it.",
+        "Other jobs share this 2-core machine and move its read bandwidth between ~40 and ~80 GB/s "
+        f"within seconds, so each case alternates {args.pairs} read-bandwidth probes (the better of the two "
+        "reads, best of 3) with kernel timings (best of 3); '% of read BW now' is the median of the "
+        "paired ratios (range in brackets), 'ours GB/s' and 'read BW now' are medians. Every timed "
+        "call (ours and SDPA) follows a 128 MiB read, so no case is served from the 32 MiB L3.",
         "SDPA is `F.scaled_dot_product_attention(q[B,Hq,1,d], k[B,Hkv,T,d], v, enable_gqa=True)` on the"
         f" same bytes; skipped (–) where its GQA expansion would need > {SDPA_MEM_LIMIT / 2**30:.0f} GiB.",
         "HRM ms: `hrm.costs.attention_time` with the measured read bandwidth "
