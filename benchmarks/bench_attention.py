@@ -114,21 +114,25 @@ def paired_bandwidth(fn, kv_bytes: int, buf: torch.Tensor, evict: torch.Tensor, 
             "ratio_lo": min(ratios), "ratio_hi": max(ratios)}
 
 
-def run_case(b: int, ctx: int, dtype: torch.dtype, sdpa: bool, hrm, buf: torch.Tensor,
-             evict: torch.Tensor, pairs: int) -> dict:
+def decode_case(b: int, ctx: int, dtype: torch.dtype) -> dict:
+    """One decode batch of b sequences at ctx keys: SDPA's [B, Hkv, T, d] tensors, and the
+    decode_attention arguments over the same bytes in the engine's layout [Hkv, T, d]
+    ((b, h) block at b*Hkv*ctx)."""
     k4, v4 = make_cache(b, ctx, dtype), make_cache(b, ctx, dtype)
     q = torch.randn(b, HQ, D).to(dtype)
-    # The engine's layout [Hkv, T, d] as a view of the same bytes: (b, h) block at b*Hkv*ctx.
     t_len = (b - 1) * HKV * ctx + ctx
     kc = k4.as_strided((HKV, t_len, D), (ctx * D, D, 1))
     vc = v4.as_strided((HKV, t_len, D), (ctx * D, D, 1))
-    offs = torch.arange(b) * HKV * ctx
-    lens = torch.full((b,), ctx)
-    scale = D**-0.5
-    kv_bytes = 2 * k4.numel() * k4.element_size()
+    args = (q, kc, vc, torch.arange(b) * HKV * ctx, torch.full((b,), ctx), D**-0.5)
+    return {"q": q, "k4": k4, "v4": v4, "args": args, "kv_bytes": 2 * k4.numel() * k4.element_size()}
+
+
+def run_case(b: int, ctx: int, dtype: torch.dtype, sdpa: bool, hrm, buf: torch.Tensor,
+             evict: torch.Tensor, pairs: int) -> dict:
+    case = decode_case(b, ctx, dtype)
+    q, k4, v4, kv_bytes, scale = case["q"], case["k4"], case["v4"], case["kv_bytes"], D**-0.5
     row = {"B": b, "ctx": ctx, "dtype": str(dtype).removeprefix("torch."), "MiB": kv_bytes / 2**20}
-    row.update(paired_bandwidth(lambda: cpu_kernels.decode_attention(q, kc, vc, offs, lens, scale),
-                                kv_bytes, buf, evict, pairs))
+    row.update(paired_bandwidth(lambda: cpu_kernels.decode_attention(*case["args"]), kv_bytes, buf, evict, pairs))
     row["ours_ms"] = kv_bytes / row["ours_gbs"] / GB * 1e3
     row["sdpa_ms"] = row["sdpa_gbs"] = float("nan")
     expanded = 2 * b * HQ * ctx * D * 4

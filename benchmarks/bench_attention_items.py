@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_attention import HKV, HQ, D, make_cache, paired_bandwidth  # noqa: E402
+from bench_attention import HKV, HQ, D, decode_case, paired_bandwidth  # noqa: E402
 
 import cpu_kernels  # noqa: E402
 
@@ -39,22 +39,16 @@ def main() -> None:
             "|---|---|---|---|---|---|---|---|"]
     for dt in args.dtypes:
         for b, ctx in SHAPES:
-            dtype = getattr(torch, dt)
-            k4, v4 = make_cache(b, ctx, dtype), make_cache(b, ctx, dtype)
-            q = torch.randn(b, HQ, D).to(dtype)
-            t_len = (b - 1) * HKV * ctx + ctx
-            kc = k4.as_strided((HKV, t_len, D), (ctx * D, D, 1))
-            vc = v4.as_strided((HKV, t_len, D), (ctx * D, D, 1))
-            offs, lens = torch.arange(b) * HKV * ctx, torch.full((b,), ctx)
-            kv_bytes = 2 * k4.numel() * k4.element_size()
-            args_ = (q, kc, vc, offs, lens, D**-0.5)
-            r = paired_bandwidth(lambda a=args_: cpu_kernels.decode_attention(*a), kv_bytes, buf, evict, args.pairs)
+            case = decode_case(b, ctx, getattr(torch, dt))
+            kv_bytes = case["kv_bytes"]
+            r = paired_bandwidth(lambda c=case: cpu_kernels.decode_attention(*c["args"]), kv_bytes, buf, evict,
+                                 args.pairs)
             line = (f"| {dt} | {b} | {ctx} | {b * HKV} | {kv_bytes / 2**20:.0f} | {r['ours_gbs']:.1f} "
                     f"| {r['bw_now']:.1f} | {100 * r['ratio']:.0f}% ({100 * r['ratio_lo']:.0f}–"
                     f"{100 * r['ratio_hi']:.0f}) |")
             print(line, flush=True)
             rows.append(line)
-            del k4, v4
+            del case
     md = ["# Decode attention: item length at equal bytes (one thread)", "",
           f"## Run of {time.strftime('%Y-%m-%d %H:%M')}", "",
           f"Command: `python {' '.join(sys.argv)}`", "",
