@@ -144,6 +144,26 @@ def test_decode_writes_every_output_element():
     torch.testing.assert_close(out.float(), fallback.float(), atol=2.5e-2, rtol=0)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_low_precision_query_gives_the_rounded_float32_result(backend, dtype):
+    """The C++ kernels read q and write the output in the model dtype (no float32 copies):
+    the result must be exactly the float32-query result rounded like Tensor.to, including
+    the split-K merge (the 2100-key sequence) and NaN-free ties."""
+    if backend == "torch":
+        pytest.skip("the fallback computes in the query dtype")
+    gen = torch.Generator().manual_seed(21)
+    k, v, offs, lens_t = _make_cache([1, 17, 300, 2100], 2, 64, dtype, shuffle=True, gen=gen)
+    q = torch.randn(4, 8, 64, generator=gen).to(dtype)
+    out = cpu_kernels.decode_attention(q, k, v, offs, lens_t, 0.125)
+    want = cpu_kernels.decode_attention(q.float(), k, v, offs, lens_t, 0.125).to(dtype)
+    assert out.dtype == dtype
+    torch.testing.assert_close(out, want, atol=0, rtol=0)
+    q, k, v, cu = _prefill_case([5, 70], 8, 2, 64, dtype, gen)
+    out = cpu_kernels.prefill_attention(q, k, v, cu, 0.125)
+    torch.testing.assert_close(out, cpu_kernels.prefill_attention(q.float(), k, v, cu, 0.125).to(dtype),
+                               atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("d", [80, 96, 256])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_other_head_dims(backend, d, dtype):

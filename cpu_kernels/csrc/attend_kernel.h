@@ -24,6 +24,26 @@
 
 namespace {
 
+// D elements at element offset `off` of a float32 / bf16 / f16 q tensor, as float32.
+template <class V, int D>
+inline void load_row(const void* base, moelight::KvDtype dt, int64_t off, float* dst) {
+  for (int c = 0; c < D; c += V::W) {
+    V::store(dst + c, dt == moelight::KvDtype::F32
+                          ? V::load(static_cast<const float*>(base) + off + c)
+                          : V::load(static_cast<const uint16_t*>(base) + off + c, dt == moelight::KvDtype::BF16));
+  }
+}
+
+// W output elements at element offset `off`, rounded to the output dtype.
+template <class V>
+inline void store_out(void* base, moelight::KvDtype dt, int64_t off, typename V::R x) {
+  if (dt == moelight::KvDtype::F32) {
+    V::store(static_cast<float*>(base) + off, x);
+  } else {
+    V::store_half(static_cast<uint16_t*>(base) + off, x, dt == moelight::KvDtype::BF16);
+  }
+}
+
 template <class V, class T, int D>
 void attend_rows(const moelight::AttnArgs& a, int r0, int nr) {
   using R = typename V::R;
@@ -46,7 +66,8 @@ void attend_rows(const moelight::AttnArgs& a, int r0, int nr) {
   int64_t kmax = 0;
   for (int r = 0; r < nr; ++r) {
     const int i = (r0 + r) / g, j = (r0 + r) % g;
-    const float* src = a.q + i * a.q_stride_i + j * D;
+    alignas(64) float src[D];
+    load_row<V, D>(a.q, a.q_dtype, i * a.q_stride_i + j * D, src);
     if constexpr (!kDot) {  // the bf16 dot path scores with qh / ql below instead
       for (int c = 0; c < D; ++c) qs[r * D + (kPerm ? perm_index<V::W>(c) : c)] = src[c] * a.scale;
     }
@@ -160,7 +181,7 @@ void attend_rows(const moelight::AttnArgs& a, int r0, int nr) {
 
   for (int r = 0; r < nr; ++r) {
     const int i = (r0 + r) / g, j = (r0 + r) % g;
-    float* dst = a.out + i * a.out_stride_i + j * D;
+    const int64_t dst = i * a.out_stride_i + j * D;
     const float l = V::hsum(V::load(lv + r * V::W));
     // split-K partial (a.m set): unnormalised, the caller merges; else normalised (no keys: zeros).
     const float inv = a.m != nullptr ? 1.0f : (l > 0.0f ? 1.0f / l : 0.0f);
@@ -169,14 +190,16 @@ void attend_rows(const moelight::AttnArgs& a, int r0, int nr) {
       a.l[r0 + r] = l;
     }
     const float* src = acc + r * D;
-    if constexpr (kPerm) {  // undo the even/odd order chunk by chunk (vectorisable, no index math)
-      for (int base = 0; base < D; base += 2 * V::W)
-        for (int w = 0; w < V::W; ++w) {
-          dst[base + 2 * w] = src[base + w] * inv;
-          dst[base + 2 * w + 1] = src[base + V::W + w] * inv;
-        }
+    const R iv = V::set1(inv);
+    if constexpr (kPerm) {  // undo the even/odd order
+      for (int c = 0; c < D; c += 2 * V::W) {
+        R lo, hi;
+        V::interleave(V::mul(V::load(src + c), iv), V::mul(V::load(src + c + V::W), iv), lo, hi);
+        store_out<V>(a.out, a.out_dtype, dst + c, lo);
+        store_out<V>(a.out, a.out_dtype, dst + c + V::W, hi);
+      }
     } else {
-      for (int c = 0; c < D; ++c) dst[c] = src[c] * inv;
+      for (int c = 0; c < D; c += V::W) store_out<V>(a.out, a.out_dtype, dst + c, V::mul(V::load(src + c), iv));
     }
   }
 }

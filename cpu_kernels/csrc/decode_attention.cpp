@@ -23,6 +23,18 @@ struct Item {
   int64_t part;  // -1: whole sequence, written normalised into the output
 };
 
+// q / output dtype the kernel handles directly; anything else goes through float32.
+bool io_native(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; }
+
+// Final row of the split-K merge, rounded like at::Tensor::to.
+void store_row(void* out, at::ScalarType t, int64_t off, const float* row, int64_t d) {
+  for (int64_t c = 0; c < d; ++c) {
+    if (t == at::kFloat) static_cast<float*>(out)[off + c] = row[c];
+    else if (t == at::kBFloat16) static_cast<c10::BFloat16*>(out)[off + c] = c10::BFloat16(row[c]);
+    else static_cast<c10::Half*>(out)[off + c] = c10::Half(row[c]);
+  }
+}
+
 KvDtype kv_dtype(const at::Tensor& t) {
   switch (t.scalar_type()) {
     case at::kFloat: return KvDtype::F32;
@@ -49,12 +61,15 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
   TORCH_CHECK(fn != nullptr, "moelight: no kernel for this CPU / head dim ", d);
 
   const int64_t g = Hq / Hkv;
-  const at::Tensor q32 = q.to(at::kFloat).contiguous();
+  // q and the output stay in the caller's dtype: no float32 copies (they cost a pass over
+  // B x Hq x d and, for large B, most of the fixed per-sequence time).
+  const at::Tensor qc = io_native(q.scalar_type()) ? q.contiguous() : q.to(at::kFloat).contiguous();
+  const KvDtype io = kv_dtype(qc);
   const at::Tensor offs = offsets.to(at::kLong).contiguous();
   const at::Tensor lens = lengths.to(at::kLong).contiguous();
   const int64_t* op = offs.data_ptr<int64_t>();
   const int64_t* lp = lens.data_ptr<int64_t>();
-  at::Tensor out32 = at::empty({B, Hq, d}, q.options().dtype(at::kFloat));
+  at::Tensor out = at::empty({B, Hq, d}, qc.options());
 
   // Chunk length: long enough to stream efficiently, short enough for ~4 items per thread.
   const int nt = at::get_num_threads();
@@ -104,10 +119,12 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
   }
   run_start.push_back(static_cast<int64_t>(items.size()));
 
-  at::Tensor part_acc = at::empty({n_parts, g, d}, out32.options());
-  at::Tensor part_ml = at::empty({n_parts, 2, g}, out32.options());
-  const float* qp = q32.data_ptr<float>();
-  float* outp = out32.data_ptr<float>();
+  at::Tensor part_acc = at::empty({n_parts, g, d}, q.options().dtype(at::kFloat));
+  at::Tensor part_ml = at::empty({n_parts, 2, g}, q.options().dtype(at::kFloat));
+  const void* qp = qc.data_ptr();
+  void* outp = out.data_ptr();
+  const at::ScalarType out_t = out.scalar_type();
+  const int64_t ios = qc.element_size();
   float* pacc = part_acc.data_ptr<float>();
   float* pml = part_ml.data_ptr<float>();
   const char* kp = static_cast<const char*>(k_cache.data_ptr());
@@ -117,7 +134,9 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
 
   auto run_item = [&](const Item& it) {
     AttnArgs a{};
-    a.q = qp + (it.b * Hq + it.h * g) * d;
+    const int64_t row0 = (it.b * Hq + it.h * g) * d;  // first q / output element of the item
+    a.q = static_cast<const char*>(qp) + row0 * ios;
+    a.q_dtype = io;
     a.q_stride_i = 0;
     const int64_t kv_off = (it.h * sh + (op[it.b] + it.start) * st) * es;
     a.k = kp + kv_off;
@@ -129,9 +148,11 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
     a.causal_first = -1;
     a.scale = static_cast<float>(scale);
     if (it.part < 0) {
-      a.out = outp + (it.b * Hq + it.h * g) * d;
+      a.out = static_cast<char*>(outp) + row0 * ios;
+      a.out_dtype = io;
     } else {
       a.out = pacc + it.part * g * d;
+      a.out_dtype = KvDtype::F32;
       a.m = pml + it.part * 2 * g;
       a.l = a.m + g;
     }
@@ -154,8 +175,8 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
     for (int64_t j = 0; j < g; ++j) {
       float mx = -INFINITY;
       for (int64_t p = split_first[s]; p < split_first[s + 1]; ++p) mx = std::max(mx, pml[p * 2 * g + j]);
-      float* dst = outp + (b * Hq + h * g + j) * d;
-      std::fill(dst, dst + d, 0.0f);
+      std::vector<float> row(d, 0.0f);
+      float* dst = row.data();
       float denom = 0.0f;
       for (int64_t p = split_first[s]; p < split_first[s + 1]; ++p) {
         const float w = std::exp(pml[p * 2 * g + j] - mx);
@@ -165,9 +186,10 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
       }
       const float inv = 1.0f / denom;
       for (int64_t c = 0; c < d; ++c) dst[c] *= inv;
+      store_row(outp, out_t, (b * Hq + h * g + j) * d, dst, d);
     }
   }
-  return q.scalar_type() == at::kFloat ? out32 : out32.to(q.scalar_type());
+  return out.scalar_type() == q.scalar_type() ? out : out.to(q.scalar_type());
 }
 
 }  // namespace moelight

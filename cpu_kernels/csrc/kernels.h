@@ -13,8 +13,10 @@ enum class KvDtype : int { F32 = 0, BF16 = 1, F16 = 2 };
 // against keys [0, n_keys) of one contiguous-per-key region.
 // Row r = (i, j) with i = r / group (query), j = r % group (head in the group).
 struct AttnArgs {
-  const float* q;        // row (i, j) at q + i * q_stride_i + j * d, float32, unscaled
+  const void* q;         // row (i, j) at element i * q_stride_i + j * d, unscaled, in q_dtype
   int64_t q_stride_i;
+  KvDtype q_dtype;       // q and the output are read / written in the caller's dtype, so a
+  KvDtype out_dtype;     // bf16 model needs no float32 copies of them (F32 for partials)
   const void* k;         // key t at k + t * kv_stride_t elements (of the KV dtype)
   const void* v;
   int64_t kv_stride_t;
@@ -23,7 +25,7 @@ struct AttnArgs {
   int group;
   int64_t causal_first;  // < 0: no mask; else query i sees keys [0, causal_first + i]
   float scale;
-  float* out;            // row (i, j) at out + i * out_stride_i + j * d
+  void* out;             // row (i, j) at element i * out_stride_i + j * d, in out_dtype
   int64_t out_stride_i;
   float* m;              // nullptr: write softmax-normalised rows. Otherwise write the
   float* l;              // unnormalised accumulator plus running max m and sum l per row

@@ -41,7 +41,8 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k_in, const 
   TORCH_CHECK(fn != nullptr, "moelight: no kernel for this CPU / head dim ", d);
 
   const at::Tensor k = k_in.contiguous(), v = v_in.contiguous();
-  const at::Tensor q32 = q.to(at::kFloat).contiguous();
+  const bool native = q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf;
+  const at::Tensor qc = native ? q.contiguous() : q.to(at::kFloat).contiguous();  // q / out in q's dtype
   const at::Tensor cu = cu_seqlens.to(at::kLong).contiguous();
   const int64_t* cp = cu.data_ptr<int64_t>();
   const int64_t B = cu.numel() - 1;
@@ -59,9 +60,11 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k_in, const 
   std::stable_sort(tiles.begin(), tiles.end(),
                    [](const Tile& x, const Tile& y) { return (x.i0 + x.nq) * x.nq > (y.i0 + y.nq) * y.nq; });
 
-  at::Tensor out32 = at::empty({Tn, Hq, d}, q.options().dtype(at::kFloat));
-  const float* qp = q32.data_ptr<float>();
-  float* outp = out32.data_ptr<float>();
+  at::Tensor out = at::empty({Tn, Hq, d}, qc.options());
+  const char* qp = static_cast<const char*>(qc.data_ptr());
+  char* outp = static_cast<char*>(out.data_ptr());
+  const KvDtype io = prefill_dtype(qc);
+  const int64_t ios = qc.element_size();
   const char* kp = static_cast<const char*>(k.data_ptr());
   const char* vp = static_cast<const char*>(v.data_ptr());
   const int64_t es = k.element_size();
@@ -72,7 +75,8 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k_in, const 
   for (int64_t w = 0; w < n_tiles; ++w) {
     const Tile& t = tiles[w];
     AttnArgs a{};
-    a.q = qp + ((t.start + t.i0) * Hq + t.h * g) * d;
+    a.q = qp + ((t.start + t.i0) * Hq + t.h * g) * d * ios;
+    a.q_dtype = io;
     a.q_stride_i = Hq * d;
     const int64_t kv_off = (t.start * Hkv + t.h) * d * es;
     a.k = kp + kv_off;
@@ -83,11 +87,12 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k_in, const 
     a.group = static_cast<int>(g);
     a.causal_first = t.i0;
     a.scale = static_cast<float>(scale);
-    a.out = outp + ((t.start + t.i0) * Hq + t.h * g) * d;
+    a.out = outp + ((t.start + t.i0) * Hq + t.h * g) * d * ios;
+    a.out_dtype = io;
     a.out_stride_i = Hq * d;
     fn(a);
   }
-  return q.scalar_type() == at::kFloat ? out32 : out32.to(q.scalar_type());
+  return out.scalar_type() == q.scalar_type() ? out : out.to(q.scalar_type());
 }
 
 }  // namespace moelight

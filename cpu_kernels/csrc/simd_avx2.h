@@ -27,6 +27,28 @@ struct VecAvx2 {
     odd = _mm256_castsi256_ps(_mm256_and_si256(x, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
   }
   static void store(float* p, R x) { _mm256_storeu_ps(p, x); }
+  // float32 -> bf16 (round to nearest even, NaN -> 0x7FC0: as torch) or f16 (F16C, RNE).
+  static void store_half(uint16_t* p, R x, bool is_bf16) {
+    __m128i h;
+    if (is_bf16) {
+      const __m256i u = _mm256_castps_si256(x);
+      const __m256i bias = _mm256_add_epi32(_mm256_and_si256(_mm256_srli_epi32(u, 16), _mm256_set1_epi32(1)),
+                                            _mm256_set1_epi32(0x7FFF));
+      __m256i r = _mm256_srli_epi32(_mm256_add_epi32(u, bias), 16);
+      r = _mm256_blendv_epi8(r, _mm256_set1_epi32(0x7FC0), _mm256_castps_si256(_mm256_cmp_ps(x, x, _CMP_UNORD_Q)));
+      // values fit 16 bits: pack per 128-bit lane, then take qwords 0 and 2
+      h = _mm256_castsi256_si128(_mm256_permute4x64_epi64(_mm256_packus_epi32(r, r), 0x08));
+    } else {
+      h = _mm256_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT);
+    }
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(p), h);
+  }
+  // Inverse of load_bf16_pair's order: (even, odd) -> natural elements [0, W) and [W, 2W).
+  static void interleave(R even, R odd, R& lo, R& hi) {
+    const R a = _mm256_unpacklo_ps(even, odd), b = _mm256_unpackhi_ps(even, odd);  // per 128-bit lane
+    lo = _mm256_permute2f128_ps(a, b, 0x20);
+    hi = _mm256_permute2f128_ps(a, b, 0x31);
+  }
   static R add(R a, R b) { return _mm256_add_ps(a, b); }
   static R sub(R a, R b) { return _mm256_sub_ps(a, b); }
   static R mul(R a, R b) { return _mm256_mul_ps(a, b); }

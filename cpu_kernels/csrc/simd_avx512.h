@@ -28,6 +28,28 @@ struct VecAvx512 {
     odd = _mm512_castsi512_ps(_mm512_and_si512(x, _mm512_set1_epi32(static_cast<int>(0xFFFF0000u))));
   }
   static void store(float* p, R x) { _mm512_storeu_ps(p, x); }
+  // float32 -> bf16 (round to nearest even, NaN -> 0x7FC0: as torch) or f16 (F16C, RNE).
+  static void store_half(uint16_t* p, R x, bool is_bf16) {
+    __m256i h;
+    if (is_bf16) {
+      const __m512i u = _mm512_castps_si512(x);
+      const __m512i bias = _mm512_add_epi32(_mm512_and_si512(_mm512_srli_epi32(u, 16), _mm512_set1_epi32(1)),
+                                            _mm512_set1_epi32(0x7FFF));
+      __m512i r = _mm512_srli_epi32(_mm512_add_epi32(u, bias), 16);
+      r = _mm512_mask_mov_epi32(r, _mm512_cmp_ps_mask(x, x, _CMP_UNORD_Q), _mm512_set1_epi32(0x7FC0));
+      h = _mm512_cvtepi32_epi16(r);
+    } else {
+      h = _mm512_cvtps_ph(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), h);
+  }
+  // Inverse of load_bf16_pair's order: (even, odd) -> natural elements [0, W) and [W, 2W).
+  static void interleave(R even, R odd, R& lo, R& hi) {
+    const __m512i il = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    const __m512i ih = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+    lo = _mm512_permutex2var_ps(even, il, odd);
+    hi = _mm512_permutex2var_ps(even, ih, odd);
+  }
   static R add(R a, R b) { return _mm512_add_ps(a, b); }
   static R sub(R a, R b) { return _mm512_sub_ps(a, b); }
   static R mul(R a, R b) { return _mm512_mul_ps(a, b); }
