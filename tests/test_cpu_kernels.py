@@ -145,23 +145,38 @@ def test_decode_writes_every_output_element():
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_low_precision_query_gives_the_rounded_float32_result(backend, dtype):
+@pytest.mark.parametrize("cache_dtype", [torch.float32, torch.float16])
+def test_low_precision_query_gives_the_rounded_float32_result(backend, dtype, cache_dtype):
     """The C++ kernels read q and write the output in the model dtype (no float32 copies):
-    the result must be exactly the float32-query result rounded like Tensor.to, including
-    the split-K merge (the 2100-key sequence) and NaN-free ties."""
+    where the arithmetic does not depend on the output dtype (float32 / f16 caches), the
+    result is exactly the float32-query result rounded like Tensor.to, split-K merge (the
+    2100-key sequence) included."""
     if backend == "torch":
         pytest.skip("the fallback computes in the query dtype")
     gen = torch.Generator().manual_seed(21)
-    k, v, offs, lens_t = _make_cache([1, 17, 300, 2100], 2, 64, dtype, shuffle=True, gen=gen)
+    k, v, offs, lens_t = _make_cache([1, 17, 300, 2100], 2, 64, cache_dtype, shuffle=True, gen=gen)
     q = torch.randn(4, 8, 64, generator=gen).to(dtype)
     out = cpu_kernels.decode_attention(q, k, v, offs, lens_t, 0.125)
     want = cpu_kernels.decode_attention(q.float(), k, v, offs, lens_t, 0.125).to(dtype)
     assert out.dtype == dtype
     torch.testing.assert_close(out, want, atol=0, rtol=0)
     q, k, v, cu = _prefill_case([5, 70], 8, 2, 64, dtype, gen)
+    k, v = k.to(cache_dtype), v.to(cache_dtype)
     out = cpu_kernels.prefill_attention(q, k, v, cu, 0.125)
     torch.testing.assert_close(out, cpu_kernels.prefill_attention(q.float(), k, v, cu, 0.125).to(dtype),
                                atol=0, rtol=0)
+
+
+def test_bf16_output_error_stays_at_the_output_rounding(backend):
+    """A bf16 model's decode may round P to bf16 for P.V (AVX512-BF16): the error against
+    float64 must stay at the size of rounding the exact result to bf16."""
+    gen = torch.Generator().manual_seed(5)
+    k, v, offs, lens_t = _make_cache([1, 15, 16, 33, 700, 3001], 2, 128, torch.bfloat16, shuffle=True, gen=gen)
+    q = (torch.randn(6, 16, 128, generator=gen) * 2).to(torch.bfloat16)
+    out = cpu_kernels.decode_attention(q, k, v, offs, lens_t, 128**-0.5)
+    ref = _decode_ref(q, k, v, offs, lens_t, 128**-0.5)
+    rounding = (ref.to(torch.bfloat16).double() - ref).abs().max()
+    assert (out.double() - ref).abs().max() <= 1.5 * rounding
 
 
 @pytest.mark.parametrize("d", [80, 96, 256])

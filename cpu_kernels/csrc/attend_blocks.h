@@ -4,6 +4,7 @@
 #pragma once
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "kernels.h"
 
@@ -53,6 +54,17 @@ struct RowTouch {
     if (p != nullptr && t < rows) touch_rest(p + t * stride, 0, nbytes);
   }
 };
+
+// f(std::integral_constant<int, NR>{}, r) for row groups [r, r + NR) of 8, 4, 2 and 1 rows
+// covering [0, nr): the P.V kernels keep NR rows of accumulators in registers.
+template <class F>
+inline void for_row_groups(int nr, F&& f) {
+  int r = 0;
+  for (; r + 8 <= nr; r += 8) f(std::integral_constant<int, 8>{}, r);
+  if (nr - r >= 4) { f(std::integral_constant<int, 4>{}, r); r += 4; }
+  if (nr - r >= 2) { f(std::integral_constant<int, 2>{}, r); r += 2; }
+  if (nr - r >= 1) f(std::integral_constant<int, 1>{}, r);
+}
 
 // acc rows [0, NR) += P[r][t] * v_t for t < nk, with v already float32 in L1. NR rows x CG
 // chunks of accumulators stay in registers; each broadcast P[r][t] serves CG chunks.
@@ -104,6 +116,53 @@ inline void accumulate_pv_bf16(float* acc, const float* P, const uint16_t* v, in
         const R p = V::set1(P[r * kKeyBlock + t]);
         for (int cc = 0; cc < 2 * CP; ++cc)
           if (c0 + cc / 2 < NP) a[r][cc] = V::fma(p, vv[cc], a[r][cc]);
+      }
+    }
+    for (int r = 0; r < NR; ++r)
+      for (int cc = 0; cc < 2 * CP; ++cc)
+        if (c0 + cc / 2 < NP) V::store(acc + r * D + c0 * 2 * V::W + cc * V::W, a[r][cc]);
+  }
+}
+
+// bf16 cache with AVX512-BF16: acc += P.V as bf16 dot products over pairs of keys. Rows t
+// and t+1 are paired column by column (two unpacks per 32 columns), so one instruction adds
+// p_t v_t + p_t+1 v_t+1: half the FMA-port work of widening V. P must already be bf16 values
+// (the softmax rounds it, so its row sums match). acc holds each 32-column chunk in the dot
+// order of pair_rows.
+template <class V, int D, int NR>
+inline void accumulate_pv_dot(float* acc, const float* P, const uint16_t* v, int64_t vst, int nk) {
+  using R = typename V::R;
+  constexpr int NP = D / (2 * V::W);  // bf16 chunks per row
+  constexpr int CP = NR >= 8 ? 1 : (NR >= 4 ? 2 : 4);
+  alignas(64) uint32_t pp[NR][kKeyBlock / 2];
+  for (int r = 0; r < NR; ++r) V::pack_pairs(P + r * kKeyBlock, pp[r]);
+  for (int c0 = 0; c0 < NP; c0 += CP) {
+    R a[NR][2 * CP];
+    for (int r = 0; r < NR; ++r)
+      for (int cc = 0; cc < 2 * CP; ++cc)
+        if (c0 + cc / 2 < NP) a[r][cc] = V::load(acc + r * D + c0 * 2 * V::W + cc * V::W);
+    for (int t = 0; t < nk; t += 2) {
+      const uint16_t* v0 = v + t * vst;
+      const uint16_t* v1 = t + 1 < nk ? v0 + vst : nullptr;  // odd tail: p_t+1 is 0
+      if (c0 == 0 && CP < NP) {
+        touch_rest(v0, CP * 2 * V::W * 2, D * 2);
+        if (v1 != nullptr) touch_rest(v1, CP * 2 * V::W * 2, D * 2);
+      }
+      R lo[CP], hi[CP];
+      for (int cc = 0; cc < CP; ++cc) {
+        if (c0 + cc < NP) {
+          const int off = (c0 + cc) * 2 * V::W;
+          V::pair_rows(V::load_raw(v0 + off), v1 != nullptr ? V::load_raw(v1 + off) : V::zero(), lo[cc], hi[cc]);
+        }
+      }
+      for (int r = 0; r < NR; ++r) {
+        const R p = V::set1_pair(pp[r][t / 2]);
+        for (int cc = 0; cc < CP; ++cc) {
+          if (c0 + cc < NP) {
+            a[r][2 * cc] = V::dot_bf16(a[r][2 * cc], lo[cc], p);
+            a[r][2 * cc + 1] = V::dot_bf16(a[r][2 * cc + 1], hi[cc], p);
+          }
+        }
       }
     }
     for (int r = 0; r < NR; ++r)

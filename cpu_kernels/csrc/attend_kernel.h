@@ -9,9 +9,11 @@
 //      (AVX512-BF16) used as stored by bf16 dot products. Doing one row's scores and
 //      softmax at a time was latency-bound (dot -> transpose -> exp chains).
 //   2. online softmax with lazy rescaling (running max m_r, lane-wise sums l_r)
-//   3. acc_r += p[r][t] * v_t with NR rows x CG vectors of accumulators in registers
-// bf16 data is widened in an even/odd element order (no shuffles); q and the output are
-// permuted to match (kPerm). All accumulation is float32.
+//   3. acc_r += p[r][t] * v_t with NR rows x CG vectors of accumulators in registers;
+//      with AVX512-BF16 on a bf16 cache and a bf16/f16 output, as bf16 dot products over
+//      key pairs with P rounded to bf16 (error below the output's own rounding).
+// bf16 data is otherwise widened in an even/odd element order (no shuffles); q and the
+// output are permuted to match (kPerm). All accumulation is float32.
 // Include after `#pragma GCC target` in an ISA TU.
 #pragma once
 #include <cstdint>
@@ -87,9 +89,9 @@ void attend_rows(const moelight::AttnArgs& a, int r0, int nr) {
   const int64_t st = a.kv_stride_t;
   for (int64_t kb = 0; kb < kmax; kb += kKeyBlock) {
     const int nk = kmax - kb < kKeyBlock ? static_cast<int>(kmax - kb) : kKeyBlock;
-    // Widened keys (float32 or converted in L1): touch V while scoring. The bf16 dot path
-    // is faster without it (its V pass is short and touches the rest of each row itself).
-    const RowTouch vt{kDot ? nullptr : reinterpret_cast<const char*>(vbase + kb * st),
+    // Touch V while scoring, so K and V stream side by side instead of in alternating
+    // bursts (measured: the one exception is the bf16-dot scores with float32 P).
+    const RowTouch vt{(kDot && !a.bf16_p) ? nullptr : reinterpret_cast<const char*>(vbase + kb * st),
                       st * static_cast<int64_t>(sizeof(T)), D * static_cast<int>(sizeof(T)), nk};
     // float32 full blocks are read in place; other dtypes / the tail go through L1 scratch.
     const bool direct = sizeof(T) == sizeof(float) && nk == kKeyBlock;
@@ -112,9 +114,9 @@ void attend_rows(const moelight::AttnArgs& a, int r0, int nr) {
     // Phase 1: raw scores of every row (independent work the core can overlap).
     if constexpr (kDot) {
       if (has_lo) {
-        scores_bf16<V, D, true>(P, qh, ql, nr, kraw, kraw_st, a.scale);
+        scores_bf16<V, D, true>(P, qh, ql, nr, kraw, kraw_st, a.scale, vt);
       } else {
-        scores_bf16<V, D, false>(P, qh, ql, nr, kraw, kraw_st, a.scale);
+        scores_bf16<V, D, false>(P, qh, ql, nr, kraw, kraw_st, a.scale, vt);
       }
     } else {
       scores_f32<V, D>(P, qs, nr, kblk, kst, vt);
@@ -152,31 +154,35 @@ void attend_rows(const moelight::AttnArgs& a, int r0, int nr) {
       for (int h = 0; h < NV; ++h) {
         R p = V::exp(V::sub(s[h], mv));
         if (valid < kKeyBlock) p = V::keep_first(p, valid - h * V::W, 0.0f);
+        if constexpr (kDot) {
+          if (a.bf16_p) p = V::round_bf16(p);  // P.V takes P in bf16: sum what it uses
+        }
         V::store(pr + h * V::W, p);
         lsum = V::add(lsum, p);
       }
       V::store(lv + r * V::W, lsum);
     }
 
-    if constexpr (kPerm) {
-      const uint16_t* vraw = reinterpret_cast<const uint16_t*>(vbase + kb * st);
-      int r = 0;
-      for (; r + 8 <= nr; r += 8) accumulate_pv_bf16<V, D, 8>(acc + r * D, P + r * kKeyBlock, vraw, st, nk);
-      if (nr - r >= 4) { accumulate_pv_bf16<V, D, 4>(acc + r * D, P + r * kKeyBlock, vraw, st, nk); r += 4; }
-      if (nr - r >= 2) { accumulate_pv_bf16<V, D, 2>(acc + r * D, P + r * kKeyBlock, vraw, st, nk); r += 2; }
-      if (nr - r >= 1) accumulate_pv_bf16<V, D, 1>(acc + r * D, P + r * kKeyBlock, vraw, st, nk);
-    } else {
-      const float* vblk = reinterpret_cast<const float*>(vbase + kb * st);
-      if (!direct) {
-        load_block<V, T, D, kPerm>(kf, vbase + kb * st, st, nk);  // K no longer needed: reuse its buffer
-        vblk = kf;
-      }
-      int r = 0;
-      for (; r + 8 <= nr; r += 8) accumulate_pv<V, D, 8>(acc + r * D, P + r * kKeyBlock, vblk, kst, nk);
-      if (nr - r >= 4) { accumulate_pv<V, D, 4>(acc + r * D, P + r * kKeyBlock, vblk, kst, nk); r += 4; }
-      if (nr - r >= 2) { accumulate_pv<V, D, 2>(acc + r * D, P + r * kKeyBlock, vblk, kst, nk); r += 2; }
-      if (nr - r >= 1) accumulate_pv<V, D, 1>(acc + r * D, P + r * kKeyBlock, vblk, kst, nk);
+    // Phase 3: acc += P.V, in row groups of 8, 4, 2, 1.
+    const uint16_t* vraw = reinterpret_cast<const uint16_t*>(vbase + kb * st);
+    const float* vblk = reinterpret_cast<const float*>(vbase + kb * st);
+    if (!kPerm && !direct) {
+      load_block<V, T, D, kPerm>(kf, vbase + kb * st, st, nk);  // K no longer needed: reuse its buffer
+      vblk = kf;
     }
+    for_row_groups(nr, [&](auto rows, int r) {
+      constexpr int NR = decltype(rows)::value;
+      float* ar = acc + r * D;
+      const float* pr = P + r * kKeyBlock;
+      if constexpr (kDot) {
+        if (a.bf16_p) return accumulate_pv_dot<V, D, NR>(ar, pr, vraw, st, nk);
+      }
+      if constexpr (kPerm) {
+        accumulate_pv_bf16<V, D, NR>(ar, pr, vraw, st, nk);
+      } else {
+        accumulate_pv<V, D, NR>(ar, pr, vblk, kst, nk);
+      }
+    });
   }
 
   for (int r = 0; r < nr; ++r) {
@@ -191,7 +197,18 @@ void attend_rows(const moelight::AttnArgs& a, int r0, int nr) {
     }
     const float* src = acc + r * D;
     const R iv = V::set1(inv);
-    if constexpr (kPerm) {  // undo the even/odd order
+    if constexpr (kDot) {
+      if (a.bf16_p) {  // undo the dot order of accumulate_pv_dot
+        for (int c = 0; c < D; c += 2 * V::W) {
+          R n0, n1;
+          V::undo_dot_order(V::mul(V::load(src + c), iv), V::mul(V::load(src + c + V::W), iv), n0, n1);
+          store_out<V>(a.out, a.out_dtype, dst + c, n0);
+          store_out<V>(a.out, a.out_dtype, dst + c + V::W, n1);
+        }
+        continue;
+      }
+    }
+    if (kPerm) {  // undo the even/odd order
       for (int c = 0; c < D; c += 2 * V::W) {
         R lo, hi;
         V::interleave(V::mul(V::load(src + c), iv), V::mul(V::load(src + c + V::W), iv), lo, hi);

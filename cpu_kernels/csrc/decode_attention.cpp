@@ -137,6 +137,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
     const int64_t row0 = (it.b * Hq + it.h * g) * d;  // first q / output element of the item
     a.q = static_cast<const char*>(qp) + row0 * ios;
     a.q_dtype = io;
+    a.bf16_p = io != KvDtype::F32;
     a.q_stride_i = 0;
     const int64_t kv_off = (it.h * sh + (op[it.b] + it.start) * st) * es;
     a.k = kp + kv_off;

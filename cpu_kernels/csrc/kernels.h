@@ -27,6 +27,8 @@ struct AttnArgs {
   float scale;
   void* out;             // row (i, j) at element i * out_stride_i + j * d, in out_dtype
   int64_t out_stride_i;
+  bool bf16_p;           // P.V may take P rounded to bf16 (AVX512-BF16 on a bf16 cache): set
+                         // when the caller's output is bf16 / f16 anyway
   float* m;              // nullptr: write softmax-normalised rows. Otherwise write the
   float* l;              // unnormalised accumulator plus running max m and sum l per row
                          // (split-K partials, merged by the caller).

@@ -77,6 +77,7 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k_in, const 
     AttnArgs a{};
     a.q = qp + ((t.start + t.i0) * Hq + t.h * g) * d * ios;
     a.q_dtype = io;
+    a.bf16_p = io != KvDtype::F32;
     a.q_stride_i = Hq * d;
     const int64_t kv_off = (t.start * Hkv + t.h) * d * es;
     a.k = kp + kv_off;
