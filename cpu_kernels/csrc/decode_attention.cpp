@@ -21,6 +21,7 @@ namespace {
 struct Item {
   int64_t b, h, start, n;
   int64_t part;  // -1: whole sequence, written normalised into the output
+  int64_t addr;  // first K element: items run in memory order
 };
 
 // q / output dtype the kernel handles directly; anything else goes through float32.
@@ -82,28 +83,37 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
   chunk = (chunk + 15) / 16 * 16;
 
   std::vector<Item> items;
+  items.reserve(B * Hkv);
   std::vector<int64_t> split_first;  // per split (b, h): first part index; parts are consecutive
   std::vector<std::pair<int64_t, int64_t>> split_bh;
   int64_t n_parts = 0;
-  for (int64_t b = 0; b < B; ++b) {
-    for (int64_t h = 0; h < Hkv; ++h) {
-      const int64_t n = lp[b];
-      if (n <= chunk) {
-        items.push_back({b, h, 0, n, -1});
-        continue;
-      }
-      split_first.push_back(n_parts);
-      split_bh.emplace_back(b, h);
-      for (int64_t s = 0; s < n; s += chunk) items.push_back({b, h, s, std::min(chunk, n - s), n_parts++});
+  // Items in memory order, then contiguous runs of ~equal work: a thread walks a run as one
+  // long stream per K and V, so the hardware prefetcher is not restarted at every item, and
+  // ~8 runs per thread under dynamic scheduling still balance ragged lengths. Generated
+  // head-major for a head-major cache (the engine's [Hkv, T, d]), so the sort is usually
+  // skipped.
+  const int64_t sh = k_cache.stride(0), st = k_cache.stride(1);
+  auto add_items = [&](int64_t b, int64_t h) {
+    const int64_t n = lp[b];
+    if (n <= chunk) {
+      items.push_back({b, h, 0, n, -1, h * sh + op[b] * st});
+      return;
     }
+    split_first.push_back(n_parts);
+    split_bh.emplace_back(b, h);
+    for (int64_t s = 0; s < n; s += chunk)
+      items.push_back({b, h, s, std::min(chunk, n - s), n_parts++, h * sh + (op[b] + s) * st});
+  };
+  if (sh >= T * st) {
+    for (int64_t h = 0; h < Hkv; ++h)
+      for (int64_t b = 0; b < B; ++b) add_items(b, h);
+  } else {
+    for (int64_t b = 0; b < B; ++b)
+      for (int64_t h = 0; h < Hkv; ++h) add_items(b, h);
   }
   split_first.push_back(n_parts);
-  // Memory order, then contiguous runs of ~equal work: a thread walks a run as one long
-  // stream per K and V, so the hardware prefetcher is not restarted at every item, and
-  // ~8 runs per thread under dynamic scheduling still balance ragged lengths.
-  const int64_t sh = k_cache.stride(0), st = k_cache.stride(1);
-  auto addr = [&](const Item& x) { return x.h * sh + (op[x.b] + x.start) * st; };
-  std::sort(items.begin(), items.end(), [&](const Item& x, const Item& y) { return addr(x) < addr(y); });
+  auto by_addr = [](const Item& x, const Item& y) { return x.addr < y.addr; };
+  if (!std::is_sorted(items.begin(), items.end(), by_addr)) std::sort(items.begin(), items.end(), by_addr);
   constexpr int64_t kItemOverhead = 32;  // fixed cost of an item, in keys
   int64_t work = 0;
   for (const Item& it : items) work += it.n + kItemOverhead;
