@@ -192,7 +192,7 @@ def verdict(rows: list[dict], bw: float) -> list[str]:
         worst = min(big, key=lambda r: r["ratio"])
         ok = all(r["ratio"] >= 0.8 for r in big)
         out.append(f"- >= 80% of read bandwidth (median of paired ratios) for B >= 64, ctx >= 512: "
-                   f"{'MET' if ok else 'MISSED'} (worst {100 * worst['ratio']:.0f}% at "
+                   f"{'MET' if ok else 'MISSED'} (worst {100 * worst['ratio']:.1f}% at "
                    f"B={worst['B']}, ctx={worst['ctx']}, {worst['dtype']})")
     for dt, target in (("bfloat16", 10), ("float32", 2)):
         sp = [(r["sdpa_ms"] / r["ours_ms"], r) for r in rows
