@@ -183,11 +183,12 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
 #pragma omp parallel for num_threads(nt) schedule(static) if (n_splits > 1)
   for (int64_t s = 0; s < n_splits; ++s) {
     const int64_t b = split_bh[s].first, h = split_bh[s].second;
+    std::vector<float> row(d);
     for (int64_t j = 0; j < g; ++j) {
       float mx = -INFINITY;
       for (int64_t p = split_first[s]; p < split_first[s + 1]; ++p) mx = std::max(mx, pml[p * 2 * g + j]);
-      std::vector<float> row(d, 0.0f);
       float* dst = row.data();
+      std::fill(dst, dst + d, 0.0f);
       float denom = 0.0f;
       for (int64_t p = split_first[s]; p < split_first[s + 1]; ++p) {
         const float w = std::exp(pml[p * 2 * g + j] - mx);
