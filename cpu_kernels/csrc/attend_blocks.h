@@ -42,9 +42,10 @@ inline void touch_rest(const void* row, int from, int to) {
   for (int b = from; b < to; b += 64) (void)c[b];
 }
 
-// V rows of the block touched while K rows are scored, so K and V stream side by side
-// instead of in alternating bursts (helps float32; the bf16 dot path is faster without it).
-// Empty (p == nullptr) for all but the first row group.
+// V rows of the block touched while K rows are scored, so the misses of K and V are in
+// flight together instead of in alternating bursts (every path except the bf16-dot scores
+// with float32 P, which measured faster without it). Empty (p == nullptr) for all but the
+// first row group.
 struct RowTouch {
   const char* p = nullptr;
   int64_t stride = 0;  // bytes between rows
