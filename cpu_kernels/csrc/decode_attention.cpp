@@ -4,7 +4,7 @@
 // once for all Hq/Hkv query heads of the group. Long sequences are split into chunks
 // (flash-decoding) so that few long sequences still spread over all threads; partial
 // results (unnormalised acc, running max m, sum l) are merged afterwards. Items run
-// in contiguous runs of equal work under dynamic scheduling (see below).
+// in contiguous runs of shrinking size under dynamic scheduling (contiguous_runs).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -34,6 +34,35 @@ void store_row(void* out, at::ScalarType t, int64_t off, const float* row, int64
     else if (t == at::kBFloat16) static_cast<c10::BFloat16*>(out)[off + c] = c10::BFloat16(row[c]);
     else static_cast<c10::Half*>(out)[off + c] = c10::Half(row[c]);
   }
+}
+
+// Splits items (in memory order) into contiguous runs for dynamic scheduling: the first
+// runs are 1/(4 nt) of the remaining work, shrinking to 1/(64 nt) of the total, so each
+// thread streams long runs while the last runs are short. With equal runs of 1/(8 nt), the
+// thread finishing last left the other idle for 2-7% of a call on average (measured),
+// up to 17% when one core was slowed by the host; shrinking runs: 0.3% (1% at worst).
+// Returns the first item of every run, then items.size().
+std::vector<int64_t> contiguous_runs(const std::vector<Item>& items, int nt) {
+  constexpr int64_t kItemOverhead = 32;  // fixed cost of an item, in keys
+  int64_t work = 0;
+  for (const Item& it : items) work += it.n + kItemOverhead;
+  const int64_t min_run = std::max<int64_t>(1, work / (64 * nt));
+  int64_t left = work;
+  int64_t per_run = std::max(min_run, left / (4 * nt));
+  std::vector<int64_t> run_start{0};
+  int64_t acc_work = 0;
+  const int64_t n = static_cast<int64_t>(items.size());
+  for (int64_t w = 0; w < n; ++w) {
+    acc_work += items[w].n + kItemOverhead;
+    if (acc_work >= per_run && w + 1 < n) {
+      run_start.push_back(w + 1);
+      left -= acc_work;
+      acc_work = 0;
+      per_run = std::max(min_run, left / (4 * nt));
+    }
+  }
+  run_start.push_back(n);
+  return run_start;
 }
 
 KvDtype kv_dtype(const at::Tensor& t) {
@@ -87,9 +116,9 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
   std::vector<int64_t> split_first;  // per split (b, h): first part index; parts are consecutive
   std::vector<std::pair<int64_t, int64_t>> split_bh;
   int64_t n_parts = 0;
-  // Items in memory order, then contiguous runs of ~equal work: a thread walks a run as one
-  // long stream per K and V, so the hardware prefetcher is not restarted at every item, and
-  // ~8 runs per thread under dynamic scheduling still balance ragged lengths. Generated
+  // Items in memory order, then contiguous runs (contiguous_runs): a thread walks a run as
+  // one long stream per K and V, so the hardware prefetcher is not restarted at every item,
+  // and dynamic scheduling of shrinking runs balances ragged lengths. Generated
   // head-major for a head-major cache (the engine's [Hkv, T, d]), so the sort is usually
   // skipped.
   const int64_t sh = k_cache.stride(0), st = k_cache.stride(1);
@@ -114,20 +143,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
   split_first.push_back(n_parts);
   auto by_addr = [](const Item& x, const Item& y) { return x.addr < y.addr; };
   if (!std::is_sorted(items.begin(), items.end(), by_addr)) std::sort(items.begin(), items.end(), by_addr);
-  constexpr int64_t kItemOverhead = 32;  // fixed cost of an item, in keys
-  int64_t work = 0;
-  for (const Item& it : items) work += it.n + kItemOverhead;
-  const int64_t per_run = std::max<int64_t>(1, (work + 8 * nt - 1) / (8 * nt));
-  std::vector<int64_t> run_start{0};
-  int64_t acc_work = 0;
-  for (int64_t w = 0; w < static_cast<int64_t>(items.size()); ++w) {
-    acc_work += items[w].n + kItemOverhead;
-    if (acc_work >= per_run && w + 1 < static_cast<int64_t>(items.size())) {
-      run_start.push_back(w + 1);
-      acc_work = 0;
-    }
-  }
-  run_start.push_back(static_cast<int64_t>(items.size()));
+  const std::vector<int64_t> run_start = contiguous_runs(items, nt);
 
   at::Tensor part_acc = at::empty({n_parts, g, d}, q.options().dtype(at::kFloat));
   at::Tensor part_ml = at::empty({n_parts, 2, g}, q.options().dtype(at::kFloat));
