@@ -22,6 +22,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cpu_kernels  # noqa: E402
+from moelight.host_memory import empty_huge  # noqa: E402
 
 HQ, HKV, D = 32, 8, 128
 GB = 1e9
@@ -67,20 +68,27 @@ def hrm_time_fn(bandwidth: float):
 
 
 def make_cache(b: int, ctx: int, dtype: torch.dtype) -> torch.Tensor:
-    """[B, Hkv, ctx, d] filled at memory speed (a random tile repeated)."""
-    kv = torch.empty(b, HKV, ctx, D, dtype=dtype)
+    """[B, Hkv, ctx, d] filled at memory speed (a random tile repeated), allocated as the
+    engine allocates its KV cache (moelight.kv_cache: huge pages where available)."""
+    kv = empty_huge((b, HKV, ctx, D), dtype)
     tile = torch.randn(1, 8192).to(dtype)
     kv.view(-1, 8192).copy_(tile.expand(kv.numel() // 8192, 8192))
     return kv
 
 
-def read_bw_now(buf: torch.Tensor) -> float:
-    """Read bandwidth right now (GB/s), the better of the C++ streaming read and a torch sum:
-    other jobs on a shared machine move it a lot."""
-    fns = [lambda: buf.sum()]
+def probe_buffers() -> list[torch.Tensor]:
+    """512 MiB on 4 KiB pages and 512 MiB on huge pages: the probe takes the best of both, so
+    the KV cache's huge pages are not compared against a read slowed by small pages."""
+    return [torch.ones(2**27, dtype=torch.float32), empty_huge((2**27,), torch.float32).fill_(1.0)]
+
+
+def read_bw_now(bufs: list[torch.Tensor]) -> float:
+    """Read bandwidth right now (GB/s): the best of the C++ streaming read and a torch sum over
+    each buffer. Other jobs on a shared machine move it a lot."""
+    fns = [lambda b=b: b.sum() for b in bufs]
     if cpu_kernels.kernel_backend() != "torch":
-        fns.append(lambda: torch.ops.moelight.stream_read(buf))
-    return max(buf.numel() * buf.element_size() / best_time(f, 3, 0.0) / GB for f in fns)
+        fns += [lambda b=b: torch.ops.moelight.stream_read(b) for b in bufs]
+    return max(bufs[0].numel() * bufs[0].element_size() / best_time(f, 3, 0.0) / GB for f in fns)
 
 
 def cold_time(fn, reps: int, evict: torch.Tensor) -> float:
@@ -95,7 +103,7 @@ def cold_time(fn, reps: int, evict: torch.Tensor) -> float:
     return best
 
 
-def paired_bandwidth(fn, kv_bytes: int, buf: torch.Tensor, evict: torch.Tensor, pairs: int) -> dict:
+def paired_bandwidth(fn, kv_bytes: int, buf: list[torch.Tensor], evict: torch.Tensor, pairs: int) -> dict:
     """Kernel GB/s and the machine's read GB/s measured in alternation, `pairs` times.
 
     The host's read bandwidth moves between states within seconds (other tenants), so each
@@ -127,7 +135,7 @@ def decode_case(b: int, ctx: int, dtype: torch.dtype) -> dict:
     return {"q": q, "k4": k4, "v4": v4, "args": args, "kv_bytes": 2 * k4.numel() * k4.element_size()}
 
 
-def run_case(b: int, ctx: int, dtype: torch.dtype, sdpa: bool, hrm, buf: torch.Tensor,
+def run_case(b: int, ctx: int, dtype: torch.dtype, sdpa: bool, hrm, buf: list[torch.Tensor],
              evict: torch.Tensor, pairs: int) -> dict:
     case = decode_case(b, ctx, dtype)
     q, k4, v4, kv_bytes, scale = case["q"], case["k4"], case["v4"], case["kv_bytes"], D**-0.5
@@ -224,7 +232,7 @@ def main() -> None:
     print(f"backend {backend}, threads {torch.get_num_threads()}, read bandwidth: "
           + ", ".join(f"{k} {v:.1f} GB/s" for k, v in bws.items()))
     rows = []
-    buf = torch.ones(2**27, dtype=torch.float32)  # 512 MiB for the per-case bandwidth probe
+    buf = probe_buffers()  # for the per-case bandwidth probe
     evict = torch.ones(2**25, dtype=torch.float32)  # 128 MiB, 4x the L3, read before each timed call
     for dt in args.dtypes:
         for b in args.batches:
@@ -248,9 +256,11 @@ def main() -> None:
         f"Hq={HQ}, Hkv={HKV}, d={D}, equal contexts. Read bandwidth measured in the same run: "
         + ", ".join(f"{k} {v:.1f} GB/s" for k, v in bws.items()) + f" ('% of run BW' uses {bw:.1f} GB/s). "
         "Other jobs share this 2-core machine and move its read bandwidth between ~40 and ~80 GB/s "
-        f"within seconds, so each case alternates {args.pairs} read-bandwidth probes (the better of the two "
-        "reads, best of 3) with kernel timings (best of 3); '% of read BW now' is the median of the "
-        "paired ratios (range in brackets), 'ours GB/s' and 'read BW now' are medians. Every timed "
+        f"within seconds, so each case alternates {args.pairs} read-bandwidth probes (the best of the two "
+        "reads over 512 MiB on 4 KiB pages and on huge pages, best of 3 each) with kernel timings (best of 3); "
+        "the KV cache is allocated like the engine's (huge pages where the OS offers them); "
+        "'% of read BW now' is the median of the paired ratios (range in brackets), 'ours GB/s' and "
+        "'read BW now' are medians. Every timed "
         "call (ours and SDPA) follows a 128 MiB read, so no case is served from the 32 MiB L3.",
         "SDPA is `F.scaled_dot_product_attention(q[B,Hq,1,d], k[B,Hkv,T,d], v, enable_gqa=True)` on the"
         f" same bytes; skipped (–) where its GQA expansion would need > {SDPA_MEM_LIMIT / 2**30:.0f} GiB.",

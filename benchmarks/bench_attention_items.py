@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_attention import HKV, HQ, D, decode_case, paired_bandwidth  # noqa: E402
+from bench_attention import HKV, HQ, D, decode_case, paired_bandwidth, probe_buffers  # noqa: E402
 
 import cpu_kernels  # noqa: E402
 
@@ -33,7 +33,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     backend = cpu_kernels.kernel_backend()
-    buf = torch.ones(2**27, dtype=torch.float32)
+    buf = probe_buffers()
     evict = torch.ones(2**25, dtype=torch.float32)
     rows = ["| dtype | B | ctx (keys per item) | items | KV MiB | ours GB/s | read BW now | % of read BW (range) |",
             "|---|---|---|---|---|---|---|---|"]

@@ -2,7 +2,9 @@
 
 Each sequence owns `capacity` consecutive token slots (prompt + max new tokens), so no
 slot is wasted on padding to the longest sequence and each (sequence, head) block is
-contiguous for the attention kernel (see cpu_kernels/__init__.py).
+contiguous for the attention kernel (see cpu_kernels/__init__.py). The tensors sit on
+2 MiB huge pages where the OS offers them (moelight.host_memory): attention streams them
+every decode step, and 4 KiB pages cost it a TLB miss and a prefetcher restart every 4 KiB.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass
 import torch
 
 from moelight.config import ModelConfig
+from moelight.host_memory import empty_huge
 
 
 @dataclass
@@ -27,16 +30,16 @@ class RaggedKVCache:
         offsets = torch.cumsum(caps, 0) - caps
         total = int(caps.sum())
         shape = (cfg.num_kv_heads, total, cfg.head_dim)
-        k = [torch.empty(shape, dtype=dtype) for _ in range(cfg.num_layers)]
-        v = [torch.empty(shape, dtype=dtype) for _ in range(cfg.num_layers)]
+        k = [empty_huge(shape, dtype) for _ in range(cfg.num_layers)]
+        v = [empty_huge(shape, dtype) for _ in range(cfg.num_layers)]
         return cls(k, v, offsets, caps)
 
     @classmethod
     def pool(cls, cfg: ModelConfig, total_tokens: int, dtype: torch.dtype) -> RaggedKVCache:
         """Cache of `total_tokens` slots whose regions the caller assigns (moelight.slot_pool)."""
         shape = (cfg.num_kv_heads, total_tokens, cfg.head_dim)
-        k = [torch.empty(shape, dtype=dtype) for _ in range(cfg.num_layers)]
-        v = [torch.empty(shape, dtype=dtype) for _ in range(cfg.num_layers)]
+        k = [empty_huge(shape, dtype) for _ in range(cfg.num_layers)]
+        v = [empty_huge(shape, dtype) for _ in range(cfg.num_layers)]
         empty = torch.zeros(0, dtype=torch.int64)
         return cls(k, v, empty, empty)
 
