@@ -142,13 +142,17 @@ def run_case(b: int, ctx: int, dtype: torch.dtype, sdpa: bool, hrm, buf: list[to
     row = {"B": b, "ctx": ctx, "dtype": str(dtype).removeprefix("torch."), "MiB": kv_bytes / 2**20}
     row.update(paired_bandwidth(lambda: cpu_kernels.decode_attention(*case["args"]), kv_bytes, buf, evict, pairs))
     row["ours_ms"] = kv_bytes / row["ours_gbs"] / GB * 1e3
-    row["sdpa_ms"] = row["sdpa_gbs"] = float("nan")
+    row["sdpa_ms"] = row["sdpa_gbs"] = row["speedup"] = float("nan")
     expanded = 2 * b * HQ * ctx * D * 4
     if sdpa and expanded <= SDPA_MEM_LIMIT:
         q4 = q.unsqueeze(2)
-        ts = cold_time(lambda: F.scaled_dot_product_attention(q4, k4, v4, scale=scale, enable_gqa=True),
-                       2, evict)
+        ours = lambda: cpu_kernels.decode_attention(*case["args"])  # noqa: E731
+        theirs = lambda: F.scaled_dot_product_attention(q4, k4, v4, scale=scale, enable_gqa=True)  # noqa: E731
+        # SDPA and ours back to back, so both see the same host state: median of 3 paired ratios.
+        pairs = [(cold_time(theirs, 1, evict), cold_time(ours, 1, evict)) for _ in range(3)]
+        ts = min(t for t, _ in pairs)
         row["sdpa_ms"], row["sdpa_gbs"] = ts * 1e3, kv_bytes / ts / GB
+        row["speedup"] = sorted(t / o for t, o in pairs)[1]
     row["hrm_ms"] = hrm(b, ctx, dtype) * 1e3 if hrm else float("nan")
     return row
 
@@ -181,7 +185,7 @@ def fmt_table(rows: list[dict], bw: float) -> str:
             "| SDPA ms | SDPA GB/s | speed-up vs SDPA | HRM ms |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
-        sp = r["sdpa_ms"] / r["ours_ms"] if r["sdpa_ms"] == r["sdpa_ms"] else float("nan")
+        sp = r["speedup"]
         lines.append(
             f"| {r['B']} | {r['ctx']} | {r['dtype']} | {r['MiB']:.0f} | {r['ours_ms']:.2f} "
             f"| {r['ours_gbs']:.1f} | {r['bw_now']:.1f} | {100 * r['ratio']:.0f}% "
@@ -203,8 +207,7 @@ def verdict(rows: list[dict], bw: float) -> list[str]:
                    f"{'MET' if ok else 'MISSED'} (worst {100 * worst['ratio']:.1f}% at "
                    f"B={worst['B']}, ctx={worst['ctx']}, {worst['dtype']})")
     for dt, target in (("bfloat16", 10), ("float32", 2)):
-        sp = [(r["sdpa_ms"] / r["ours_ms"], r) for r in rows
-              if r["dtype"] == dt and r["sdpa_ms"] == r["sdpa_ms"]]
+        sp = [(r["speedup"], r) for r in rows if r["dtype"] == dt and r["speedup"] == r["speedup"]]
         if sp:
             s, r = min(sp, key=lambda x: x[0])
             out.append(f"- >= {target}x torch SDPA in {dt}: {'MET' if s >= target else 'MISSED'} "
@@ -263,7 +266,9 @@ def main() -> None:
         "'read BW now' are medians. Every timed "
         "call (ours and SDPA) follows a 128 MiB read, so no case is served from the 32 MiB L3.",
         "SDPA is `F.scaled_dot_product_attention(q[B,Hq,1,d], k[B,Hkv,T,d], v, enable_gqa=True)` on the"
-        f" same bytes; skipped (–) where its GQA expansion would need > {SDPA_MEM_LIMIT / 2**30:.0f} GiB.",
+        f" same bytes; skipped (–) where its GQA expansion would need > {SDPA_MEM_LIMIT / 2**30:.0f} GiB. "
+        "'speed-up vs SDPA' is the median of 3 ratios of an SDPA call and one of ours made back to back "
+        "(same host state); 'SDPA ms' is the best SDPA call.",
         "HRM ms: `hrm.costs.attention_time` with the measured read bandwidth "
         + ("(present)." if hrm else "(hrm/costs.py not importable in this run)."), "",
         table, "", "Targets:", *lines, "", *prefill, "",

@@ -1,0 +1,114 @@
+"""Decode attention on a KV cache on 4 KiB pages against the same cache on 2 MiB huge pages.
+
+The engine allocates its KV cache with moelight.host_memory.empty_huge; this measures what
+that buys. Same kernel, same bytes: each pair times the two caches in alternating order,
+each call after an L3-evicting read, and a read-bandwidth probe before each pair labels the
+host's state (its bandwidth jumps between ~40 and ~80 GB/s within seconds). Reports the
+median time ratio huge / 4 KiB (< 1: huge pages faster), overall and per host state.
+
+    OMP_WAIT_POLICY=passive python benchmarks/ab_kv_pages.py --out benchmarks/results/attention_kv_pages.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench_attention import HKV, HQ, D, probe_buffers, read_bw_now  # noqa: E402
+
+import cpu_kernels  # noqa: E402
+from moelight.host_memory import empty_huge  # noqa: E402
+
+GB = 1e9
+HIGH_STATE_GBS = 58.0  # probes above this are the host's high-bandwidth state
+
+
+def cache_pair(b: int, ctx: int, dtype: torch.dtype) -> tuple[tuple, tuple]:
+    """decode_attention arguments over identical K/V bytes: (4 KiB pages, huge pages)."""
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(b, HQ, D, generator=gen).to(dtype)
+    tile = torch.randn(2, 8192, generator=gen).to(dtype)
+    t_len = (b - 1) * HKV * ctx + ctx
+    out = []
+    for alloc in (lambda shape, dt: torch.empty(shape, dtype=dt), empty_huge):
+        kv = []
+        for i in range(2):
+            x = alloc((b * HKV * ctx * D,), dtype)
+            x.view(-1, 8192).copy_(tile[i].expand(x.numel() // 8192, 8192))
+            kv.append(x.as_strided((HKV, t_len, D), (ctx * D, D, 1)))
+        out.append((q, kv[0], kv[1], torch.arange(b) * HKV * ctx, torch.full((b,), ctx), D**-0.5))
+    return out[0], out[1]
+
+
+def paired(args_small: tuple, args_huge: tuple, bufs, evict: torch.Tensor, pairs: int) -> list[tuple]:
+    """(probe GB/s, time on 4 KiB pages, time on huge pages) per pair, order alternating."""
+    f = cpu_kernels.decode_attention
+    f(*args_small)
+    f(*args_huge)
+    rows = []
+    for i in range(pairs):
+        bw = read_bw_now(bufs)
+        t = {}
+        for name, a in (("small", args_small), ("huge", args_huge)) if i % 2 == 0 else (
+                ("huge", args_huge), ("small", args_small)):
+            evict.sum()
+            t0 = time.perf_counter()
+            f(*a)
+            t[name] = time.perf_counter() - t0
+        rows.append((bw, t["small"], t["huge"]))
+    return rows
+
+
+def summary(rows: list[tuple]) -> str:
+    if not rows:
+        return "–"
+    r = [h / s for _, s, h in rows]
+    return f"{statistics.median(r):.3f} ({min(r):.2f}–{max(r):.2f}, n={len(r)})"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", nargs="+", default=["64x512", "256x512", "64x2048"], help="BxCTX")
+    ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
+    ap.add_argument("--pairs", type=int, default=21)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    bufs, evict = probe_buffers(), torch.ones(2**25)
+    head = ["| dtype | B | ctx | KV MiB | 4 KiB GB/s (median) | huge GB/s (median) "
+            "| time huge / 4 KiB, all pairs | probe < 58 GB/s | probe ≥ 58 GB/s |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    lines = list(head)
+    for dt in args.dtypes:
+        for case in args.cases:
+            b, ctx = (int(x) for x in case.split("x"))
+            small, huge = cache_pair(b, ctx, getattr(torch, dt))
+            torch.testing.assert_close(cpu_kernels.decode_attention(*small), cpu_kernels.decode_attention(*huge),
+                                       atol=0, rtol=0)
+            rows = paired(small, huge, bufs, evict, args.pairs)
+            nbytes = 2 * small[1].untyped_storage().nbytes()
+            line = (f"| {dt} | {b} | {ctx} | {nbytes / 2**20:.0f} "
+                    f"| {nbytes / statistics.median(s for _, s, _ in rows) / GB:.1f} "
+                    f"| {nbytes / statistics.median(h for _, _, h in rows) / GB:.1f} | {summary(rows)} "
+                    f"| {summary([x for x in rows if x[0] < HIGH_STATE_GBS])} "
+                    f"| {summary([x for x in rows if x[0] >= HIGH_STATE_GBS])} |")
+            print(line, flush=True)
+            lines.append(line)
+            del small, huge
+    if args.out:
+        md = ["# Decode attention: KV cache on 4 KiB pages vs 2 MiB huge pages (paired, one process)", "",
+              f"Command: `python {' '.join(sys.argv)}`", "",
+              f"Backend `{cpu_kernels.kernel_backend()}`, {torch.get_num_threads()} threads, torch "
+              f"{torch.__version__}, Hq={HQ}, Hkv={HKV}, d={D}, {args.pairs} pairs per case.", "", *lines, ""]
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("\n".join(md))
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
