@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_attention import HKV, HQ, D, probe_buffers, read_bw_now  # noqa: E402
+from bench_attention import HKV, HQ, D, decode_case, probe_buffers, read_bw_now  # noqa: E402
 
 import cpu_kernels  # noqa: E402
 from moelight.host_memory import empty_huge  # noqa: E402
@@ -29,21 +29,13 @@ GB = 1e9
 HIGH_STATE_GBS = 58.0  # probes above this are the host's high-bandwidth state
 
 
-def cache_pair(b: int, ctx: int, dtype: torch.dtype) -> tuple[tuple, tuple]:
-    """decode_attention arguments over identical K/V bytes: (4 KiB pages, huge pages)."""
-    gen = torch.Generator().manual_seed(0)
-    q = torch.randn(b, HQ, D, generator=gen).to(dtype)
-    tile = torch.randn(2, 8192, generator=gen).to(dtype)
-    t_len = (b - 1) * HKV * ctx + ctx
-    out = []
+def cache_pair(b: int, ctx: int, dtype: torch.dtype) -> tuple[dict, dict]:
+    """bench_attention.decode_case over identical bytes: (on 4 KiB pages, on huge pages)."""
+    cases = []
     for alloc in (lambda shape, dt: torch.empty(shape, dtype=dt), empty_huge):
-        kv = []
-        for i in range(2):
-            x = alloc((b * HKV * ctx * D,), dtype)
-            x.view(-1, 8192).copy_(tile[i].expand(x.numel() // 8192, 8192))
-            kv.append(x.as_strided((HKV, t_len, D), (ctx * D, D, 1)))
-        out.append((q, kv[0], kv[1], torch.arange(b) * HKV * ctx, torch.full((b,), ctx), D**-0.5))
-    return out[0], out[1]
+        torch.manual_seed(0)
+        cases.append(decode_case(b, ctx, dtype, alloc))
+    return cases[0], cases[1]
 
 
 def paired(args_small: tuple, args_huge: tuple, bufs, evict: torch.Tensor, pairs: int) -> list[tuple]:
@@ -88,10 +80,10 @@ def main() -> None:
         for case in args.cases:
             b, ctx = (int(x) for x in case.split("x"))
             small, huge = cache_pair(b, ctx, getattr(torch, dt))
-            torch.testing.assert_close(cpu_kernels.decode_attention(*small), cpu_kernels.decode_attention(*huge),
-                                       atol=0, rtol=0)
-            rows = paired(small, huge, bufs, evict, args.pairs)
-            nbytes = 2 * small[1].untyped_storage().nbytes()
+            torch.testing.assert_close(cpu_kernels.decode_attention(*small["args"]),
+                                       cpu_kernels.decode_attention(*huge["args"]), atol=0, rtol=0)
+            rows = paired(small["args"], huge["args"], bufs, evict, args.pairs)
+            nbytes = small["kv_bytes"]
             line = (f"| {dt} | {b} | {ctx} | {nbytes / 2**20:.0f} "
                     f"| {nbytes / statistics.median(s for _, s, _ in rows) / GB:.1f} "
                     f"| {nbytes / statistics.median(h for _, _, h in rows) / GB:.1f} | {summary(rows)} "

@@ -67,10 +67,10 @@ def hrm_time_fn(bandwidth: float):
     return lambda b, ctx, dtype: attention_time(hw, m, b, ctx, "cpu", str(dtype).removeprefix("torch."))
 
 
-def make_cache(b: int, ctx: int, dtype: torch.dtype) -> torch.Tensor:
-    """[B, Hkv, ctx, d] filled at memory speed (a random tile repeated), allocated as the
-    engine allocates its KV cache (moelight.kv_cache: huge pages where available)."""
-    kv = empty_huge((b, HKV, ctx, D), dtype)
+def make_cache(b: int, ctx: int, dtype: torch.dtype, alloc=empty_huge) -> torch.Tensor:
+    """[B, Hkv, ctx, d] filled at memory speed (a random tile repeated); by default allocated
+    as the engine allocates its KV cache (moelight.kv_cache: huge pages where available)."""
+    kv = alloc((b, HKV, ctx, D), dtype)
     tile = torch.randn(1, 8192).to(dtype)
     kv.view(-1, 8192).copy_(tile.expand(kv.numel() // 8192, 8192))
     return kv
@@ -122,11 +122,11 @@ def paired_bandwidth(fn, kv_bytes: int, buf: list[torch.Tensor], evict: torch.Te
             "ratio_lo": min(ratios), "ratio_hi": max(ratios)}
 
 
-def decode_case(b: int, ctx: int, dtype: torch.dtype) -> dict:
+def decode_case(b: int, ctx: int, dtype: torch.dtype, alloc=empty_huge) -> dict:
     """One decode batch of b sequences at ctx keys: SDPA's [B, Hkv, T, d] tensors, and the
     decode_attention arguments over the same bytes in the engine's layout [Hkv, T, d]
     ((b, h) block at b*Hkv*ctx)."""
-    k4, v4 = make_cache(b, ctx, dtype), make_cache(b, ctx, dtype)
+    k4, v4 = make_cache(b, ctx, dtype, alloc), make_cache(b, ctx, dtype, alloc)
     q = torch.randn(b, HQ, D).to(dtype)
     t_len = (b - 1) * HKV * ctx + ctx
     kc = k4.as_strided((HKV, t_len, D), (ctx * D, D, 1))
@@ -140,13 +140,13 @@ def run_case(b: int, ctx: int, dtype: torch.dtype, sdpa: bool, hrm, buf: list[to
     case = decode_case(b, ctx, dtype)
     q, k4, v4, kv_bytes, scale = case["q"], case["k4"], case["v4"], case["kv_bytes"], D**-0.5
     row = {"B": b, "ctx": ctx, "dtype": str(dtype).removeprefix("torch."), "MiB": kv_bytes / 2**20}
-    row.update(paired_bandwidth(lambda: cpu_kernels.decode_attention(*case["args"]), kv_bytes, buf, evict, pairs))
+    ours = lambda: cpu_kernels.decode_attention(*case["args"])  # noqa: E731
+    row.update(paired_bandwidth(ours, kv_bytes, buf, evict, pairs))
     row["ours_ms"] = kv_bytes / row["ours_gbs"] / GB * 1e3
     row["sdpa_ms"] = row["sdpa_gbs"] = row["speedup"] = float("nan")
     expanded = 2 * b * HQ * ctx * D * 4
     if sdpa and expanded <= SDPA_MEM_LIMIT:
         q4 = q.unsqueeze(2)
-        ours = lambda: cpu_kernels.decode_attention(*case["args"])  # noqa: E731
         theirs = lambda: F.scaled_dot_product_attention(q4, k4, v4, scale=scale, enable_gqa=True)  # noqa: E731
         # SDPA and ours back to back, so both see the same host state: median of 3 paired ratios.
         pairs = [(cold_time(theirs, 1, evict), cold_time(ours, 1, evict)) for _ in range(3)]

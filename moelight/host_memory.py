@@ -30,8 +30,7 @@ def empty_huge(shape: tuple[int, ...], dtype: torch.dtype, *, min_bytes: int = H
 
     The tensor owns the mapping: it is unmapped when the last view of the tensor is freed.
     Pages are still populated on first touch, as with `torch.empty`."""
-    itemsize = torch.empty((), dtype=dtype).element_size()
-    nbytes = math.prod(shape) * itemsize
+    nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < max(min_bytes, 1) or not huge_pages_available():
         return torch.empty(shape, dtype=dtype)
     length = nbytes + HUGE_PAGE  # room to start on a 2 MiB boundary
