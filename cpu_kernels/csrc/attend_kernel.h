@@ -68,21 +68,33 @@ void attend_rows(const moelight::AttnArgs& a, int r0, int nr) {
   int64_t kmax = 0;
   for (int r = 0; r < nr; ++r) {
     const int i = (r0 + r) / g, j = (r0 + r) % g;
-    alignas(64) float src[D];
-    load_row<V, D>(a.q, a.q_dtype, i * a.q_stride_i + j * D, src);
-    if constexpr (!kDot) {  // the bf16 dot path scores with qh / ql below instead
-      for (int c = 0; c < D; ++c) qs[r * D + (kPerm ? perm_index<V::W>(c) : c)] = src[c] * a.scale;
-    }
-    if constexpr (kDot) {
-      for (int c = 0; c < D; c += V::W) has_lo |= V::split_bf16(src + c, qh + r * D + c, ql + r * D + c);
+    // Per-item setup is a measurable share of short items (ctx 128-512) from DRAM, so the
+    // common cases skip the float32 staging row: float32 q scaled straight into qs, bf16 q
+    // used as its own high half (its low half is zero).
+    const int64_t qoff = i * a.q_stride_i + j * D;
+    if (!kPerm && !kDot && a.q_dtype == moelight::KvDtype::F32) {
+      const float* qf = static_cast<const float*>(a.q) + qoff;
+      const R sc = V::set1(a.scale);
+      for (int c = 0; c < D; c += V::W) V::store(qs + r * D + c, V::mul(V::load(qf + c), sc));
+    } else if (kDot && a.q_dtype == moelight::KvDtype::BF16) {
+      std::memcpy(qh + r * D, static_cast<const uint16_t*>(a.q) + qoff, D * sizeof(uint16_t));
+    } else {
+      alignas(64) float src[D];
+      load_row<V, D>(a.q, a.q_dtype, qoff, src);
+      if constexpr (!kDot) {  // the bf16 dot path scores with qh / ql below instead
+        for (int c = 0; c < D; ++c) qs[r * D + (kPerm ? perm_index<V::W>(c) : c)] = src[c] * a.scale;
+      }
+      if constexpr (kDot) {
+        for (int c = 0; c < D; c += V::W) has_lo |= V::split_bf16(src + c, qh + r * D + c, ql + r * D + c);
+      }
     }
     limit[r] = a.causal_first < 0 ? a.n_keys : a.causal_first + i + 1;
     if (limit[r] > a.n_keys) limit[r] = a.n_keys;
     if (limit[r] > kmax) kmax = limit[r];
     m[r] = -__builtin_inff();
     V::store(lv + r * V::W, V::zero());
+    for (int c = 0; c < D; c += V::W) V::store(acc + r * D + c, V::zero());  // D fixed: inlined, no memset call
   }
-  std::memset(acc, 0, sizeof(float) * nr * D);
 
   const T* kbase = static_cast<const T*>(a.k);
   const T* vbase = static_cast<const T*>(a.v);
@@ -145,9 +157,11 @@ void attend_rows(const moelight::AttnArgs& a, int r0, int nr) {
         for (int h = 1; h < NV; ++h) mx = V::max(mx, s[h]);
         const float bm = V::hmax(mx);
         const float m_new = m[r] > bm ? m[r] : bm;
-        const R av = V::set1(__builtin_expf(m[r] - m_new));  // 0 on the first block (m = -inf)
-        lsum = V::mul(lsum, av);
-        for (int c = 0; c < D; c += V::W) V::store(acc + r * D + c, V::mul(av, V::load(acc + r * D + c)));
+        if (m[r] != -__builtin_inff()) {  // on the first block acc and lsum are still zero
+          const R av = V::set1(__builtin_expf(m[r] - m_new));
+          lsum = V::mul(lsum, av);
+          for (int c = 0; c < D; c += V::W) V::store(acc + r * D + c, V::mul(av, V::load(acc + r * D + c)));
+        }
         m[r] = m_new;
       }
       const R mv = V::set1(m[r]);
