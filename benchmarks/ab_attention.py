@@ -76,6 +76,8 @@ def main() -> None:
                     help="BxCTX")
     ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
     ap.add_argument("--pairs", type=int, default=15)
+    ap.add_argument("--slack", type=int, default=0,
+                    help="free slots after each (sequence, KV head) block, as in the engine's decode")
     ap.add_argument("--out", type=Path, help="also write the table here (markdown)")
     args = ap.parse_args()
     fa = build_renamed(args.a.resolve(), "moelight_ab_a")
@@ -88,7 +90,7 @@ def main() -> None:
         for dt in args.dtypes:
             for case in args.cases:
                 b, ctx = (int(x) for x in case.split("x"))
-                c = decode_case(b, ctx, getattr(torch, dt))
+                c = decode_case(b, ctx, getattr(torch, dt), slack=args.slack)
                 torch.testing.assert_close(fa(*c["args"]), fb(*c["args"]), atol=2e-2, rtol=0)
                 r = paired_ratio(fa, fb, c["args"], evict, args.pairs)
                 gb = c["kv_bytes"] / GB
@@ -100,7 +102,8 @@ def main() -> None:
     if args.out:
         md = ["# Decode attention A/B (paired, one process)", "",
               f"Command: `python {' '.join(sys.argv)}`", "",
-              f"A = `{args.a}`, B = `{args.b}`, torch {torch.__version__}, {args.pairs} pairs per case.", "",
+              f"A = `{args.a}`, B = `{args.b}`, torch {torch.__version__}, {args.pairs} pairs per case, "
+              f"{args.slack} free slots after each (sequence, KV head) block.", "",
               *rows, ""]
         args.out.write_text("\n".join(md))
         print(f"wrote {args.out}")

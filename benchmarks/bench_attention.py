@@ -122,16 +122,20 @@ def paired_bandwidth(fn, kv_bytes: int, buf: list[torch.Tensor], evict: torch.Te
             "ratio_lo": min(ratios), "ratio_hi": max(ratios)}
 
 
-def decode_case(b: int, ctx: int, dtype: torch.dtype, alloc=empty_huge) -> dict:
+def decode_case(b: int, ctx: int, dtype: torch.dtype, alloc=empty_huge, slack: int = 0) -> dict:
     """One decode batch of b sequences at ctx keys: SDPA's [B, Hkv, T, d] tensors, and the
     decode_attention arguments over the same bytes in the engine's layout [Hkv, T, d]
-    ((b, h) block at b*Hkv*ctx)."""
-    k4, v4 = make_cache(b, ctx, dtype, alloc), make_cache(b, ctx, dtype, alloc)
+    ((b, h) block at b*Hkv*cap). `slack` free slots follow each block, as in the engine, where
+    a sequence owns prompt + max-new-tokens slots and decodes with fewer filled (k4 / v4 are
+    then non-contiguous views of the first ctx slots)."""
+    cap = ctx + slack
+    k4, v4 = make_cache(b, cap, dtype, alloc), make_cache(b, cap, dtype, alloc)
     q = torch.randn(b, HQ, D).to(dtype)
-    t_len = (b - 1) * HKV * ctx + ctx
-    kc = k4.as_strided((HKV, t_len, D), (ctx * D, D, 1))
-    vc = v4.as_strided((HKV, t_len, D), (ctx * D, D, 1))
-    args = (q, kc, vc, torch.arange(b) * HKV * ctx, torch.full((b,), ctx), D**-0.5)
+    t_len = (b - 1) * HKV * cap + cap
+    kc = k4.as_strided((HKV, t_len, D), (cap * D, D, 1))
+    vc = v4.as_strided((HKV, t_len, D), (cap * D, D, 1))
+    args = (q, kc, vc, torch.arange(b) * HKV * cap, torch.full((b,), ctx), D**-0.5)
+    k4, v4 = k4[:, :, :ctx], v4[:, :, :ctx]
     return {"q": q, "k4": k4, "v4": v4, "args": args, "kv_bytes": 2 * k4.numel() * k4.element_size()}
 
 

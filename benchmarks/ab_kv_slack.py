@@ -1,0 +1,82 @@
+"""Decode attention over a packed KV cache against the engine's layout, free slots after each block.
+
+The engine gives each sequence prompt + max-new-tokens slots (moelight.kv_cache, slot_pool),
+so while it decodes, every (sequence, KV head) block is followed by the slots it has not yet
+filled; bench_attention.py times packed blocks. Same kernel, same keys and values:
+each pair times the two layouts in alternating order, each call after an L3-evicting read,
+with a read-bandwidth probe before each pair labelling the host's state. Reports the median
+time ratio slack / packed (> 1: the gaps cost time), overall and per host state.
+
+    OMP_WAIT_POLICY=passive python benchmarks/ab_kv_slack.py --out benchmarks/results/attention_kv_slack.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from ab_kv_pages import HIGH_STATE_GBS, paired, summary  # noqa: E402
+from bench_attention import HKV, HQ, D, decode_case, probe_buffers  # noqa: E402
+
+import cpu_kernels  # noqa: E402
+
+GB = 1e9
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--cases", nargs="+", default=["64x512", "256x512", "256x128"], help="BxCTX")
+    ap.add_argument("--slacks", nargs="+", type=int, default=[8, 64], help="free slots after each block")
+    ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
+    ap.add_argument("--pairs", type=int, default=21)
+    ap.add_argument("--out", type=Path)
+    args = ap.parse_args()
+    bufs, evict = probe_buffers(), torch.ones(2**25)
+    lines = ["| dtype | B | ctx | free slots | packed GB/s (median) | with slots GB/s (median) "
+             f"| time slots / packed, all pairs | probe < {HIGH_STATE_GBS:.0f} GB/s "
+             f"| probe ≥ {HIGH_STATE_GBS:.0f} GB/s |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for dt in args.dtypes:
+        for case in args.cases:
+            b, ctx = (int(x) for x in case.split("x"))
+            torch.manual_seed(0)
+            packed = decode_case(b, ctx, getattr(torch, dt))
+            for slack in args.slacks:
+                torch.manual_seed(0)
+                gapped = decode_case(b, ctx, getattr(torch, dt), slack=slack)
+                gapped["k4"].copy_(packed["k4"])  # the same keys and values in both layouts
+                gapped["v4"].copy_(packed["v4"])
+                gapped["args"] = (packed["q"], *gapped["args"][1:])
+                torch.testing.assert_close(cpu_kernels.decode_attention(*packed["args"]),
+                                           cpu_kernels.decode_attention(*gapped["args"]), atol=0, rtol=0)
+                # paired() labels its two arguments (small, huge): here (packed, with slots).
+                rows = paired(packed["args"], gapped["args"], bufs, evict, args.pairs)
+                nbytes = packed["kv_bytes"]
+                line = (f"| {dt} | {b} | {ctx} | {slack} "
+                        f"| {nbytes / statistics.median(p for _, p, _ in rows) / GB:.1f} "
+                        f"| {nbytes / statistics.median(g for _, _, g in rows) / GB:.1f} | {summary(rows)} "
+                        f"| {summary([x for x in rows if x[0] < HIGH_STATE_GBS])} "
+                        f"| {summary([x for x in rows if x[0] >= HIGH_STATE_GBS])} |")
+                print(line, flush=True)
+                lines.append(line)
+                del gapped
+            del packed
+    if args.out:
+        md = ["# Decode attention: packed KV blocks vs the engine's free slots after each block "
+              "(paired, one process)", "",
+              f"Command: `python {' '.join(sys.argv)}`", "",
+              f"Backend `{cpu_kernels.kernel_backend()}`, {torch.get_num_threads()} threads, torch "
+              f"{torch.__version__}, Hq={HQ}, Hkv={HKV}, d={D}, {args.pairs} pairs per case; "
+              "a free slot is one token row of K (and of V) per KV head.", "", *lines, ""]
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text("\n".join(md))
+        print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
