@@ -28,12 +28,35 @@ import cpu_kernels  # noqa: E402
 GB = 1e9
 
 
+def engine_case(slack: int) -> dict:
+    """The README job's decode attention (model bench-1b: Hq=16, Hkv=4, d=64, bf16): 256
+    sequences of MT-Bench-like prompt lengths with 32 tokens generated, each region followed
+    by `slack` free slots (32: half of gen 64 still to come)."""
+    from moelight.host_memory import empty_huge
+
+    b, hq, hkv, d = 256, 16, 4, 64
+    gen = torch.Generator().manual_seed(0)
+    lens = torch.empty(b).log_normal_(3.95, 0.75, generator=gen).clamp(10, 418).long() + 32
+    caps = lens + slack
+    offs = torch.cumsum(caps, 0) - caps
+    k = empty_huge((hkv, int(caps.sum()), d), torch.bfloat16)
+    v = empty_huge((hkv, int(caps.sum()), d), torch.bfloat16)
+    for h in range(hkv):  # the same keys and values whatever the slack
+        for t in (k, v):
+            vals = torch.randn(int(lens.sum()), d, generator=gen).bfloat16()
+            t[h, torch.repeat_interleave(offs, lens) + torch.cat([torch.arange(n) for n in lens.tolist()])] = vals
+    q = torch.randn(b, hq, d, generator=gen).bfloat16()
+    return {"args": (q, k, v, offs, lens, d**-0.5), "kv_bytes": 2 * hkv * int(lens.sum()) * d * 2}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--cases", nargs="+", default=["64x512", "256x512", "256x128"], help="BxCTX")
+    ap.add_argument("--cases", nargs="*", default=["64x512", "256x512", "256x128"], help="BxCTX")
     ap.add_argument("--slacks", nargs="+", type=int, default=[8, 64], help="free slots after each block")
     ap.add_argument("--dtypes", nargs="+", default=["bfloat16", "float32"])
     ap.add_argument("--pairs", type=int, default=21)
+    ap.add_argument("--engine-pairs", type=int, default=21,
+                    help="pairs for the README job's own decode shapes (0: skip)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
     bufs, evict = probe_buffers(), torch.ones(2**25)
@@ -66,13 +89,27 @@ def main() -> None:
                 lines.append(line)
                 del gapped
             del packed
+    if args.engine_pairs:
+        packed, gapped = engine_case(0), engine_case(32)
+        torch.testing.assert_close(cpu_kernels.decode_attention(*packed["args"]),
+                                   cpu_kernels.decode_attention(*gapped["args"]), atol=0, rtol=0)
+        rows = paired(packed["args"], gapped["args"], bufs, evict, args.engine_pairs)
+        nbytes = packed["kv_bytes"]
+        line = (f"| bfloat16 | 256 (bench-1b, ragged) | 77 + 32 (mean) | 32 "
+                f"| {nbytes / statistics.median(p for _, p, _ in rows) / GB:.1f} "
+                f"| {nbytes / statistics.median(g for _, _, g in rows) / GB:.1f} | {summary(rows)} "
+                f"| {summary([x for x in rows if x[0] < HIGH_STATE_GBS])} "
+                f"| {summary([x for x in rows if x[0] >= HIGH_STATE_GBS])} |")
+        print(line, flush=True)
+        lines.append(line)
     if args.out:
         md = ["# Decode attention: packed KV blocks vs the engine's free slots after each block "
               "(paired, one process)", "",
               f"Command: `python {' '.join(sys.argv)}`", "",
               f"Backend `{cpu_kernels.kernel_backend()}`, {torch.get_num_threads()} threads, torch "
               f"{torch.__version__}, Hq={HQ}, Hkv={HKV}, d={D}, {args.pairs} pairs per case; "
-              "a free slot is one token row of K (and of V) per KV head.", "", *lines, ""]
+              "a free slot is one token row of K (and of V) per KV head. The last row: the README job's "
+              "decode attention (bench-1b: Hq=16, Hkv=4, d=64).", "", *lines, ""]
         args.out.parent.mkdir(parents=True, exist_ok=True)
         args.out.write_text("\n".join(md))
         print(f"wrote {args.out}")
