@@ -215,7 +215,7 @@ def verdict(rows: list[dict], bw: float) -> list[str]:
         if sp:
             s, r = min(sp, key=lambda x: x[0])
             out.append(f"- >= {target}x torch SDPA in {dt}: {'MET' if s >= target else 'MISSED'} "
-                       f"(smallest {s:.1f}x at B={r['B']}, ctx={r['ctx']})")
+                       f"(smallest {s:.2f}x at B={r['B']}, ctx={r['ctx']})")
     return out
 
 
