@@ -57,6 +57,15 @@ def paired(args_small: tuple, args_huge: tuple, bufs, evict: torch.Tensor, pairs
     return rows
 
 
+def ratio_cells(rows: list[tuple], nbytes: int) -> str:
+    """Table cells of paired rows: median GB/s of each side, then the B/A time ratio over all
+    pairs, the low-state pairs and the high-state pairs."""
+    return (f"| {nbytes / statistics.median(a for _, a, _ in rows) / GB:.1f} "
+            f"| {nbytes / statistics.median(b for _, _, b in rows) / GB:.1f} | {summary(rows)} "
+            f"| {summary([x for x in rows if x[0] < HIGH_STATE_GBS])} "
+            f"| {summary([x for x in rows if x[0] >= HIGH_STATE_GBS])} |")
+
+
 def summary(rows: list[tuple]) -> str:
     if not rows:
         return "–"
@@ -84,11 +93,7 @@ def main() -> None:
                                        cpu_kernels.decode_attention(*huge["args"]), atol=0, rtol=0)
             rows = paired(small["args"], huge["args"], bufs, evict, args.pairs)
             nbytes = small["kv_bytes"]
-            line = (f"| {dt} | {b} | {ctx} | {nbytes / 2**20:.0f} "
-                    f"| {nbytes / statistics.median(s for _, s, _ in rows) / GB:.1f} "
-                    f"| {nbytes / statistics.median(h for _, _, h in rows) / GB:.1f} | {summary(rows)} "
-                    f"| {summary([x for x in rows if x[0] < HIGH_STATE_GBS])} "
-                    f"| {summary([x for x in rows if x[0] >= HIGH_STATE_GBS])} |")
+            line = f"| {dt} | {b} | {ctx} | {nbytes / 2**20:.0f} " + ratio_cells(rows, nbytes)
             print(line, flush=True)
             lines.append(line)
             del small, huge

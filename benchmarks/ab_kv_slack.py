@@ -13,19 +13,16 @@ time ratio slack / packed (> 1: the gaps cost time), overall and per host state.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from ab_kv_pages import HIGH_STATE_GBS, paired, summary  # noqa: E402
+from ab_kv_pages import HIGH_STATE_GBS, paired, ratio_cells  # noqa: E402
 from bench_attention import HKV, HQ, D, decode_case, probe_buffers  # noqa: E402
 
 import cpu_kernels  # noqa: E402
-
-GB = 1e9
 
 
 def engine_case(slack: int) -> dict:
@@ -80,11 +77,7 @@ def main() -> None:
                 # paired() labels its two arguments (small, huge): here (packed, with slots).
                 rows = paired(packed["args"], gapped["args"], bufs, evict, args.pairs)
                 nbytes = packed["kv_bytes"]
-                line = (f"| {dt} | {b} | {ctx} | {slack} "
-                        f"| {nbytes / statistics.median(p for _, p, _ in rows) / GB:.1f} "
-                        f"| {nbytes / statistics.median(g for _, _, g in rows) / GB:.1f} | {summary(rows)} "
-                        f"| {summary([x for x in rows if x[0] < HIGH_STATE_GBS])} "
-                        f"| {summary([x for x in rows if x[0] >= HIGH_STATE_GBS])} |")
+                line = f"| {dt} | {b} | {ctx} | {slack} " + ratio_cells(rows, nbytes)
                 print(line, flush=True)
                 lines.append(line)
                 del gapped
@@ -95,11 +88,7 @@ def main() -> None:
                                    cpu_kernels.decode_attention(*gapped["args"]), atol=0, rtol=0)
         rows = paired(packed["args"], gapped["args"], bufs, evict, args.engine_pairs)
         nbytes = packed["kv_bytes"]
-        line = (f"| bfloat16 | 256 (bench-1b, ragged) | 77 + 32 (mean) | 32 "
-                f"| {nbytes / statistics.median(p for _, p, _ in rows) / GB:.1f} "
-                f"| {nbytes / statistics.median(g for _, _, g in rows) / GB:.1f} | {summary(rows)} "
-                f"| {summary([x for x in rows if x[0] < HIGH_STATE_GBS])} "
-                f"| {summary([x for x in rows if x[0] >= HIGH_STATE_GBS])} |")
+        line = "| bfloat16 | 256 (bench-1b, ragged) | 77 + 32 (mean) | 32 " + ratio_cells(rows, packed["kv_bytes"])
         print(line, flush=True)
         lines.append(line)
     if args.out:
