@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_attention import decode_case  # noqa: E402
+from bench_attention import decode_case, parse_case  # noqa: E402
 
 from cpu_kernels.build import CFLAGS, LDFLAGS, SOURCES  # noqa: E402
 
@@ -80,6 +80,8 @@ def main() -> None:
                     help="free slots after each (sequence, KV head) block, as in the engine's decode")
     ap.add_argument("--out", type=Path, help="also write the table here (markdown)")
     args = ap.parse_args()
+    if args.slack < 0:
+        ap.error("--slack: free slots cannot be negative")
     fa = build_renamed(args.a.resolve(), "moelight_ab_a")
     fb = build_renamed(args.b.resolve(), "moelight_ab_b")
     evict = torch.ones(2**25)
@@ -89,7 +91,7 @@ def main() -> None:
         torch.set_num_threads(nt)
         for dt in args.dtypes:
             for case in args.cases:
-                b, ctx = (int(x) for x in case.split("x"))
+                b, ctx = parse_case(case)
                 c = decode_case(b, ctx, getattr(torch, dt), slack=args.slack)
                 torch.testing.assert_close(fa(*c["args"]), fb(*c["args"]), atol=2e-2, rtol=0)
                 r = paired_ratio(fa, fb, c["args"], evict, args.pairs)

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench_attention import HKV, HQ, D, decode_case, probe_buffers, read_bw_now  # noqa: E402
+from bench_attention import HKV, HQ, D, decode_case, parse_case, probe_buffers, read_bw_now  # noqa: E402
 
 import cpu_kernels  # noqa: E402
 from moelight.host_memory import empty_huge  # noqa: E402
@@ -87,7 +87,7 @@ def main() -> None:
     lines = list(head)
     for dt in args.dtypes:
         for case in args.cases:
-            b, ctx = (int(x) for x in case.split("x"))
+            b, ctx = parse_case(case)
             small, huge = cache_pair(b, ctx, getattr(torch, dt))
             torch.testing.assert_close(cpu_kernels.decode_attention(*small["args"]),
                                        cpu_kernels.decode_attention(*huge["args"]), atol=0, rtol=0)

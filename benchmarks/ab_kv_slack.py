@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ab_kv_pages import HIGH_STATE_GBS, paired, ratio_cells  # noqa: E402
-from bench_attention import HKV, HQ, D, decode_case, probe_buffers  # noqa: E402
+from bench_attention import HKV, HQ, D, decode_case, mtbench_like_lengths, parse_case, probe_buffers  # noqa: E402
 
 import cpu_kernels  # noqa: E402
 
@@ -31,19 +31,31 @@ def engine_case(slack: int) -> dict:
     by `slack` free slots (32: half of gen 64 still to come)."""
     from moelight.host_memory import empty_huge
 
-    b, hq, hkv, d = 256, 16, 4, 64
+    b, hq, hkv, d, generated = 256, 16, 4, 64, 32
     gen = torch.Generator().manual_seed(0)
-    lens = torch.empty(b).log_normal_(3.95, 0.75, generator=gen).clamp(10, 418).long() + 32
+    prompts = mtbench_like_lengths(b, gen)
+    lens = prompts + generated
     caps = lens + slack
     offs = torch.cumsum(caps, 0) - caps
+    slots = torch.repeat_interleave(offs, lens) + torch.cat([torch.arange(n) for n in lens.tolist()])
     k = empty_huge((hkv, int(caps.sum()), d), torch.bfloat16)
     v = empty_huge((hkv, int(caps.sum()), d), torch.bfloat16)
-    for h in range(hkv):  # the same keys and values whatever the slack
-        for t in (k, v):
-            vals = torch.randn(int(lens.sum()), d, generator=gen).bfloat16()
-            t[h, torch.repeat_interleave(offs, lens) + torch.cat([torch.arange(n) for n in lens.tolist()])] = vals
+    for t in (k, v):  # the same keys and values whatever the slack
+        t[:, slots] = torch.randn(hkv, len(slots), d, generator=gen).bfloat16()
     q = torch.randn(b, hq, d, generator=gen).bfloat16()
-    return {"args": (q, k, v, offs, lens, d**-0.5), "kv_bytes": 2 * hkv * int(lens.sum()) * d * 2}
+    label = f"| bfloat16 | {b} (bench-1b, ragged) | {prompts.float().mean():.0f} + {generated} (mean) | {slack} "
+    return {"args": (q, k, v, offs, lens, d**-0.5), "kv_bytes": 2 * hkv * int(lens.sum()) * d * 2,
+            "label": label}
+
+
+def compare(label: str, packed: dict, gapped: dict, bufs, evict: torch.Tensor, pairs: int) -> str:
+    """Checks both layouts give identical outputs, then times them in pairs: one table row."""
+    torch.testing.assert_close(cpu_kernels.decode_attention(*packed["args"]),
+                               cpu_kernels.decode_attention(*gapped["args"]), atol=0, rtol=0)
+    # paired() labels its two arguments (small, huge): here (packed, with slots).
+    line = label + ratio_cells(paired(packed["args"], gapped["args"], bufs, evict, pairs), packed["kv_bytes"])
+    print(line, flush=True)
+    return line
 
 
 def main() -> None:
@@ -56,6 +68,8 @@ def main() -> None:
                     help="pairs for the README job's own decode shapes (0: skip)")
     ap.add_argument("--out", type=Path)
     args = ap.parse_args()
+    if any(x < 0 for x in args.slacks):
+        ap.error("--slacks: free slots cannot be negative")
     bufs, evict = probe_buffers(), torch.ones(2**25)
     lines = ["| dtype | B | ctx | free slots | packed GB/s (median) | with slots GB/s (median) "
              f"| time slots / packed, all pairs | probe < {HIGH_STATE_GBS:.0f} GB/s "
@@ -63,34 +77,20 @@ def main() -> None:
              "|---|---|---|---|---|---|---|---|---|"]
     for dt in args.dtypes:
         for case in args.cases:
-            b, ctx = (int(x) for x in case.split("x"))
+            b, ctx = parse_case(case)
             torch.manual_seed(0)
             packed = decode_case(b, ctx, getattr(torch, dt))
             for slack in args.slacks:
-                torch.manual_seed(0)
                 gapped = decode_case(b, ctx, getattr(torch, dt), slack=slack)
                 gapped["k4"].copy_(packed["k4"])  # the same keys and values in both layouts
                 gapped["v4"].copy_(packed["v4"])
                 gapped["args"] = (packed["q"], *gapped["args"][1:])
-                torch.testing.assert_close(cpu_kernels.decode_attention(*packed["args"]),
-                                           cpu_kernels.decode_attention(*gapped["args"]), atol=0, rtol=0)
-                # paired() labels its two arguments (small, huge): here (packed, with slots).
-                rows = paired(packed["args"], gapped["args"], bufs, evict, args.pairs)
-                nbytes = packed["kv_bytes"]
-                line = f"| {dt} | {b} | {ctx} | {slack} " + ratio_cells(rows, nbytes)
-                print(line, flush=True)
-                lines.append(line)
+                lines.append(compare(f"| {dt} | {b} | {ctx} | {slack} ", packed, gapped, bufs, evict, args.pairs))
                 del gapped
             del packed
     if args.engine_pairs:
-        packed, gapped = engine_case(0), engine_case(32)
-        torch.testing.assert_close(cpu_kernels.decode_attention(*packed["args"]),
-                                   cpu_kernels.decode_attention(*gapped["args"]), atol=0, rtol=0)
-        rows = paired(packed["args"], gapped["args"], bufs, evict, args.engine_pairs)
-        nbytes = packed["kv_bytes"]
-        line = "| bfloat16 | 256 (bench-1b, ragged) | 77 + 32 (mean) | 32 " + ratio_cells(rows, packed["kv_bytes"])
-        print(line, flush=True)
-        lines.append(line)
+        gapped = engine_case(32)
+        lines.append(compare(gapped["label"], engine_case(0), gapped, bufs, evict, args.engine_pairs))
     if args.out:
         md = ["# Decode attention: packed KV blocks vs the engine's free slots after each block "
               "(paired, one process)", "",

@@ -161,12 +161,28 @@ def run_case(b: int, ctx: int, dtype: torch.dtype, sdpa: bool, hrm, buf: list[to
     return row
 
 
+def mtbench_like_lengths(n: int, gen: torch.Generator) -> torch.Tensor:
+    """n prompt lengths drawn like MT-Bench's (log-normal, clamped to 10..418 tokens, mean ~68)."""
+    return torch.empty(n).log_normal_(3.95, 0.75, generator=gen).clamp(10, 418).long()
+
+
+def parse_case(case: str) -> tuple[int, int]:
+    """'BxCTX' (e.g. 64x512) -> (B, ctx), with an error that says what was expected."""
+    try:
+        b, ctx = (int(x) for x in case.lower().split("x"))
+    except ValueError:
+        raise SystemExit(f"bad case {case!r}: expected BxCTX with two integers, e.g. 64x512") from None
+    if b < 1 or ctx < 1:
+        raise SystemExit(f"bad case {case!r}: B and CTX must be at least 1")
+    return b, ctx
+
+
 def bench_prefill() -> list[str]:
     """Ragged causal prefill, MT-Bench-like prompts: C++ kernel vs the per-sequence SDPA loop."""
     from cpu_kernels.reference import prefill_attention_torch
 
     gen = torch.Generator().manual_seed(0)
-    lens = torch.empty(80).log_normal_(3.95, 0.75, generator=gen).clamp(10, 418).long()
+    lens = mtbench_like_lengths(80, gen)
     cu = torch.tensor([0, *lens.cumsum(0).tolist()])
     tot = int(cu[-1])
     out = [f"Prefill: {len(lens)} prompts, lengths {int(lens.min())}..{int(lens.max())} "
