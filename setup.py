@@ -1,11 +1,61 @@
 """moelight: high-throughput batch inference for Mixture-of-Experts LLMs on small GPUs and CPUs.
 
-The C++ CPU kernels (cpu_kernels/csrc) are compiled at first use with
-torch.utils.cpp_extension (JIT, cached under ~/.cache/torch_extensions), so
-`pip install --no-build-isolation -e .` never needs a CUDA toolchain or a second torch.
+The C++ CPU kernels (cpu_kernels/csrc) are built here, into cpu_kernels/lib/, with
+torch.utils.cpp_extension against the torch already installed (`pip install
+--no-build-isolation`). Where torch is not importable at build time (an isolated build) or the
+compiler fails, the install still succeeds and the kernels compile at first use instead
+(cpu_kernels/build.py), or moelight warns once and runs its pure-torch attention.
 """
 
+import importlib.util
+from pathlib import Path
+
 from setuptools import find_packages, setup
+
+
+def kernel_build() -> tuple[list, dict]:
+    """(ext_modules, cmdclass) for the C++ kernels, or nothing when torch is not importable."""
+    try:
+        from torch.utils.cpp_extension import BuildExtension, CppExtension
+    except ImportError:
+        return [], {}
+    # cpu_kernels/build.py by path: its sources, flags and source hash, without importing the package.
+    build_py = Path(__file__).parent / "cpu_kernels" / "build.py"
+    spec = importlib.util.spec_from_file_location("_moelight_kernel_build", build_py)
+    kb = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(kb)
+
+    class OptionalBuildExtension(BuildExtension):
+        """A failed kernel build must not fail the install: the kernels then compile at first use."""
+
+        def build_extension(self, ext) -> None:
+            try:
+                super().build_extension(ext)
+            except Exception as e:  # noqa: BLE001 - compiler missing or failing: JIT or torch fallback
+                print(f"moelight: C++ CPU kernels not built at install ({type(e).__name__}: {e}); "
+                      "they will compile at first use")
+
+        def copy_extensions_to_source(self) -> None:
+            """Editable installs copy the library into the tree; lib/ is not a package, so make it."""
+            try:
+                (Path(__file__).parent / "cpu_kernels" / "lib").mkdir(exist_ok=True)
+                super().copy_extensions_to_source()
+            except Exception as e:  # noqa: BLE001 - as above: never fail the install for the kernels
+                print(f"moelight: C++ CPU kernels not installed ({type(e).__name__}: {e}); "
+                      "they will compile at first use")
+
+    # In lib/, which is not a package: the library holds torch ops (torch.ops.load_library),
+    # not a Python module, so tools that import every module of cpu_kernels must not find it.
+    ext = CppExtension(
+        "cpu_kernels.lib.moelight_kernels",
+        [f"cpu_kernels/csrc/{s}" for s in kb.SOURCES],
+        extra_compile_args=[*kb.CFLAGS, kb.source_hash_define()],
+        extra_link_args=kb.LDFLAGS,
+    )
+    return [ext], {"build_ext": OptionalBuildExtension}
+
+
+ext_modules, cmdclass = kernel_build()
 
 setup(
     name="moelight",
@@ -31,4 +81,6 @@ setup(
         "plot": ["matplotlib"],
     },
     entry_points={"console_scripts": ["moelight=moelight.cli:main"]},
+    ext_modules=ext_modules,
+    cmdclass=cmdclass,
 )

@@ -11,8 +11,9 @@ Sequence ``b`` owns the token slots ``offsets[b] : offsets[b] + capacity_b`` of 
 its first ``lengths[b]`` slots are valid. Each (sequence, KV head) is therefore one
 contiguous ``[length, d]`` block, which is what a bandwidth-bound kernel wants.
 
-The C++ kernels (csrc/, registered as torch.ops.moelight.*) are built on first use and
-cached (see build.py); if that fails the pure-torch reference runs, with one warning.
+The C++ kernels (csrc/, registered as torch.ops.moelight.*) are built by the install step
+(setup.py) and loaded on first use; where that build is missing or stale they compile then
+(see build.py); if that fails the pure-torch reference runs, with one warning.
 ``kernel_backend()`` names the path in use: 'cpp-avx512bf16', 'cpp-avx512', 'cpp-avx2' or
 'torch' (MOELIGHT_CPU_KERNELS=torch forces the fallback). The ops use
 torch.get_num_threads() OpenMP threads and release the GIL while they run.

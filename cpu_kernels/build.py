@@ -1,7 +1,8 @@
 """Builds and loads the C++ kernels (cpu_kernels/csrc) as the torch.ops.moelight library.
 
 Order of attempts, first success wins:
-1. a library prebuilt at install time (``cpu_kernels/_C*.so``, from setup.py ext_modules);
+1. the library setup.py built at install time (``cpu_kernels/lib/``), if it was built from
+   these sources (the source hash it carries; an edited csrc/ must not load a stale build);
 2. ``torch.utils.cpp_extension.load`` (JIT with ninja, cached in ~/.cache/torch_extensions);
 3. a single compiler call with the same flags (no ninja needed), cached next to (2).
 Any failure leaves the pure-torch path in place; the caller warns once.
@@ -9,7 +10,6 @@ Any failure leaves the pure-torch path in place; the caller warns once.
 
 from __future__ import annotations
 
-import glob
 import hashlib
 import os
 import shutil
@@ -38,11 +38,30 @@ def _source_hash() -> str:
     return h.hexdigest()[:16]
 
 
+def source_hash_define() -> str:
+    """Compiler flag that stamps a build with _source_hash() (a bare token: no quotes to survive
+    ninja's shell); ops.cpp stores it as the string source_hash_marker() looks for."""
+    return f"-DMOELIGHT_SOURCE_HASH={_source_hash()}"
+
+
+def source_hash_marker() -> bytes:
+    return f"moelight-source-hash={_source_hash()};".encode()
+
+
+def prebuilt_library() -> Path | None:
+    """The library setup.py built (next to this file, in lib/), or None."""
+    libs = sorted((Path(__file__).resolve().parent / "lib").glob("moelight_kernels*.so"))
+    return libs[0] if libs else None
+
+
 def _load_prebuilt() -> bool:
-    for lib in glob.glob(str(Path(__file__).resolve().parent / "_C*.so")):
-        torch.ops.load_library(lib)
-        return _ops_loaded()
-    return False
+    lib = prebuilt_library()
+    if lib is None:
+        raise FileNotFoundError("no library built at install time")
+    if source_hash_marker() not in lib.read_bytes():
+        raise RuntimeError(f"{lib} was built from other sources (csrc/ or torch changed since install)")
+    torch.ops.load_library(str(lib))
+    return _ops_loaded()
 
 
 def _load_jit(verbose: bool) -> bool:
@@ -72,14 +91,21 @@ def _load_direct(verbose: bool) -> bool:
     return _ops_loaded()
 
 
+loaded_from = ""  # which attempt of load_kernels() loaded the library
+
+
 def load_kernels(verbose: bool = False) -> tuple[bool, str]:
     """Returns (loaded, reason for failure)."""
+    global loaded_from
     if _ops_loaded():
         return True, ""
     errors = []
-    for attempt in (_load_prebuilt, lambda: _load_jit(verbose), lambda: _load_direct(verbose)):
+    attempts = (("install-time build", _load_prebuilt), ("JIT build", lambda: _load_jit(verbose)),
+                ("direct compile", lambda: _load_direct(verbose)))
+    for name, attempt in attempts:
         try:
             if attempt():
+                loaded_from = name
                 return True, ""
         except Exception as e:  # noqa: BLE001 - any build failure means "use the fallback"
             errors.append(f"{type(e).__name__}: {str(e).strip()[-300:]}")

@@ -14,6 +14,15 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
 double stream_read(const at::Tensor& x);
 }  // namespace moelight
 
+#ifdef MOELIGHT_SOURCE_HASH
+// Stamps the library with the hash of the sources it was built from (setup.py passes it), so
+// cpu_kernels/build.py can refuse a stale install-time build without loading it.
+#define MOELIGHT_STR2(x) #x
+#define MOELIGHT_STR(x) MOELIGHT_STR2(x)
+extern "C" __attribute__((used)) const char moelight_source_hash[] =
+    "moelight-source-hash=" MOELIGHT_STR(MOELIGHT_SOURCE_HASH) ";";
+#endif
+
 TORCH_LIBRARY(moelight, m) {
   m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor offsets, Tensor lengths, "
         "float scale) -> Tensor");
