@@ -28,9 +28,9 @@ def kernel_build() -> tuple[list, dict]:
     class OptionalBuildExtension(BuildExtension):
         """A failed kernel build must not fail the install: the kernels then compile at first use."""
 
-        def build_extension(self, ext) -> None:
+        def build_extensions(self) -> None:  # torch checks the compiler here, before building
             try:
-                super().build_extension(ext)
+                super().build_extensions()
             except Exception as e:  # noqa: BLE001 - compiler missing or failing: JIT or torch fallback
                 print(f"moelight: C++ CPU kernels not built at install ({type(e).__name__}: {e}); "
                       "they will compile at first use")
