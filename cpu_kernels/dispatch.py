@@ -1,7 +1,8 @@
 """Chooses the C++ kernels when they build, the torch reference otherwise.
 
 The extension is loaded (or, without a current install-time build, compiled) on the first
-call, not at import, so importing moelight stays cheap. Set MOELIGHT_CPU_KERNELS=torch to force the fallback.
+call, not at import, so importing moelight stays cheap. Set MOELIGHT_CPU_KERNELS=torch to
+force the fallback.
 """
 
 from __future__ import annotations
