@@ -38,16 +38,14 @@ def kernel_build() -> tuple[list, dict]:
         def copy_extensions_to_source(self) -> None:
             """Editable installs copy the library into the tree; lib/ is not a package, so make it."""
             try:
-                (Path(__file__).parent / "cpu_kernels" / "lib").mkdir(exist_ok=True)
+                kb.LIB_DIR.mkdir(exist_ok=True)
                 super().copy_extensions_to_source()
             except Exception as e:  # noqa: BLE001 - as above: never fail the install for the kernels
                 print(f"moelight: C++ CPU kernels not installed ({type(e).__name__}: {e}); "
                       "they will compile at first use")
 
-    # In lib/, which is not a package: the library holds torch ops (torch.ops.load_library),
-    # not a Python module, so tools that import every module of cpu_kernels must not find it.
     ext = CppExtension(
-        "cpu_kernels.lib.moelight_kernels",
+        f"cpu_kernels.{kb.LIB_DIR.name}.{kb.LIB_NAME}",  # into build.LIB_DIR, where the loader looks
         [f"cpu_kernels/csrc/{s}" for s in kb.SOURCES],
         extra_compile_args=[*kb.CFLAGS, kb.source_hash_define()],
         extra_link_args=kb.LDFLAGS,

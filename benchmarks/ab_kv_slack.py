@@ -70,7 +70,7 @@ def compare(label: str, packed: dict, gapped: dict, bufs, evict: torch.Tensor, p
     tol = {"atol": 0, "rtol": 0} if exact else {"atol": 2e-2, "rtol": 2e-2}
     torch.testing.assert_close(cpu_kernels.decode_attention(*packed["args"]),
                                cpu_kernels.decode_attention(*gapped["args"]), **tol)
-    # paired() labels its two arguments (small, huge): here (packed, with slots).
+    # paired() labels its two arguments (small, huge): here A (packed or the engine's) and B.
     line = label + ratio_cells(paired(packed["args"], gapped["args"], bufs, evict, pairs), packed["kv_bytes"])
     print(line, flush=True)
     return line

@@ -24,6 +24,10 @@ SOURCES = ["ops.cpp", "decode_attention.cpp", "prefill_attention.cpp", "stream_r
 CFLAGS = ["-O3", "-fopenmp", "-fno-math-errno"]
 LDFLAGS = ["-fopenmp"]
 NAME = "moelight_cpu_kernels"
+# Where setup.py's install-time build puts the library: lib/ is not a package, so tools that
+# import every module of cpu_kernels never meet this torch-ops library (it has no module init).
+LIB_DIR = Path(__file__).resolve().parent / "lib"
+LIB_NAME = "moelight_kernels"
 
 
 def _ops_loaded() -> bool:
@@ -49,8 +53,8 @@ def source_hash_marker() -> bytes:
 
 
 def prebuilt_library() -> Path | None:
-    """The library setup.py built (next to this file, in lib/), or None."""
-    libs = sorted((Path(__file__).resolve().parent / "lib").glob("moelight_kernels*.so"))
+    """The library setup.py built (in LIB_DIR), or None."""
+    libs = sorted(LIB_DIR.glob(f"{LIB_NAME}*.so"))
     return libs[0] if libs else None
 
 
