@@ -4,101 +4,137 @@
     llm = LLM("tiny", load_format="dummy")
     for out in llm.generate(["Hello"], SamplingParams(max_tokens=32, temperature=0)):
         print(out.outputs[0].text)
+
+`LLM` takes every option `moelight run` takes (`EngineOptions`) and runs the same job path
+(`EngineSession`): plan -> memory check -> load -> generate; `last_report` holds the figures
+the CLI prints and saves.
 """
 
 from __future__ import annotations
 
+import time
+import zlib
 from collections.abc import Sequence
 from dataclasses import replace
 
-from moelight.cpu_linear import pack_model
-from moelight.engine import Engine, GenerationStats
+from tqdm import tqdm
+
+from moelight.engine import GenerationStats, SequenceResult
+from moelight.engine_session import EngineSession
 from moelight.errors import PromptError
-from moelight.loader import load_model, resolve_model
-from moelight.memory import available_bytes, check_fits, weight_bytes
+from moelight.memory import peak_rss_bytes
+from moelight.options import EngineOptions, OptionError
 from moelight.outputs import CompletionOutput, RequestOutput
+from moelight.report import RunReport
 from moelight.sampling import SamplingParams
-from moelight.tokenizer import ByteTokenizer, load_tokenizer
+
+PROMPT_KEYS = {"prompt", "prompt_token_ids"}  # vLLM's TextPrompt / TokensPrompt
 
 
 class LLM:
-    def __init__(
-        self,
-        model: str,
-        *,
-        load_format: str = "auto",
-        dtype: str = "auto",
-        seed: int = 0,
-        batch_size: int = 256,
-        micro_batch_size: int | None = None,
-        max_prefill_tokens: int = 4096,
-        refill: bool = True,
-    ) -> None:
-        self.source = resolve_model(model, load_format, dtype)
-        self.config = self.source.config
-        self.seed = seed
-        self.batch_size = batch_size
-        self.micro_batch_size = micro_batch_size or batch_size
-        check_fits(self.config, self.source.dtype, 0)
-        if self.source.model_dir is not None and (self.source.model_dir / "tokenizer.json").is_file():
-            self.tokenizer = load_tokenizer(self.source.model_dir)
-        else:
-            self.tokenizer = ByteTokenizer(self.config.vocab_size)
-        self.model = load_model(self.source, seed)
-        pack_model(self.model)  # CPU executor: oneDNN pre-packed weights
-        # a real tokenizer may add end-of-turn ids; the byte fallback's ids mean nothing to a checkpoint
-        tok_eos = () if isinstance(self.tokenizer, ByteTokenizer) and self.source.model_dir else self.tokenizer.eos_ids
-        eos = tuple(self.config.eos_token_ids) + tuple(sorted(tok_eos))
-        self.engine = Engine(self.model, tuple(dict.fromkeys(eos)), max_prefill_tokens, refill=refill)
+    """Loads the model once; each `generate` plans its own job (batch, micro-batch, placement)."""
+
+    def __init__(self, model: str, **options) -> None:
+        """`options` are EngineOptions' fields: load_format, dtype, tokenizer, seed, policy, hardware,
+        gpus, device, schedule, refill, batch_size, micro_batch_size, max_prefill_tokens."""
+        unknown = sorted(set(options) - set(EngineOptions.names()))
+        if unknown:
+            raise OptionError(f"LLM(): unknown option(s) {', '.join(unknown)}; valid: "
+                              f"{', '.join(n for n in EngineOptions.names() if n != 'model')}")
+        self.options = EngineOptions(model=model, **options)
+        self.session = EngineSession(self.options)
+        self.session.load()
+        self.config = self.session.config
+        self.tokenizer = self.session.tokenizer
+        self.last_report: RunReport | None = None
         self.last_stats: GenerationStats | None = None
+
+    @property
+    def model(self):
+        return self.session.model
 
     def generate(
         self,
-        prompts: str | Sequence[str] | Sequence[list[int]],
+        prompts,
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
     ) -> list[RequestOutput]:
-        """Generate for text prompts or pre-tokenized prompts (lists of token ids)."""
-        if isinstance(prompts, str):
-            prompts = [prompts]
-        blank = [i for i, p in enumerate(prompts) if isinstance(p, str) and not p.strip()]
-        if blank:
-            more = f" (and {len(blank) - 1} more)" if len(blank) > 1 else ""
-            raise PromptError(f"prompt {blank[0]} is empty{more}; every prompt needs some text")
-        token_lists = [p if isinstance(p, list) else self.tokenizer.encode(p) for p in prompts]
-        texts = [p if isinstance(p, str) else None for p in prompts]
-        return self._run(token_lists, texts, sampling_params)
+        """Prompts: a str, a list of token ids, a {"prompt": str} or {"prompt_token_ids": [...]} dict,
+        or a list of any of these. Outputs come back in input order."""
+        texts, token_lists = [], []
+        for i, p in enumerate(_as_list(prompts)):
+            text, ids = self._one_prompt(i, p)
+            texts.append(text)
+            token_lists.append(ids)
+        return self._run(token_lists, texts, sampling_params, use_tqdm)
 
     def chat(
         self,
         conversations: list[dict] | list[list[dict]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
     ) -> list[RequestOutput]:
         """Each conversation is a list of {role, content} messages; the chat template applies."""
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]  # type: ignore[list-item]
         token_lists = [self.tokenizer.apply_chat_template(c) for c in conversations]
-        return self._run(token_lists, [None] * len(token_lists), sampling_params)
+        return self._run(token_lists, [None] * len(token_lists), sampling_params, use_tqdm)
 
-    def _run(self, token_lists, texts, sampling_params) -> list[RequestOutput]:
+    def _one_prompt(self, i: int, p) -> tuple[str | None, list[int]]:
+        if isinstance(p, dict):
+            extra = sorted(set(p) - PROMPT_KEYS)
+            if extra or not (set(p) & PROMPT_KEYS):
+                raise PromptError(f"prompt {i}: a dict prompt holds 'prompt' (text) or 'prompt_token_ids'; "
+                                  f"got keys {sorted(p)}" + (" (multi-modal inputs are not supported)"
+                                                             if extra else ""))
+            text = p.get("prompt")
+            ids = p.get("prompt_token_ids")
+            if ids is None:
+                return self._one_prompt(i, text)
+            return (text if isinstance(text, str) else None), self._token_ids(i, ids)
+        if isinstance(p, str):
+            if not p.strip():
+                raise PromptError(f"prompt {i} is empty; every prompt needs some text")
+            return p, self.tokenizer.encode(p)
+        if isinstance(p, (list, tuple)):
+            return None, self._token_ids(i, p)
+        raise PromptError(f"prompt {i}: {type(p).__name__} is not a prompt; give a str, a list of token ids, "
+                          "or a {'prompt': ...} / {'prompt_token_ids': [...]} dict")
+
+    def _token_ids(self, i: int, ids) -> list[int]:
+        vocab = self.config.vocab_size
+        if not all(isinstance(t, int) and 0 <= t < vocab for t in ids):
+            raise PromptError(f"prompt {i}: prompt_token_ids must be ints in 0..{vocab - 1} (the model's vocabulary)")
+        return list(ids)
+
+    def _run(self, token_lists, texts, sampling_params, use_tqdm: bool) -> list[RequestOutput]:
         n = len(token_lists)
         if sampling_params is None:
             sampling_params = SamplingParams()
         params = list(sampling_params) if isinstance(sampling_params, Sequence) else [sampling_params] * n
         if len(params) != n:
             raise ValueError(f"{len(params)} SamplingParams for {n} prompts")
-        params = [self._fit_context(i, t, p) for i, (t, p) in enumerate(zip(token_lists, params, strict=False))]
-        # the model is loaded: what is left to check is the KV cache of the largest batch
-        slots = sorted((len(t) + p.max_tokens for t, p in zip(token_lists, params, strict=True)), reverse=True)
-        check_fits(self.config, self.source.dtype, sum(slots[: self.batch_size]),
-                   available=available_bytes() + weight_bytes(self.config, self.source.dtype))
+        params = [self._fit_context(i, t, p) for i, (t, p) in enumerate(zip(token_lists, params, strict=True))]
+        ids = [str(i) for i in range(n)]
+        # as `moelight run` does: request r samples with seed + crc32(id), so a batch mix changes nothing
+        seeds = [self.options.seed + zlib.crc32(r.encode()) for r in ids]
+        plan = self.session.plan(token_lists, params)
+        report = self.session.new_report(plan, n)
+        t0 = time.perf_counter()
+        engine = self.session.engine(plan, token_lists, params)
+        report.load_seconds = self.session.load_seconds + time.perf_counter() - t0
         stats = GenerationStats()
-        results = self.engine.generate(
-            token_lists, params, [self.seed + i for i in range(n)],
-            self.batch_size, self.micro_batch_size, stats=stats,
-        )
-        self.last_stats = stats
+        with tqdm(total=n, unit="req", disable=not use_tqdm, desc="generating") as bar:
+            def on_finish(_: SequenceResult) -> None:
+                bar.update(1)
+
+            results = engine.generate(token_lists, params, seeds, plan.batch_size, plan.micro_batch_size,
+                                      on_finish=on_finish, stats=stats)
+        report.add_stats(stats)
+        report.peak_memory_bytes = peak_rss_bytes()
+        self.last_stats, self.last_report = stats, report
         return [
-            RequestOutput(str(i), texts[i], token_lists[i],
+            RequestOutput(ids[i], texts[i], token_lists[i],
                           [CompletionOutput(0, self.tokenizer.decode(r.token_ids), r.token_ids, r.finish_reason)])
             for i, r in enumerate(results)
         ]
@@ -112,3 +148,18 @@ class LLM:
         if len(tokens) + p.max_tokens > limit:
             return replace(p, max_tokens=limit - len(tokens))
         return p
+
+    def close(self) -> None:
+        """Free the runtime's device (cuda / emulated); the LLM is not usable afterwards."""
+        self.session.close()
+
+
+def _as_list(prompts) -> list:
+    """One prompt or a list of them; a flat list of ints is one tokenized prompt."""
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(t, int) for t in prompts):
+        return [prompts]
+    return prompts
+

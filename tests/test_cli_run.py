@@ -15,6 +15,7 @@ from typer.testing import CliRunner
 
 import moelight.engine
 from moelight.cli import app
+from tests.cli_text import says
 
 MTBENCH = Path(__file__).resolve().parents[2] / "shared/data/mtbench/question.jsonl"
 # A named CPU hardware spec: planning needs no profile of this machine (and writes no cache).
@@ -32,7 +33,7 @@ def assert_user_error(result, *needles: str) -> str:
     assert result.exit_code == 2, (result.exit_code, out, result.exception)
     assert "Traceback" not in out
     for n in needles:
-        assert n in out, (n, out)
+        assert says(out, n), (n, out)
     return out
 
 
@@ -83,7 +84,7 @@ def test_mtbench_two_turns(tmp_path):
     assert rep["decode_tokens"] == 24 - 6  # all but the first token of each of 6 turns
     for k in ("prefill_tokens_per_s", "decode_tokens_per_s", "end_to_end_tokens_per_s"):
         assert rep[k] > 0, k
-    assert "decode" in r.output and "tok/s" in r.output
+    assert says(r.output, "decode") and says(r.output, "tok/s")
 
 
 def test_openai_batch_in_openai_batch_out(tmp_path):
@@ -152,7 +153,7 @@ def test_static_batches_and_refill_give_the_same_results(tmp_path):
         r = invoke("--dataset", ds, *TINY, "--output", out, "--gen-len", "5", "--ignore-eos", "--batch-size", "3",
                    flag)
         assert r.exit_code == 0, (r.output, r.exception)
-        assert ("refill batching" if flag == "--refill" else "static batching") in r.output
+        assert says(r.output, "refill batching" if flag == "--refill" else "static batching")
         assert report_of(out)["policy"]["batching"] == flag[2:].removesuffix("-batches")
         outs[flag] = {x["id"]: x["output_token_ids"] for x in read_jsonl(out)}
     assert outs["--refill"] == outs["--static-batches"] and len(outs["--refill"]) == 7
@@ -326,7 +327,7 @@ def test_interrupt_keeps_finished_results_and_resume_completes(tmp_path, monkeyp
         seen = interrupt_after(m, 5)
         r = invoke(*common, "--output", out)
     assert r.exit_code == 130, (r.output, r.exception)
-    assert "--resume" in r.output and "Traceback" not in r.output
+    assert says(r.output, "--resume") and "Traceback" not in r.output
     assert len(seen) == 5
     first = workloads.read_results(out)
     assert len(first) == 5 and len({x["id"] for x in first}) == 5  # every finished result, once

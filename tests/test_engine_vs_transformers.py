@@ -202,9 +202,9 @@ def test_eos_stopping_matches_transformers(ref, tmp_path):
     (folder / "config.json").write_text(json.dumps(cfg))
 
     llm = LLM(str(folder), dtype="float32", batch_size=4, micro_batch_size=2)
-    assert eos in llm.engine.eos
+    assert eos in llm.session.eos
     outs = llm.generate(PROMPTS, _greedy(ignore_eos=False))
-    stops = sorted(llm.engine.eos)  # the config's EOS plus the fallback byte tokenizer's
+    stops = sorted(llm.session.eos)  # the config's EOS plus the fallback byte tokenizer's
     for p, o in zip(PROMPTS, outs, strict=True):
         expect = ref.hf_generate(p, N_NEW, eos=stops)
         c = o.outputs[0]
@@ -232,8 +232,8 @@ def test_low_precision_loads_and_generates(first_ref, dtype):
     cfg = llm.config
     cache = RaggedKVCache.allocate(cfg, [len(PROMPTS[0])], want)
     assert cache.k[0].dtype == want
-    lg = llm.engine.executor.prefill(cache, torch.tensor(PROMPTS[0]), torch.tensor([len(PROMPTS[0])]),
-                                     cache.offsets)[0]
+    lg = PlainExecutor(llm.model).prefill(cache, torch.tensor(PROMPTS[0]), torch.tensor([len(PROMPTS[0])]),
+                                cache.offsets)[0]
     hf = ref.hf_logits(PROMPTS[0])[-1]
     cos = torch.nn.functional.cosine_similarity(lg.double(), hf.double(), dim=0)
     assert cos > 0.995, float(cos)

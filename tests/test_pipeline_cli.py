@@ -8,6 +8,7 @@ import typer
 from typer.testing import CliRunner
 
 from moelight.cli import simulate_cmd
+from tests.cli_text import says
 
 
 def _app() -> typer.Typer:
@@ -29,9 +30,9 @@ def test_simulate_all_schedules_with_gantt(tmp_path):
     )
     assert res.exit_code == 0, res.output
     for name in ("cgopipe", "flexgen", "flexgen-cpu", "overlap-unpaged"):
-        assert f"schedule {name}:" in res.output
-    assert "per layer (decode)" in res.output and "lane utilisation" in res.output
-    assert "end-to-end" in res.output and "speed-up of cgopipe" in res.output
+        assert says(res.output, f"schedule {name}:")
+    assert says(res.output, "per layer (decode)") and says(res.output, "lane utilisation")
+    assert says(res.output, "end-to-end") and says(res.output, "speed-up of cgopipe")
     assert png.stat().st_size > 0
 
 
@@ -68,15 +69,15 @@ def test_simulate_policy_file_and_errors(tmp_path):
         ],
     )
     assert ok.exit_code == 0, ok.output
-    assert "N=512 = mu 64 x 8" in ok.output
+    assert says(ok.output, "N=512 = mu 64 x 8")
     bad = runner.invoke(_app(), ["simulate", "--model", "mixtral-8x7b", "--schedule", "zigzag"])
-    assert bad.exit_code == 2 and "unknown schedule" in bad.output
+    assert bad.exit_code == 2 and says(bad.output, "unknown schedule")
     cpu = runner.invoke(_app(), ["simulate", "--model", "mixtral-8x7b", "--hardware", "cpu-server"])
-    assert cpu.exit_code == 2 and "no GPU" in cpu.output
+    assert cpu.exit_code == 2 and says(cpu.output, "no GPU")
 
 
 def test_simulate_auto_dtype_on_a_t4_is_float16():
     res = CliRunner().invoke(_app(), ["simulate", "--model", "mixtral-8x7b", "--hardware", "s1",
                                       "--schedule", "cgopipe", "--gen-len", "32"])
     assert res.exit_code == 0, res.output
-    assert "dtype float16" in res.output
+    assert says(res.output, "dtype float16")

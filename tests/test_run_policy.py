@@ -7,9 +7,10 @@ from typer.testing import CliRunner
 
 from hrm import HardwareSpec, Level
 from moelight.cli import app
-from moelight.runner import workload_of
+from moelight.job_plan import workload_of
 from moelight.sampling import SamplingParams
 from optimizer import Policy, fit_policy
+from tests.cli_text import says
 
 runner = CliRunner()
 GiB = 2**30
@@ -51,7 +52,7 @@ def test_auto_plans_cpu_policy_capped_to_requests(tmp_path):
     for key in ("prefill_tokens_per_s", "decode_tokens_per_s", "end_to_end_tokens_per_s", "binding"):
         assert key in pred
     assert pred["end_to_end_tokens_per_s"] > 0 and pred["binding"] == "cpu"
-    assert "tok/s end-to-end (HRM)" in r.output and "predicted     prefill" in r.output
+    assert says(r.output, "tok/s end-to-end (HRM)") and says(r.output, "predicted     prefill")
     assert len(out.read_text().splitlines()) == 5
 
 
@@ -76,7 +77,7 @@ def test_explicit_batch_size_wins(tmp_path):
 def test_infeasible_plan_exits_2_before_loading(tmp_path):
     r, rep, out = _run(tmp_path, "--hardware", _hardware(tmp_path, memory=2**14))
     assert r.exit_code == 2, r.output
-    assert "does not fit" in r.output and "CPU memory short by" in r.output
+    assert says(r.output, "does not fit") and says(r.output, "CPU memory short by")
     assert rep is None and not out.exists()
 
 
@@ -89,10 +90,10 @@ def test_gpu_policy_on_cpu_host_is_a_clear_error(tmp_path):
     pol = Policy(4, 4, 1, False, True, 0.5, 0.0, "float32").save(tmp_path / "gpu.json")
     r, _, out = _run(tmp_path, "--hardware", _hardware(tmp_path), "--policy", str(pol))
     assert r.exit_code == 2, r.output
-    assert "MoE FFN on the GPU" in r.output and "--device emulated" in r.output
+    assert says(r.output, "MoE FFN on the GPU") and says(r.output, "--device emulated")
     assert not out.exists()
     r, _, _ = _run(tmp_path, "--hardware", "t4")  # a GPU preset plans a GPU policy
-    assert r.exit_code == 2 and "on the GPU" in r.output, r.output
+    assert r.exit_code == 2 and says(r.output, "on the GPU"), r.output
     r, rep, _ = _run(tmp_path, "--hardware", "t4", "--gpus", "0")
     assert r.exit_code == 0, r.output
     assert rep["policy"]["ffn_on_gpu"] is False
@@ -125,7 +126,7 @@ def test_gpu_policy_runs_on_the_emulated_device_with_the_cpu_tokens(tmp_path, sc
 
 def test_unknown_device(tmp_path):
     r, _, out = _run(tmp_path, "--hardware", _hardware(tmp_path), "--device", "tpu")
-    assert r.exit_code == 2 and "--device 'tpu'" in r.output, r.output
+    assert r.exit_code == 2 and says(r.output, "--device 'tpu'"), r.output
     assert not out.exists()
 
 
@@ -133,7 +134,7 @@ def test_bad_policy_file(tmp_path):
     bad = tmp_path / "bad.json"
     bad.write_text('{"batch_size": 3, "micro_batch_size": 2, "num_micro_batches": 1}')
     r, _, _ = _run(tmp_path, "--hardware", _hardware(tmp_path), "--policy", str(bad))
-    assert r.exit_code == 2 and "not a policy JSON" in r.output, r.output
+    assert r.exit_code == 2 and says(r.output, "not a policy JSON"), r.output
 
 
 def test_fit_policy_and_workload():
@@ -149,7 +150,7 @@ def test_fit_policy_and_workload():
 
 def test_cached_profile_from_an_older_version_is_retaken(tmp_path, monkeypatch):
     from hrm import HardwareSpec, Level, hardware_presets
-    from moelight import hardware_profile, runner
+    from moelight import hardware_profile, job_plan
 
     cached = tmp_path / "hardware.json"
     old = Level("c", 1e10, 1e10, {"bfloat16": 1e11}, gemm_flops={"bfloat16": [[1, 1e9], [64, 5e10]]})
@@ -159,7 +160,7 @@ def test_cached_profile_from_an_older_version_is_retaken(tmp_path, monkeypatch):
     monkeypatch.setattr(hardware_presets, "DEFAULT_PROFILE_PATH", cached)
     monkeypatch.setattr(hardware_profile, "profile_machine", lambda quick: fresh)
     notes = []
-    assert runner.resolve_hardware(None, notes.append) == fresh
+    assert job_plan.resolve_hardware(None, notes.append) == fresh
     assert "older moelight" in notes[0] and HardwareSpec.load(cached) == fresh
     notes.clear()
-    assert runner.resolve_hardware(None, notes.append) == fresh and notes == []  # up to date: used as is
+    assert job_plan.resolve_hardware(None, notes.append) == fresh and notes == []  # up to date: used as is

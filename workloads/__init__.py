@@ -2,7 +2,7 @@
 workloads, and streaming result writers with resume. No torch, no moelight imports."""
 
 from .dataset import FORMATS, LoadedDataset, load_dataset, read_dataset, replicate
-from .errors import DatasetError, OutputExistsError, Problem
+from .errors import DatasetError, OutputExistsError, OutputPathError, Problem
 from .request import Request
 from .results import TurnOutput, build_error_result, build_result, to_openai_batch
 from .resume import finished_ids, read_results, sidecar_path
@@ -25,6 +25,7 @@ __all__ = [
     "DatasetError",
     "LoadedDataset",
     "OutputExistsError",
+    "OutputPathError",
     "Problem",
     "Request",
     "ResultWriter",

@@ -53,3 +53,7 @@ class DatasetError(ValueError):
 
 class OutputExistsError(FileExistsError):
     """The output file exists and neither resume nor overwrite was asked for."""
+
+
+class OutputPathError(ValueError):
+    """An output path whose extension names no format moelight writes."""

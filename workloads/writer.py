@@ -12,18 +12,25 @@ import threading
 from pathlib import Path
 from types import TracebackType
 
-from .errors import OutputExistsError
+from .errors import OutputExistsError, OutputPathError
 from .parquet_io import read_parquet_records, write_parquet_atomic
 from .results import check_result, to_openai_batch
-from .resume import is_parquet_path, read_jsonl_results, repair_jsonl, sidecar_path
+from .resume import PARQUET_SUFFIXES, is_parquet_path, read_jsonl_results, repair_jsonl, sidecar_path
 
 OUTPUT_FORMATS = ("jsonl", "openai", "parquet")
+JSONL_SUFFIXES = (".jsonl", ".ndjson")
 
 
 def output_format(path: str | Path, input_format: str | None = None) -> str:
-    """Default output format: parquet by extension, OpenAI Batch shape for OpenAI Batch input, else jsonl."""
+    """The format an output path asks for: parquet or jsonl by extension (OpenAI Batch shape in
+    jsonl for OpenAI Batch input). Any other extension is refused rather than written as jsonl."""
     if is_parquet_path(path):
         return "parquet"
+    suffix = Path(path).suffix.lower()
+    if suffix not in JSONL_SUFFIXES:
+        valid = ", ".join((*JSONL_SUFFIXES, *PARQUET_SUFFIXES))
+        raise OutputPathError(f"{path}: moelight writes no {suffix or 'extension-less'} files; "
+                              f"name the output with one of: {valid}")
     return "openai" if input_format == "openai" else "jsonl"
 
 

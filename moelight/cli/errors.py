@@ -10,9 +10,9 @@ import typer
 def user_error_types() -> tuple[type[BaseException], ...]:
     from moelight.errors import MoelightError
     from moelight.tokenizer import TokenizerError
-    from workloads import DatasetError, OutputExistsError
+    from workloads import DatasetError, OutputExistsError, OutputPathError
 
-    return (MoelightError, DatasetError, OutputExistsError, TokenizerError)
+    return (MoelightError, DatasetError, OutputExistsError, OutputPathError, TokenizerError)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,120 @@
+"""One engine behind both front ends: `moelight run` and the Python `LLM` call this, nothing else.
+
+The order is what keeps work and memory safe: options are validated and the model is
+resolved (config, tokenizer) without loading it; each job is planned and its memory
+checked before the weights are loaded; the weights are loaded once and reused by every
+later job of the session; the executor (plain CPU, or the CGOPipe runtime on cuda /
+emulated) is built for the plan and rebuilt only when a later job needs larger buffers.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import replace
+
+from cpu_kernels import kernel_backend
+from moelight.cpu_linear import pack_model
+from moelight.engine import Engine
+from moelight.job_plan import JobPlan, plan_job, resolve_device
+from moelight.loader import load_model, resolve_model
+from moelight.memory import available_bytes, check_fits, weight_bytes
+from moelight.options import EngineOptions
+from moelight.report import RunReport
+from moelight.sampling import SamplingParams
+from moelight.tokenizer import ByteTokenizer, load_tokenizer
+
+
+class EngineSession:
+    def __init__(self, opts: EngineOptions, log: Callable[[str], None] | None = None) -> None:
+        opts.validate()
+        self.opts, self.log = opts, log
+        self.source = resolve_model(opts.model, opts.load_format, opts.dtype)
+        self.config = self.source.config
+        self.dtype_name = str(self.source.dtype).replace("torch.", "")
+        tok_dir = self.source.model_dir if opts.tokenizer != "byte" else None
+        self.tokenizer = load_tokenizer(tok_dir, kind="byte" if tok_dir is None else opts.tokenizer,
+                                        model_vocab_size=self.config.vocab_size)
+        self.device = resolve_device(opts.device)
+        # a real tokenizer may add end-of-turn ids; the byte fallback's ids mean nothing to a checkpoint
+        tok_eos = () if isinstance(self.tokenizer, ByteTokenizer) and self.source.model_dir else self.tokenizer.eos_ids
+        self.eos = tuple(dict.fromkeys(tuple(self.config.eos_token_ids) + tuple(sorted(tok_eos))))
+        self.model = None
+        self.load_seconds = 0.0
+        self._executor = None
+        self._executor_size: tuple | None = None  # (r_w, micro, max prompt, max context) it was built for
+
+    # ---- plan -> memory check -> load -> generate ----
+    def plan(self, prompts: list[list[int]], params: list[SamplingParams], turn: int = 1) -> JobPlan:
+        """Plan the job and check that weights + the largest batch's KV cache fit, before loading."""
+        plan = plan_job(self.opts, self.config, self.dtype_name, prompts, params, self.device, self.log)
+        kv_tokens = largest_batch_tokens(prompts, params, plan.batch_size, turn)
+        loaded = weight_bytes(self.config, self.source.dtype) if self.model is not None else 0
+        check_fits(self.config, self.source.dtype, kv_tokens, available=available_bytes() + loaded)
+        return plan
+
+    def load(self) -> None:
+        """Load the weights once (the plain CPU executor runs them pre-packed)."""
+        if self.model is not None:
+            return
+        check_fits(self.config, self.source.dtype, 0)
+        t0 = time.perf_counter()
+        self.model = load_model(self.source, self.opts.seed)
+        if self.device == "cpu":
+            pack_model(self.model)
+        self.load_seconds = time.perf_counter() - t0
+
+    def engine(self, plan: JobPlan, prompts: list[list[int]], params: list[SamplingParams], turn: int = 1) -> Engine:
+        """The engine for a planned job, on the plan's executor."""
+        self.load()
+        executor = None if self.device == "cpu" else self._pipeline_executor(plan, prompts, params, turn)
+        return Engine(self.model, self.eos, self.opts.max_prefill_tokens, executor=executor,
+                      refill=self.opts.refill)
+
+    def new_report(self, plan: JobPlan | None, requests: int, skipped: int = 0) -> RunReport:
+        if plan is None:
+            return RunReport(model=self.opts.model, dtype=self.dtype_name, requests=requests, batch_size=0,
+                             micro_batch_size=0, skipped_requests=skipped)
+        return RunReport(model=self.opts.model, dtype=self.dtype_name, requests=requests,
+                         batch_size=plan.batch_size, micro_batch_size=plan.micro_batch_size,
+                         skipped_requests=skipped, policy=dict(plan.info), prediction=dict(plan.prediction),
+                         attention_backend=kernel_backend())
+
+    def close(self) -> None:
+        if self._executor is not None:
+            self._executor.close()
+            self._executor = None
+
+    def _pipeline_executor(self, plan: JobPlan, prompts, params, turn: int):
+        """The CGOPipe runtime for this plan; the emulated device takes the planned GPU's memory and link.
+
+        Reused while its buffers are large enough for the job (same r_w, no larger micro-batch,
+        prompt or context); otherwise rebuilt.
+        """
+        from moelight.pipeline.executor import PipelineExecutor
+
+        hw, micro = plan.hardware, plan.micro_batch_size
+        longest = max(len(p) + q.max_tokens for p, q in zip(prompts, params, strict=True)) * (2 if turn > 1 else 1)
+        want = (plan.policy.r_w, micro, max(len(p) for p in prompts), longest)
+        have = self._executor_size
+        if have is not None and have[0] == want[0] and all(h >= w for h, w in zip(have[1:], want[1:], strict=True)):
+            return self._executor
+        self.close()
+        kwargs: dict = {}
+        if self.device == "emulated" and hw.has_gpu:
+            kwargs["device_memory"] = int(hw.gpu.memory_bytes * hw.gpu_count)
+            kwargs["h2d_bandwidth"], kwargs["d2h_bandwidth"] = hw.link.h2d, hw.link.d2h
+        policy = replace(plan.policy, batch_size=micro, micro_batch_size=micro, num_micro_batches=1)
+        self._executor = PipelineExecutor.from_policy(
+            self.model, policy, self.opts.schedule, device=self.device,
+            max_prefill_tokens=self.opts.max_prefill_tokens, max_prompt_len=want[2], max_context=want[3], **kwargs,
+        )
+        self._executor_size = want
+        return self._executor
+
+
+def largest_batch_tokens(prompts, params, batch_size: int, turn: int = 1) -> int:
+    """KV slots of the largest batch (prompt + max new tokens per sequence), with room for turn 2."""
+    sizes = [len(p) + q.max_tokens for p, q in zip(prompts, params, strict=True)]
+    worst = sum(sorted(sizes, reverse=True)[:batch_size])
+    return worst * (2 if turn > 1 else 1)

@@ -1,0 +1,117 @@
+"""`moelight run` and `LLM.generate` are two front ends over one job path: the same job through
+both gives the same tokens and the same report figures, on the CPU executor and on the CGOPipe
+runtime (emulated device); the API accepts vLLM's prompt forms."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from moelight import LLM, SamplingParams
+from moelight.cli import app
+from moelight.errors import PromptError
+from optimizer import Policy
+
+PROMPTS = ["Tell me about cats.", "Why is the sky blue? " * 3, "Hi", "Write a limerick about PCIe lanes."]
+# report fields that describe the job (not its timings)
+SAME_FIELDS = ("model", "dtype", "requests", "batch_size", "micro_batch_size", "prompt_tokens", "generated_tokens",
+               "decode_tokens", "skipped_requests", "attention_backend")
+
+
+def run_cli(tmp_path, *extra: str) -> tuple[dict[str, list[int]], dict]:
+    ds = tmp_path / "prompts.jsonl"
+    ds.write_text("".join(json.dumps({"id": str(i), "prompt": p}) + "\n" for i, p in enumerate(PROMPTS)))
+    out = tmp_path / "out.jsonl"
+    r = CliRunner().invoke(app, ["run", "--dataset", str(ds), "--output", str(out), "--no-progress",
+                                 "--overwrite", *extra])
+    assert r.exit_code == 0, (r.output, r.exception)
+    tokens = {rec["id"]: rec["output_token_ids"] for rec in map(json.loads, out.read_text().splitlines())}
+    return tokens, json.loads((tmp_path / "out.jsonl.report.json").read_text())
+
+
+def assert_same_job(cli_report: dict, api_report: dict) -> None:
+    for key in SAME_FIELDS:
+        assert cli_report[key] == api_report[key], key
+    drop = ("plan_seconds",)
+    assert {k: v for k, v in cli_report["policy"].items() if k not in drop} == \
+        {k: v for k, v in api_report["policy"].items() if k not in drop}
+    assert cli_report["prediction"] == api_report["prediction"]
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+def test_cli_and_api_give_the_same_tokens_and_report(tmp_path, temperature):
+    cli_tokens, cli_report = run_cli(
+        tmp_path, "--model", "tiny", "--load-format", "dummy", "--dtype", "float32", "--hardware", "cpu-server",
+        "--gen-len", "6", "--temperature", str(temperature), "--seed", "3", "--micro-batch-size", "2")
+    llm = LLM("tiny", load_format="dummy", dtype="float32", hardware="cpu-server", seed=3, micro_batch_size=2)
+    outs = llm.generate(PROMPTS, SamplingParams(max_tokens=6, temperature=temperature))
+    assert {o.request_id: o.outputs[0].token_ids for o in outs} == cli_tokens
+    assert_same_job(cli_report, llm.last_report.to_dict())
+    assert llm.last_report.end_to_end_tokens_per_s > 0 and llm.last_stats.generated_tokens == 6 * len(PROMPTS)
+
+
+def test_cli_and_api_agree_on_the_emulated_cgopipe_runtime(tmp_path):
+    """A GPU policy through both front ends runs the same pipeline executor, with the same tokens."""
+    pol = str(Policy(4, 2, 2, False, True, 0.5, 0.0, "float32").save(tmp_path / "gpu.json"))
+    opts = {"load_format": "dummy", "dtype": "float32", "hardware": "t4", "policy": pol, "device": "emulated",
+            "schedule": "flexgen-cpu", "refill": False}
+    cli_tokens, cli_report = run_cli(
+        tmp_path, "--model", "tiny", "--load-format", "dummy", "--dtype", "float32", "--hardware", "t4",
+        "--policy", pol, "--device", "emulated", "--schedule", "flexgen-cpu", "--static-batches", "--gen-len", "4",
+        "--ignore-eos")
+    llm = LLM("tiny", **opts)
+    try:
+        outs = llm.generate(PROMPTS, SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True))
+        assert type(llm.session._executor).__name__ == "PipelineExecutor"
+    finally:
+        llm.close()
+    assert {o.request_id: o.outputs[0].token_ids for o in outs} == cli_tokens
+    assert cli_report["policy"]["schedule"] == "flexgen-cpu" and cli_report["policy"]["batching"] == "static"
+    assert_same_job(cli_report, llm.last_report.to_dict())
+
+
+@pytest.fixture(scope="module")
+def tiny() -> LLM:
+    return LLM("tiny", load_format="dummy", dtype="float32", hardware="cpu-server")
+
+
+def test_vllm_prompt_forms_give_the_same_tokens(tiny):
+    greedy = SamplingParams(max_tokens=5, temperature=0.0)
+    ids = [tiny.tokenizer.encode(p) for p in PROMPTS]
+    by_text = [o.outputs[0].token_ids for o in tiny.generate(PROMPTS, greedy)]
+    forms = [
+        ids,
+        [{"prompt_token_ids": t} for t in ids],
+        [{"prompt": p} for p in PROMPTS],
+        [PROMPTS[0], {"prompt_token_ids": ids[1]}, ids[2], {"prompt": PROMPTS[3]}],  # mixed
+    ]
+    for form in forms:
+        assert [o.outputs[0].token_ids for o in tiny.generate(form, greedy)] == by_text
+    one = tiny.generate({"prompt_token_ids": ids[1]}, greedy)
+    assert len(one) == 1 and one[0].outputs[0].token_ids == by_text[1] and one[0].prompt_token_ids == ids[1]
+    assert tiny.generate(ids[2], greedy)[0].outputs[0].token_ids == by_text[2]  # a flat id list is one prompt
+    assert tiny.generate({"prompt": PROMPTS[0]}, greedy)[0].prompt == PROMPTS[0]
+
+
+def test_outputs_in_input_order_with_progress_bar(tiny, capsys):
+    greedy = SamplingParams(max_tokens=4, temperature=0.0)
+    outs = tiny.generate(PROMPTS, greedy, use_tqdm=True)
+    assert "generating" in capsys.readouterr().err
+    rev = tiny.generate(PROMPTS[::-1], greedy)
+    assert [o.prompt for o in outs] == PROMPTS and [o.request_id for o in outs] == ["0", "1", "2", "3"]
+    assert [o.outputs[0].token_ids for o in rev] == [o.outputs[0].token_ids for o in outs][::-1]
+
+
+@pytest.mark.parametrize("bad, needle", [
+    ({"prompt_tokens": [1, 2]}, "prompt_token_ids"),
+    ({"prompt": "x", "multi_modal_data": {}}, "multi-modal"),
+    ({"prompt_token_ids": [1, "a"]}, "ints in 0..511"),
+    ({"prompt_token_ids": [1, 10**6]}, "ints in 0..511"),
+    (3.5, "float is not a prompt"),
+    ("   ", "empty"),
+])
+def test_bad_prompts_are_clear_errors(tiny, bad, needle):
+    with pytest.raises(PromptError, match=needle):
+        tiny.generate([PROMPTS[0], bad], SamplingParams(max_tokens=2))

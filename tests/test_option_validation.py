@@ -1,0 +1,92 @@
+"""Every option is checked before anything heavy: a bad value exits 2 with the option's name and
+its valid choices, before the dataset is read or a weight is loaded (CLI), or raises OptionError
+before loading (API)."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+import moelight.engine_session
+from moelight import LLM
+from moelight.cli import app
+from moelight.options import EngineOptions, OptionError
+from moelight.pipeline.schedule import SCHEDULES
+from tests.cli_text import says
+
+
+@pytest.fixture(autouse=True)
+def no_loading(monkeypatch):
+    def refuse(*_a, **_k):
+        raise AssertionError("the model was loaded before the options were checked")
+
+    monkeypatch.setattr(moelight.engine_session, "load_model", refuse)
+
+
+# (CLI args, phrases the message must hold: the option, the bad value, the valid choices)
+CASES = [
+    (["--schedule", "bogus"], ["--schedule", "bogus", "cgopipe, flexgen, flexgen-cpu, overlap-unpaged"]),
+    (["--device", "tpu"], ["--device", "tpu", "auto, cpu, cuda, emulated"]),
+    (["--hardware", "v100"], ["--hardware", "v100", "cpu-server", "profile"]),
+    (["--dtype", "float8"], ["--dtype", "float8", "auto, float32, bfloat16, float16"]),
+    (["--load-format", "gguf"], ["--load-format", "gguf", "auto, safetensors, dummy"]),
+    (["--tokenizer", "sentencepiece"], ["--tokenizer", "sentencepiece", "auto, hf, byte"]),
+    (["--format", "csv"], ["--format", "csv", "mtbench, jsonl, openai, parquet"]),
+    (["--policy", "/no/such/policy.json"], ["--policy", "policy.json", "no such file"]),
+    (["--resume", "--overwrite"], ["--resume", "--overwrite", "choose one"]),
+    (["--output-name", "results.csv"], ["--output", "results.csv", ".csv", ".jsonl", ".parquet"]),
+    (["--output-name", "results"], ["--output", "extension-less", ".jsonl"]),
+    (["--batch-size", "0"], ["--batch-size"]),
+]
+
+
+@pytest.mark.parametrize("args, phrases", CASES, ids=[c[0][0] + ("=" + c[0][1] if len(c[0]) > 1 else "")
+                                                      for c in CASES])
+def test_cli_bad_option_exits_2_before_reading_anything(tmp_path, args, phrases):
+    name = "out.jsonl"
+    if args[0] == "--output-name":
+        name, args = args[1], []
+    # the dataset does not exist: an option error must come first
+    r = CliRunner().invoke(app, ["run", "--dataset", str(tmp_path / "missing.jsonl"), "--model", "tiny",
+                                 "--load-format", "dummy", "--output", str(tmp_path / name), *args])
+    assert r.exit_code == 2, (r.output, r.exception)
+    assert "Traceback" not in r.output and "missing.jsonl" not in r.output
+    for phrase in phrases:
+        assert says(r.output, phrase), (phrase, r.output)
+    assert not (tmp_path / name).exists()
+
+
+@pytest.mark.parametrize("option, value, phrase", [
+    ("schedule", "bogus", "cgopipe"),
+    ("device", "tpu", "emulated"),
+    ("hardware", "v100", "cpu-server"),
+    ("dtype", "float8", "bfloat16"),
+    ("load_format", "gguf", "safetensors"),
+    ("tokenizer", "spm", "byte"),
+    ("policy", "/no/such/policy.json", "no such file"),
+    ("batch_size", 0, ">= 1"),
+    ("micro_batch_size", -1, ">= 1"),
+    ("gpus", -2, ">= 0"),
+    ("max_prefill_tokens", 0, ">= 1"),
+])
+def test_api_bad_option_raises_before_loading(option, value, phrase):
+    with pytest.raises(OptionError, match=phrase):
+        LLM("tiny", **({"load_format": "dummy"} | {option: value}))
+
+
+def test_api_unknown_option_lists_the_valid_ones():
+    with pytest.raises(OptionError, match="unknown option.*schedul.*valid: .*schedule"):
+        LLM("tiny", schedul="cgopipe")
+
+
+def test_every_cli_run_option_is_an_engine_option_or_a_job_option():
+    """The two front ends share EngineOptions: no engine option is reachable from the CLI only."""
+    import inspect
+
+    from moelight.cli.run_cmd import run
+    from moelight.runner import RunOptions
+
+    cli = set(inspect.signature(run).parameters)
+    assert set(EngineOptions.names()) <= cli
+    assert cli <= set(RunOptions.__dataclass_fields__)
+    assert set(SCHEDULES) == {"cgopipe", "flexgen", "flexgen-cpu", "overlap-unpaged"}
