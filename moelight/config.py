@@ -1,4 +1,9 @@
-"""Model configuration: the Mixtral-family hyper-parameters the engine needs."""
+"""Model configuration: the hyper-parameters the engine needs, for every supported family.
+
+`ModelConfig` is family-neutral: the fields beyond Mixtral's (norm type, QKV bias, q/k norms,
+shared experts, dense layers, ...) default to Mixtral's values. Each family file in
+`moelight/models/` reads its Hugging Face config.json into one (`config_from_hf_dict`).
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from moelight.errors import ConfigError
-
-SUPPORTED_MODEL_TYPES = ("mixtral",)
-_MOE_FIELDS = ("num_local_experts", "num_experts_per_tok")
 
 
 @dataclass(frozen=True)
@@ -30,6 +32,15 @@ class ModelConfig:
     bos_token_id: int | None = 1
     eos_token_ids: tuple[int, ...] = field(default=(2,))
     model_type: str = "mixtral"
+    norm: str = "rms"  # "rms" or "layernorm" (no bias; DBRX)
+    qkv_bias: bool = False  # biases on the q/k/v projections (Qwen2-MoE)
+    o_bias: bool = False  # bias on the output projection
+    qk_norm: str = ""  # "" none, "head" RMSNorm per head (Qwen3-MoE), "full" over the projection (OLMoE)
+    clip_qkv: float | None = None  # clamp q, k, v to +-clip (DBRX, OLMoE)
+    norm_topk_prob: bool = True  # renormalise the top-k routing weights to sum 1
+    shared_expert_size: int = 0  # a shared SwiGLU expert with a sigmoid gate (Qwen2-MoE), 0: none
+    dense_layers: tuple[int, ...] = ()  # layers with a dense SwiGLU MLP instead of experts
+    dense_intermediate_size: int = 0  # that MLP's width
 
     def __post_init__(self) -> None:
         if self.head_dim == 0:
@@ -45,7 +56,11 @@ class ModelConfig:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["eos_token_ids"] = list(self.eos_token_ids)
+        d["dense_layers"] = list(self.dense_layers)
         return d
+
+    def is_sparse(self, layer: int) -> bool:
+        return layer not in self.dense_layers
 
     def to_hf_dict(self) -> dict:
         """The Hugging Face config.json a checkpoint of this shape would carry."""
@@ -73,50 +88,41 @@ class ModelConfig:
 
 
 def config_from_hf_dict(cfg: dict, where: str = "config.json") -> ModelConfig:
-    """Read a Hugging Face Mixtral config dict, with errors that name the file."""
-    model_type = cfg.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ConfigError(
-            f"{where}: model_type {model_type!r} is not supported; moelight runs "
-            f"{', '.join(SUPPORTED_MODEL_TYPES)} models (Mixture-of-Experts, Mixtral layout)"
-        )
-    missing = [k for k in _MOE_FIELDS if k not in cfg]
-    if missing:
-        raise ConfigError(
-            f"{where}: no MoE fields ({', '.join(missing)} missing); this is not a Mixture-of-Experts "
-            "config. moelight needs num_local_experts and num_experts_per_tok"
-        )
-    required = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
-    absent = [k for k in required if k not in cfg]
+    """Read a Hugging Face config dict through its family's adapter, with errors that name the file."""
+    from moelight.models import family
+
+    quant = (cfg.get("quantization_config") or {}).get("quant_method")
+    if quant:
+        raise ConfigError(f"{where}: a {quant!r}-quantised checkpoint; moelight loads unquantised (float32, "
+                          "bfloat16, float16) weights only: use the model's original checkpoint")
+    return family(cfg.get("model_type"), where).config_from_hf(cfg, where)
+
+
+def require(cfg: dict, where: str, *keys: str) -> None:
+    """ConfigError naming every missing field."""
+    absent = [k for k in keys if cfg.get(k) is None]
     if absent:
         raise ConfigError(f"{where}: missing required field(s) {', '.join(absent)}")
-    act = cfg.get("hidden_act", "silu")
-    if act != "silu":
-        raise ConfigError(f"{where}: hidden_act {act!r} is not supported (Mixtral experts use 'silu')")
+
+
+def rope_theta_of(cfg: dict, where: str, default: float) -> float:
+    """rope_theta, refusing rope scaling (YaRN, linear, ...) that the engine does not implement."""
     rope = cfg.get("rope_parameters") or {}
     rope_type = rope.get("rope_type", "default")
     if rope_type != "default" or cfg.get("rope_scaling"):
         raise ConfigError(f"{where}: rope scaling ({rope_type or cfg.get('rope_scaling')}) is not supported")
-    rope_theta = rope.get("rope_theta", cfg.get("rope_theta", 1e6))
-    eos = cfg.get("eos_token_id", 2)
-    eos_ids = tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
-    return ModelConfig(
-        vocab_size=int(cfg["vocab_size"]),
-        hidden_size=int(cfg["hidden_size"]),
-        intermediate_size=int(cfg["intermediate_size"]),
-        num_layers=int(cfg["num_hidden_layers"]),
-        num_heads=int(cfg["num_attention_heads"]),
-        num_kv_heads=int(cfg.get("num_key_value_heads") or cfg["num_attention_heads"]),
-        num_experts=int(cfg["num_local_experts"]),
-        top_k=int(cfg["num_experts_per_tok"]),
-        head_dim=int(cfg.get("head_dim") or 0),
-        rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-        rope_theta=float(rope_theta),
-        max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
-        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        bos_token_id=cfg.get("bos_token_id", 1),
-        eos_token_ids=eos_ids,
-    )
+    return float(rope.get("rope_theta", cfg.get("rope_theta", default)))
+
+
+def eos_ids_of(cfg: dict, default: int | None = 2) -> tuple[int, ...]:
+    eos = cfg.get("eos_token_id", default)
+    return tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+
+
+def check_act(cfg: dict, where: str, key: str = "hidden_act") -> None:
+    act = cfg.get(key, "silu")
+    if act != "silu":
+        raise ConfigError(f"{where}: {key} {act!r} is not supported (the experts are SwiGLU: 'silu')")
 
 
 def load_config(model_dir: str | Path) -> ModelConfig:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from moelight.model import MixtralModel
+from moelight.models.causal_lm import MoECausalLM
 
 _PACK_HINT = 64  # expected rows per matmul; oneDNN picks the blocking from it
 
@@ -33,39 +33,43 @@ def pack_weight(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.contiguous(), _PACK_HINT)
 
 
-def packed_linear(x: torch.Tensor, packed: torch.Tensor) -> torch.Tensor:
-    """x [M, k] @ W^T with W pre-packed by `pack_weight`."""
-    return torch.ops.mkldnn._linear_pointwise(x, packed, None, "none", [], "")
+def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [M, k] @ W^T (+ bias) with W pre-packed by `pack_weight`."""
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
 class PackedLinear(nn.Module):
-    """Drop-in for a bias-free nn.Linear whose weight lives in oneDNN's layout."""
+    """Drop-in for an nn.Linear whose weight lives in oneDNN's layout."""
 
     def __init__(self, linear: nn.Linear) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.packed = pack_weight(linear.weight.detach())
+        self.bias = None if linear.bias is None else linear.bias.detach()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return packed_linear(x, self.packed)
+        return packed_linear(x, self.packed, self.bias)
 
 
-def pack_model(model: MixtralModel) -> bool:
+# routers stay dense: moe_ffn reads their weight, and an h -> 1 gate gains nothing from packing
+_KEEP_DENSE = ("gate", "shared_expert_gate")
+
+
+def pack_model(model: MoECausalLM) -> bool:
     """Repack every large matmul weight of `model` in place; False if this torch/CPU cannot."""
     if not packing_supported(model.embed_tokens.weight.dtype):
         return False
     for layer in model.layers:
-        attn = layer.self_attn
-        for name in ("q_proj", "k_proj", "v_proj", "o_proj"):
-            setattr(attn, name, PackedLinear(getattr(attn, name)))
+        for parent in list(layer.modules()):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, nn.Linear) and name not in _KEEP_DENSE:
+                    setattr(parent, name, PackedLinear(child))
         moe = layer.mlp
-        gate_up = [pack_weight(w) for w in moe.gate_up_proj.detach()]
-        down = [pack_weight(w) for w in moe.down_proj.detach()]
-        del moe.gate_up_proj, moe.down_proj
-        moe.gate_up_proj, moe.down_proj, moe.linear = gate_up, down, packed_linear
+        if isinstance(getattr(moe, "gate_up_proj", None), torch.Tensor):
+            gate_up = [pack_weight(w) for w in moe.gate_up_proj.detach()]
+            down = [pack_weight(w) for w in moe.down_proj.detach()]
+            del moe.gate_up_proj, moe.down_proj
+            moe.gate_up_proj, moe.down_proj, moe.linear = gate_up, down, packed_linear
     if not model.config.tie_word_embeddings:
         model.lm_head = PackedLinear(model.lm_head)
     return True
-
-
-

@@ -21,7 +21,7 @@ import torch
 from moelight import forward
 from moelight.batching import balance_microbatches, split_batches
 from moelight.kv_cache import RaggedKVCache
-from moelight.model import MixtralModel
+from moelight.models.causal_lm import MoECausalLM
 from moelight.sampling import Sampler, SamplingParams
 from moelight.slot_pool import SlotPool
 
@@ -64,7 +64,7 @@ class Engine:
     rounding and can flip a near-tied greedy token, as in any batched engine.
     """
 
-    def __init__(self, model: MixtralModel, eos_token_ids: tuple[int, ...], max_prefill_tokens: int = 4096,
+    def __init__(self, model: MoECausalLM, eos_token_ids: tuple[int, ...], max_prefill_tokens: int = 4096,
                  executor=None, refill: bool = True) -> None:
         self.model = model
         self.executor = executor or forward.PlainExecutor(model)

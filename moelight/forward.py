@@ -10,12 +10,12 @@ import torch
 
 from cpu_kernels import decode_attention, prefill_attention
 from moelight.kv_cache import RaggedKVCache
-from moelight.model import MixtralModel
+from moelight.models.causal_lm import MoECausalLM
 
 
 @torch.inference_mode()
 def prefill(
-    model: MixtralModel, cache: RaggedKVCache, tokens: torch.Tensor, seq_lens: torch.Tensor, offsets: torch.Tensor
+    model: MoECausalLM, cache: RaggedKVCache, tokens: torch.Tensor, seq_lens: torch.Tensor, offsets: torch.Tensor
 ) -> torch.Tensor:
     """Packed prompts tokens [T] (seq_lens [B], cache offsets [B]) -> last hidden state [B, h]."""
     cu = torch.zeros(len(seq_lens) + 1, dtype=torch.int64)
@@ -40,7 +40,7 @@ def prefill(
 
 @torch.inference_mode()
 def decode_step(
-    model: MixtralModel, cache: RaggedKVCache, tokens: torch.Tensor, offsets: torch.Tensor, positions: torch.Tensor
+    model: MoECausalLM, cache: RaggedKVCache, tokens: torch.Tensor, offsets: torch.Tensor, positions: torch.Tensor
 ) -> torch.Tensor:
     """One new token per sequence: tokens [B] at positions [B] -> hidden state [B, h]."""
     slots = offsets + positions
@@ -63,7 +63,7 @@ class PlainExecutor:
     provides the same two methods and walks the micro-batches layer by layer instead.
     """
 
-    def __init__(self, model: MixtralModel) -> None:
+    def __init__(self, model: MoECausalLM) -> None:
         self.model = model
 
     def prefill(self, cache: RaggedKVCache, tokens, seq_lens, offsets) -> torch.Tensor:

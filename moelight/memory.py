@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import resource
 
@@ -22,11 +23,19 @@ def dtype_bytes(dtype: torch.dtype) -> int:
 
 
 def weight_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
-    h, f, e = cfg.hidden_size, cfg.intermediate_size, cfg.num_experts
-    attn = h * cfg.head_dim * (2 * cfg.num_heads + 2 * cfg.num_kv_heads)
-    per_layer = attn + e * 3 * h * f + e * h + 2 * h
-    lm_head = 0 if cfg.tie_word_embeddings else cfg.vocab_size * h
-    return (cfg.num_layers * per_layer + cfg.vocab_size * h + lm_head + h) * dtype_bytes(dtype)
+    return parameter_count(cfg) * dtype_bytes(dtype)
+
+
+@functools.lru_cache(maxsize=32)
+def parameter_count(cfg: ModelConfig) -> int:
+    """Every parameter of the family's model (shared experts, dense layers, biases, q/k norms
+    included), counted on the meta device: nothing is allocated."""
+    from moelight.models.causal_lm import MoECausalLM
+
+    with torch.device("meta"):
+        model = MoECausalLM(cfg)
+    return sum(p.numel() for name, p in model.named_parameters()
+               if not (cfg.tie_word_embeddings and name == "lm_head.weight"))
 
 
 def kv_bytes(cfg: ModelConfig, tokens: int, dtype: torch.dtype) -> int:

@@ -6,11 +6,13 @@ import torch
 import torch.nn.functional as F
 
 
-def route(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int):
-    """Mixtral routing: softmax over all experts in float32, keep top-k, renormalise (float32)."""
+def route(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, normalize: bool = True):
+    """Softmax over all experts in float32, keep top-k, renormalise them to sum 1 (Mixtral, DBRX,
+    Qwen with norm_topk_prob) or not (OLMoE, Qwen without it)."""
     probs = torch.softmax(F.linear(x, gate_weight).float(), dim=-1)
     weights, experts = torch.topk(probs, top_k, dim=-1)
-    weights = weights / weights.sum(dim=-1, keepdim=True)
+    if normalize:
+        weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights, experts
 
 
@@ -21,6 +23,7 @@ def moe_ffn(
     down_proj,
     top_k: int,
     linear=F.linear,
+    normalize: bool = True,
 ) -> torch.Tensor:
     """x [T, h] -> [T, h].
 
@@ -30,7 +33,7 @@ def moe_ffn(
     that received tokens are touched. Experts are summed in ascending order, as the
     reference implementation does, so float32 results match it bit for bit in practice.
     """
-    weights, experts = route(x, gate_weight, top_k)
+    weights, experts = route(x, gate_weight, top_k, normalize)
     flat_experts = experts.reshape(-1)
     order = torch.argsort(flat_experts, stable=True)
     token_of_pair = order // top_k

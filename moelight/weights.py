@@ -1,14 +1,15 @@
-"""Loading Mixtral weights from Hugging Face safetensors, or making dummy ones.
+"""Loading weights from Hugging Face safetensors, or making dummy ones, for every family.
 
-Accepts a single `model.safetensors` or shards listed in `model.safetensors.index.json`,
-and both expert layouts: per-expert `block_sparse_moe.experts.{e}.w1/w2/w3` (original
-Mixtral checkpoints) and packed `mlp.experts.gate_up_proj` / `down_proj` (transformers 5).
+Accepts a single `model.safetensors` or shards listed in `model.safetensors.index.json`. Each
+family's weight map (`tensor_targets` in moelight/models/<family>.py) says where a tensor goes,
+packed experts included (per-expert `experts.{e}.w1/w3/w2` or `gate_proj/up_proj/down_proj`,
+transformers 5's packed `gate_up_proj` / `down_proj`, DBRX's stacked `w1/v1/w2`). Every element
+of every parameter must be filled exactly once; the first one left empty is named.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import struct
 from pathlib import Path
 
@@ -17,9 +18,9 @@ from safetensors import safe_open
 
 from moelight.config import ModelConfig
 from moelight.errors import WeightsError
-from moelight.model import MixtralModel
-
-_LEGACY_EXPERT = re.compile(r"^layers\.(\d+)\.(?:block_sparse_moe|mlp)\.experts\.(\d+)\.(w1|w2|w3)\.weight$")
+from moelight.models import family
+from moelight.models.causal_lm import MoECausalLM
+from moelight.models.targets import Target
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
@@ -69,92 +70,80 @@ def check_not_truncated(path: Path) -> None:
         )
 
 
-def _strip_prefix(name: str) -> str:
-    return name[len("model.") :] if name.startswith("model.") else name
-
-
-def load_weights(model: MixtralModel, model_dir: Path) -> None:
+def load_weights(model: MoECausalLM, model_dir: Path) -> None:
     """Fill `model` (already in its target dtype) from the checkpoint, checking every shape."""
     cfg = model.config
+    targets_of = family(cfg.model_type).tensor_targets
     params = dict(model.named_parameters())
-    filled: set[str] = set()
-    expert_parts: dict[str, set[tuple[int, str]]] = {}  # packed param -> {(expert, w1|w2|w3)}
+    filled: dict[str, int] = {}  # elements copied into each parameter
     for path in checkpoint_files(model_dir):
         check_not_truncated(path)
         try:
             with safe_open(str(path), framework="pt") as f:
                 for raw in f.keys():
-                    name = _strip_prefix(raw)
-                    legacy = _LEGACY_EXPERT.match(name)
-                    if legacy:
-                        target = _fill_legacy_expert(params, legacy, f.get_tensor(raw), cfg, path, raw)
-                        expert_parts.setdefault(target, set()).add((int(legacy.group(2)), legacy.group(3)))
-                        continue
-                    name = name.replace(".block_sparse_moe.", ".mlp.").replace(".mlp.experts.", ".mlp.")
-                    if name not in params:
-                        continue  # e.g. rotary inv_freq buffers in old checkpoints
-                    _copy(params[name], f.get_tensor(raw), path, raw)
-                    filled.add(name)
+                    for t in targets_of(raw, cfg) or ():
+                        if t.param not in params:
+                            _unknown(t.param, raw, path, cfg)
+                            continue
+                        filled[t.param] = filled.get(t.param, 0) + _copy(params[t.param], t, f.get_tensor(raw),
+                                                                         path, raw)
         except WeightsError:
             raise
         except Exception as e:  # safetensors raises its own types for corrupt files
             raise WeightsError(f"{path}: cannot read ({e})") from e
-    for target, parts in expert_parts.items():
-        want = cfg.num_experts * (1 if target.endswith("down_proj") else 2)
-        if len(parts) == want:
-            filled.add(target)
     if cfg.tie_word_embeddings:
-        filled.add("lm_head.weight")
-    missing = [n for n in params if n not in filled]
+        filled["lm_head.weight"] = params["lm_head.weight"].numel()
+    missing = [n for n, p in params.items() if filled.get(n, 0) < p.numel()]
     if missing:
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
         raise WeightsError(f"{model_dir}: checkpoint is missing weights for: {shown}")
 
 
-def _copy(param: torch.Tensor, tensor: torch.Tensor, path: Path, name: str) -> None:
-    if tuple(param.shape) != tuple(tensor.shape):
+def _unknown(param: str, raw: str, path: Path, cfg: ModelConfig) -> None:
+    """A tensor beyond the config's shape (an extra layer or expert) is an error; other names
+    (e.g. rotary inv_freq buffers of old checkpoints) are skipped."""
+    parts = param.split(".")
+    if parts[0] == "layers" and parts[1].isdigit() and int(parts[1]) >= cfg.num_layers:
+        raise WeightsError(f"{path}: {raw} but config.json has num_hidden_layers={cfg.num_layers}")
+
+
+def _copy(param: torch.Tensor, t: Target, tensor: torch.Tensor, path: Path, name: str) -> int:
+    if t.index and isinstance(t.index[0], int) and t.index[0] >= param.shape[0]:
+        raise WeightsError(f"{path}: {name} but config.json has num_local_experts={param.shape[0]} "
+                           "(the number of experts)")
+    target = param[t.index] if t.index else param
+    if t.transform is not None:
+        tensor = t.transform(tensor)
+    if tuple(target.shape) != tuple(tensor.shape):
         raise WeightsError(
-            f"{path}: tensor {name} has shape {tuple(tensor.shape)}, config.json implies {tuple(param.shape)}"
+            f"{path}: tensor {name} has shape {tuple(tensor.shape)}, config.json implies {tuple(target.shape)}"
         )
     with torch.no_grad():
-        param.copy_(tensor)
+        target.copy_(tensor)
+    return target.numel()
 
 
-def _fill_legacy_expert(params, m: re.Match, tensor, cfg: ModelConfig, path: Path, raw: str) -> str:
-    """Copy one per-expert w1/w3/w2 into the packed tensors; returns the packed name."""
-    layer, expert, which = int(m.group(1)), int(m.group(2)), m.group(3)
-    if expert >= cfg.num_experts:
-        raise WeightsError(f"{path}: {raw} but config.json has num_local_experts={cfg.num_experts}")
-    f = cfg.intermediate_size
-    packed = f"layers.{layer}.mlp.{'down_proj' if which == 'w2' else 'gate_up_proj'}"
-    if packed not in params:
-        raise WeightsError(f"{path}: {raw} but config.json has num_hidden_layers={cfg.num_layers}")
-    target = params[packed][expert]
-    if which != "w2":
-        target = target[:f] if which == "w1" else target[f:]
-    _copy(target, tensor, path, raw)
-    return packed
-
-
-def init_dummy_weights(model: MixtralModel, seed: int = 0) -> None:
+def init_dummy_weights(model: MoECausalLM, seed: int = 0) -> None:
     """Random weights with the scale of a trained model, for benchmarking without files."""
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if name.endswith("layernorm.weight") or name == "norm.weight":
+            if name.endswith("norm.weight"):
                 p.fill_(1.0)
+            elif name.endswith(".bias"):
+                p.zero_()
             else:
                 # uniform with std 0.02 (as HF initialises); uniform is much faster than normal
                 p.uniform_(-0.0346, 0.0346, generator=gen)
 
 
-def build_model(cfg: ModelConfig, dtype: torch.dtype, model_dir: Path | None, seed: int = 0) -> MixtralModel:
+def build_model(cfg: ModelConfig, dtype: torch.dtype, model_dir: Path | None, seed: int = 0) -> MoECausalLM:
     """Allocate the model in `dtype` without initialising, then load or randomise weights."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device("meta"):
-            model = MixtralModel(cfg)
+            model = MoECausalLM(cfg)
     finally:
         torch.set_default_dtype(previous)
     model = model.to_empty(device="cpu")

@@ -21,8 +21,7 @@ import torch.nn.functional as F
 
 from cpu_kernels import decode_attention, prefill_attention
 from moelight.kv_cache import RaggedKVCache
-from moelight.model import MixtralModel
-from moelight.moe import moe_ffn
+from moelight.models.causal_lm import MoECausalLM
 from moelight.pipeline.device_attention import device_decode_attention
 from moelight.pipeline.device_base import Device, create_device
 from moelight.pipeline.held_tensors import HeldTensors, in_inference_mode
@@ -47,7 +46,7 @@ class PipelineExecutor:
 
     def __init__(
         self,
-        model: MixtralModel,
+        model: MoECausalLM,
         schedule: str = "cgopipe",
         device: str | Device = "emulated",
         r_w: float = 0.0,
@@ -89,7 +88,7 @@ class PipelineExecutor:
     @classmethod
     def from_policy(
         cls,
-        model: MixtralModel,
+        model: MoECausalLM,
         policy,
         schedule: str = "cgopipe",
         device: str | Device = "emulated",
@@ -149,7 +148,7 @@ class PipelineExecutor:
     def _moe(self, j: int):
         layer = self.model.layers[j]
         gu, dn = self.pager.table(j, (self.slot_base + j) % 2)
-        return lambda h: moe_ffn(h, layer.mlp.gate.weight, gu, dn, layer.mlp.top_k, F.linear)
+        return lambda h: layer.mlp.forward_with(h, gu, dn, F.linear)
 
     def _post(self, j: int, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
         scratch = self.device.reserve(

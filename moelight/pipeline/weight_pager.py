@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from moelight.model import MixtralModel
+from moelight.models.causal_lm import MoECausalLM
 from moelight.pipeline.device_base import Device
 
 
@@ -58,7 +58,7 @@ class MemoryPlan:
     @classmethod
     def for_model(
         cls,
-        model: MixtralModel,
+        model: MoECausalLM,
         n_resident: int,
         max_prefill_tokens: int,
         max_prompt_len: int,
@@ -73,7 +73,7 @@ class MemoryPlan:
         non_expert = sum(
             p.numel() * p.element_size()
             for n, p in model.named_parameters()
-            if "gate_up_proj" not in n and "down_proj" not in n
+            if not n.endswith(("mlp.gate_up_proj", "mlp.down_proj"))
         )
         per_tok = activation_bytes_per_token(cfg, dtype)
         logits = 4 * cfg.vocab_size
@@ -100,7 +100,7 @@ class MemoryPlan:
 class WeightPager:
     """Owns the device copies of the weights and moves the paged experts."""
 
-    def __init__(self, model: MixtralModel, device: Device, r_w: float) -> None:
+    def __init__(self, model: MoECausalLM, device: Device, r_w: float) -> None:
         cfg = model.config
         self.model, self.device = model, device
         self.n_layers, self.n_experts = cfg.num_layers, cfg.num_experts
@@ -116,14 +116,10 @@ class WeightPager:
         # non-expert modules: resident on the device
         for mod, tag in [(model.embed_tokens, "embed"), (model.norm, "norm"), (model.lm_head, "lm_head")]:
             device.to_device_module(mod, tag)
-        for layer in model.layers:
-            for mod in (
-                layer.self_attn,
-                layer.input_layernorm,
-                layer.post_attention_layernorm,
-                layer.mlp.gate,
-            ):
-                device.to_device_module(mod, "non-expert")
+        for layer in model.layers:  # all but the routed experts: attention, norms, router, a shared expert
+            for name, mod in layer.named_children():
+                for sub in (mod.children() if name == "mlp" else (mod,)):
+                    device.to_device_module(sub, "non-expert")
 
         self.resident_gu: list[torch.Tensor] = []
         self.resident_dn: list[torch.Tensor] = []

@@ -1,0 +1,119 @@
+"""Building blocks the architecture files share: norms, rotary, attention projections, SwiGLU
+MLPs and the routed-experts block. Tokens are packed: activations are [T, hidden].
+
+Each block computes what transformers' classes compute, in the same order, so float32 results
+match them bit for bit in practice (see tests/test_model_families.py).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from moelight.config import ModelConfig
+from moelight.moe import moe_ffn
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+class LayerNorm(nn.Module):
+    """LayerNorm without bias (DBRX), in the activation dtype as torch's nn.LayerNorm runs it."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.layer_norm(x, (x.shape[-1],), self.weight, None, self.eps)
+
+
+def make_norm(cfg: ModelConfig, dim: int | None = None) -> nn.Module:
+    dim = dim or cfg.hidden_size
+    return LayerNorm(dim, cfg.rms_norm_eps) if cfg.norm == "layernorm" else RMSNorm(dim, cfg.rms_norm_eps)
+
+
+def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
+    """cos/sin [T, head_dim] for the given absolute positions (computed in float32, as HF does)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [T, H, d]; rotate-half convention of Mixtral/Llama checkpoints."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+class Attention(nn.Module):
+    """Projections of grouped-query attention; the softmax part lives in cpu_kernels."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        q, kv, bias = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim, cfg.qkv_bias
+        self.q_proj = nn.Linear(cfg.hidden_size, q, bias=bias)
+        self.k_proj = nn.Linear(cfg.hidden_size, kv, bias=bias)
+        self.v_proj = nn.Linear(cfg.hidden_size, kv, bias=bias)
+        self.o_proj = nn.Linear(q, cfg.hidden_size, bias=cfg.o_bias)
+
+    def qkv(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Flat projections [T, Hq*d], [T, Hkv*d], [T, Hkv*d]."""
+        return self.q_proj(h), self.k_proj(h), self.v_proj(h)
+
+    def heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+        return (q.view(-1, self.n_heads, self.head_dim), k.view(-1, self.n_kv, self.head_dim),
+                v.view(-1, self.n_kv, self.head_dim))
+
+
+class SwiGLU(nn.Module):
+    """A dense SwiGLU MLP (Qwen's dense layers and shared expert): down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class SparseMoE(nn.Module):
+    """Router plus E SwiGLU experts, stored packed: gate_up_proj [E, 2f, h], down_proj [E, h, f];
+    with cfg.shared_expert_size, a shared SwiGLU expert scaled by a sigmoid gate (Qwen2-MoE)."""
+
+    def __init__(self, cfg: ModelConfig) -> None:
+        super().__init__()
+        self.top_k, self.normalize = cfg.top_k, cfg.norm_topk_prob
+        self.gate = nn.Linear(cfg.hidden_size, cfg.num_experts, bias=False)
+        self.gate_up_proj = nn.Parameter(torch.empty(cfg.num_experts, 2 * cfg.intermediate_size, cfg.hidden_size))
+        self.down_proj = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size))
+        self.linear = F.linear  # cpu_linear.pack_model swaps in pre-packed weights and their matmul
+        if cfg.shared_expert_size:
+            self.shared_expert = SwiGLU(cfg.hidden_size, cfg.shared_expert_size)
+            self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_with(x, self.gate_up_proj, self.down_proj, self.linear)
+
+    def forward_with(self, x: torch.Tensor, gate_up_proj, down_proj, linear) -> torch.Tensor:
+        """The block over routed-expert weights a runtime supplies (a page table of device buffers)."""
+        out = moe_ffn(x, self.gate.weight, gate_up_proj, down_proj, self.top_k, linear, normalize=self.normalize)
+        if hasattr(self, "shared_expert"):
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out

@@ -1,0 +1,141 @@
+"""Every family in the registry against transformers' own class on small random checkpoints:
+greedy float32 tokens identical, prefill logits within rtol 1e-4, single-file and sharded,
+in the layout `save_pretrained` writes and in transformers 5's packed in-memory layout."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+pytest.importorskip("transformers")
+
+from moelight import LLM, SamplingParams  # noqa: E402
+from moelight.config import load_config  # noqa: E402
+from moelight.forward import PlainExecutor  # noqa: E402
+from moelight.kv_cache import RaggedKVCache  # noqa: E402
+from tests.checkpoints import random_prompts  # noqa: E402
+
+N_NEW = 8
+PROMPTS = random_prompts(5, 320, min_len=1, max_len=20, seed=3)
+COMMON = dict(vocab_size=320, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, initializer_range=0.2)
+QWEN_SHAPE = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2)
+
+# name -> (transformers config class, config kwargs, layout, shard size)
+VARIANTS = {
+    "qwen2_moe-shared-dense-layer-bias": ("Qwen2MoeConfig", dict(
+        **QWEN_SHAPE, intermediate_size=64, moe_intermediate_size=24, shared_expert_intermediate_size=40,
+        num_experts=6, num_experts_per_tok=2, norm_topk_prob=False, mlp_only_layers=[1], rope_theta=1e4),
+        "saved", None),
+    "qwen2_moe-renorm-sparse-step2-packed-sharded": ("Qwen2MoeConfig", dict(
+        **QWEN_SHAPE, intermediate_size=48, moe_intermediate_size=16, shared_expert_intermediate_size=24,
+        num_experts=4, num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=2), "packed", "30KB"),
+    "qwen3_moe-128ish-experts-top8-sharded": ("Qwen3MoeConfig", dict(
+        **QWEN_SHAPE, head_dim=16, intermediate_size=64, moe_intermediate_size=8, num_experts=32,
+        num_experts_per_tok=8, norm_topk_prob=True, tie_word_embeddings=True), "saved", "40KB"),
+    "qwen3_moe-dense-first-packed": ("Qwen3MoeConfig", dict(
+        **QWEN_SHAPE, intermediate_size=40, moe_intermediate_size=16, num_experts=8, num_experts_per_tok=2,
+        norm_topk_prob=False, mlp_only_layers=[0]), "packed", None),
+    "olmoe-top3-clip": ("OlmoeConfig", dict(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, intermediate_size=24,
+        num_experts=8, num_experts_per_tok=3, clip_qkv=0.4), "saved", None),
+    "olmoe-norm-topk-sharded": ("OlmoeConfig", dict(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, intermediate_size=24,
+        num_experts=8, num_experts_per_tok=2, norm_topk_prob=True), "saved", "30KB"),
+    "dbrx-top3-clip": ("DbrxConfig", dict(
+        d_model=32, n_heads=4, n_layers=2, max_seq_len=256,
+        attn_config={"kv_n_heads": 2, "clip_qkv": 0.5, "rope_theta": 1e4},
+        ffn_config={"ffn_hidden_size": 24, "moe_num_experts": 6, "moe_top_k": 3}), "saved", None),
+    # clip 8 as DBRX ships (transformers 5.24's DBRX cannot run without a clip: clamp(None, None))
+    "dbrx-clip8-sharded": ("DbrxConfig", dict(
+        d_model=32, n_heads=4, n_layers=2, max_seq_len=256,
+        attn_config={"kv_n_heads": 4, "clip_qkv": 8.0, "rope_theta": 5e5},
+        ffn_config={"ffn_hidden_size": 16, "moe_num_experts": 4, "moe_top_k": 2}), "saved", "30KB"),
+}
+_MODEL_CLASS = {"Qwen2MoeConfig": "Qwen2MoeForCausalLM", "Qwen3MoeConfig": "Qwen3MoeForCausalLM",
+                "OlmoeConfig": "OlmoeForCausalLM", "DbrxConfig": "DbrxForCausalLM"}
+
+
+def make_hf(config_class: str, kwargs: dict, seed: int):
+    """A float32 transformers model with random weights; norms and biases randomised too, so
+    a norm or bias applied wrongly (or not at all) changes the tokens."""
+    import transformers
+
+    cfg = getattr(transformers, config_class)(**COMMON, **kwargs)
+    torch.manual_seed(seed)
+    model = getattr(transformers, _MODEL_CLASS[config_class])(cfg).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight") or ".norm_" in name:
+                p.uniform_(0.5, 1.5)
+            elif name.endswith(".bias"):
+                p.uniform_(-0.3, 0.3)
+    return model
+
+
+def save(model, out: Path, layout: str, shard: str | None) -> Path:
+    if layout == "saved":
+        model.save_pretrained(out, max_shard_size=shard or "1GB")
+    else:  # transformers 5's in-memory names, packed experts, in one file or a few
+        out.mkdir(parents=True)
+        model.config.save_pretrained(out)
+        sd = {k: v.detach().clone().contiguous() for k, v in model.state_dict().items()}
+        if model.config.tie_word_embeddings:
+            sd.pop("lm_head.weight", None)
+        assert any(k.endswith("mlp.experts.gate_up_proj") for k in sd)
+        if shard is None:
+            save_file(sd, str(out / "model.safetensors"), metadata={"format": "pt"})
+        else:
+            names = sorted(sd)
+            half = len(names) // 2
+            weight_map = {}
+            for i, chunk in enumerate((names[:half], names[half:])):
+                fname = f"model-{i + 1:05d}-of-00002.safetensors"
+                save_file({k: sd[k] for k in chunk}, str(out / fname), metadata={"format": "pt"})
+                weight_map |= {k: fname for k in chunk}
+            (out / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
+    (out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "ByteTokenizer"}))
+    return out
+
+
+@pytest.fixture(scope="module", params=list(VARIANTS))
+def family_ref(request, tmp_path_factory):
+    config_class, kwargs, layout, shard = VARIANTS[request.param]
+    hf = make_hf(config_class, kwargs, seed=len(request.param))
+    folder = save(hf, tmp_path_factory.mktemp("fam") / request.param, layout, shard)
+    return request.param, hf, folder
+
+
+@torch.no_grad()
+def hf_greedy(hf, prompt: list[int]) -> list[int]:
+    out = hf.generate(torch.tensor([prompt]), do_sample=False, max_new_tokens=N_NEW, eos_token_id=None,
+                      pad_token_id=0, attention_mask=torch.ones(1, len(prompt), dtype=torch.long))
+    return out[0, len(prompt):].tolist()
+
+
+def test_family_matches_transformers(family_ref):
+    name, hf, folder = family_ref
+    _, _, layout, shard = VARIANTS[name]
+    assert (folder / "model.safetensors.index.json").is_file() == (shard is not None)
+    llm = LLM(str(folder), dtype="float32", batch_size=3, micro_batch_size=2)
+    assert llm.config.model_type == hf.config.model_type
+    outs = llm.generate(PROMPTS, SamplingParams(max_tokens=N_NEW, temperature=0.0, ignore_eos=True))
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, p) for p in PROMPTS]
+    # prefill logits of every prompt's last token, through the unpacked model as well
+    from moelight.weights import build_model
+
+    model = build_model(load_config(folder), torch.float32, folder)
+    for p in PROMPTS[:3]:
+        cache = RaggedKVCache.allocate(model.config, [len(p)], torch.float32)
+        ours = PlainExecutor(model).prefill(cache, torch.tensor(p), torch.tensor([len(p)]), cache.offsets)[0]
+        with torch.no_grad():
+            theirs = hf(torch.tensor([p])).logits[0, -1].float()
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
+
+
+def test_checkpoint_variants_cover_the_families():
+    covered = {VARIANTS[v][0] for v in VARIANTS}
+    assert covered == set(_MODEL_CLASS)
