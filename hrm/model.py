@@ -12,7 +12,8 @@ from pathlib import Path
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A decoder-only MoE transformer (Mixtral / DBRX shape): GQA attention + top-k experts."""
+    """A decoder-only MoE transformer: GQA attention + top-k routed experts, optionally a shared
+    expert per sparse layer and some dense layers. Costs are those of the average layer."""
 
     name: str
     vocab_size: int
@@ -28,6 +29,11 @@ class ModelSpec:
     max_position: int = 32768
     tie_word_embeddings: bool = False
     model_type: str = "mixtral"
+    shared_expert_size: int = 0  # a shared SwiGLU expert in every sparse layer (Qwen2-MoE); 0: none
+    num_dense_layers: int = 0  # layers with a dense SwiGLU MLP instead of experts (Qwen mlp_only_layers)
+    dense_intermediate_size: int = 0  # that MLP's width
+    qkv_bias: bool = False  # biases on q/k/v (Qwen2-MoE)
+    qk_norm: str = ""  # "head": RMSNorm weights per head_dim (Qwen3-MoE); "full": over q and k (OLMoE)
 
     def __post_init__(self) -> None:
         if not 1 <= self.top_k <= self.num_experts:
@@ -47,14 +53,29 @@ class ModelSpec:
     def attn_params_per_layer(self) -> int:
         """QKV + O projections, two RMSNorm weights and the router of one layer."""
         h = self.hidden_size
-        return h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h + 2 * h + h * self.num_experts
+        bias = self.q_dim + 2 * self.kv_dim if self.qkv_bias else 0
+        norms = {"": 0, "head": 2 * self.head_dim, "full": self.q_dim + self.kv_dim}[self.qk_norm]
+        return h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h + 2 * h + h * self.num_experts + bias + norms
 
     def expert_params(self) -> int:
         """One expert: w1, w3 (h x f) and w2 (f x h)."""
         return 3 * self.hidden_size * self.intermediate_size
 
+    @property
+    def sparse_fraction(self) -> float:
+        """Share of the layers whose FFN is routed experts (the rest are dense MLPs)."""
+        return (self.num_layers - self.num_dense_layers) / self.num_layers
+
     def layer_expert_params(self) -> int:
-        return self.num_experts * self.expert_params()
+        """Routed-expert parameters of the average layer (dense layers have none): what a layer pages."""
+        return round(self.sparse_fraction * self.num_experts * self.expert_params())
+
+    def shared_expert_params(self) -> int:
+        """The shared expert of one sparse layer and its h -> 1 sigmoid gate."""
+        return 3 * self.hidden_size * self.shared_expert_size + self.hidden_size if self.shared_expert_size else 0
+
+    def dense_mlp_params(self) -> int:
+        return 3 * self.hidden_size * self.dense_intermediate_size
 
     def embedding_params(self) -> int:
         """Input embedding + lm_head (once if tied) + final norm."""
@@ -62,10 +83,19 @@ class ModelSpec:
         return (n if self.tie_word_embeddings else 2 * n) + self.hidden_size
 
     def non_expert_params(self) -> int:
-        return self.num_layers * self.attn_params_per_layer() + self.embedding_params()
+        """Everything but the routed experts: attention, norms, routers, shared experts, dense MLPs."""
+        sparse = self.num_layers - self.num_dense_layers
+        return (self.num_layers * self.attn_params_per_layer() + sparse * self.shared_expert_params()
+                + self.num_dense_layers * self.dense_mlp_params() + self.embedding_params())
+
+    def active_params(self) -> int:
+        """Parameters one token uses: everything but the routed experts, plus top_k of them per sparse layer."""
+        sparse = self.num_layers - self.num_dense_layers
+        return self.non_expert_params() + sparse * self.top_k * self.expert_params()
 
     def total_params(self) -> int:
-        return self.non_expert_params() + self.num_layers * self.layer_expert_params()
+        sparse = self.num_layers - self.num_dense_layers
+        return self.non_expert_params() + sparse * self.num_experts * self.expert_params()
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -79,7 +109,8 @@ def _need(cfg: dict, *keys: str):
 
 
 def model_from_hf_config(cfg: dict, name: str | None = None) -> ModelSpec:
-    """Build a ModelSpec from a Hugging Face config dict (model_type mixtral or dbrx)."""
+    """Build a ModelSpec from a Hugging Face config dict (Mixtral, Qwen2/3-MoE, OLMoE, DBRX, or
+    moelight's own `ModelConfig.to_hf_dict()`)."""
     mtype = cfg.get("model_type", "mixtral")
     if mtype == "dbrx":
         attn = cfg.get("attn_config", {}) or {}
@@ -102,26 +133,44 @@ def model_from_hf_config(cfg: dict, name: str | None = None) -> ModelSpec:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             model_type="dbrx",
         )
-    if mtype not in ("mixtral", "qwen2_moe", "moelight"):
-        raise ValueError(f"unsupported model_type {mtype!r}; supported: mixtral, dbrx")
+    if mtype not in HF_MOE_TYPES:
+        raise ValueError(f"unsupported model_type {mtype!r}; supported: dbrx, {', '.join(HF_MOE_TYPES)}")
     h = int(_need(cfg, "hidden_size"))
     heads = int(_need(cfg, "num_attention_heads"))
+    layers = int(_need(cfg, "num_hidden_layers"))
+    dense = _dense_layers(cfg, layers)
+    routed_width = cfg.get("moe_intermediate_size") or _need(cfg, "intermediate_size")
     return ModelSpec(
         name=name or cfg.get("_name_or_path") or mtype,
         vocab_size=int(_need(cfg, "vocab_size")),
         hidden_size=h,
-        intermediate_size=int(_need(cfg, "intermediate_size")),
-        num_layers=int(_need(cfg, "num_hidden_layers")),
+        intermediate_size=int(routed_width),
+        num_layers=layers,
         num_experts=int(_need(cfg, "num_local_experts", "num_experts")),
         top_k=int(_need(cfg, "num_experts_per_tok")),
         num_heads=heads,
         num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
         head_dim=int(cfg.get("head_dim") or h // heads),
-        rope_theta=float(cfg.get("rope_theta", 1e6)),
+        rope_theta=float((cfg.get("rope_parameters") or {}).get("rope_theta", cfg.get("rope_theta", 1e6))),
         max_position=int(cfg.get("max_position_embeddings", 32768)),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
-        model_type="mixtral",
+        model_type=mtype,
+        shared_expert_size=int(cfg.get("shared_expert_intermediate_size") or 0),
+        num_dense_layers=len(dense),
+        dense_intermediate_size=int(cfg.get("intermediate_size") or 0) if dense else 0,
+        qkv_bias=bool(cfg.get("qkv_bias", mtype == "qwen2_moe") or cfg.get("attention_bias", False)),
+        qk_norm=cfg.get("qk_norm") or {"qwen3_moe": "head", "olmoe": "full"}.get(mtype, ""),
     )
+
+
+HF_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "moelight")
+
+
+def _dense_layers(cfg: dict, layers: int) -> list[int]:
+    """Qwen-style dense layers: listed in mlp_only_layers or off the decoder_sparse_step grid."""
+    only = set(cfg.get("mlp_only_layers") or ())
+    step = int(cfg.get("decoder_sparse_step") or 1)
+    return [i for i in range(layers) if i in only or (i + 1) % step]
 
 
 def load_model_dir(path: str | Path) -> ModelSpec:

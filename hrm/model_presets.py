@@ -4,18 +4,47 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from hrm.model import ModelSpec, load_model_dir
+from hrm.model import ModelSpec, load_model_dir, model_from_hf_config
 
-MODEL_PRESETS: dict[str, ModelSpec] = {
-    "tiny": ModelSpec("tiny", 512, 64, 128, 2, 4, 2, 4, 2, 16, rope_theta=1e6, max_position=2048),
-    "bench-1b": ModelSpec("bench-1b", 32000, 1024, 3584, 8, 8, 2, 16, 4, 64, max_position=4096),
-    "mixtral-8x7b": ModelSpec("mixtral-8x7b", 32000, 4096, 14336, 32, 8, 2, 32, 8, 128,
-                              rope_theta=1e6, max_position=32768),
-    "mixtral-8x22b": ModelSpec("mixtral-8x22b", 32768, 6144, 16384, 56, 8, 2, 48, 8, 128,
-                               rope_theta=1e6, max_position=65536),
-    "dbrx": ModelSpec("dbrx", 100352, 6144, 10752, 40, 16, 4, 48, 8, 128, rope_theta=5e5,
-                      max_position=32768, model_type="dbrx"),
+
+def _mixtral(vocab, hidden, f, layers, experts, top_k, heads, kv, head_dim, max_pos, theta=1e6) -> dict:
+    return {"model_type": "mixtral", "vocab_size": vocab, "hidden_size": hidden, "intermediate_size": f,
+            "num_hidden_layers": layers, "num_local_experts": experts, "num_experts_per_tok": top_k,
+            "num_attention_heads": heads, "num_key_value_heads": kv, "head_dim": head_dim,
+            "max_position_embeddings": max_pos, "rope_theta": theta, "bos_token_id": 1, "eos_token_id": 2}
+
+
+# Each preset is the config.json of its model (at the real shape, from the published checkpoints),
+# so the engine (moelight/presets.py, through its family adapters) and the HRM read the same numbers.
+PRESET_CONFIGS: dict[str, dict] = {
+    "tiny": _mixtral(512, 64, 128, 2, 4, 2, 4, 2, 16, 2048),
+    "bench-1b": _mixtral(32000, 1024, 3584, 8, 8, 2, 16, 4, 64, 4096),
+    "mixtral-8x7b": _mixtral(32000, 4096, 14336, 32, 8, 2, 32, 8, 128, 32768),
+    "mixtral-8x22b": _mixtral(32768, 6144, 16384, 56, 8, 2, 48, 8, 128, 65536),
+    "dbrx": {"model_type": "dbrx", "vocab_size": 100352, "d_model": 6144, "n_layers": 40, "n_heads": 48,
+             "max_seq_len": 32768, "attn_config": {"kv_n_heads": 8, "clip_qkv": 8, "rope_theta": 500000},
+             "ffn_config": {"ffn_hidden_size": 10752, "moe_num_experts": 16, "moe_top_k": 4},
+             "eos_token_id": 100257},
+    "qwen3-30b-a3b": {"model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2048,
+                      "intermediate_size": 6144, "moe_intermediate_size": 768, "num_hidden_layers": 48,
+                      "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128,
+                      "num_experts_per_tok": 8, "norm_topk_prob": True, "rope_theta": 1e6, "rms_norm_eps": 1e-6,
+                      "max_position_embeddings": 40960, "bos_token_id": 151643, "eos_token_id": 151645},
+    "qwen2-57b-a14b": {"model_type": "qwen2_moe", "vocab_size": 151936, "hidden_size": 3584,
+                       "intermediate_size": 18944, "moe_intermediate_size": 2560,
+                       "shared_expert_intermediate_size": 20480, "num_hidden_layers": 28,
+                       "num_attention_heads": 28, "num_key_value_heads": 4, "num_experts": 64,
+                       "num_experts_per_tok": 8, "norm_topk_prob": False, "rope_theta": 1e6, "rms_norm_eps": 1e-6,
+                       "max_position_embeddings": 32768, "bos_token_id": 151643, "eos_token_id": 151643},
+    "olmoe-1b-7b": {"model_type": "olmoe", "vocab_size": 50304, "hidden_size": 2048, "intermediate_size": 1024,
+                    "num_hidden_layers": 16, "num_attention_heads": 16, "num_key_value_heads": 16,
+                    "num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False, "rope_theta": 10000.0,
+                    "rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "eos_token_id": 50279,
+                    "pad_token_id": 1},
 }
+
+MODEL_PRESETS: dict[str, ModelSpec] = {name: model_from_hf_config(cfg, name=name)
+                                       for name, cfg in PRESET_CONFIGS.items()}
 
 
 def list_models() -> list[str]:

@@ -73,12 +73,19 @@ def expert_ffn(m: ModelSpec, tokens, b: float) -> OpCost:
 
 
 def moe_ffn(m: ModelSpec, tokens, b: float) -> OpCost:
-    """The MoE FFN of `tokens` tokens: k expert-token passes each, weights of the touched experts."""
+    """The FFN of the average layer on `tokens` tokens. In a sparse layer: k expert-token
+    passes each and the weights of the touched experts, plus the shared expert (every token)
+    and its sigmoid gate; in a dense layer: the dense MLP. Weighted by the share of each."""
     h, f = m.hidden_size, m.intermediate_size
     t = np.asarray(tokens, dtype=float)
-    flops = 6.0 * h * f * m.top_k * t
+    s, d = m.sparse_fraction, 1.0 - m.sparse_fraction
     touched = experts_touched(m, t)
-    byts = touched * 3.0 * h * f * b + 2.0 * t * h * b
+    routed_flops, routed_bytes = 6.0 * h * f * m.top_k * t, touched * 3.0 * h * f * b
+    fs, fd = m.shared_expert_size, m.dense_intermediate_size
+    shared_flops = (6.0 * h * fs + 2.0 * h) * t if fs else 0.0 * t
+    shared_bytes = (3.0 * h * fs + h) * b if fs else 0.0
+    flops = s * (routed_flops + shared_flops) + d * 6.0 * h * fd * t
+    byts = s * (routed_bytes + shared_bytes) + d * 3.0 * h * fd * b + 2.0 * t * h * b
     rows = m.top_k * t / np.maximum(touched, 1e-12)  # tokens per touched expert
     return OpCost(flops, byts, rows)
 
@@ -133,8 +140,11 @@ def post_attention_elementwise(m: ModelSpec, tokens, b: float) -> OpCost:
     (5f), scale by the routing weight in float32 and round back (2h*b + 8h), scatter-add (3h)."""
     h, f = m.hidden_size, m.intermediate_size
     t = np.asarray(tokens, dtype=float)
-    pairs = m.top_k * t
+    pairs = m.sparse_fraction * m.top_k * t
     byts = rmsnorm_bytes(t * h, b) + 4.0 * t * h * b + pairs * ((7.0 * h + 5.0 * f) * b + 8.0 * h)
+    # SiLU and product on a shared expert's or a dense MLP's intermediate, and the add / gate scaling
+    dense_width = m.sparse_fraction * m.shared_expert_size + (1.0 - m.sparse_fraction) * m.dense_intermediate_size
+    byts = byts + t * (5.0 * dense_width + (4.0 * h if m.shared_expert_size else 0.0)) * b
     return OpCost(0.0 * t, byts)
 
 

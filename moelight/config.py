@@ -84,7 +84,16 @@ class ModelConfig:
             "eos_token_id": list(self.eos_token_ids) if len(self.eos_token_ids) > 1 else self.eos_token_ids[0],
             "hidden_act": "silu",
             "sliding_window": None,
-        }
+        } | self._family_fields()
+
+    def _family_fields(self) -> dict:
+        """What the Mixtral dict cannot say (for the HRM's model spec), in Qwen's config names."""
+        if self.model_type == "mixtral":
+            return {}
+        return {"model_type": "moelight", "moe_intermediate_size": self.intermediate_size,
+                "intermediate_size": self.dense_intermediate_size or self.intermediate_size,
+                "shared_expert_intermediate_size": self.shared_expert_size,
+                "mlp_only_layers": list(self.dense_layers), "qkv_bias": self.qkv_bias, "qk_norm": self.qk_norm}
 
 
 def config_from_hf_dict(cfg: dict, where: str = "config.json") -> ModelConfig:

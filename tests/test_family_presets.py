@@ -1,0 +1,89 @@
+"""Each family's preset at its real shape: the HRM counts what the engine builds (shared experts,
+dense layers, biases, q/k norms), matches the published sizes, and `plan` / `simulate` / `run`
+accept it; per-layer FLOPs and bytes against a hand computation."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from hrm import model_from_hf_config
+from hrm import operators as ops
+from hrm.model import ModelSpec
+from hrm.model_presets import MODEL_PRESETS
+from moelight.cli import app
+from moelight.memory import parameter_count
+from moelight.presets import PRESETS
+from tests.cli_text import says
+
+# published totals and active parameters per token, billions
+PUBLISHED = {"mixtral-8x7b": (46.7, 12.9), "mixtral-8x22b": (141, 39), "dbrx": (132, 36),
+             "qwen3-30b-a3b": (30.5, 3.3), "qwen2-57b-a14b": (57.4, 14.2), "olmoe-1b-7b": (6.9, 1.3)}
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED))
+def test_preset_sizes_match_the_published_ones(name):
+    total, active = PUBLISHED[name]
+    m = MODEL_PRESETS[name]
+    assert m.total_params() / 1e9 == pytest.approx(total, rel=0.02)
+    assert m.active_params() / 1e9 == pytest.approx(active, rel=0.03)
+
+
+@pytest.mark.parametrize("name", list(MODEL_PRESETS))
+def test_hrm_counts_every_parameter_the_engine_builds(name):
+    cfg = PRESETS[name]
+    assert parameter_count(cfg) == MODEL_PRESETS[name].total_params()
+    # the planner sees the engine's config through to_hf_dict: the same model
+    assert model_from_hf_config(cfg.to_hf_dict()).total_params() == MODEL_PRESETS[name].total_params()
+
+
+def test_average_layer_ffn_by_hand():
+    """4 layers, one dense (width 40), 8 experts of width 16 top-2, a shared expert of width 24."""
+    h, t, b = 32, 10, 2.0
+    m = ModelSpec("x", 100, h, 16, 4, 8, 2, 4, 2, 8, shared_expert_size=24, num_dense_layers=1,
+                  dense_intermediate_size=40)
+    cost = ops.moe_ffn(m, t, b)
+    touched = 8 * (1 - (1 - 2 / 8) ** t)
+    sparse_flops = 6 * h * 16 * 2 * t + 6 * h * 24 * t + 2 * h * t  # routed + shared + its gate
+    dense_flops = 6 * h * 40 * t
+    assert cost.flops == pytest.approx(0.75 * sparse_flops + 0.25 * dense_flops)
+    sparse_bytes = touched * 3 * h * 16 * b + (3 * h * 24 + h) * b
+    assert cost.bytes == pytest.approx(0.75 * sparse_bytes + 0.25 * 3 * h * 40 * b + 2 * t * h * b)
+    # parameters: 3 sparse layers carry 8 experts and a shared expert, the dense one its MLP
+    attn = h * (32 + 2 * 16) + 32 * h + 2 * h + h * 8
+    assert m.non_expert_params() == 4 * attn + 3 * (3 * h * 24 + h) + 3 * h * 40 + 2 * 100 * h + h
+    assert m.layer_expert_params() == round(0.75 * 8 * 3 * h * 16)
+
+
+@pytest.mark.parametrize("name, hw", [("dbrx", "s9"), ("qwen3-30b-a3b", "s2"), ("qwen2-57b-a14b", "s9"),
+                                      ("olmoe-1b-7b", "s1")])  # DBRX on the paper's 4xT4 host (S9)
+def test_plan_and_simulate_take_every_family_preset(name, hw):
+    r = CliRunner().invoke(app, ["plan", "--model", name, "--hardware", hw, "--gen-len", "64"])
+    assert r.exit_code == 0, r.output
+    assert says(r.output, f"model {name} on {hw}")
+    r = CliRunner().invoke(app, ["simulate", "--model", name, "--hardware", hw, "--gen-len", "32"])
+    assert r.exit_code == 0, r.output
+    assert says(r.output, "schedule cgopipe")
+
+
+def test_a_real_shape_preset_that_does_not_fit_says_so_before_loading(tmp_path, monkeypatch):
+    import moelight.engine_session
+
+    monkeypatch.setattr(moelight.engine_session, "load_model", lambda *a, **k: pytest.fail("loaded"))
+    ds = tmp_path / "p.jsonl"
+    ds.write_text('{"id": "a", "prompt": "hi"}\n')
+    r = CliRunner().invoke(app, ["run", "--dataset", str(ds), "--model", "qwen3-30b-a3b", "--load-format", "dummy",
+                                 "--output", str(tmp_path / "o.jsonl"), "--hardware", "cpu-server", "--device", "cpu",
+                                 "--gpus", "0"])
+    assert r.exit_code == 2, r.output
+    assert says(r.output, "does not fit") and not (tmp_path / "o.jsonl").exists()
+
+
+def test_engine_builds_each_family_preset_on_the_meta_device():
+    from moelight.models.causal_lm import MoECausalLM
+
+    for name in ("dbrx", "qwen3-30b-a3b", "qwen2-57b-a14b", "olmoe-1b-7b"):
+        with torch.device("meta"):
+            model = MoECausalLM(PRESETS[name])
+        assert model.config.model_type == MODEL_PRESETS[name].model_type or name == "dbrx"
