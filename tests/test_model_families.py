@@ -139,3 +139,79 @@ def test_family_matches_transformers(family_ref):
 def test_checkpoint_variants_cover_the_families():
     covered = {VARIANTS[v][0] for v in VARIANTS}
     assert covered == set(_MODEL_CLASS)
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def _folder(name: str, tmp_path: Path) -> Path:
+    config_class, kwargs, _, _ = VARIANTS[name]
+    return save(make_hf(config_class, kwargs, seed=1), tmp_path / name, "saved", None)
+
+
+def _edit(folder: Path, **changes) -> None:
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(changes)
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+
+def test_unsupported_model_type_lists_the_supported_ones(tmp_path):
+    from moelight.errors import ConfigError
+
+    folder = _folder("olmoe-top3-clip", tmp_path)
+    _edit(folder, model_type="deepseek_v3")
+    with pytest.raises(ConfigError, match="'deepseek_v3' is not supported.*mixtral, qwen2_moe, qwen3_moe, olmoe, dbrx"):
+        LLM(str(folder))
+
+
+@pytest.mark.parametrize("method", ["gptq", "awq"])
+def test_quantised_checkpoints_say_so_by_name(tmp_path, method):
+    from moelight.errors import ConfigError
+
+    folder = _folder("qwen3_moe-dense-first-packed", tmp_path)
+    _edit(folder, quantization_config={"quant_method": method, "bits": 4})
+    with pytest.raises(ConfigError, match=f"'{method}'-quantised checkpoint"):
+        LLM(str(folder))
+
+
+def test_missing_and_misshapen_family_tensors_are_named(tmp_path):
+    from safetensors import safe_open
+
+    from moelight.errors import WeightsError
+    from moelight.weights import build_model
+
+    folder = _folder("dbrx-top3-clip", tmp_path)
+    path = folder / "model.safetensors"
+    with safe_open(str(path), framework="pt") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    save_file({k: v for k, v in tensors.items() if k != "transformer.blocks.1.ffn.experts.mlp.v1"}, str(path))
+    with pytest.raises(WeightsError, match=r"missing weights for: layers\.1\.mlp\.gate_up_proj"):
+        build_model(load_config(folder), torch.float32, folder)
+    tensors["transformer.blocks.0.norm_attn_norm.attn.Wqkv.weight"] = torch.zeros(10, 32)
+    save_file(tensors, str(path))
+    with pytest.raises(WeightsError, match=r"Wqkv\.weight has shape \(\d+, 32\)"):
+        build_model(load_config(folder), torch.float32, folder)
+
+
+def test_a_non_mixtral_family_on_the_emulated_cgopipe_runtime(tmp_path):
+    """OLMoE (no renormalisation, q/k norms) through the pipeline executor: the CPU engine's tokens."""
+    from optimizer import Policy
+
+    folder = _folder("olmoe-top3-clip", tmp_path)
+    pol = str(Policy(4, 2, 2, False, True, 0.5, 0.0, "float32").save(tmp_path / "gpu.json"))
+    greedy = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    cpu = LLM(str(folder), dtype="float32", device="cpu", batch_size=4, micro_batch_size=2)
+    piped = LLM(str(folder), dtype="float32", device="emulated", hardware="t4", policy=pol)
+    try:
+        assert [o.outputs[0].token_ids for o in piped.generate(PROMPTS, greedy)] == \
+            [o.outputs[0].token_ids for o in cpu.generate(PROMPTS, greedy)]
+    finally:
+        piped.close()
+
+
+def test_dense_layers_on_the_pipeline_are_refused_before_loading(tmp_path):
+    from moelight.job_plan import PlanError
+
+    folder = _folder("qwen3_moe-dense-first-packed", tmp_path)
+    with pytest.raises(PlanError, match=r"layers \[0\].*dense MLP.*--device cpu"):
+        LLM(str(folder), device="emulated", hardware="t4")
