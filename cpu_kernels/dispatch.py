@@ -68,11 +68,22 @@ def decode_attention(
     offsets: torch.Tensor,
     lengths: torch.Tensor,
     scale: float,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """q [B, Hq, d] over the ragged cache [Hkv, T, d] -> [B, Hq, d] in q's dtype."""
-    if _cpp_ok(q, k_cache, v_cache) and k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride():
+    """q [B, Hq, d] over the ragged cache [Hkv, T, d] -> [B, Hq, d] in q's dtype.
+
+    `window`: attend to the last `window` keys only (a sliding-window layer), by narrowing each
+    sequence's block, so the C++ kernels serve it unchanged. `sinks` [Hq] (GPT-OSS) run in the
+    pure-torch path: the C++ kernels do not take them yet.
+    """
+    if window is not None:
+        skip = (lengths - window).clamp(min=0)
+        offsets, lengths = offsets + skip, lengths - skip
+    if sinks is None and _cpp_ok(q, k_cache, v_cache) and k_cache.stride(-1) == 1 \
+            and k_cache.stride() == v_cache.stride():
         return torch.ops.moelight.decode_attention(q, k_cache, v_cache, offsets, lengths, float(scale))
-    return decode_attention_torch(q, k_cache, v_cache, offsets, lengths, scale)
+    return decode_attention_torch(q, k_cache, v_cache, offsets, lengths, scale, sinks)
 
 
 def prefill_attention(
@@ -81,8 +92,11 @@ def prefill_attention(
     v: torch.Tensor,
     cu_seqlens: torch.Tensor,
     scale: float,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Causal attention over packed prompts: q [T, Hq, d], k/v [T, Hkv, d] -> [T, Hq, d]."""
-    if _cpp_ok(q, k, v):
+    """Causal attention over packed prompts: q [T, Hq, d], k/v [T, Hkv, d] -> [T, Hq, d].
+    A sliding window or sinks run in the pure-torch path (the C++ kernel is causal-only)."""
+    if window is None and sinks is None and _cpp_ok(q, k, v):
         return torch.ops.moelight.prefill_attention(q, k, v, cu_seqlens, float(scale))
-    return prefill_attention_torch(q, k, v, cu_seqlens, scale)
+    return prefill_attention_torch(q, k, v, cu_seqlens, scale, window, sinks)

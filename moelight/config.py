@@ -41,6 +41,12 @@ class ModelConfig:
     shared_expert_size: int = 0  # a shared SwiGLU expert with a sigmoid gate (Qwen2-MoE), 0: none
     dense_layers: tuple[int, ...] = ()  # layers with a dense SwiGLU MLP instead of experts
     dense_intermediate_size: int = 0  # that MLP's width
+    rope_scaling: tuple = ()  # sorted (key, value) items of a YaRN rope_parameters dict (GPT-OSS); (): plain RoPE
+    sliding_window: int = 0  # keys a sliding-window layer attends to (the query's own included)
+    sliding_layers: tuple[int, ...] = ()  # layers that attend through that window
+    attention_sinks: bool = False  # a learned per-head logit in every softmax's denominator (GPT-OSS)
+    swiglu_limit: float = 0.0  # clamp of GPT-OSS's SwiGLU (gate <= limit, |up| <= limit); 0: plain SwiGLU
+    swiglu_alpha: float = 1.702  # GPT-OSS's gate * sigmoid(alpha * gate)
 
     def __post_init__(self) -> None:
         if self.head_dim == 0:
@@ -57,10 +63,16 @@ class ModelConfig:
         d = asdict(self)
         d["eos_token_ids"] = list(self.eos_token_ids)
         d["dense_layers"] = list(self.dense_layers)
+        d["sliding_layers"] = list(self.sliding_layers)
+        d["rope_scaling"] = dict(self.rope_scaling)
         return d
 
     def is_sparse(self, layer: int) -> bool:
         return layer not in self.dense_layers
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of `layer`, None for full attention."""
+        return self.sliding_window if layer in self.sliding_layers else None
 
     def to_hf_dict(self) -> dict:
         """The Hugging Face config.json a checkpoint of this shape would carry."""
@@ -101,7 +113,7 @@ def config_from_hf_dict(cfg: dict, where: str = "config.json") -> ModelConfig:
     from moelight.models import family
 
     quant = (cfg.get("quantization_config") or {}).get("quant_method")
-    if quant:
+    if quant and (quant, cfg.get("model_type")) != ("mxfp4", "gpt_oss"):  # GPT-OSS's MXFP4 experts: dequantised
         raise ConfigError(f"{where}: a {quant!r}-quantised checkpoint; moelight loads unquantised (float32, "
                           "bfloat16, float16) weights only: use the model's original checkpoint")
     return family(cfg.get("model_type"), where).config_from_hf(cfg, where)
@@ -114,12 +126,12 @@ def require(cfg: dict, where: str, *keys: str) -> None:
         raise ConfigError(f"{where}: missing required field(s) {', '.join(absent)}")
 
 
-def rope_theta_of(cfg: dict, where: str, default: float) -> float:
-    """rope_theta, refusing rope scaling (YaRN, linear, ...) that the engine does not implement."""
-    rope = cfg.get("rope_parameters") or {}
-    rope_type = rope.get("rope_type", "default")
-    if rope_type != "default" or cfg.get("rope_scaling"):
-        raise ConfigError(f"{where}: rope scaling ({rope_type or cfg.get('rope_scaling')}) is not supported")
+def rope_theta_of(cfg: dict, where: str, default: float, allow: tuple[str, ...] = ()) -> float:
+    """rope_theta, refusing rope scaling (YaRN, linear, ...) that the family does not implement."""
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default" and rope_type not in allow:
+        raise ConfigError(f"{where}: rope scaling ({rope_type}) is not supported")
     return float(rope.get("rope_theta", cfg.get("rope_theta", default)))
 
 

@@ -13,6 +13,15 @@ from moelight.kv_cache import RaggedKVCache
 from moelight.models.causal_lm import MoECausalLM
 
 
+def attention_extras(model: MoECausalLM, layer: int) -> dict:
+    """A layer's sliding window and attention sinks, for the attention kernels (none for most families)."""
+    cfg = model.config
+    if not (cfg.sliding_layers or cfg.attention_sinks):
+        return {}
+    sinks = model.layers[layer].self_attn.sinks if cfg.attention_sinks else None
+    return {"window": cfg.window(layer), "sinks": sinks}
+
+
 @torch.inference_mode()
 def prefill(
     model: MoECausalLM, cache: RaggedKVCache, tokens: torch.Tensor, seq_lens: torch.Tensor, offsets: torch.Tensor
@@ -31,7 +40,7 @@ def prefill(
     for li, layer in enumerate(model.layers):
         q, k, v = layer.pre_attention(x, cos, sin)
         cache.write(li, k, v, slots)
-        attn = prefill_attention(q, k, v, cu, scale).flatten(1)
+        attn = prefill_attention(q, k, v, cu, scale, **attention_extras(model, li)).flatten(1)
         if li == n_layers - 1:  # only the last token of each prompt feeds the LM head
             x, attn = x[last], attn[last]
         x = layer.post_attention(x, attn)
@@ -51,7 +60,8 @@ def decode_step(
     for li, layer in enumerate(model.layers):
         q, k, v = layer.pre_attention(x, cos, sin)
         cache.write(li, k, v, slots)
-        attn = decode_attention(q, cache.k[li], cache.v[li], offsets, lengths, scale).flatten(1)
+        attn = decode_attention(q, cache.k[li], cache.v[li], offsets, lengths, scale,
+                                **attention_extras(model, li)).flatten(1)
         x = layer.post_attention(x, attn)
     return x
 

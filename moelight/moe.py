@@ -16,6 +16,12 @@ def route(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, normalize: boo
     return weights, experts
 
 
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up, gate and up the two halves of one gate_up matmul."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
+
+
 def moe_ffn(
     x: torch.Tensor,
     gate_weight: torch.Tensor,
@@ -25,28 +31,48 @@ def moe_ffn(
     linear=F.linear,
     normalize: bool = True,
 ) -> torch.Tensor:
-    """x [T, h] -> [T, h].
+    """x [T, h] -> [T, h]: softmax-top-k routing, then the routed SwiGLU experts (`expert_mix`)."""
+    weights, experts = route(x, gate_weight, top_k, normalize)
+    return expert_mix(x, weights, experts, gate_up_proj, down_proj, linear)
+
+
+def expert_mix(
+    x: torch.Tensor,
+    weights: torch.Tensor,
+    experts: torch.Tensor,
+    gate_up_proj,
+    down_proj,
+    linear=F.linear,
+    activation=swiglu,
+    gate_up_bias: torch.Tensor | None = None,
+    down_bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [T, h], routing weights / expert ids [T, k] -> sum of the weighted expert outputs [T, h].
 
     Token-expert pairs are sorted by expert so each expert runs one matmul over all its
     tokens. `gate_up_proj[e]` / `down_proj[e]` may be any indexable (a page table of
     device buffers, pre-packed CPU weights) that `linear(x, w)` accepts: only the experts
     that received tokens are touched. Experts are summed in ascending order, as the
-    reference implementation does, so float32 results match it bit for bit in practice.
+    reference implementations do, so float32 results match them bit for bit in practice.
     """
-    weights, experts = route(x, gate_weight, top_k, normalize)
+    top_k = experts.shape[-1]
     flat_experts = experts.reshape(-1)
     order = torch.argsort(flat_experts, stable=True)
     token_of_pair = order // top_k
     pair_weight = weights.reshape(-1, 1).index_select(0, order)
-    counts = torch.bincount(flat_experts, minlength=gate_weight.shape[0]).tolist()
+    counts = torch.bincount(flat_experts, minlength=len(gate_up_proj)).tolist()
     out = torch.zeros_like(x)
     start = 0
     for e, n in enumerate(counts):
         if n == 0:
             continue
         rows = token_of_pair[start : start + n]
-        gate, up = linear(x.index_select(0, rows), gate_up_proj[e]).chunk(2, dim=-1)
-        y = linear(F.silu(gate) * up, down_proj[e])
+        gate_up = linear(x.index_select(0, rows), gate_up_proj[e])
+        if gate_up_bias is not None:
+            gate_up = gate_up + gate_up_bias[e]
+        y = linear(activation(gate_up), down_proj[e])
+        if down_bias is not None:
+            y = y + down_bias[e]
         # scale in float32, round once, as the reference does
         out.index_add_(0, rows, (y * pair_weight[start : start + n]).to(x.dtype))
         start += n

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import struct
+from contextlib import ExitStack
 from pathlib import Path
 
 import torch
@@ -76,27 +77,44 @@ def load_weights(model: MoECausalLM, model_dir: Path) -> None:
     targets_of = family(cfg.model_type).tensor_targets
     params = dict(model.named_parameters())
     filled: dict[str, int] = {}  # elements copied into each parameter
-    for path in checkpoint_files(model_dir):
-        check_not_truncated(path)
-        try:
-            with safe_open(str(path), framework="pt") as f:
-                for raw in f.keys():
-                    for t in targets_of(raw, cfg) or ():
-                        if t.param not in params:
-                            _unknown(t.param, raw, path, cfg)
-                            continue
-                        filled[t.param] = filled.get(t.param, 0) + _copy(params[t.param], t, f.get_tensor(raw),
-                                                                         path, raw)
-        except WeightsError:
-            raise
-        except Exception as e:  # safetensors raises its own types for corrupt files
-            raise WeightsError(f"{path}: cannot read ({e})") from e
+    with ExitStack() as stack:
+        handles = {}  # tensor name -> (open file, path): a companion may live in another shard
+        for path in checkpoint_files(model_dir):
+            check_not_truncated(path)
+            f = stack.enter_context(_open(path))
+            handles.update({raw: (f, path) for raw in f.keys()})
+        for raw, (f, path) in handles.items():
+            for t in targets_of(raw, cfg) or ():
+                if t.param not in params:
+                    _unknown(t.param, raw, path, cfg)
+                    continue
+                extra = ()
+                if t.companion is not None:
+                    if t.companion not in handles:
+                        raise WeightsError(f"{path}: {raw} needs {t.companion}, which the checkpoint lacks")
+                    extra = (_read(*handles[t.companion], t.companion),)
+                filled[t.param] = filled.get(t.param, 0) + _copy(params[t.param], t, _read(f, path, raw), path,
+                                                                 raw, extra)
     if cfg.tie_word_embeddings:
         filled["lm_head.weight"] = params["lm_head.weight"].numel()
     missing = [n for n, p in params.items() if filled.get(n, 0) < p.numel()]
     if missing:
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
         raise WeightsError(f"{model_dir}: checkpoint is missing weights for: {shown}")
+
+
+def _open(path: Path):
+    try:
+        return safe_open(str(path), framework="pt")
+    except Exception as e:  # safetensors raises its own types for corrupt files
+        raise WeightsError(f"{path}: cannot read ({e})") from e
+
+
+def _read(f, path: Path, name: str) -> torch.Tensor:
+    try:
+        return f.get_tensor(name)
+    except Exception as e:
+        raise WeightsError(f"{path}: cannot read {name} ({e})") from e
 
 
 def _unknown(param: str, raw: str, path: Path, cfg: ModelConfig) -> None:
@@ -107,13 +125,17 @@ def _unknown(param: str, raw: str, path: Path, cfg: ModelConfig) -> None:
         raise WeightsError(f"{path}: {raw} but config.json has num_hidden_layers={cfg.num_layers}")
 
 
-def _copy(param: torch.Tensor, t: Target, tensor: torch.Tensor, path: Path, name: str) -> int:
+def _copy(param: torch.Tensor, t: Target, tensor: torch.Tensor, path: Path, name: str, extra: tuple = ()) -> int:
     if t.index and isinstance(t.index[0], int) and t.index[0] >= param.shape[0]:
         raise WeightsError(f"{path}: {name} but config.json has num_local_experts={param.shape[0]} "
                            "(the number of experts)")
     target = param[t.index] if t.index else param
     if t.transform is not None:
-        tensor = t.transform(tensor)
+        try:
+            tensor = t.transform(tensor, *extra)
+        except (RuntimeError, ValueError) as e:  # a reshape / split that the config's shape cannot take
+            raise WeightsError(f"{path}: tensor {name} of shape {tuple(tensor.shape)} does not fit "
+                               f"config.json's shape ({e})") from None
     if tuple(target.shape) != tuple(tensor.shape):
         raise WeightsError(
             f"{path}: tensor {name} has shape {tuple(tensor.shape)}, config.json implies {tuple(target.shape)}"

@@ -54,9 +54,17 @@ VARIANTS = {
         d_model=32, n_heads=4, n_layers=2, max_seq_len=256,
         attn_config={"kv_n_heads": 4, "clip_qkv": 8.0, "rope_theta": 5e5},
         ffn_config={"ffn_hidden_size": 16, "moe_num_experts": 4, "moe_top_k": 2}), "saved", "30KB"),
+    # sliding window 4 (real: 128) so the short test prompts cross it; YaRN rotary as GPT-OSS ships it
+    "gpt_oss-sinks-window4-yarn": ("GptOssConfig", dict(
+        hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+        intermediate_size=24, num_local_experts=6, num_experts_per_tok=2, sliding_window=4), "saved", None),
+    "gpt_oss-full-first-sharded": ("GptOssConfig", dict(
+        hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, head_dim=16,
+        intermediate_size=16, num_local_experts=4, num_experts_per_tok=3, sliding_window=6,
+        layer_types=["full_attention", "sliding_attention"]), "saved", "30KB"),
 }
 _MODEL_CLASS = {"Qwen2MoeConfig": "Qwen2MoeForCausalLM", "Qwen3MoeConfig": "Qwen3MoeForCausalLM",
-                "OlmoeConfig": "OlmoeForCausalLM", "DbrxConfig": "DbrxForCausalLM"}
+                "OlmoeConfig": "OlmoeForCausalLM", "DbrxConfig": "DbrxForCausalLM", "GptOssConfig": "GptOssForCausalLM"}
 
 
 def make_hf(config_class: str, kwargs: dict, seed: int):
@@ -71,8 +79,10 @@ def make_hf(config_class: str, kwargs: dict, seed: int):
         for name, p in model.named_parameters():
             if name.endswith("norm.weight") or ".norm_" in name:
                 p.uniform_(0.5, 1.5)
-            elif name.endswith(".bias"):
+            elif name.endswith(".bias") or name.endswith("_bias"):
                 p.uniform_(-0.3, 0.3)
+            elif name.endswith("sinks"):  # GPT-OSS: large enough to matter in the softmax
+                p.uniform_(-1.0, 1.0)
     return model
 
 

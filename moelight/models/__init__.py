@@ -22,6 +22,7 @@ FAMILIES = {
     "qwen3_moe": "qwen3_moe",
     "olmoe": "olmoe",
     "dbrx": "dbrx",
+    "gpt_oss": "gpt_oss",
 }
 
 

@@ -8,7 +8,8 @@ import torch
 from torch import nn
 
 from moelight.config import ModelConfig
-from moelight.models.layers import make_norm, rotary_cos_sin
+from moelight.models.layers import make_norm
+from moelight.models.rope import rotary_cos_sin
 
 
 class MoECausalLM(nn.Module):
@@ -24,7 +25,7 @@ class MoECausalLM(nn.Module):
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
 
     def rotary(self, positions: torch.Tensor, dtype: torch.dtype):
-        return rotary_cos_sin(positions, self.config.head_dim, self.config.rope_theta, dtype)
+        return rotary_cos_sin(positions, self.config, dtype)
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         """Final norm and LM head, in float32 for sampling."""

@@ -44,14 +44,6 @@ def make_norm(cfg: ModelConfig, dim: int | None = None) -> nn.Module:
     return LayerNorm(dim, cfg.rms_norm_eps) if cfg.norm == "layernorm" else RMSNorm(dim, cfg.rms_norm_eps)
 
 
-def rotary_cos_sin(positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype):
-    """cos/sin [T, head_dim] for the given absolute positions (computed in float32, as HF does)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.int64).float() / head_dim))
-    freqs = positions.float()[:, None] * inv_freq[None, :]
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x [T, H, d]; rotate-half convention of Mixtral/Llama checkpoints."""
     half = x.shape[-1] // 2

@@ -19,7 +19,8 @@ from moelight.config import ModelConfig
 class Target:
     param: str  # moelight parameter name, e.g. "layers.0.mlp.gate_up_proj"
     index: tuple = ()  # the part of it this tensor fills, e.g. (expert, slice(0, f))
-    transform: Callable[[torch.Tensor], torch.Tensor] | None = None  # e.g. a transpose or split
+    transform: Callable[..., torch.Tensor] | None = None  # e.g. a transpose or split
+    companion: str | None = None  # another checkpoint tensor the transform also takes (MXFP4 scales)
 
 
 # per-expert tensors: Mixtral's w1/w3/w2 and Qwen/OLMoE's gate_proj/up_proj/down_proj
@@ -51,7 +52,7 @@ def expert_targets(name: str, cfg: ModelConfig) -> list[Target] | None:
 
 def hf_style_targets(raw: str, cfg: ModelConfig) -> list[Target] | None:
     """The common case: HF names equal moelight's once `model.` is stripped, experts aside."""
-    name = strip_model_prefix(raw).replace(".block_sparse_moe.", ".mlp.")
+    name = strip_model_prefix(raw).replace(".block_sparse_moe.", ".mlp.")  # idempotent: callers may pre-strip
     if name.endswith("rotary_emb.inv_freq"):
         return None
     return expert_targets(name, cfg) or [Target(name)]

@@ -1,0 +1,22 @@
+"""MXFP4 (OCP microscaling FP4) expert weights, as GPT-OSS checkpoints ship them: dequantised at
+load into the run's dtype. Each block of 32 values is 16 bytes of e2m1 nibbles (low nibble
+first) and one shared power-of-two scale byte (E8M0, bias 127)."""
+
+from __future__ import annotations
+
+import torch
+
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+
+
+def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """blocks [..., G, 16] uint8 and scales [..., G] uint8 -> values [..., G * 32] (exact in bf16 and f32)."""
+    if blocks.shape[:-1] != scales.shape or blocks.shape[-1] != 16:
+        raise ValueError(f"MXFP4 blocks {tuple(blocks.shape)} and scales {tuple(scales.shape)} do not pair "
+                         "(blocks [..., G, 16], scales [..., G])")
+    lut = torch.tensor(E2M1, dtype=torch.float32)
+    b = blocks.to(torch.uint8)
+    values = torch.stack((lut[(b & 0x0F).long()], lut[(b >> 4).long()]), dim=-1)  # [..., G, 16, 2]
+    values = values.reshape(*b.shape[:-1], 32)
+    values = torch.ldexp(values, scales.to(torch.int32).unsqueeze(-1) - 127)
+    return values.reshape(*b.shape[:-2], -1).to(dtype)

@@ -1,0 +1,53 @@
+"""Rotary position embeddings: the plain RoPE inverse frequencies and YaRN's (GPT-OSS), computed
+as transformers computes them, so cos/sin match to the last bit in float32."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from moelight.config import ModelConfig
+
+
+def inverse_frequencies(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
+    """(inv_freq [head_dim / 2], the factor cos and sin are scaled by)."""
+    d, base = cfg.head_dim, cfg.rope_theta
+    if not cfg.rope_scaling:
+        return 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d)), 1.0
+    return _yarn(dict(cfg.rope_scaling), d, base)
+
+
+def _yarn(p: dict, d: int, base: float) -> tuple[torch.Tensor, float]:
+    """YaRN (arXiv 2309.00071): interpolate the low frequencies by `factor`, keep the high ones,
+    ramp linearly between the beta_fast / beta_slow correction dimensions."""
+    factor, original = float(p["factor"]), int(p["original_max_position_embeddings"])
+    attention_factor = p.get("attention_factor")
+    if attention_factor is None:
+        attention_factor = 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+    beta_fast, beta_slow = p.get("beta_fast") or 32, p.get("beta_slow") or 1
+
+    def correction_dim(rotations: float) -> float:
+        return (d * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(base))
+
+    low, high = correction_dim(beta_fast), correction_dim(beta_slow)
+    if p.get("truncate", True):
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, d - 1)
+    if low == high:
+        high += 0.001
+    ramp = torch.clamp((torch.arange(d // 2, dtype=torch.float32) - low) / (high - low), 0, 1)
+    pos_freqs = base ** (torch.arange(0, d, 2).to(dtype=torch.float) / d)
+    extrapolate = 1 - ramp
+    inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolate) + (1.0 / pos_freqs) * extrapolate
+    return inv_freq, float(attention_factor)
+
+
+def rotary_cos_sin(positions: torch.Tensor, cfg: ModelConfig, dtype: torch.dtype):
+    """cos/sin [T, head_dim] for the given absolute positions (float32, then `dtype`, as HF does)."""
+    inv_freq, scale = inverse_frequencies(cfg)
+    freqs = positions.float()[:, None] * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    if scale == 1.0:
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+    return (emb.cos() * scale).to(dtype), (emb.sin() * scale).to(dtype)
