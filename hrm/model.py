@@ -9,6 +9,8 @@ import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class ModelSpec:
@@ -34,6 +36,11 @@ class ModelSpec:
     dense_intermediate_size: int = 0  # that MLP's width
     qkv_bias: bool = False  # biases on q/k/v (Qwen2-MoE)
     qk_norm: str = ""  # "head": RMSNorm weights per head_dim (Qwen3-MoE); "full": over q and k (OLMoE)
+    o_bias: bool = False  # bias on the output projection (GPT-OSS)
+    expert_bias: bool = False  # biases on the router and on every expert's matmuls (GPT-OSS)
+    attention_sinks: bool = False  # one learned logit per query head (GPT-OSS)
+    sliding_window: int = 0  # keys a sliding-window layer attends to
+    num_sliding_layers: int = 0  # layers that attend through that window
 
     def __post_init__(self) -> None:
         if not 1 <= self.top_k <= self.num_experts:
@@ -55,11 +62,23 @@ class ModelSpec:
         h = self.hidden_size
         bias = self.q_dim + 2 * self.kv_dim if self.qkv_bias else 0
         norms = {"": 0, "head": 2 * self.head_dim, "full": self.q_dim + self.kv_dim}[self.qk_norm]
-        return h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h + 2 * h + h * self.num_experts + bias + norms
+        extra = ((h if self.o_bias else 0) + (self.num_heads if self.attention_sinks else 0)
+                 + (self.num_experts if self.expert_bias else 0))
+        return (h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h + 2 * h + h * self.num_experts + bias + norms
+                + extra)
 
     def expert_params(self) -> int:
-        """One expert: w1, w3 (h x f) and w2 (f x h)."""
-        return 3 * self.hidden_size * self.intermediate_size
+        """One expert: w1, w3 (h x f) and w2 (f x h), and their biases where the family has them."""
+        h, f = self.hidden_size, self.intermediate_size
+        return 3 * h * f + (2 * f + h if self.expert_bias else 0)
+
+    def attended_context(self, context):
+        """Keys the average layer's decode attention reads at `context` tokens: a sliding-window
+        layer reads at most its window."""
+        if not self.num_sliding_layers:
+            return context
+        share = self.num_sliding_layers / self.num_layers
+        return (1.0 - share) * context + share * np.minimum(context, self.sliding_window)
 
     @property
     def sparse_fraction(self) -> float:
@@ -139,6 +158,7 @@ def model_from_hf_config(cfg: dict, name: str | None = None) -> ModelSpec:
     heads = int(_need(cfg, "num_attention_heads"))
     layers = int(_need(cfg, "num_hidden_layers"))
     dense = _dense_layers(cfg, layers)
+    sliding = _sliding_layers(cfg, layers, mtype)
     routed_width = cfg.get("moe_intermediate_size") or _need(cfg, "intermediate_size")
     return ModelSpec(
         name=name or cfg.get("_name_or_path") or mtype,
@@ -158,12 +178,29 @@ def model_from_hf_config(cfg: dict, name: str | None = None) -> ModelSpec:
         shared_expert_size=int(cfg.get("shared_expert_intermediate_size") or 0),
         num_dense_layers=len(dense),
         dense_intermediate_size=int(cfg.get("intermediate_size") or 0) if dense else 0,
-        qkv_bias=bool(cfg.get("qkv_bias", mtype == "qwen2_moe") or cfg.get("attention_bias", False)),
+        qkv_bias=bool(cfg.get("qkv_bias", mtype == "qwen2_moe") or cfg.get("attention_bias", mtype == "gpt_oss")),
         qk_norm=cfg.get("qk_norm") or {"qwen3_moe": "head", "olmoe": "full"}.get(mtype, ""),
+        o_bias=bool(cfg.get("o_bias", mtype == "gpt_oss" and cfg.get("attention_bias", True))),
+        expert_bias=bool(cfg.get("expert_bias", mtype == "gpt_oss")),
+        attention_sinks=bool(cfg.get("attention_sinks", mtype == "gpt_oss")),
+        sliding_window=int(cfg.get("sliding_window") or 0) if sliding else 0,
+        num_sliding_layers=len(sliding),
     )
 
 
-HF_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "moelight")
+HF_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss", "moelight")
+
+
+def _sliding_layers(cfg: dict, layers: int, mtype: str) -> list[int]:
+    """Layers attending through a sliding window: layer_types where given (GPT-OSS alternates by default)."""
+    if cfg.get("sliding_layers") is not None:
+        return list(cfg["sliding_layers"])
+    types = cfg.get("layer_types")
+    if types is None and mtype == "gpt_oss":
+        types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+    if not cfg.get("sliding_window") or types is None:
+        return []
+    return [i for i, t in enumerate(types) if t == "sliding_attention"]
 
 
 def _dense_layers(cfg: dict, layers: int) -> list[int]:

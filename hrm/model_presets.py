@@ -41,6 +41,15 @@ PRESET_CONFIGS: dict[str, dict] = {
                     "num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False, "rope_theta": 10000.0,
                     "rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "eos_token_id": 50279,
                     "pad_token_id": 1},
+    "gpt-oss-20b": {**(_GPT_OSS := {
+        "model_type": "gpt_oss", "vocab_size": 201088, "hidden_size": 2880, "intermediate_size": 2880,
+        "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "num_experts_per_tok": 4,
+        "sliding_window": 128, "rope_theta": 150000.0, "max_position_embeddings": 131072, "attention_bias": True,
+        "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                         "original_max_position_embeddings": 4096, "truncate": False},
+        "swiglu_limit": 7.0, "eos_token_id": 200002, "pad_token_id": 199999}),
+        "num_hidden_layers": 24, "num_local_experts": 32},
+    "gpt-oss-120b": {**_GPT_OSS, "num_hidden_layers": 36, "num_local_experts": 128},
 }
 
 MODEL_PRESETS: dict[str, ModelSpec] = {name: model_from_hf_config(cfg, name=name)

@@ -96,7 +96,8 @@ def decode_attention(m: ModelSpec, seqs, context, b: float) -> OpCost:
     FLOPs 4*H_q*d*ctx per sequence (QK^T and PV); bytes: the K and V cache 2*H_kv*d*ctx*b
     plus the new q/k/v in and the output out.
     """
-    s, c = np.asarray(seqs, dtype=float), np.asarray(context, dtype=float)
+    s = np.asarray(seqs, dtype=float)
+    c = m.attended_context(np.asarray(context, dtype=float))  # a sliding-window layer reads its window
     flops = 4.0 * m.q_dim * c * s
     byts = 2.0 * m.kv_dim * c * b * s + s * (2 * m.q_dim + 2 * m.kv_dim) * b
     return OpCost(flops, byts)
@@ -105,7 +106,8 @@ def decode_attention(m: ModelSpec, seqs, context, b: float) -> OpCost:
 def prefill_attention(m: ModelSpec, seqs, prompt, b: float) -> OpCost:
     """Causal prefill attention (flash style, no score matrix in memory) of `seqs` prompts."""
     s, p = np.asarray(seqs, dtype=float), np.asarray(prompt, dtype=float)
-    flops = 2.0 * m.q_dim * p * p * s  # 4*Hq*d*p^2 halved by the causal mask
+    # 4*Hq*d*p*keys, keys per query p/2 under the causal mask (at most the window in a sliding layer)
+    flops = 4.0 * m.q_dim * p * m.attended_context(p / 2.0) * s
     byts = s * p * (2 * m.q_dim + 2 * m.kv_dim) * b
     return OpCost(flops, byts)
 

@@ -105,7 +105,10 @@ class ModelConfig:
         return {"model_type": "moelight", "moe_intermediate_size": self.intermediate_size,
                 "intermediate_size": self.dense_intermediate_size or self.intermediate_size,
                 "shared_expert_intermediate_size": self.shared_expert_size,
-                "mlp_only_layers": list(self.dense_layers), "qkv_bias": self.qkv_bias, "qk_norm": self.qk_norm}
+                "mlp_only_layers": list(self.dense_layers), "qkv_bias": self.qkv_bias, "qk_norm": self.qk_norm,
+                "o_bias": self.o_bias, "expert_bias": self.model_type == "gpt_oss",
+                "attention_sinks": self.attention_sinks, "sliding_window": self.sliding_window,
+                "sliding_layers": list(self.sliding_layers)}
 
 
 def config_from_hf_dict(cfg: dict, where: str = "config.json") -> ModelConfig:

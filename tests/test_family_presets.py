@@ -19,7 +19,8 @@ from tests.cli_text import says
 
 # published totals and active parameters per token, billions
 PUBLISHED = {"mixtral-8x7b": (46.7, 12.9), "mixtral-8x22b": (141, 39), "dbrx": (132, 36),
-             "qwen3-30b-a3b": (30.5, 3.3), "qwen2-57b-a14b": (57.4, 14.2), "olmoe-1b-7b": (6.9, 1.3)}
+             "qwen3-30b-a3b": (30.5, 3.3), "qwen2-57b-a14b": (57.4, 14.2), "olmoe-1b-7b": (6.9, 1.3),
+             "gpt-oss-20b": (20.91, 3.61), "gpt-oss-120b": (116.83, 5.13)}
 
 
 @pytest.mark.parametrize("name", list(PUBLISHED))
@@ -27,7 +28,9 @@ def test_preset_sizes_match_the_published_ones(name):
     total, active = PUBLISHED[name]
     m = MODEL_PRESETS[name]
     assert m.total_params() / 1e9 == pytest.approx(total, rel=0.02)
-    assert m.active_params() / 1e9 == pytest.approx(active, rel=0.03)
+    # OpenAI's GPT-OSS model card counts the unembedding but not the embedding as active
+    embedding = m.vocab_size * m.hidden_size if m.model_type == "gpt_oss" else 0
+    assert (m.active_params() - embedding) / 1e9 == pytest.approx(active, rel=0.03)
 
 
 @pytest.mark.parametrize("name", list(MODEL_PRESETS))
@@ -57,7 +60,7 @@ def test_average_layer_ffn_by_hand():
 
 
 @pytest.mark.parametrize("name, hw", [("dbrx", "s9"), ("qwen3-30b-a3b", "s2"), ("qwen2-57b-a14b", "s9"),
-                                      ("olmoe-1b-7b", "s1")])  # DBRX on the paper's 4xT4 host (S9)
+                                      ("olmoe-1b-7b", "s1"), ("gpt-oss-20b", "s2"), ("gpt-oss-120b", "s9")])
 def test_plan_and_simulate_take_every_family_preset(name, hw):
     r = CliRunner().invoke(app, ["plan", "--model", name, "--hardware", hw, "--gen-len", "64"])
     assert r.exit_code == 0, r.output
@@ -65,6 +68,22 @@ def test_plan_and_simulate_take_every_family_preset(name, hw):
     r = CliRunner().invoke(app, ["simulate", "--model", name, "--hardware", hw, "--gen-len", "32"])
     assert r.exit_code == 0, r.output
     assert says(r.output, "schedule cgopipe")
+
+
+def test_sliding_window_layers_read_their_window_by_hand():
+    """GPT-OSS-like: half the layers attend to 128 keys; decode attention at 1000 tokens reads
+    (1000 + 128) / 2 keys per layer on average; below the window, all of them."""
+    m = ModelSpec("w", 100, 64, 32, 4, 4, 2, 8, 2, 16, sliding_window=128, num_sliding_layers=2,
+                  attention_sinks=True, o_bias=True, expert_bias=True)
+    b = 2.0
+    for ctx, keys in ((1000, 564.0), (100, 100.0)):
+        cost = ops.decode_attention(m, 3, ctx, b)
+        assert cost.flops == pytest.approx(4 * 128 * keys * 3)
+        assert cost.bytes == pytest.approx(2 * 32 * keys * b * 3 + 3 * (2 * 128 + 2 * 32) * b)
+    # sinks (one per head), o bias, router bias; experts carry their biases
+    h, f = 64, 32
+    assert m.attn_params_per_layer() == h * (128 + 64) + 128 * h + 2 * h + h * 4 + h + 8 + 4
+    assert m.expert_params() == 3 * h * f + 2 * f + h
 
 
 def test_a_real_shape_preset_that_does_not_fit_says_so_before_loading(tmp_path, monkeypatch):
@@ -83,7 +102,7 @@ def test_a_real_shape_preset_that_does_not_fit_says_so_before_loading(tmp_path, 
 def test_engine_builds_each_family_preset_on_the_meta_device():
     from moelight.models.causal_lm import MoECausalLM
 
-    for name in ("dbrx", "qwen3-30b-a3b", "qwen2-57b-a14b", "olmoe-1b-7b"):
+    for name in ("dbrx", "qwen3-30b-a3b", "qwen2-57b-a14b", "olmoe-1b-7b", "gpt-oss-20b"):
         with torch.device("meta"):
             model = MoECausalLM(PRESETS[name])
         assert model.config.model_type == MODEL_PRESETS[name].model_type or name == "dbrx"
