@@ -74,15 +74,14 @@ def decode_attention(
     """q [B, Hq, d] over the ragged cache [Hkv, T, d] -> [B, Hq, d] in q's dtype.
 
     `window`: attend to the last `window` keys only (a sliding-window layer), by narrowing each
-    sequence's block, so the C++ kernels serve it unchanged. `sinks` [Hq] (GPT-OSS) run in the
-    pure-torch path: the C++ kernels do not take them yet.
+    sequence's block, so the C++ kernels serve it unchanged. `sinks` [Hq] (GPT-OSS): a logit per
+    query head added to every softmax's denominator.
     """
     if window is not None:
         skip = (lengths - window).clamp(min=0)
         offsets, lengths = offsets + skip, lengths - skip
-    if sinks is None and _cpp_ok(q, k_cache, v_cache) and k_cache.stride(-1) == 1 \
-            and k_cache.stride() == v_cache.stride():
-        return torch.ops.moelight.decode_attention(q, k_cache, v_cache, offsets, lengths, float(scale))
+    if _cpp_ok(q, k_cache, v_cache) and k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride():
+        return torch.ops.moelight.decode_attention(q, k_cache, v_cache, offsets, lengths, float(scale), sinks)
     return decode_attention_torch(q, k_cache, v_cache, offsets, lengths, scale, sinks)
 
 

@@ -50,6 +50,17 @@ PRESET_CONFIGS: dict[str, dict] = {
         "swiglu_limit": 7.0, "eos_token_id": 200002, "pad_token_id": 199999}),
         "num_hidden_layers": 24, "num_local_experts": 32},
     "gpt-oss-120b": {**_GPT_OSS, "num_hidden_layers": 36, "num_local_experts": 128},
+    # bench-1b's size (8 layers, hidden 1024, ~88 M expert weights a layer) in the other families'
+    # expert shapes, for the CPU benchmark: Qwen3-MoE's many small experts, GPT-OSS's few wide ones
+    "bench-qwen3-moe": {"model_type": "qwen3_moe", "vocab_size": 32000, "hidden_size": 1024,
+                        "intermediate_size": 3584, "moe_intermediate_size": 224, "num_hidden_layers": 8,
+                        "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 64, "num_experts": 128,
+                        "num_experts_per_tok": 8, "norm_topk_prob": True, "rope_theta": 1e6,
+                        "max_position_embeddings": 4096, "bos_token_id": 1, "eos_token_id": 2},
+    "bench-gpt-oss": {**_GPT_OSS, "vocab_size": 32000, "hidden_size": 1024, "intermediate_size": 896,
+                      "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 4,
+                      "num_local_experts": 32, "max_position_embeddings": 4096, "bos_token_id": 1,
+                      "eos_token_id": 2, "pad_token_id": 0},
 }
 
 MODEL_PRESETS: dict[str, ModelSpec] = {name: model_from_hf_config(cfg, name=name)

@@ -14,6 +14,7 @@ from safetensors.torch import save_file
 from cpu_kernels import decode_attention, prefill_attention
 from cpu_kernels.reference import decode_attention_torch
 from moelight.models.mxfp4 import dequantize_mxfp4
+from tests.test_cpu_kernels import backend  # noqa: F401 - the fixture selecting torch / each C++ ISA
 
 
 def test_mxfp4_dequantisation_by_hand():
@@ -96,11 +97,13 @@ def _f64_attention(q, k, v, scale, sinks=None):
     return torch.softmax(s, 0) @ v.double()
 
 
+@pytest.mark.usefixtures("backend")
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("window, with_sinks", [(None, True), (5, False), (5, True), (64, True)])
 def test_decode_attention_sinks_and_window_against_float64(dtype, window, with_sinks):
+    """Every path (torch, each C++ ISA the CPU has: sinks ride on the C++ split-K merge)."""
     g = torch.Generator().manual_seed(1)
-    hq, hkv, d, lens = 8, 2, 64, [1, 3, 9, 40]
+    hq, hkv, d, lens = 8, 2, 64, [1, 3, 9, 40, 700]  # 700 keys: split into chunks by the C++ kernel
     caps = [n + 2 for n in lens]
     total = sum(caps)
     k = torch.randn(hkv, total, d, generator=g).to(dtype)

@@ -5,6 +5,11 @@
 // (flash-decoding) so that few long sequences still spread over all threads; partial
 // results (unnormalised acc, running max m, sum l) are merged afterwards. Items run
 // in contiguous runs of shrinking size under dynamic scheduling (contiguous_runs).
+//
+// Attention sinks (GPT-OSS: one learned logit per query head in every softmax denominator,
+// with no value) ride on the split-K merge: with sinks every sequence goes through the
+// partial path, and the merge counts the sink as one more part with max = sink, sum = 1,
+// acc = 0. The inner kernel is unchanged.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -77,7 +82,8 @@ KvDtype kv_dtype(const at::Tensor& t) {
 }  // namespace
 
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                            const at::Tensor& offsets, const at::Tensor& lengths, double scale) {
+                            const at::Tensor& offsets, const at::Tensor& lengths, double scale,
+                            const c10::optional<at::Tensor>& sinks) {
   TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && v_cache.dim() == 3, "moelight: bad ranks");
   TORCH_CHECK(k_cache.sizes() == v_cache.sizes() && k_cache.scalar_type() == v_cache.scalar_type(),
               "moelight: K and V caches must match");
@@ -91,6 +97,13 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
   TORCH_CHECK(fn != nullptr, "moelight: no kernel for this CPU / head dim ", d);
 
   const int64_t g = Hq / Hkv;
+  const bool with_sinks = sinks.has_value() && sinks->defined();
+  at::Tensor sinks_f;
+  if (with_sinks) {
+    TORCH_CHECK(sinks->numel() == Hq, "moelight: sinks need one value per query head");
+    sinks_f = sinks->to(at::kFloat).contiguous();
+  }
+  const float* sp = with_sinks ? sinks_f.data_ptr<float>() : nullptr;
   // q and the output stay in the caller's dtype: no float32 copies (they cost a pass over
   // B x Hq x d and, for large B, most of the fixed per-sequence time).
   const at::Tensor qc = io_native(q.scalar_type()) ? q.contiguous() : q.to(at::kFloat).contiguous();
@@ -124,7 +137,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
   const int64_t sh = k_cache.stride(0), st = k_cache.stride(1);
   auto add_items = [&](int64_t b, int64_t h) {
     const int64_t n = lp[b];
-    if (n <= chunk) {
+    if (n <= chunk && !with_sinks) {
       items.push_back({b, h, 0, n, -1, h * sh + op[b] * st});
       return;
     }
@@ -196,16 +209,18 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
 
   // Merge split-K partials: rescale each part to the common max, then normalise.
   const int64_t n_splits = static_cast<int64_t>(split_bh.size());
-#pragma omp parallel for num_threads(nt) schedule(static) if (n_splits > 1)
+#pragma omp parallel for num_threads(nt) schedule(static) if (n_splits > 1 && (!with_sinks || parallel))
   for (int64_t s = 0; s < n_splits; ++s) {
     const int64_t b = split_bh[s].first, h = split_bh[s].second;
     std::vector<float> row(d);
     for (int64_t j = 0; j < g; ++j) {
       float mx = -INFINITY;
       for (int64_t p = split_first[s]; p < split_first[s + 1]; ++p) mx = std::max(mx, pml[p * 2 * g + j]);
+      const float sink = with_sinks ? sp[h * g + j] : -INFINITY;
+      mx = std::max(mx, sink);
       float* dst = row.data();
       std::fill(dst, dst + d, 0.0f);
-      float denom = 0.0f;
+      float denom = with_sinks ? std::exp(sink - mx) : 0.0f;
       for (int64_t p = split_first[s]; p < split_first[s + 1]; ++p) {
         const float w = std::exp(pml[p * 2 * g + j] - mx);
         denom += w * pml[p * 2 * g + g + j];

@@ -8,7 +8,8 @@
 
 namespace moelight {
 at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
-                            const at::Tensor& offsets, const at::Tensor& lengths, double scale);
+                            const at::Tensor& offsets, const at::Tensor& lengths, double scale,
+                            const c10::optional<at::Tensor>& sinks);
 at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                              const at::Tensor& cu_seqlens, double scale);
 double stream_read(const at::Tensor& x);
@@ -25,7 +26,7 @@ extern "C" __attribute__((used)) const char moelight_source_hash[] =
 
 TORCH_LIBRARY(moelight, m) {
   m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor offsets, Tensor lengths, "
-        "float scale) -> Tensor");
+        "float scale, Tensor? sinks=None) -> Tensor");
   m.def("prefill_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, float scale) -> Tensor");
   m.def("stream_read(Tensor x) -> float");
   m.def("kernel_isa() -> str", []() { return std::string(moelight::active_isa()); });
