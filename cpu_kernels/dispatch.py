@@ -95,7 +95,7 @@ def prefill_attention(
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention over packed prompts: q [T, Hq, d], k/v [T, Hkv, d] -> [T, Hq, d].
-    A sliding window or sinks run in the pure-torch path (the C++ kernel is causal-only)."""
-    if window is None and sinks is None and _cpp_ok(q, k, v):
-        return torch.ops.moelight.prefill_attention(q, k, v, cu_seqlens, float(scale))
+    `window`: each query sees itself and the window - 1 keys before it; `sinks` as in decode."""
+    if _cpp_ok(q, k, v):
+        return torch.ops.moelight.prefill_attention(q, k, v, cu_seqlens, float(scale), window or 0, sinks)
     return prefill_attention_torch(q, k, v, cu_seqlens, scale, window, sinks)

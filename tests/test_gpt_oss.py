@@ -124,15 +124,19 @@ def test_decode_attention_sinks_and_window_against_float64(dtype, window, with_s
             torch.testing.assert_close(out[b, h].double(), want, rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize("window, with_sinks", [(3, False), (None, True), (4, True)])
-def test_prefill_attention_sinks_and_window_against_float64(window, with_sinks):
+@pytest.mark.usefixtures("backend")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("window, with_sinks", [(3, False), (None, True), (4, True), (200, True)])
+def test_prefill_attention_sinks_and_window_against_float64(dtype, window, with_sinks):
+    """Sequences shorter and longer than the window (C++: causal tiles, or one query per tile)."""
     g = torch.Generator().manual_seed(2)
-    hq, hkv, d, lens = 4, 2, 64, [1, 6, 11]
+    hq, hkv, d, lens = 4, 2, 64, [1, 6, 11, 70]
     T = sum(lens)
-    q, k, v = (torch.randn(T, h, d, generator=g) for h in (hq, hkv, hkv))
+    q, k, v = (torch.randn(T, h, d, generator=g).to(dtype) for h in (hq, hkv, hkv))
     sinks = torch.randn(hq, generator=g) if with_sinks else None
-    cu = torch.tensor([0, 1, 7, 18])
+    cu = torch.tensor([0, 1, 7, 18, 88])
     out = prefill_attention(q, k, v, cu, 0.2, window=window, sinks=sinks)
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
     for s, e in zip(cu[:-1].tolist(), cu[1:].tolist(), strict=True):
         for t in range(s, e):
             first = max(s, t - window + 1) if window else s
@@ -140,7 +144,7 @@ def test_prefill_attention_sinks_and_window_against_float64(window, with_sinks):
                 kv = h // (hq // hkv)
                 want = _f64_attention(q[t, h], k[first : t + 1, kv], v[first : t + 1, kv], 0.2,
                                       None if sinks is None else sinks[h].double())
-                torch.testing.assert_close(out[t, h].double(), want, rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(out[t, h].double(), want, rtol=tol, atol=tol)
 
 
 def test_window_without_sinks_keeps_the_cpp_kernel_exactly():

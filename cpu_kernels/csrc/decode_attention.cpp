@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "rows_out.h"
 
 namespace moelight {
 namespace {
@@ -31,15 +32,6 @@ struct Item {
 
 // q / output dtype the kernel handles directly; anything else goes through float32.
 bool io_native(at::ScalarType t) { return t == at::kFloat || t == at::kBFloat16 || t == at::kHalf; }
-
-// Final row of the split-K merge, rounded like at::Tensor::to.
-void store_row(void* out, at::ScalarType t, int64_t off, const float* row, int64_t d) {
-  for (int64_t c = 0; c < d; ++c) {
-    if (t == at::kFloat) static_cast<float*>(out)[off + c] = row[c];
-    else if (t == at::kBFloat16) static_cast<c10::BFloat16*>(out)[off + c] = c10::BFloat16(row[c]);
-    else static_cast<c10::Half*>(out)[off + c] = c10::Half(row[c]);
-  }
-}
 
 // Splits items (in memory order) into contiguous runs for dynamic scheduling: the first
 // runs are 1/(4 nt) of the remaining work, shrinking to 1/(64 nt) of the total, so each

@@ -11,7 +11,8 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
                             const at::Tensor& offsets, const at::Tensor& lengths, double scale,
                             const c10::optional<at::Tensor>& sinks);
 at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
-                             const at::Tensor& cu_seqlens, double scale);
+                             const at::Tensor& cu_seqlens, double scale, int64_t window,
+                             const c10::optional<at::Tensor>& sinks);
 double stream_read(const at::Tensor& x);
 }  // namespace moelight
 
@@ -27,7 +28,8 @@ extern "C" __attribute__((used)) const char moelight_source_hash[] =
 TORCH_LIBRARY(moelight, m) {
   m.def("decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor offsets, Tensor lengths, "
         "float scale, Tensor? sinks=None) -> Tensor");
-  m.def("prefill_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, float scale) -> Tensor");
+  m.def("prefill_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, float scale, int window=0, "
+        "Tensor? sinks=None) -> Tensor");
   m.def("stream_read(Tensor x) -> float");
   m.def("kernel_isa() -> str", []() { return std::string(moelight::active_isa()); });
   m.def("set_isa(str name) -> str",

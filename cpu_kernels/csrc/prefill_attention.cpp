@@ -4,20 +4,29 @@
 // (queries x the Hq/Hkv heads sharing the KV head), so each K/V block loaded into L1 is
 // used by every row; keys past the block's last query are never visited. Items are run
 // in order of decreasing work (later query blocks see more keys) under dynamic scheduling.
+//
+// Sliding window (GPT-OSS): query i sees keys (i - window, i]. A sequence no longer than the
+// window is plain causal; a longer one runs one query per tile over exactly its window. Sinks
+// (one logit per query head in every softmax's denominator): tiles write unnormalised rows with
+// their max and sum, and each row is normalised with its head's sink right after its tile.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <vector>
 
 #include "kernels.h"
+#include "rows_out.h"
 
 namespace moelight {
 namespace {
 
 struct Tile {
   int64_t start, h, i0, nq;  // sequence start in the packed tensor, KV head, first query, count
+  int64_t ks;                // first key (relative to the sequence): > 0 only for a windowed query
+  bool windowed;             // one query over exactly its window: no causal mask
 };
 
 KvDtype prefill_dtype(const at::Tensor& t) {
@@ -32,7 +41,8 @@ KvDtype prefill_dtype(const at::Tensor& t) {
 }  // namespace
 
 at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k_in, const at::Tensor& v_in,
-                             const at::Tensor& cu_seqlens, double scale) {
+                             const at::Tensor& cu_seqlens, double scale, int64_t window,
+                             const c10::optional<at::Tensor>& sinks) {
   TORCH_CHECK(q.dim() == 3 && k_in.dim() == 3 && v_in.dim() == 3, "moelight: bad ranks");
   TORCH_CHECK(k_in.sizes() == v_in.sizes() && k_in.scalar_type() == v_in.scalar_type(), "moelight: K/V mismatch");
   const int64_t Tn = q.size(0), Hq = q.size(1), d = q.size(2), Hkv = k_in.size(1);
@@ -49,16 +59,29 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k_in, const 
   TORCH_CHECK(B >= 0 && cp[0] == 0 && cp[B] == Tn, "moelight: cu_seqlens must span q");
   const int64_t g = Hq / Hkv;
   const int64_t qb = std::max<int64_t>(1, 64 / g);  // queries per tile -> <= 64 rows
+  const bool with_sinks = sinks.has_value() && sinks->defined();
+  at::Tensor sinks_f;
+  if (with_sinks) {
+    TORCH_CHECK(sinks->numel() == Hq, "moelight: sinks need one value per query head");
+    sinks_f = sinks->to(at::kFloat).contiguous();
+  }
+  const float* sp = with_sinks ? sinks_f.data_ptr<float>() : nullptr;
 
   std::vector<Tile> tiles;
   for (int64_t s = 0; s < B; ++s) {
     const int64_t n = cp[s + 1] - cp[s];
     TORCH_CHECK(n >= 0, "moelight: cu_seqlens must be non-decreasing");
-    for (int64_t h = 0; h < Hkv; ++h)
-      for (int64_t i0 = 0; i0 < n; i0 += qb) tiles.push_back({cp[s], h, i0, std::min(qb, n - i0)});
+    const bool windowed = window > 0 && n > window;
+    for (int64_t h = 0; h < Hkv; ++h) {
+      if (windowed) {
+        for (int64_t i = 0; i < n; ++i) tiles.push_back({cp[s], h, i, 1, std::max<int64_t>(0, i - window + 1), true});
+      } else {
+        for (int64_t i0 = 0; i0 < n; i0 += qb) tiles.push_back({cp[s], h, i0, std::min(qb, n - i0), 0, false});
+      }
+    }
   }
-  std::stable_sort(tiles.begin(), tiles.end(),
-                   [](const Tile& x, const Tile& y) { return (x.i0 + x.nq) * x.nq > (y.i0 + y.nq) * y.nq; });
+  auto work = [](const Tile& t) { return (t.i0 + t.nq - t.ks) * t.nq; };
+  std::stable_sort(tiles.begin(), tiles.end(), [&](const Tile& x, const Tile& y) { return work(x) > work(y); });
 
   at::Tensor out = at::empty({Tn, Hq, d}, qc.options());
   const char* qp = static_cast<const char*>(qc.data_ptr());
@@ -70,6 +93,12 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k_in, const 
   const int64_t es = k.element_size();
   const int64_t n_tiles = static_cast<int64_t>(tiles.size());
   const int nt = at::get_num_threads();
+  // with sinks: per tile, unnormalised rows and their max / sum (at most 64 rows a tile)
+  at::Tensor part = with_sinks ? at::empty({n_tiles, 64, d}, q.options().dtype(at::kFloat)) : at::Tensor();
+  at::Tensor ml = with_sinks ? at::empty({n_tiles, 2, 64}, q.options().dtype(at::kFloat)) : at::Tensor();
+  float* partp = with_sinks ? part.data_ptr<float>() : nullptr;
+  float* mlp = with_sinks ? ml.data_ptr<float>() : nullptr;
+  const at::ScalarType out_t = out.scalar_type();
 
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1)
   for (int64_t w = 0; w < n_tiles; ++w) {
@@ -79,19 +108,40 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k_in, const 
     a.q_dtype = io;
     a.bf16_p = io != KvDtype::F32;
     a.q_stride_i = Hq * d;
-    const int64_t kv_off = (t.start * Hkv + t.h) * d * es;
+    const int64_t kv_off = ((t.start + t.ks) * Hkv + t.h) * d * es;
     a.k = kp + kv_off;
     a.v = vp + kv_off;
     a.kv_stride_t = Hkv * d;
-    a.n_keys = t.i0 + t.nq;
+    a.n_keys = t.i0 + t.nq - t.ks;
     a.n_queries = static_cast<int>(t.nq);
     a.group = static_cast<int>(g);
-    a.causal_first = t.i0;
+    a.causal_first = t.windowed ? -1 : t.i0;
     a.scale = static_cast<float>(scale);
-    a.out = outp + ((t.start + t.i0) * Hq + t.h * g) * d * ios;
-    a.out_dtype = io;
-    a.out_stride_i = Hq * d;
+    const int64_t out_row0 = ((t.start + t.i0) * Hq + t.h * g) * d;
+    if (!with_sinks) {
+      a.out = outp + out_row0 * ios;
+      a.out_dtype = io;
+      a.out_stride_i = Hq * d;
+      fn(a);
+      continue;
+    }
+    float* rows = partp + w * 64 * d;
+    float* m = mlp + w * 2 * 64;
+    a.out = rows;
+    a.out_dtype = KvDtype::F32;
+    a.out_stride_i = g * d;
+    a.m = m;
+    a.l = m + 64;
     fn(a);
+    for (int64_t r = 0; r < t.nq * g; ++r) {  // row r = (query r / g, head r % g of the group)
+      const float sink = sp[t.h * g + r % g];
+      const float mx = std::max(m[r], sink);
+      const float e = std::exp(m[r] - mx);
+      const float inv = e / (a.l[r] * e + std::exp(sink - mx));
+      float* row = rows + r * d;
+      for (int64_t c = 0; c < d; ++c) row[c] *= inv;
+      store_row(outp, out_t, out_row0 + (r / g) * Hq * d + (r % g) * d, row, d);
+    }
   }
   return out.scalar_type() == q.scalar_type() ? out : out.to(q.scalar_type());
 }
