@@ -73,11 +73,18 @@ class LLM:
         conversations: list[dict] | list[list[dict]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = False,
+        *,
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict | None = None,
     ) -> list[RequestOutput]:
-        """Each conversation is a list of {role, content} messages; the chat template applies."""
+        """Each conversation is a list of {role, content} messages; the model's chat template renders
+        it with `tools` and `chat_template_kwargs` (e.g. {"enable_thinking": False}), as vLLM's does."""
         if conversations and isinstance(conversations[0], dict):
             conversations = [conversations]  # type: ignore[list-item]
-        token_lists = [self.tokenizer.apply_chat_template(c) for c in conversations]
+        token_lists = [self.tokenizer.apply_chat_template(c, tools=tools, add_generation_prompt=add_generation_prompt,
+                                                          **(chat_template_kwargs or {}))
+                       for c in conversations]
         return self._run(token_lists, [None] * len(token_lists), sampling_params, use_tqdm)
 
     def _one_prompt(self, i: int, p) -> tuple[str | None, list[int]]:

@@ -42,8 +42,12 @@ class Tokenizer(ABC):
         """Text of ``ids`` with special tokens left out."""
 
     @abstractmethod
-    def apply_chat_template(self, messages: list[dict]) -> list[int]:
-        """Token ids of a conversation, ending with the prompt for the assistant's answer."""
+    def apply_chat_template(self, messages: list[dict], *, tools: list[dict] | None = None,
+                            add_generation_prompt: bool = True, **template_kwargs) -> list[int]:
+        """Token ids of a conversation, ending with the prompt for the assistant's answer.
+
+        `tools` (JSON-schema tool dicts) and `template_kwargs` (e.g. Qwen3's `enable_thinking`,
+        GPT-OSS's `reasoning_effort`) reach the template as transformers passes them."""
 
     def encode_request(self, request: Any) -> list[int]:
         """Prompt ids for a ``workloads.Request``: the chat template for messages, else the raw prompt."""
@@ -97,8 +101,12 @@ class ByteTokenizer(Tokenizer):
         text = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
         return text + ("<|assistant|>\n" if add_generation_prompt else "")
 
-    def apply_chat_template(self, messages: list[dict]) -> list[int]:
-        return self.encode(self.render_chat(messages))
+    def apply_chat_template(self, messages: list[dict], *, tools: list[dict] | None = None,
+                            add_generation_prompt: bool = True, **template_kwargs) -> list[int]:
+        if tools:
+            raise TokenizerError("the byte-level tokenizer's minimal chat format has no place for tools; "
+                                 "use a model folder with a chat template that renders them")
+        return self.encode(self.render_chat(messages, add_generation_prompt))
 
 
 # ----------------------------------------------------------------------------- chat templates
@@ -250,20 +258,27 @@ class HFTokenizer(Tokenizer):
     def has_chat_template(self) -> bool:
         return self._template is not None
 
-    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """The chat template's text (what transformers' ``apply_chat_template(tokenize=False)`` gives)."""
+    def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, *,
+                    tools: list[dict] | None = None, documents: list[dict] | None = None,
+                    **template_kwargs) -> str:
+        """The chat template's text (what transformers' ``apply_chat_template(tokenize=False)`` gives).
+
+        As transformers renders: ``messages``, ``tools`` and ``documents`` (None when not given, so a
+        template's ``tools is not none`` sees None, not undefined), ``add_generation_prompt``, the
+        special tokens, then the caller's extra keyword arguments (which win over the tokens)."""
         if self._template is None:
             raise TokenizerError(f"{self.model_dir}: the tokenizer has no chat_template")
-        context = {k: v for k, v in self.special_tokens.items() if v is not None}
+        context = {k: v for k, v in self.special_tokens.items() if v is not None} | template_kwargs
         try:
-            return self._template.render(messages=messages, add_generation_prompt=add_generation_prompt,
-                                         **context)
+            return self._template.render(messages=messages, tools=tools, documents=documents,
+                                         add_generation_prompt=add_generation_prompt, **context)
         except jinja2.exceptions.TemplateError as e:
             raise TokenizerError(f"{self.model_dir}: chat template rejected the conversation: {e}") from None
 
-    def apply_chat_template(self, messages: list[dict]) -> list[int]:
+    def apply_chat_template(self, messages: list[dict], *, tools: list[dict] | None = None,
+                            add_generation_prompt: bool = True, **template_kwargs) -> list[int]:
         if self._template is None:
-            if len(messages) == 1 and messages[0].get("role") == "user":
+            if len(messages) == 1 and messages[0].get("role") == "user" and not tools:
                 return self.encode(messages[0]["content"])  # a lone user turn is just its text
             roles = ", ".join(str(m.get("role")) for m in messages)
             raise TokenizerError(
@@ -272,7 +287,8 @@ class HFTokenizer(Tokenizer):
                 f"formatted; add a chat_template, or give single-turn prompts"
             )
         # The template writes BOS itself, so no special tokens are added here (as in transformers).
-        return self.backend.encode(self.render_chat(messages), add_special_tokens=False).ids
+        text = self.render_chat(messages, add_generation_prompt, tools=tools, **template_kwargs)
+        return self.backend.encode(text, add_special_tokens=False).ids
 
 
 # ----------------------------------------------------------------------------- loading
