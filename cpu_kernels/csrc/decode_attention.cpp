@@ -89,13 +89,9 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_cache, cons
   TORCH_CHECK(fn != nullptr, "moelight: no kernel for this CPU / head dim ", d);
 
   const int64_t g = Hq / Hkv;
-  const bool with_sinks = sinks.has_value() && sinks->defined();
   at::Tensor sinks_f;
-  if (with_sinks) {
-    TORCH_CHECK(sinks->numel() == Hq, "moelight: sinks need one value per query head");
-    sinks_f = sinks->to(at::kFloat).contiguous();
-  }
-  const float* sp = with_sinks ? sinks_f.data_ptr<float>() : nullptr;
+  const float* sp = sinks_f32(sinks, Hq, sinks_f);
+  const bool with_sinks = sp != nullptr;
   // q and the output stay in the caller's dtype: no float32 copies (they cost a pass over
   // B x Hq x d and, for large B, most of the fixed per-sequence time).
   const at::Tensor qc = io_native(q.scalar_type()) ? q.contiguous() : q.to(at::kFloat).contiguous();

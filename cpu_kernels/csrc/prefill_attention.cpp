@@ -59,13 +59,9 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k_in, const 
   TORCH_CHECK(B >= 0 && cp[0] == 0 && cp[B] == Tn, "moelight: cu_seqlens must span q");
   const int64_t g = Hq / Hkv;
   const int64_t qb = std::max<int64_t>(1, 64 / g);  // queries per tile -> <= 64 rows
-  const bool with_sinks = sinks.has_value() && sinks->defined();
   at::Tensor sinks_f;
-  if (with_sinks) {
-    TORCH_CHECK(sinks->numel() == Hq, "moelight: sinks need one value per query head");
-    sinks_f = sinks->to(at::kFloat).contiguous();
-  }
-  const float* sp = with_sinks ? sinks_f.data_ptr<float>() : nullptr;
+  const float* sp = sinks_f32(sinks, Hq, sinks_f);
+  const bool with_sinks = sp != nullptr;
 
   std::vector<Tile> tiles;
   for (int64_t s = 0; s < B; ++s) {

@@ -10,15 +10,14 @@ from __future__ import annotations
 import re
 
 import torch
-from torch import nn
 
 from moelight.config import ModelConfig, eos_ids_of, require
 from moelight.errors import ConfigError
-from moelight.models.layers import Attention, LayerNorm, SparseMoE, apply_rotary
+from moelight.models.layers import Attention, DecoderLayerBase, LayerNorm, SparseMoE, apply_rotary
 from moelight.models.targets import Target
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(DecoderLayerBase):
     def __init__(self, cfg: ModelConfig, index: int) -> None:
         super().__init__()
         self.clip = cfg.clip_qkv
@@ -34,10 +33,6 @@ class DecoderLayer(nn.Module):
             q, k, v = (t.clamp(-self.clip, self.clip) for t in (q, k, v))
         q, k, v = a.heads(q, k, v)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
-
-    def post_attention(self, x: torch.Tensor, attn: torch.Tensor, moe=None) -> torch.Tensor:
-        x = x + self.self_attn.o_proj(attn)
-        return x + (moe or self.mlp)(self.post_attention_layernorm(x))
 
 
 _RENAME = {

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from moelight.config import ModelConfig, check_act, eos_ids_of, require, rope_theta_of
-from moelight.models.layers import Attention, RMSNorm, apply_rotary
+from moelight.models.layers import Attention, DecoderLayerBase, RMSNorm
 from moelight.models.mxfp4 import dequantize_mxfp4
 from moelight.models.targets import Target, hf_style_targets, strip_model_prefix
 from moelight.moe import expert_mix
@@ -58,7 +58,7 @@ class GptOssMoE(nn.Module):
         return (up + 1) * (gate * torch.sigmoid(gate * self.alpha))
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(DecoderLayerBase):
     def __init__(self, cfg: ModelConfig, index: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNormF32Scale(cfg.hidden_size, cfg.rms_norm_eps)
@@ -66,15 +66,6 @@ class DecoderLayer(nn.Module):
         self.self_attn.sinks = nn.Parameter(torch.empty(cfg.num_heads))  # read by forward.attention_extras
         self.post_attention_layernorm = RMSNormF32Scale(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = GptOssMoE(cfg)
-
-    def pre_attention(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        a = self.self_attn
-        q, k, v = a.heads(*a.qkv(self.input_layernorm(x)))
-        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
-
-    def post_attention(self, x: torch.Tensor, attn: torch.Tensor, moe=None) -> torch.Tensor:
-        x = x + self.self_attn.o_proj(attn)
-        return x + (moe or self.mlp)(self.post_attention_layernorm(x))
 
 
 _EXPERTS = re.compile(r"^(layers\.\d+\.mlp)\.experts\.(gate_up_proj|down_proj)(_bias|_blocks|_scales)?$")

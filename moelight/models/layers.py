@@ -109,3 +109,23 @@ class SparseMoE(nn.Module):
         if hasattr(self, "shared_expert"):
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
+
+
+class DecoderLayerBase(nn.Module):
+    """The split every family shares: pre-attention (norm, q/k/v, rotary) and post-attention
+    (O projection and residual, norm, FFN and residual). A family file builds the submodules
+    (input_layernorm, self_attn, post_attention_layernorm, mlp) and overrides what differs."""
+
+    def pre_attention(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
+        """x [T, h] -> q [T, Hq, d], k and v [T, Hkv, d], rotary applied to q and k."""
+        a = self.self_attn
+        q, k, v = a.heads(*a.qkv(self.input_layernorm(x)))
+        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
+
+    def post_attention(self, x: torch.Tensor, attn: torch.Tensor, moe=None) -> torch.Tensor:
+        """x [T, h] residual stream, attn [T, Hq*d] -> next layer's input [T, h].
+
+        `moe` lets a runtime pass the FFN (e.g. over paged weights); default: this layer's.
+        """
+        x = x + self.self_attn.o_proj(attn)
+        return x + (moe or self.mlp)(self.post_attention_layernorm(x))

@@ -2,36 +2,19 @@
 
 from __future__ import annotations
 
-import torch
-from torch import nn
-
 from moelight.config import ModelConfig, check_act, eos_ids_of, require, rope_theta_of
 from moelight.errors import ConfigError
-from moelight.models.layers import Attention, RMSNorm, SparseMoE, apply_rotary
+from moelight.models.layers import Attention, DecoderLayerBase, RMSNorm, SparseMoE
 from moelight.models.targets import Target, hf_style_targets
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(DecoderLayerBase):
     def __init__(self, cfg: ModelConfig, index: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SparseMoE(cfg)
-
-    def pre_attention(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        """x [T, h] -> q [T, Hq, d], k and v [T, Hkv, d], rotary applied to q and k."""
-        a = self.self_attn
-        q, k, v = a.heads(*a.qkv(self.input_layernorm(x)))
-        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
-
-    def post_attention(self, x: torch.Tensor, attn: torch.Tensor, moe=None) -> torch.Tensor:
-        """x [T, h] residual stream, attn [T, Hq*d] -> next layer's input [T, h].
-
-        `moe` lets a runtime pass the FFN (e.g. over paged weights); default: this layer's.
-        """
-        x = x + self.self_attn.o_proj(attn)
-        return x + (moe or self.mlp)(self.post_attention_layernorm(x))
 
 
 def config_from_hf(cfg: dict, where: str) -> ModelConfig:

@@ -4,15 +4,14 @@ projections (not per head) before rotary, optional clamping of q, k, v."""
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from moelight.config import ModelConfig
-from moelight.models.layers import Attention, RMSNorm, SparseMoE, apply_rotary
+from moelight.models.layers import Attention, DecoderLayerBase, RMSNorm, SparseMoE, apply_rotary
 from moelight.models.qwen2_moe import qwen_config
 from moelight.models.targets import Target, hf_style_targets
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(DecoderLayerBase):
     def __init__(self, cfg: ModelConfig, index: int) -> None:
         super().__init__()
         self.clip = cfg.clip_qkv
@@ -31,10 +30,6 @@ class DecoderLayer(nn.Module):
             q, k, v = (t.clamp(-self.clip, self.clip) for t in (q, k, v))
         q, k, v = a.heads(q, k, v)
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
-
-    def post_attention(self, x: torch.Tensor, attn: torch.Tensor, moe=None) -> torch.Tensor:
-        x = x + self.self_attn.o_proj(attn)
-        return x + (moe or self.mlp)(self.post_attention_layernorm(x))
 
 
 def tensor_targets(name: str, cfg: ModelConfig) -> list[Target] | None:

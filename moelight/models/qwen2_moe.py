@@ -4,31 +4,19 @@ gate beside the routed ones, optional top-k renormalisation, and dense layers wh
 
 from __future__ import annotations
 
-import torch
-from torch import nn
-
 from moelight.config import ModelConfig, check_act, eos_ids_of, require, rope_theta_of
 from moelight.errors import ConfigError
-from moelight.models.layers import Attention, RMSNorm, SparseMoE, SwiGLU, apply_rotary
+from moelight.models.layers import Attention, DecoderLayerBase, RMSNorm, SparseMoE, SwiGLU
 from moelight.models.targets import Target, hf_style_targets
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(DecoderLayerBase):
     def __init__(self, cfg: ModelConfig, index: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.self_attn = Attention(cfg)
         self.post_attention_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
         self.mlp = SparseMoE(cfg) if cfg.is_sparse(index) else SwiGLU(cfg.hidden_size, cfg.dense_intermediate_size)
-
-    def pre_attention(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor):
-        a = self.self_attn
-        q, k, v = a.heads(*a.qkv(self.input_layernorm(x)))
-        return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
-
-    def post_attention(self, x: torch.Tensor, attn: torch.Tensor, moe=None) -> torch.Tensor:
-        x = x + self.self_attn.o_proj(attn)
-        return x + (moe or self.mlp)(self.post_attention_layernorm(x))
 
 
 def tensor_targets(name: str, cfg: ModelConfig) -> list[Target] | None:

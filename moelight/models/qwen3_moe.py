@@ -4,15 +4,14 @@ head of q and k before rotary, no QKV bias, no shared expert."""
 from __future__ import annotations
 
 import torch
-from torch import nn
 
 from moelight.config import ModelConfig
-from moelight.models.layers import Attention, RMSNorm, SparseMoE, SwiGLU, apply_rotary
+from moelight.models.layers import Attention, DecoderLayerBase, RMSNorm, SparseMoE, SwiGLU, apply_rotary
 from moelight.models.qwen2_moe import qwen_config
 from moelight.models.targets import Target, hf_style_targets
 
 
-class DecoderLayer(nn.Module):
+class DecoderLayer(DecoderLayerBase):
     def __init__(self, cfg: ModelConfig, index: int) -> None:
         super().__init__()
         self.input_layernorm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps)
@@ -27,10 +26,6 @@ class DecoderLayer(nn.Module):
         q, k, v = a.heads(*a.qkv(self.input_layernorm(x)))
         q, k = a.q_norm(q), a.k_norm(k)  # per head, over head_dim
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
-
-    def post_attention(self, x: torch.Tensor, attn: torch.Tensor, moe=None) -> torch.Tensor:
-        x = x + self.self_attn.o_proj(attn)
-        return x + (moe or self.mlp)(self.post_attention_layernorm(x))
 
 
 def tensor_targets(name: str, cfg: ModelConfig) -> list[Target] | None:
