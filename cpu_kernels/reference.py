@@ -23,7 +23,7 @@ def decode_attention_torch(
     B, Hq, d = q.shape
     Hkv = k_cache.shape[0]
     group = Hq // Hkv
-    out = torch.empty(B, Hq, d, dtype=q.dtype)
+    out = torch.empty(B, Hq, d, dtype=q.dtype, device=q.device)
     offs = offsets.tolist()
     lens = lengths.tolist()
     for b in range(B):
@@ -92,7 +92,7 @@ def _prefill_masked(q, k, v, cu_seqlens, scale, window, sinks) -> torch.Tensor:
         qs = q[s:e].float().transpose(0, 1).reshape(Hkv, group, n, d)
         ks, vs = k[s:e].float().transpose(0, 1), v[s:e].float().transpose(0, 1)  # [Hkv, n, d]
         scores = torch.matmul(qs, ks.unsqueeze(1).transpose(-1, -2)) * scale  # [Hkv, g, n, n]
-        i = torch.arange(n)
+        i = torch.arange(n, device=q.device)
         visible = i[None, :] <= i[:, None]
         if window is not None:
             visible &= i[None, :] > i[:, None] - window

@@ -40,9 +40,6 @@ class EngineSession:
             raise PlanError(f"--device {self.device}: layers {list(self.config.dense_layers)} of {opts.model} have a "
                             "dense MLP; the CGOPipe runtime pages the routed experts of every layer and does not "
                             "run such models yet: use --device cpu")
-        if self.device != "cpu" and (self.config.attention_sinks or self.config.sliding_layers):
-            raise PlanError(f"--device {self.device}: {opts.model} uses attention sinks / sliding windows, which "
-                            "only the CPU executor's attention runs yet: use --device cpu")
         # a real tokenizer may add end-of-turn ids; the byte fallback's ids mean nothing to a checkpoint
         tok_eos = () if isinstance(self.tokenizer, ByteTokenizer) and self.source.model_dir else self.tokenizer.eos_ids
         self.eos = tuple(dict.fromkeys(tuple(self.config.eos_token_ids) + tuple(sorted(tok_eos))))

@@ -159,13 +159,23 @@ def test_window_without_sinks_keeps_the_cpp_kernel_exactly():
     torch.testing.assert_close(fast, ref, rtol=1e-5, atol=1e-6)
 
 
-def test_gpt_oss_is_refused_on_the_pipeline_before_loading(tmp_path):
+@pytest.mark.parametrize("schedule", ["cgopipe", "flexgen"])
+def test_gpt_oss_on_the_emulated_cgopipe_runtime(tmp_path, schedule):
+    """Sinks and sliding windows through the pipeline: CPU attention (cgopipe) and attention
+    next to the device's KV buffer (flexgen), with the experts' biases resident beside the router."""
     pytest.importorskip("transformers")
-    from moelight import LLM
-    from moelight.job_plan import PlanError
-    from tests.test_model_families import VARIANTS, make_hf, save
+    from moelight import LLM, SamplingParams
+    from optimizer import Policy
+    from tests.test_model_families import PROMPTS, VARIANTS, make_hf, save
 
     config_class, kwargs, _, _ = VARIANTS["gpt_oss-sinks-window4-yarn"]
     folder = save(make_hf(config_class, kwargs, seed=1), Path(tmp_path) / "g", "saved", None)
-    with pytest.raises(PlanError, match="attention sinks / sliding windows.*--device cpu"):
-        LLM(str(folder), device="emulated", hardware="t4")
+    pol = str(Policy(4, 2, 2, False, True, 0.5, 0.0, "float32").save(tmp_path / "gpu.json"))
+    greedy = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
+    cpu = LLM(str(folder), dtype="float32", device="cpu", hardware="cpu-server")
+    piped = LLM(str(folder), dtype="float32", device="emulated", hardware="t4", policy=pol, schedule=schedule)
+    try:
+        assert [o.outputs[0].token_ids for o in piped.generate(PROMPTS, greedy)] == \
+            [o.outputs[0].token_ids for o in cpu.generate(PROMPTS, greedy)]
+    finally:
+        piped.close()

@@ -31,6 +31,16 @@ class RMSNormF32Scale(RMSNorm):
         return (self.weight.float() * xf).to(x.dtype)
 
 
+class ExpertBiases(nn.Module):
+    """The experts' biases, a module of their own so a runtime moves them with the router
+    (they stay resident while the expert weights are paged)."""
+
+    def __init__(self, e: int, h: int, f: int) -> None:
+        super().__init__()
+        self.gate_up = nn.Parameter(torch.empty(e, 2 * f))
+        self.down = nn.Parameter(torch.empty(e, h))
+
+
 class GptOssMoE(nn.Module):
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
@@ -38,9 +48,8 @@ class GptOssMoE(nn.Module):
         self.top_k, self.limit, self.alpha = cfg.top_k, cfg.swiglu_limit, cfg.swiglu_alpha
         self.gate = nn.Linear(h, e, bias=True)  # the router
         self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * f, h))
-        self.gate_up_bias = nn.Parameter(torch.empty(e, 2 * f))
         self.down_proj = nn.Parameter(torch.empty(e, h, f))
-        self.down_bias = nn.Parameter(torch.empty(e, h))
+        self.expert_bias = ExpertBiases(e, h, f)
         self.linear = F.linear  # cpu_linear.pack_model swaps in pre-packed weights and their matmul
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -50,7 +59,7 @@ class GptOssMoE(nn.Module):
         top, experts = torch.topk(self.gate(x), self.top_k, dim=-1)
         weights = torch.softmax(top, dim=-1, dtype=top.dtype)  # softmax after top-k, no renormalising
         return expert_mix(x, weights, experts, gate_up_proj, down_proj, linear, self.clamped_swiglu,
-                          self.gate_up_bias, self.down_bias)
+                          self.expert_bias.gate_up, self.expert_bias.down)
 
     def clamped_swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up.chunk(2, dim=-1)
@@ -91,10 +100,10 @@ def tensor_targets(raw: str, cfg: ModelConfig) -> list[Target] | None:
                 for j, idx in enumerate(halves)]
     if which == "down_proj":  # weight [E, f, h] used as x @ w; bias [E, h]
         if kind == "_bias":
-            return [Target(f"{mlp}.down_bias")]
+            return [Target(f"{mlp}.expert_bias.down")]
         return [Target(f"{mlp}.down_proj", (), lambda t: t.transpose(1, 2))]
     if kind == "_bias":  # [E, 2f], interleaved
-        return [Target(f"{mlp}.gate_up_bias", idx, lambda t, j=j: t[:, j::2]) for j, idx in enumerate(halves)]
+        return [Target(f"{mlp}.expert_bias.gate_up", idx, lambda t, j=j: t[:, j::2]) for j, idx in enumerate(halves)]
     # weight [E, h, 2f], interleaved columns, used as x @ w
     return [Target(f"{mlp}.gate_up_proj", idx, lambda t, j=j: t[:, :, j::2].transpose(1, 2))
             for j, idx in enumerate(halves)]

@@ -5,20 +5,19 @@ from __future__ import annotations
 import torch
 
 from cpu_kernels import decode_attention
+from cpu_kernels.reference import decode_attention_torch
 
 
 def device_decode_attention(
-    q, k, v, offsets: torch.Tensor, lengths: torch.Tensor, scale: float
+    q, k, v, offsets: torch.Tensor, lengths: torch.Tensor, scale: float, window: int | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Decode attention where the KV buffer lives: the CPU kernel on CPU tensors (the
-    emulated device, bit-identical to the plain engine), plain torch on a GPU."""
+    emulated device, bit-identical to the plain engine), plain torch on a GPU. A sliding
+    window narrows each sequence's block; sinks join each softmax's denominator."""
     if q.device.type == "cpu":
-        return decode_attention(q, k, v, offsets, lengths, scale)
-    B, Hq, d = q.shape
-    group = Hq // k.shape[0]
-    out = torch.empty_like(q)
-    for b, (o, n) in enumerate(zip(offsets.tolist(), lengths.tolist(), strict=True)):
-        qb = q[b].float().view(k.shape[0], group, d)
-        p = torch.softmax(torch.matmul(qb, k[:, o : o + n].float().transpose(1, 2)) * scale, dim=-1)
-        out[b] = torch.matmul(p, v[:, o : o + n].float()).reshape(Hq, d).to(q.dtype)
-    return out
+        return decode_attention(q, k, v, offsets, lengths, scale, window=window, sinks=sinks)
+    if window is not None:
+        skip = (lengths - window).clamp(min=0)
+        offsets, lengths = offsets + skip, lengths - skip
+    return decode_attention_torch(q, k, v, offsets, lengths, scale, sinks)

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 
 from cpu_kernels import decode_attention, prefill_attention
+from moelight.forward import attention_extras
 from moelight.kv_cache import RaggedKVCache
 from moelight.models.causal_lm import MoECausalLM
 from moelight.pipeline.device_attention import device_decode_attention
@@ -83,6 +84,9 @@ class PipelineExecutor:
                 device.close()
             raise
         self.scale = self.cfg.head_dim**-0.5
+        # per layer: window and sinks for the CPU's attention (the sinks copied back to the host once)
+        self.host_extras = [{k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v)
+                             for k, v in attention_extras(model, j).items()} for j in range(self.cfg.num_layers)]
         self.last_pass: tuple[Schedule, list] | None = None  # graph and events of the last pass (timings)
 
     @classmethod
@@ -223,7 +227,7 @@ class PipelineExecutor:
                     h = self.device.reserve(prefill_attention_scratch(self.cfg, longest), "attn-scratch")
                     try:
                         (q,), (k, v) = held.get(("q", j)), held.get(("kv", j))
-                        a = prefill_attention(q, k, v, cu.to(dev), self.scale).flatten(1)
+                        a = prefill_attention(q, k, v, cu.to(dev), self.scale, **attention_extras(m, j)).flatten(1)
                     finally:
                         self.device.release(h)
                     held.put(("attn", j), 1, a)
@@ -307,7 +311,7 @@ class PipelineExecutor:
                     q, k, v = out.pop(("qkvh", j, i))
                     cache.write(j, k, v, slots)
                     out[("ah", j, i)] = decode_attention(
-                        q, cache.k[j], cache.v[j], off, lengths, self.scale
+                        q, cache.k[j], cache.v[j], off, lengths, self.scale, **self.host_extras[j]
                     ).flatten(1)
             elif op == "attn_h2d":
 
@@ -338,7 +342,8 @@ class PipelineExecutor:
                     at = (new_off + pos).to(dev)
                     kd.index_copy_(1, at, k.transpose(0, 1))
                     vd.index_copy_(1, at, v.transpose(0, 1))
-                    a = device_decode_attention(q, kd, vd, new_off, lengths, self.scale).flatten(1)
+                    a = device_decode_attention(q, kd, vd, new_off, lengths, self.scale,
+                                                **attention_extras(m, j)).flatten(1)
                     self.device.free(kd)
                     self.device.free(vd)
                     held.put(("attn", j, i), 1, a)
