@@ -16,7 +16,7 @@ from dataclasses import replace
 from cpu_kernels import kernel_backend
 from moelight.cpu_linear import pack_model
 from moelight.engine import Engine
-from moelight.job_plan import JobPlan, PlanError, plan_job, resolve_device
+from moelight.job_plan import JobPlan, plan_job, resolve_device
 from moelight.loader import load_model, resolve_model
 from moelight.memory import available_bytes, check_fits, weight_bytes
 from moelight.options import EngineOptions
@@ -36,10 +36,6 @@ class EngineSession:
         self.tokenizer = load_tokenizer(tok_dir, kind="byte" if tok_dir is None else opts.tokenizer,
                                         model_vocab_size=self.config.vocab_size)
         self.device = resolve_device(opts.device)
-        if self.device != "cpu" and self.config.dense_layers:
-            raise PlanError(f"--device {self.device}: layers {list(self.config.dense_layers)} of {opts.model} have a "
-                            "dense MLP; the CGOPipe runtime pages the routed experts of every layer and does not "
-                            "run such models yet: use --device cpu")
         # a real tokenizer may add end-of-turn ids; the byte fallback's ids mean nothing to a checkpoint
         tok_eos = () if isinstance(self.tokenizer, ByteTokenizer) and self.source.model_dir else self.tokenizer.eos_ids
         self.eos = tuple(dict.fromkeys(tuple(self.config.eos_token_ids) + tuple(sorted(tok_eos))))

@@ -219,9 +219,21 @@ def test_a_non_mixtral_family_on_the_emulated_cgopipe_runtime(tmp_path):
         piped.close()
 
 
-def test_dense_layers_on_the_pipeline_are_refused_before_loading(tmp_path):
-    from moelight.job_plan import PlanError
+@pytest.mark.parametrize("schedule", ["cgopipe", "flexgen-cpu"])
+def test_dense_layers_and_a_shared_expert_on_the_emulated_runtime(tmp_path, schedule):
+    """Qwen2-MoE with a dense layer and a shared expert: the dense MLP and the shared expert stay
+    resident, the dense layer pages nothing; the CPU engine's tokens."""
+    from optimizer import Policy
 
-    folder = _folder("qwen3_moe-dense-first-packed", tmp_path)
-    with pytest.raises(PlanError, match=r"layers \[0\].*dense MLP.*--device cpu"):
-        LLM(str(folder), device="emulated", hardware="t4")
+    folder = _folder("qwen2_moe-shared-dense-layer-bias", tmp_path)
+    pol = str(Policy(4, 2, 2, False, True, 0.34, 0.0, "float32").save(tmp_path / "gpu.json"))
+    greedy = SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True)
+    cpu = LLM(str(folder), dtype="float32", device="cpu", batch_size=4, micro_batch_size=2)
+    piped = LLM(str(folder), dtype="float32", device="emulated", hardware="t4", policy=pol, schedule=schedule)
+    try:
+        assert [o.outputs[0].token_ids for o in piped.generate(PROMPTS, greedy)] == \
+            [o.outputs[0].token_ids for o in cpu.generate(PROMPTS, greedy)]
+        pager = piped.session._executor.pager
+        assert pager.sparse == [True, False, True] and pager.page_bytes(0, 1, 1) == 0
+    finally:
+        piped.close()

@@ -128,7 +128,9 @@ class PipelineExecutor:
             self.pager.ensure_pinned(min(n_pages))  # the largest page of the pass
         events = []
         for t in graph.tasks:
-            nbytes = self.pager.page_bytes(t.page, t.n_pages) if t.op == "w_h2d" else t.nbytes
+            nbytes = t.nbytes
+            if t.op == "w_h2d" or (t.op == "w_stage" and not self.pager.sparse[t.layer % self.cfg.num_layers]):
+                nbytes = self.pager.page_bytes(t.page, t.n_pages, t.layer)  # 0 for a dense layer
             events.append(
                 self.device.submit(t.lane, in_inference_mode(bind(t)), [events[d] for d in t.deps], nbytes, t.name)
             )
@@ -146,10 +148,12 @@ class PipelineExecutor:
         if t.op == "w_stage":
             return lambda: self.pager.stage(t.layer, t.page, t.n_pages, t.pin_slot)
         if t.op == "w_h2d":
-            return lambda: self.pager.upload(t.page, t.n_pages, t.slot, t.pin_slot)
+            return lambda: self.pager.upload(t.page, t.n_pages, t.slot, t.pin_slot, t.layer)
         return None
 
     def _moe(self, j: int):
+        if not self.cfg.is_sparse(j):
+            return None  # a dense layer: its MLP is resident on the device
         layer = self.model.layers[j]
         gu, dn = self.pager.table(j, (self.slot_base + j) % 2)
         return lambda h: layer.mlp.forward_with(h, gu, dn, F.linear)

@@ -123,10 +123,16 @@ class WeightPager:
 
         self.resident_gu: list[torch.Tensor] = []
         self.resident_dn: list[torch.Tensor] = []
-        self.cpu_pages: list[torch.Tensor] = []  # per layer: flat [paged_elems] in CPU memory
-        for layer in model.layers:
-            gu, dn = layer.mlp.gate_up_proj.detach(), layer.mlp.down_proj.detach()
+        self.cpu_pages: list[torch.Tensor | None] = []  # per layer: flat [paged_elems] in CPU memory
+        self.sparse = [cfg.is_sparse(j) for j in range(cfg.num_layers)]  # a dense layer pages nothing
+        for j, layer in enumerate(model.layers):
             r = self.n_resident
+            if not self.sparse[j]:  # its dense MLP went to the device with the other non-expert modules
+                self.resident_gu.append(device.empty((0, *self.gu_shape), self.dtype, "resident-experts"))
+                self.resident_dn.append(device.empty((0, *self.dn_shape), self.dtype, "resident-experts"))
+                self.cpu_pages.append(None)
+                continue
+            gu, dn = layer.mlp.gate_up_proj.detach(), layer.mlp.down_proj.detach()
             dgu = device.empty((r, *self.gu_shape), self.dtype, "resident-experts")
             ddn = device.empty((r, *self.dn_shape), self.dtype, "resident-experts")
             dgu.copy_(gu[:r])
@@ -164,17 +170,24 @@ class WeightPager:
         if not self.pinned or self.pinned[0].numel() < need:
             self.pinned = [self.device.pinned((need,), self.dtype) for _ in range(2)]
 
-    def page_bytes(self, page: int, n_pages: int) -> int:
+    def page_bytes(self, page: int, n_pages: int, layer: int = 0) -> int:
+        if not self.sparse[layer % self.n_layers]:
+            return 0
         s, e = self.page_range(page, n_pages)
         return (e - s) * _elem(self.dtype)
 
     def stage(self, layer: int, page: int, n_pages: int, pin_slot: int) -> None:
         """Hop 1: CPU memory -> pinned buffer (host memcpy on the pin lane)."""
+        pages = self.cpu_pages[layer % self.n_layers]
+        if pages is None:
+            return
         s, e = self.page_range(page, n_pages)
-        self.pinned[pin_slot][: e - s].copy_(self.cpu_pages[layer % self.n_layers][s:e])
+        self.pinned[pin_slot][: e - s].copy_(pages[s:e])
 
-    def upload(self, page: int, n_pages: int, slot: int, pin_slot: int) -> None:
+    def upload(self, page: int, n_pages: int, slot: int, pin_slot: int, layer: int = 0) -> None:
         """Hop 2: pinned buffer -> device slot (on the h2d lane)."""
+        if not self.sparse[layer % self.n_layers]:
+            return
         s, e = self.page_range(page, n_pages)
         self.device.copy(self.slots[slot][s:e], self.pinned[pin_slot][: e - s])
 
