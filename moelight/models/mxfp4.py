@@ -14,9 +14,16 @@ def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dt
     if blocks.shape[:-1] != scales.shape or blocks.shape[-1] != 16:
         raise ValueError(f"MXFP4 blocks {tuple(blocks.shape)} and scales {tuple(scales.shape)} do not pair "
                          "(blocks [..., G, 16], scales [..., G])")
-    lut = torch.tensor(E2M1, dtype=torch.float32)
     b = blocks.to(torch.uint8)
-    values = torch.stack((lut[(b & 0x0F).long()], lut[(b >> 4).long()]), dim=-1)  # [..., G, 16, 2]
-    values = values.reshape(*b.shape[:-1], 32)
+    values = _BYTE_PAIRS[b.long()].reshape(*b.shape[:-1], 32)  # one gather: a byte -> its two values
     values = torch.ldexp(values, scales.to(torch.int32).unsqueeze(-1) - 127)
     return values.reshape(*b.shape[:-2], -1).to(dtype)
+
+
+def _byte_pairs() -> torch.Tensor:
+    """[256, 2]: the (low nibble, high nibble) values of every byte."""
+    lut, byte = torch.tensor(E2M1, dtype=torch.float32), torch.arange(256)
+    return torch.stack((lut[byte & 0x0F], lut[byte >> 4]), dim=-1)
+
+
+_BYTE_PAIRS = _byte_pairs()
