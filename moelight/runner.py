@@ -175,7 +175,7 @@ def _generate_rounds(engine, tokenizer, requests, prompts, params, opts, batch_s
             history = history + [{"role": "assistant", "content": turns[i][-1].text},
                                  {"role": "user", "content": req.followups[k]}]
             messages[i] = history
-            round_prompts.append(tokenizer.apply_chat_template(history))
+            round_prompts.append(tokenizer.apply_chat_template(history, tools=req.tools))
             room = engine.model.config.max_position_embeddings - len(round_prompts[-1])
             if room < 1:
                 raise PromptError(f"{req.source or req.id}: turn {k + 2} exceeds the model's context")

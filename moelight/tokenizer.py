@@ -52,7 +52,7 @@ class Tokenizer(ABC):
     def encode_request(self, request: Any) -> list[int]:
         """Prompt ids for a ``workloads.Request``: the chat template for messages, else the raw prompt."""
         if getattr(request, "messages", None) is not None:
-            return self.apply_chat_template(request.messages)
+            return self.apply_chat_template(request.messages, tools=getattr(request, "tools", None))
         return self.encode(request.prompt)
 
 

@@ -174,3 +174,35 @@ def test_byte_tokenizer_refuses_tools():
 
     with pytest.raises(TokenizerError, match="no place for tools"):
         ByteTokenizer().apply_chat_template(PLAIN, tools=[WEATHER])
+
+
+def test_moelight_run_renders_a_requests_tools(folders, tmp_path):
+    """An OpenAI batch line with `tools` (and a jsonl line with them): `moelight run` prompts with
+    the template's rendering of those tools, as `LLM.chat` does."""
+    import shutil
+
+    from typer.testing import CliRunner
+
+    from moelight.cli import app
+    from tests.checkpoints import make_hf_model, save_checkpoint
+
+    folder = save_checkpoint(make_hf_model(vocab_size=512, max_position_embeddings=1024), tmp_path / "m",
+                             byte_tokenizer=False)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(folders["qwen3"] / f, folder / f)
+    batch = {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+             "body": {"messages": WITH_SYSTEM, "tools": [WEATHER], "max_tokens": 2}}
+    plain = {"id": "b", "messages": WITH_SYSTEM, "tools": [WEATHER], "max_tokens": 2}
+    tok = load_tokenizer(folders["qwen3"])
+    want = len(tok.apply_chat_template(WITH_SYSTEM, tools=[WEATHER]))
+    assert want > len(tok.apply_chat_template(WITH_SYSTEM))
+    for name, record in (("batch", batch), ("plain", plain)):
+        ds = tmp_path / f"{name}.jsonl"
+        ds.write_text(json.dumps(record) + "\n")
+        out = tmp_path / f"{name}-out.jsonl"
+        r = CliRunner().invoke(app, ["run", "--dataset", str(ds), "--model", str(folder), "--output", str(out),
+                                     "--dtype", "float32", "--hardware", "cpu-server", "--no-progress"])
+        assert r.exit_code == 0, r.output
+        rec = json.loads(out.read_text())
+        usage = rec["response"]["body"]["usage"] if name == "batch" else rec
+        assert usage["prompt_tokens"] == want, (name, rec)

@@ -254,6 +254,8 @@ def test_skip_bad_lines(tmp_path, caplog):
     ({"messages": [{"role": "user", "content": ""}]}, "empty prompt"),
     ({"messages": [{"role": "system", "content": "sys"}]}, "no user turn"),
     ({"prompt": "a", "followups": "b"}, "'followups' must be a list"),
+    ({"messages": [{"role": "user", "content": "b"}], "tools": {"name": "f"}}, "'tools' must be a list"),
+    ({"prompt": "a", "tools": [{"type": "function"}]}, "'tools' needs 'messages'"),
 ])
 def test_bad_prompt_records(tmp_path, record, problem):
     p = write_lines(tmp_path / "data.jsonl", [{"prompt": "fine"}, record])

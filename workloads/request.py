@@ -26,6 +26,7 @@ class Request:
     seed: int | None = None
     source: str = ""
     meta: dict = field(default_factory=dict)
+    tools: list[dict] | None = None  # JSON-schema tools for the chat template (OpenAI `tools`)
 
     def __post_init__(self) -> None:
         if self.messages is None and self.prompt is None:

@@ -116,6 +116,16 @@ def parse_messages(v: Any, key: str = "messages") -> list[dict]:
     return out
 
 
+def parse_tools(obj: dict, key: str = "tools") -> list[dict] | None:
+    """OpenAI-style tools: a list of objects (JSON schemas), handed to the chat template as given."""
+    v = obj.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, list) or not all(isinstance(t, dict) for t in v):
+        raise RecordError(f"field '{key}' must be a list of tool objects, got {_type_name(v)}")
+    return v
+
+
 def sampling_fields(obj: dict) -> dict:
     """temperature / top_p / top_k / seed overrides, each None when absent."""
     return {

@@ -7,7 +7,7 @@ url and custom_id are kept in ``meta`` so the writer can answer in the Batch out
 from __future__ import annotations
 
 from ..request import Request
-from .fields import RecordError, get_id, opt_int, parse_messages, sampling_fields
+from .fields import RecordError, get_id, opt_int, parse_messages, parse_tools, sampling_fields
 
 SUPPORTED_URLS = ("/v1/chat/completions", "/v1/completions")
 
@@ -54,6 +54,10 @@ def parse_openai_record(obj: dict, where: str, lineno: int, turn: int = 1) -> Re
         max_new = opt_int(body, "max_completion_tokens", "max_tokens", minimum=1)
     except RecordError as e:
         raise RecordError(f"body: {e}") from None
+    try:
+        tools = parse_tools(body)
+    except RecordError as e:
+        raise RecordError(f"body: {e}") from None
     meta = {"custom_id": obj["custom_id"], "url": url, "model": body.get("model")}
     return Request(id=cid, messages=messages, prompt=prompt, max_new_tokens=max_new,
-                   source=where, meta=meta, **sampling)
+                   source=where, meta=meta, tools=tools, **sampling)

@@ -4,10 +4,10 @@
 from __future__ import annotations
 
 from ..request import Request
-from .fields import RecordError, get_id, get_text, opt_int, parse_messages, sampling_fields
+from .fields import RecordError, get_id, get_text, opt_int, parse_messages, parse_tools, sampling_fields
 
 KNOWN_KEYS = {"id", "prompt", "messages", "max_tokens", "max_new_tokens", "followups",
-              "temperature", "top_p", "top_k", "seed"}
+              "temperature", "top_p", "top_k", "seed", "tools"}
 
 
 def looks_like_prompt_jsonl(obj: dict) -> bool:
@@ -34,7 +34,11 @@ def parse_prompt_record(obj: dict, where: str, lineno: int, turn: int = 1) -> Re
         messages = [{"role": "user", "content": prompt}]
         prompt = None
     meta = {k: v for k, v in obj.items() if k not in KNOWN_KEYS}
+    tools = parse_tools(obj)
+    if tools and messages is None:
+        raise RecordError("field 'tools' needs 'messages' (the chat template renders the tools)")
     return Request(
+        tools=tools,
         id=rid,
         messages=messages,
         prompt=prompt,
