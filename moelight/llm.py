@@ -77,14 +77,24 @@ class LLM:
         tools: list[dict] | None = None,
         add_generation_prompt: bool = True,
         chat_template_kwargs: dict | None = None,
+        continue_final_message: bool = False,
+        chat_template: str | None = None,
     ) -> list[RequestOutput]:
-        """Each conversation is a list of {role, content} messages; the model's chat template renders
-        it with `tools` and `chat_template_kwargs` (e.g. {"enable_thinking": False}), as vLLM's does."""
-        if conversations and isinstance(conversations[0], dict):
+        """A conversation (a list of {role, content} messages) or a list of conversations, each rendered by
+        the model's chat template as vLLM's `LLM.chat` has it rendered: with `tools` (JSON-schema dicts),
+        `add_generation_prompt`, `continue_final_message` (prefill: the model continues the last message;
+        needs add_generation_prompt=False), `chat_template` (a template, or the name of one of the model's)
+        and `chat_template_kwargs`, the template's own variables (e.g. {"enable_thinking": False},
+        {"reasoning_effort": "high"}), which, as in vLLM, may also set the arguments before them."""
+        if conversations and not isinstance(conversations[0], (list, tuple)):
             conversations = [conversations]  # type: ignore[list-item]
-        token_lists = [self.tokenizer.apply_chat_template(c, tools=tools, add_generation_prompt=add_generation_prompt,
-                                                          **(chat_template_kwargs or {}))
-                       for c in conversations]
+        render: dict = {"tools": tools, "add_generation_prompt": add_generation_prompt}
+        if continue_final_message:
+            render["continue_final_message"] = continue_final_message
+        if chat_template is not None:
+            render["chat_template"] = chat_template
+        render |= chat_template_kwargs or {}
+        token_lists = [self.tokenizer.apply_chat_template(c, **render) for c in conversations]
         return self._run(token_lists, [None] * len(token_lists), sampling_params, use_tqdm)
 
     def _one_prompt(self, i: int, p) -> tuple[str | None, list[int]]:

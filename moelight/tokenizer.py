@@ -3,13 +3,19 @@
 The HF path reproduces what transformers' ``PreTrainedTokenizerFast`` gives for
 ``encode(text)``, ``decode(ids, skip_special_tokens=True)`` and
 ``apply_chat_template(..., add_generation_prompt=True)`` on the same folder, without
-importing transformers (it is a test-only dependency).
+importing transformers (it is a test-only dependency). Chat templates see what transformers 5
+gives them: messages (None-valued keys dropped, reasoning copied under ``reasoning_content`` and
+``thinking``), ``tools`` / ``documents`` (None when not given), ``add_generation_prompt``, the
+special tokens and any extra keyword arguments, in a jinja environment set up as transformers'.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import sys
 from abc import ABC, abstractmethod
+from collections.abc import Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -47,7 +53,9 @@ class Tokenizer(ABC):
         """Token ids of a conversation, ending with the prompt for the assistant's answer.
 
         `tools` (JSON-schema tool dicts) and `template_kwargs` (e.g. Qwen3's `enable_thinking`,
-        GPT-OSS's `reasoning_effort`) reach the template as transformers passes them."""
+        GPT-OSS's `reasoning_effort` / `builtin_tools`, `documents`) reach the template as transformers
+        passes them; `chat_template` (a template or a template's name) and `continue_final_message`
+        mean what they mean in transformers' `apply_chat_template`."""
 
     def encode_request(self, request: Any) -> list[int]:
         """Prompt ids for a ``workloads.Request``: the chat template for messages, else the raw prompt."""
@@ -106,6 +114,10 @@ class ByteTokenizer(Tokenizer):
         if tools:
             raise TokenizerError("the byte-level tokenizer's minimal chat format has no place for tools; "
                                  "use a model folder with a chat template that renders them")
+        unsupported = [k for k in ("chat_template", "continue_final_message") if template_kwargs.get(k)]
+        if unsupported:
+            raise TokenizerError(f"the byte-level tokenizer has no chat template, so {', '.join(unsupported)} "
+                                 "cannot apply; use a model folder with a chat template")
         return self.encode(self.render_chat(messages, add_generation_prompt))
 
 
@@ -136,14 +148,142 @@ def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separ
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+class _TemplateDict:
+    """transformers' ``dict`` global: builds dicts without handing the template the ``dict`` type."""
+
+    def __call__(self, *args, **kwargs):
+        return dict(*args, **kwargs)
+
+    def fromkeys(self, *args, **kwargs):
+        return dict.fromkeys(*args, **kwargs)
+
+
+class _TemplateNamespace(jinja2.utils.Namespace):
+    """transformers' ``namespace``: underscore-prefixed attributes are refused (no way to CPython internals)."""
+
+    def __init__(*args, **kwargs):  # jinja's signature trick, so that namespace(self=...) still works
+        self, args = args[0], args[1:]
+        attrs = dict(*args, **kwargs)
+        for name in attrs:
+            _TemplateNamespace._check_name(name)
+        jinja2.utils.Namespace.__init__(self, attrs)
+
+    def __setitem__(self, name, value):
+        _TemplateNamespace._check_name(name)
+        jinja2.utils.Namespace.__setitem__(self, name, value)
+
+    @staticmethod
+    def _check_name(name):
+        if isinstance(name, str) and name.startswith("_"):
+            raise jinja2.exceptions.SecurityError(
+                f"chat templates cannot store underscore-prefixed attributes on a namespace (got {name!r})")
+
+
 def compile_chat_template(source: str) -> jinja2.Template:
-    """A sandboxed template with the globals Hub chat templates expect (as transformers sets them)."""
+    """A sandboxed template with the environment transformers 5 gives Hub chat templates: trim_blocks and
+    lstrip_blocks, loop controls, ``{% generation %}``, a ``tojson`` that does not HTML-escape (with
+    ``indent``, ``separators``, ``sort_keys``, ``ensure_ascii``), ``raise_exception``, ``strftime_now``,
+    and its guarded ``dict`` and ``namespace``."""
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
                                         extensions=[_GenerationTag, loopcontrols])
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+    env.globals["strftime_now"] = _strftime_now
+    env.globals["dict"] = _TemplateDict()
+    env.globals["namespace"] = _TemplateNamespace
     return env.from_string(source)
+
+
+# What a template sees, as transformers 5 builds it (utils/chat_template_utils.py).
+
+_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # the first is what templates read
+_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+# transformers' apply_chat_template takes these itself (they never reach the template); moelight has no use for them
+_NOT_TEMPLATE_ARGS = ("tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
+                      "return_assistant_tokens_mask", "tokenizer_kwargs", "sanitize_control_tokens")
+
+
+def _objects_to_dicts(value: Any) -> Any:
+    """Dataclasses and pydantic models (e.g. OpenAI SDK messages) as dicts, at any depth."""
+    if isinstance(value, Mapping):
+        return {k: _objects_to_dicts(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_objects_to_dicts(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_objects_to_dicts(v) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _objects_to_dicts(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if callable(getattr(value, "model_dump", None)):
+        return _objects_to_dicts(value.model_dump())
+    return value
+
+
+def _plain(value: Any) -> Any:
+    """Plain JSON-like data only (a fresh copy): other objects become a ``<TypeName>`` placeholder."""
+    if value is None or type(value) in (str, int, float, bool):
+        return value
+    if isinstance(value, str):
+        return str.__str__(value)
+    if isinstance(value, int):
+        return int.__int__(value)
+    if isinstance(value, float):
+        return float.__float__(value)
+    if isinstance(value, Mapping):
+        return {_plain(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    if isinstance(value, tuple):
+        return tuple(_plain(v) for v in value)
+    np = sys.modules.get("numpy")  # a numpy value can only exist if numpy is imported
+    if np is not None and isinstance(value, np.generic):
+        return _plain(value.item())
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if callable(getattr(value, "model_dump", None)):
+        return _plain(value.model_dump())
+    return f"<{type(value).__name__}>"
+
+
+def _template_messages(messages: Any) -> list[dict]:
+    """transformers' message preparation: objects to dicts, None-valued keys dropped, plain data, and a
+    message's reasoning under ``reasoning_content`` and ``thinking`` (gpt-oss templates read the latter)."""
+    out = []
+    for m in _objects_to_dicts(getattr(messages, "messages", messages)):
+        if not isinstance(m, dict):
+            raise TokenizerError(f"chat messages are dicts with 'role' and 'content', got {m!r}")
+        m = _plain({k: v for k, v in m.items() if v is not None})
+        reasoning = next((m[k] for k in _REASONING_FIELDS if m.get(k) is not None), None)
+        if reasoning is not None:
+            m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
+        out.append(m)
+    return out
+
+
+def _template_tools(tools: Any) -> list[dict] | None:
+    if tools is None:
+        return None
+    if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, (list, tuple)):
+        raise TokenizerError(f"tools is a list of JSON-schema tool dicts, got {type(tools).__name__}")
+    for tool in tools:
+        if not isinstance(tool, dict):
+            hint = (" (transformers.utils.get_json_schema(fn) gives a function's schema)"
+                    if callable(tool) else "")
+            raise TokenizerError(f"each tool is a JSON-schema dict such as {{'type': 'function', 'function': "
+                                 f"{{'name': ..., 'description': ..., 'parameters': {{...}}}}}}, got "
+                                 f"{type(tool).__name__}{hint}")
+    return _plain(list(tools))
+
+
+def _template_documents(documents: Any) -> list[dict] | None:
+    if documents is None:
+        return None
+    if not all(isinstance(d, dict) for d in documents):
+        raise TokenizerError("documents is a list of dicts with 'title' and 'text' keys")
+    return _plain(documents)
 
 
 # ----------------------------------------------------------------------------- tokenizer.json
@@ -171,16 +311,48 @@ def _clean_up_tokenization(text: str) -> str:
     return text
 
 
-def _find_chat_template(model_dir: Path, config: dict) -> str | None:
-    """``chat_template.jinja`` (transformers 5 layout) or ``tokenizer_config.json``'s ``chat_template``."""
-    jinja_file = model_dir / "chat_template.jinja"
-    if jinja_file.exists():
-        return jinja_file.read_text(encoding="utf-8")
+_NAMED_SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+def _is_token(v: Any) -> bool:
+    return isinstance(v, str) or (isinstance(v, dict) and v.get("__type") == "AddedToken")
+
+
+def _special_tokens_map(cfg: dict) -> dict[str, str]:
+    """transformers 5's ``special_tokens_map`` (what templates get as variables): the named tokens, model-specific
+    ``*_token`` entries (e.g. ``image_token``) and an ``extra_special_tokens`` dict; not the extra-token lists."""
+    tokens = {k: _token_str(cfg.get(k)) for k in _NAMED_SPECIAL_TOKENS}
+    tokens |= {k: _token_str(v) for k, v in cfg.items()
+               if k.endswith("_token") and k not in _NAMED_SPECIAL_TOKENS and _is_token(v)}
+    extra = cfg.get("extra_special_tokens") or cfg.get("additional_special_tokens")
+    if isinstance(extra, dict):
+        tokens |= {k: _token_str(v) for k, v in extra.items()}
+    return {k: v for k, v in tokens.items() if v is not None}
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except OSError as e:
+        raise TokenizerError(f"{path}: cannot read ({e})") from None
+
+
+def _find_chat_templates(model_dir: Path, config: dict) -> str | dict[str, str] | None:
+    """The chat template(s) as transformers 5 loads them: ``chat_template.jinja`` (the default) and
+    ``additional_chat_templates/*.jinja`` (named) win over ``tokenizer_config.json``'s ``chat_template``
+    (a string, or a list of ``{"name", "template"}``). One template is a string, several a dict."""
+    files = {}
+    if (model_dir / "chat_template.jinja").is_file():
+        files["default"] = _read_text(model_dir / "chat_template.jinja")
+    extra_dir = model_dir / "additional_chat_templates"
+    if extra_dir.is_dir():
+        files |= {f.name.removesuffix(".jinja"): _read_text(f) for f in sorted(extra_dir.glob("*.jinja"))}
+    if files:
+        return files["default"] if list(files) == ["default"] else files
     tpl = config.get("chat_template")
-    if isinstance(tpl, list):  # [{"name": "default", "template": ...}, ...]
-        named = {t.get("name"): t.get("template") for t in tpl if isinstance(t, dict)}
-        tpl = named.get("default")
-    return tpl if isinstance(tpl, str) else None
+    if isinstance(tpl, (list, tuple)):
+        tpl = {t["name"]: t["template"] for t in tpl if isinstance(t, dict) and "name" in t and "template" in t}
+    return tpl if isinstance(tpl, (str, dict)) and tpl else None
 
 
 class HFTokenizer(Tokenizer):
@@ -197,21 +369,28 @@ class HFTokenizer(Tokenizer):
         cfg_path = self.model_dir / "tokenizer_config.json"
         cfg = _read_json(cfg_path) if cfg_path.exists() else {}
         stm = self.model_dir / "special_tokens_map.json"
-        if stm.exists():
-            cfg = {**_read_json(stm), **cfg}
+        if stm.exists() and "added_tokens_decoder" not in cfg:
+            # transformers 5 reads the legacy special_tokens_map.json only for a config without
+            # added_tokens_decoder, and then its entries win over the config's
+            smap = _read_json(stm)
+            extra = {**(e if isinstance(e := cfg.get("extra_special_tokens"), dict) else {}),
+                     **(e if isinstance(e := smap.get("extra_special_tokens"), dict) else {})}
+            cfg = {**cfg, **smap} | ({"extra_special_tokens": extra} if extra else {})
         self.config = cfg
-        self.special_tokens = {k: _token_str(cfg.get(k)) for k in
-                               ("bos_token", "eos_token", "unk_token", "pad_token")}
-        self.bos_id = self._id(self.special_tokens["bos_token"])
-        self.eos_id = self._id(self.special_tokens["eos_token"])
-        self.pad_id = self._id(self.special_tokens["pad_token"])
+        self.special_tokens = _special_tokens_map(cfg)
+        self.bos_id = self._id(self.special_tokens.get("bos_token"))
+        self.eos_id = self._id(self.special_tokens.get("eos_token"))
+        self.pad_id = self._id(self.special_tokens.get("pad_token"))
         gen_eos = self._generation_eos()
         if self.eos_id is None and gen_eos:
             self.eos_id = gen_eos[0]
         self.eos_ids = frozenset(gen_eos + ([self.eos_id] if self.eos_id is not None else []))
         self.vocab_size = self.backend.get_vocab_size(with_added_tokens=True)
-        self.chat_template = _find_chat_template(self.model_dir, cfg)
-        self._template = compile_chat_template(self.chat_template) if self.chat_template else None
+        # one template (str) or named ones (dict), as transformers holds them; chat_template is the default one
+        self.chat_templates = _find_chat_templates(self.model_dir, cfg)
+        self.chat_template = (self.chat_templates.get("default") if isinstance(self.chat_templates, dict)
+                              else self.chat_templates)
+        self._compiled: dict[str, jinja2.Template] = {}  # compiled on first use, as transformers does
 
         # transformers 5 lets tokenizer.json's post-processor decide (it ignores the config flags then);
         # without one it adds nothing, where transformers 4 honoured add_bos_token. We honour the
@@ -256,31 +435,113 @@ class HFTokenizer(Tokenizer):
 
     @property
     def has_chat_template(self) -> bool:
-        return self._template is not None
+        return self.chat_templates is not None
+
+    def _template_source(self, chat_template: str | None, tools: Any) -> str:
+        """transformers' get_chat_template: a template name or a template; else, of named templates,
+        ``tool_use`` when tools are given (even an empty list), then ``default``."""
+        templates = self.chat_templates
+        if isinstance(templates, dict):
+            if chat_template is not None:
+                return templates.get(chat_template, chat_template)
+            if tools is not None and "tool_use" in templates:
+                return templates["tool_use"]
+            if "default" in templates:
+                return templates["default"]
+            raise TokenizerError(f"{self.model_dir}: the tokenizer has several chat templates and no default; "
+                                 f"name one with chat_template= (one of {', '.join(sorted(templates))})")
+        if chat_template is not None:
+            return chat_template
+        if templates is None:
+            raise TokenizerError(f"{self.model_dir}: the tokenizer has no chat_template")
+        return templates
+
+    def _compile(self, source: str) -> jinja2.Template:
+        if source not in self._compiled:
+            try:
+                self._compiled[source] = compile_chat_template(source)
+            except jinja2.exceptions.TemplateError as e:
+                raise TokenizerError(f"{self.model_dir}: the chat template does not parse: {e}") from None
+        return self._compiled[source]
 
     def render_chat(self, messages: list[dict], add_generation_prompt: bool = True, *,
                     tools: list[dict] | None = None, documents: list[dict] | None = None,
+                    chat_template: str | None = None, continue_final_message: bool | str = False,
                     **template_kwargs) -> str:
         """The chat template's text (what transformers' ``apply_chat_template(tokenize=False)`` gives).
 
-        As transformers renders: ``messages``, ``tools`` and ``documents`` (None when not given, so a
-        template's ``tools is not none`` sees None, not undefined), ``add_generation_prompt``, the
-        special tokens, then the caller's extra keyword arguments (which win over the tokens)."""
-        if self._template is None:
-            raise TokenizerError(f"{self.model_dir}: the tokenizer has no chat_template")
-        context = {k: v for k, v in self.special_tokens.items() if v is not None} | template_kwargs
+        As transformers renders: ``messages`` (None-valued keys dropped; a message's reasoning under
+        ``reasoning_content`` and ``thinking``), ``tools`` and ``documents`` (None when not given, so a
+        template's ``tools is not none`` sees None, not undefined), ``add_generation_prompt``, the special
+        tokens, then the caller's extra keyword arguments (which win over the tokens). ``chat_template``
+        picks a named template or gives one; ``continue_final_message`` (True, or the field to continue,
+        e.g. "reasoning_content") leaves the last message open for the model to continue."""
+        if not messages:
+            raise TokenizerError("cannot apply a chat template to an empty conversation; give at least one message")
+        not_template = sorted(set(template_kwargs) & set(_NOT_TEMPLATE_ARGS))
+        if not_template:
+            raise TokenizerError(f"{', '.join(not_template)}: transformers' apply_chat_template options that "
+                                 "moelight does not take (render_chat gives the text, apply_chat_template the ids)")
+        if continue_final_message and add_generation_prompt:
+            raise TokenizerError("continue_final_message and add_generation_prompt do not go together (as in "
+                                 "transformers): pass add_generation_prompt=False to continue the final message")
+        source = self._template_source(chat_template, tools)
+        template = self._compile(source)
+        chat = _template_messages(messages)
+        tools, documents = _template_tools(tools), _template_documents(documents)
+        context = _plain(self.special_tokens | template_kwargs)
+        final = None
+        if continue_final_message:
+            final = self._mark_final_message(chat, continue_final_message, source)
         try:
-            return self._template.render(messages=messages, tools=tools, documents=documents,
-                                         add_generation_prompt=add_generation_prompt, **context)
+            text = template.render(messages=chat, tools=tools, documents=documents,
+                                   add_generation_prompt=add_generation_prompt, **context)
         except jinja2.exceptions.TemplateError as e:
             raise TokenizerError(f"{self.model_dir}: chat template rejected the conversation: {e}") from None
+        if final is not None:
+            text = self._cut_at_final_message(text, final)
+        return text
+
+    def _mark_final_message(self, chat: list[dict], field: bool | str, source: str) -> str:
+        """Tag the field of the last message to continue (transformers' continue_final_message); its text."""
+        field = field if isinstance(field, str) else "content"
+        final = chat[-1].get(field)
+        if final is None:
+            raise TokenizerError(f'continue_final_message: the final message has no "{field}" to continue')
+        fields = [field]
+        if field in _REASONING_FIELDS:  # reasoning is copied under several names: tag each copy
+            fields = [f for f in _REASONING_FIELDS if chat[-1].get(f) == final]
+        if not any(f in source for f in fields):
+            raise TokenizerError(f'continue_final_message: "{field}" is not a field the chat template uses')
+        if isinstance(final, (list, tuple)):  # content blocks: continue the last text block
+            for block in reversed(final):
+                if isinstance(block, dict) and "text" in block:
+                    final = block["text"]
+                    block["text"] = block["text"] + _CONTINUE_TAG
+                    return final
+            raise TokenizerError("continue_final_message: the final message has no text to continue")
+        for f in fields:
+            chat[-1][f] = chat[-1][f] + _CONTINUE_TAG
+        return final
+
+    def _cut_at_final_message(self, text: str, final: str) -> str:
+        tag = _CONTINUE_TAG.strip()
+        if final.strip() not in text or tag not in text:
+            raise TokenizerError(f"{self.model_dir}: continue_final_message: the chat template drops part of the "
+                                 "final message, so it cannot be continued")
+        at = text.rindex(tag)
+        if text[at:at + len(_CONTINUE_TAG)] == _CONTINUE_TAG:
+            return text[:at]
+        return text[:at].rstrip()  # the template trimmed the message's trailing space
 
     def apply_chat_template(self, messages: list[dict], *, tools: list[dict] | None = None,
                             add_generation_prompt: bool = True, **template_kwargs) -> list[int]:
-        if self._template is None:
-            if len(messages) == 1 and messages[0].get("role") == "user" and not tools:
-                return self.encode(messages[0]["content"])  # a lone user turn is just its text
-            roles = ", ".join(str(m.get("role")) for m in messages)
+        if not self.has_chat_template and template_kwargs.get("chat_template") is None:
+            msgs = _template_messages(messages)
+            if len(msgs) == 1 and msgs[0].get("role") == "user" and isinstance(msgs[0].get("content"), str) \
+                    and not tools:
+                return self.encode(msgs[0]["content"])  # a lone user turn is just its text
+            roles = ", ".join(str(m.get("role")) for m in msgs)
             raise TokenizerError(
                 f"{self.model_dir}: the tokenizer has no chat_template (tokenizer_config.json or "
                 f"chat_template.jinja), so a conversation of {len(messages)} messages ({roles}) cannot be "
