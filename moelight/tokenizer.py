@@ -266,7 +266,7 @@ def _template_messages(messages: Any) -> list[dict]:
 def _template_tools(tools: Any) -> list[dict] | None:
     if tools is None:
         return None
-    if isinstance(tools, (str, bytes, Mapping)) or not isinstance(tools, (list, tuple)):
+    if not isinstance(tools, (list, tuple)):
         raise TokenizerError(f"tools is a list of JSON-schema tool dicts, got {type(tools).__name__}")
     for tool in tools:
         if not isinstance(tool, dict):
