@@ -15,3 +15,7 @@ class WeightsError(MoelightError):
 
 class PromptError(MoelightError):
     """A prompt that cannot be generated from (empty, too long for the model)."""
+
+
+class TokenizerError(ValueError):
+    """A tokenizer cannot be loaded or cannot format a request; the message says what to do."""

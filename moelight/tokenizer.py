@@ -11,23 +11,25 @@ special tokens and any extra keyword arguments, in a jinja environment set up as
 
 from __future__ import annotations
 
-import dataclasses
 import json
-import sys
 from abc import ABC, abstractmethod
-from collections.abc import Mapping
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import jinja2
-from jinja2.ext import Extension, loopcontrols
-from jinja2.sandbox import ImmutableSandboxedEnvironment
 from tokenizers import Tokenizer as HFBackend
 
-
-class TokenizerError(ValueError):
-    """A tokenizer cannot be loaded or cannot format a request; the message says what to do."""
+from moelight.chat_template import (  # noqa: F401 - compile_chat_template stays importable from here
+    CONTINUE_TAG,
+    NOT_TEMPLATE_ARGS,
+    REASONING_FIELDS,
+    compile_chat_template,
+    plain,
+    template_documents,
+    template_messages,
+    template_tools,
+)
+from moelight.errors import TokenizerError  # noqa: F401 - raised and re-exported
 
 
 class Tokenizer(ABC):
@@ -119,171 +121,6 @@ class ByteTokenizer(Tokenizer):
             raise TokenizerError(f"the byte-level tokenizer has no chat template, so {', '.join(unsupported)} "
                                  "cannot apply; use a model folder with a chat template")
         return self.encode(self.render_chat(messages, add_generation_prompt))
-
-
-# ----------------------------------------------------------------------------- chat templates
-
-
-class _GenerationTag(Extension):
-    """Accept ``{% generation %}...{% endgeneration %}`` (assistant-mask templates) and render the body."""
-
-    tags = {"generation"}
-
-    def parse(self, parser):
-        lineno = next(parser.stream).lineno
-        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
-        return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
-
-    def _render(self, caller):
-        return caller()
-
-
-def _raise_exception(message: str) -> None:
-    raise jinja2.exceptions.TemplateError(message)
-
-
-def _tojson(x: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
-            sort_keys: bool = False) -> str:
-    # Like transformers: jinja's own tojson HTML-escapes, which chat templates do not want.
-    return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
-
-
-def _strftime_now(fmt: str) -> str:
-    return datetime.now().strftime(fmt)
-
-
-class _TemplateDict:
-    """transformers' ``dict`` global: builds dicts without handing the template the ``dict`` type."""
-
-    def __call__(self, *args, **kwargs):
-        return dict(*args, **kwargs)
-
-    def fromkeys(self, *args, **kwargs):
-        return dict.fromkeys(*args, **kwargs)
-
-
-class _TemplateNamespace(jinja2.utils.Namespace):
-    """transformers' ``namespace``: underscore-prefixed attributes are refused (no way to CPython internals)."""
-
-    def __init__(*args, **kwargs):  # jinja's signature trick, so that namespace(self=...) still works
-        self, args = args[0], args[1:]
-        attrs = dict(*args, **kwargs)
-        for name in attrs:
-            _TemplateNamespace._check_name(name)
-        jinja2.utils.Namespace.__init__(self, attrs)
-
-    def __setitem__(self, name, value):
-        _TemplateNamespace._check_name(name)
-        jinja2.utils.Namespace.__setitem__(self, name, value)
-
-    @staticmethod
-    def _check_name(name):
-        if isinstance(name, str) and name.startswith("_"):
-            raise jinja2.exceptions.SecurityError(
-                f"chat templates cannot store underscore-prefixed attributes on a namespace (got {name!r})")
-
-
-def compile_chat_template(source: str) -> jinja2.Template:
-    """A sandboxed template with the environment transformers 5 gives Hub chat templates: trim_blocks and
-    lstrip_blocks, loop controls, ``{% generation %}``, a ``tojson`` that does not HTML-escape (with
-    ``indent``, ``separators``, ``sort_keys``, ``ensure_ascii``), ``raise_exception``, ``strftime_now``,
-    and its guarded ``dict`` and ``namespace``."""
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_GenerationTag, loopcontrols])
-    env.filters["tojson"] = _tojson
-    env.globals["raise_exception"] = _raise_exception
-    env.globals["strftime_now"] = _strftime_now
-    env.globals["dict"] = _TemplateDict()
-    env.globals["namespace"] = _TemplateNamespace
-    return env.from_string(source)
-
-
-# What a template sees, as transformers 5 builds it (utils/chat_template_utils.py).
-
-_REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")  # the first is what templates read
-_CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
-# transformers' apply_chat_template takes these itself (they never reach the template); moelight has no use for them
-_NOT_TEMPLATE_ARGS = ("tokenize", "padding", "truncation", "max_length", "return_tensors", "return_dict",
-                      "return_assistant_tokens_mask", "tokenizer_kwargs", "sanitize_control_tokens")
-
-
-def _objects_to_dicts(value: Any) -> Any:
-    """Dataclasses and pydantic models (e.g. OpenAI SDK messages) as dicts, at any depth."""
-    if isinstance(value, Mapping):
-        return {k: _objects_to_dicts(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_objects_to_dicts(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_objects_to_dicts(v) for v in value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _objects_to_dicts(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if callable(getattr(value, "model_dump", None)):
-        return _objects_to_dicts(value.model_dump())
-    return value
-
-
-def _plain(value: Any) -> Any:
-    """Plain JSON-like data only (a fresh copy): other objects become a ``<TypeName>`` placeholder."""
-    if value is None or type(value) in (str, int, float, bool):
-        return value
-    if isinstance(value, str):
-        return str.__str__(value)
-    if isinstance(value, int):
-        return int.__int__(value)
-    if isinstance(value, float):
-        return float.__float__(value)
-    if isinstance(value, Mapping):
-        return {_plain(k): _plain(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_plain(v) for v in value]
-    if isinstance(value, tuple):
-        return tuple(_plain(v) for v in value)
-    np = sys.modules.get("numpy")  # a numpy value can only exist if numpy is imported
-    if np is not None and isinstance(value, np.generic):
-        return _plain(value.item())
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if callable(getattr(value, "model_dump", None)):
-        return _plain(value.model_dump())
-    return f"<{type(value).__name__}>"
-
-
-def _template_messages(messages: Any) -> list[dict]:
-    """transformers' message preparation: objects to dicts, None-valued keys dropped, plain data, and a
-    message's reasoning under ``reasoning_content`` and ``thinking`` (gpt-oss templates read the latter)."""
-    out = []
-    for m in _objects_to_dicts(getattr(messages, "messages", messages)):
-        if not isinstance(m, dict):
-            raise TokenizerError(f"chat messages are dicts with 'role' and 'content', got {m!r}")
-        m = _plain({k: v for k, v in m.items() if v is not None})
-        reasoning = next((m[k] for k in _REASONING_FIELDS if m.get(k) is not None), None)
-        if reasoning is not None:
-            m = {"thinking": reasoning, **m, "reasoning_content": reasoning}
-        out.append(m)
-    return out
-
-
-def _template_tools(tools: Any) -> list[dict] | None:
-    if tools is None:
-        return None
-    if not isinstance(tools, (list, tuple)):
-        raise TokenizerError(f"tools is a list of JSON-schema tool dicts, got {type(tools).__name__}")
-    for tool in tools:
-        if not isinstance(tool, dict):
-            hint = (" (transformers.utils.get_json_schema(fn) gives a function's schema)"
-                    if callable(tool) else "")
-            raise TokenizerError(f"each tool is a JSON-schema dict such as {{'type': 'function', 'function': "
-                                 f"{{'name': ..., 'description': ..., 'parameters': {{...}}}}}}, got "
-                                 f"{type(tool).__name__}{hint}")
-    return _plain(list(tools))
-
-
-def _template_documents(documents: Any) -> list[dict] | None:
-    if documents is None:
-        return None
-    if not all(isinstance(d, dict) for d in documents):
-        raise TokenizerError("documents is a list of dicts with 'title' and 'text' keys")
-    return _plain(documents)
 
 
 # ----------------------------------------------------------------------------- tokenizer.json
@@ -478,7 +315,7 @@ class HFTokenizer(Tokenizer):
         e.g. "reasoning_content") leaves the last message open for the model to continue."""
         if not messages:
             raise TokenizerError("cannot apply a chat template to an empty conversation; give at least one message")
-        not_template = sorted(set(template_kwargs) & set(_NOT_TEMPLATE_ARGS))
+        not_template = sorted(set(template_kwargs) & set(NOT_TEMPLATE_ARGS))
         if not_template:
             raise TokenizerError(f"{', '.join(not_template)}: transformers' apply_chat_template options that "
                                  "moelight does not take (render_chat gives the text, apply_chat_template the ids)")
@@ -487,9 +324,9 @@ class HFTokenizer(Tokenizer):
                                  "transformers): pass add_generation_prompt=False to continue the final message")
         source = self._template_source(chat_template, tools)
         template = self._compile(source)
-        chat = _template_messages(messages)
-        tools, documents = _template_tools(tools), _template_documents(documents)
-        context = _plain(self.special_tokens | template_kwargs)
+        chat = template_messages(messages)
+        tools, documents = template_tools(tools), template_documents(documents)
+        context = plain(self.special_tokens | template_kwargs)
         final = None
         if continue_final_message:
             final = self._mark_final_message(chat, continue_final_message, source)
@@ -509,35 +346,35 @@ class HFTokenizer(Tokenizer):
         if final is None:
             raise TokenizerError(f'continue_final_message: the final message has no "{field}" to continue')
         fields = [field]
-        if field in _REASONING_FIELDS:  # reasoning is copied under several names: tag each copy
-            fields = [f for f in _REASONING_FIELDS if chat[-1].get(f) == final]
+        if field in REASONING_FIELDS:  # reasoning is copied under several names: tag each copy
+            fields = [f for f in REASONING_FIELDS if chat[-1].get(f) == final]
         if not any(f in source for f in fields):
             raise TokenizerError(f'continue_final_message: "{field}" is not a field the chat template uses')
         if isinstance(final, (list, tuple)):  # content blocks: continue the last text block
             for block in reversed(final):
                 if isinstance(block, dict) and "text" in block:
                     final = block["text"]
-                    block["text"] = block["text"] + _CONTINUE_TAG
+                    block["text"] = block["text"] + CONTINUE_TAG
                     return final
             raise TokenizerError("continue_final_message: the final message has no text to continue")
         for f in fields:
-            chat[-1][f] = chat[-1][f] + _CONTINUE_TAG
+            chat[-1][f] = chat[-1][f] + CONTINUE_TAG
         return final
 
     def _cut_at_final_message(self, text: str, final: str) -> str:
-        tag = _CONTINUE_TAG.strip()
+        tag = CONTINUE_TAG.strip()
         if final.strip() not in text or tag not in text:
             raise TokenizerError(f"{self.model_dir}: continue_final_message: the chat template drops part of the "
                                  "final message, so it cannot be continued")
         at = text.rindex(tag)
-        if text[at:at + len(_CONTINUE_TAG)] == _CONTINUE_TAG:
+        if text[at:at + len(CONTINUE_TAG)] == CONTINUE_TAG:
             return text[:at]
         return text[:at].rstrip()  # the template trimmed the message's trailing space
 
     def apply_chat_template(self, messages: list[dict], *, tools: list[dict] | None = None,
                             add_generation_prompt: bool = True, **template_kwargs) -> list[int]:
         if not self.has_chat_template and template_kwargs.get("chat_template") is None:
-            msgs = _template_messages(messages)
+            msgs = template_messages(messages)
             if len(msgs) == 1 and msgs[0].get("role") == "user" and isinstance(msgs[0].get("content"), str) \
                     and not tools:
                 return self.encode(msgs[0]["content"])  # a lone user turn is just its text
