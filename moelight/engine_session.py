@@ -5,6 +5,10 @@ resolved (config, tokenizer) without loading it; each job is planned and its mem
 checked before the weights are loaded; the weights are loaded once and reused by every
 later job of the session; the executor (plain CPU, or the CGOPipe runtime on cuda /
 emulated) is built for the plan and rebuilt only when a later job needs larger buffers.
+
+With N > 1 GPUs on cuda / emulated the session is rank 0 of a tensor-parallel group
+(moelight/parallel): it spawns the other ranks when it loads, each rank loads the model in
+turn and keeps its shard, and each engine call is replayed on every rank.
 """
 
 from __future__ import annotations
@@ -20,13 +24,16 @@ from moelight.job_plan import JobPlan, plan_job, resolve_device
 from moelight.loader import load_model, resolve_model
 from moelight.memory import available_bytes, check_fits, weight_bytes
 from moelight.options import EngineOptions
+from moelight.parallel import TensorParallelError, shard_config
 from moelight.report import RunReport
 from moelight.sampling import SamplingParams
 from moelight.tokenizer import ByteTokenizer, load_tokenizer
 
 
 class EngineSession:
-    def __init__(self, opts: EngineOptions, log: Callable[[str], None] | None = None) -> None:
+    def __init__(self, opts: EngineOptions, log: Callable[[str], None] | None = None,
+                 tensor_parallel=None) -> None:
+        """`tensor_parallel`: this process's RankGroup when it is a follower rank (rank 0 makes its own)."""
         opts.validate()
         self.opts, self.log = opts, log
         self.source = resolve_model(opts.model, opts.load_format, opts.dtype)
@@ -36,6 +43,12 @@ class EngineSession:
         self.tokenizer = load_tokenizer(tok_dir, kind="byte" if tok_dir is None else opts.tokenizer,
                                         model_vocab_size=self.config.vocab_size)
         self.device = resolve_device(opts.device)
+        self.group = tensor_parallel
+        self.ranks = tensor_parallel.world if tensor_parallel else tensor_parallel_degree(opts, self.device)
+        if self.ranks > 1:
+            shard_config(self.config, self.ranks)  # heads / sizes that N does not divide: say so now
+            if opts.gpus is None:  # plan for the GPUs that will run (a preset's count)
+                self.opts = replace(opts, gpus=self.ranks)
         # a real tokenizer may add end-of-turn ids; the byte fallback's ids mean nothing to a checkpoint
         tok_eos = () if isinstance(self.tokenizer, ByteTokenizer) and self.source.model_dir else self.tokenizer.eos_ids
         self.eos = tuple(dict.fromkeys(tuple(self.config.eos_token_ids) + tuple(sorted(tok_eos))))
@@ -48,28 +61,78 @@ class EngineSession:
     def plan(self, prompts: list[list[int]], params: list[SamplingParams], turn: int = 1) -> JobPlan:
         """Plan the job and check that weights + the largest batch's KV cache fit, before loading."""
         plan = plan_job(self.opts, self.config, self.dtype_name, prompts, params, self.device, self.log)
+        plan.info["tensor_parallel"] = self.ranks
         kv_tokens = largest_batch_tokens(prompts, params, plan.batch_size, turn)
         loaded = weight_bytes(self.config, self.source.dtype) if self.model is not None else 0
-        check_fits(self.config, self.source.dtype, kv_tokens, available=available_bytes() + loaded)
+        check_fits(self.config, self.source.dtype, kv_tokens, available=available_bytes() + loaded,
+                   weight_copies=1 if self.model is not None else self._load_copies())
         return plan
 
+    def _load_copies(self) -> float:
+        """Host copies of the weights at the peak of loading: with N ranks loading in turn, the
+        last one holds the others' shards ((N-1)/N), its full load (1) and its own shard (1/N)."""
+        return 2.0 if self.ranks > 1 else 1.0
+
     def load(self) -> None:
-        """Load the weights once (the plain CPU executor runs them pre-packed)."""
+        """Load the weights once (the plain CPU executor runs them pre-packed); with N ranks, start
+        them, and let each load the model in turn and keep its shard (peak: two copies, not N)."""
         if self.model is not None:
             return
-        check_fits(self.config, self.source.dtype, 0)
+        check_fits(self.config, self.source.dtype, 0, weight_copies=self._load_copies())
         t0 = time.perf_counter()
-        self.model = load_model(self.source, self.opts.seed)
+        if self.ranks == 1:
+            self.model = load_model(self.source, self.opts.seed)
+        else:
+            self._load_shard()
         if self.device == "cpu":
             pack_model(self.model)
         self.load_seconds = time.perf_counter() - t0
 
-    def engine(self, plan: JobPlan, prompts: list[list[int]], params: list[SamplingParams], turn: int = 1) -> Engine:
-        """The engine for a planned job, on the plan's executor."""
+    def _load_shard(self) -> None:
+        from moelight.parallel import shard_model
+        from moelight.parallel.rank_group import start_group
+
+        if self.group is None:
+            engine_opts = EngineOptions(**{n: getattr(self.opts, n) for n in EngineOptions.names()})
+            self.group = start_group(self.ranks, self.device, engine_opts)
+        try:
+            for turn in range(self.group.world):
+                if turn == self.group.rank:
+                    full = load_model(self.source, self.opts.seed)
+                    self.model = shard_model(full, self.group.rank, self.group.world, self.group.all_reduce)
+                    del full
+                self.group.barrier()
+        except BaseException as e:
+            if self.group.rank == 0:
+                error = self.group.failure(e)
+                self.group.shutdown()
+                if error is not e:
+                    raise error from e
+            raise
+
+    def engine(self, plan: JobPlan, prompts: list[list[int]], params: list[SamplingParams], turn: int = 1):
+        """The engine for a planned job, on the plan's executor (rank 0 of N: a LockstepEngine
+        that replays each call on the other ranks)."""
         self.load()
+        lead = self.group is not None and self.group.rank == 0
+        if lead:
+            self._send("engine", plan, prompts, params, turn)
         executor = None if self.device == "cpu" else self._pipeline_executor(plan, prompts, params, turn)
-        return Engine(self.model, self.eos, self.opts.max_prefill_tokens, executor=executor,
-                      refill=self.opts.refill)
+        engine = Engine(self.model, self.eos, self.opts.max_prefill_tokens, executor=executor,
+                        refill=self.opts.refill)
+        if lead:
+            from moelight.parallel.lockstep import LockstepEngine
+
+            return LockstepEngine(engine, self.group)
+        return engine
+
+    def _send(self, command: str, *args) -> None:
+        try:
+            self.group.send(command, *args)
+        except Exception as e:
+            error = self.group.failure(e)
+            self.group.shutdown()
+            raise error from e
 
     def new_report(self, plan: JobPlan | None, requests: int, skipped: int = 0) -> RunReport:
         if plan is None:
@@ -80,10 +143,16 @@ class EngineSession:
                          skipped_requests=skipped, policy=dict(plan.info), prediction=dict(plan.prediction),
                          attention_backend=kernel_backend())
 
-    def close(self) -> None:
+    def close_executor(self) -> None:
         if self._executor is not None:
             self._executor.close()
             self._executor = None
+
+    def close(self) -> None:
+        """Free the device; rank 0 also ends the other ranks (the session cannot generate after)."""
+        self.close_executor()
+        if self.group is not None and self.group.rank == 0:
+            self.group.shutdown()
 
     def _pipeline_executor(self, plan: JobPlan, prompts, params, turn: int):
         """The CGOPipe runtime for this plan; the emulated device takes the planned GPU's memory and link.
@@ -99,11 +168,15 @@ class EngineSession:
         have = self._executor_size
         if have is not None and have[0] == want[0] and all(h >= w for h, w in zip(have[1:], want[1:], strict=True)):
             return self._executor
-        self.close()
+        self.close_executor()
         kwargs: dict = {}
-        if self.device == "emulated" and hw.has_gpu:
-            kwargs["device_memory"] = int(hw.gpu.memory_bytes * hw.gpu_count)
+        if self.device == "emulated" and hw.has_gpu:  # one GPU per rank
+            kwargs["device_memory"] = int(hw.gpu.memory_bytes * hw.gpu_count / self.ranks)
             kwargs["h2d_bandwidth"], kwargs["d2h_bandwidth"] = hw.link.h2d, hw.link.d2h
+        if self.group is not None:
+            kwargs["compute_in_order"] = True  # every rank issues its all-reduces in one order
+            if self.device == "cuda":
+                kwargs["index"] = self.group.torch_device_index
         policy = replace(plan.policy, batch_size=micro, micro_batch_size=micro, num_micro_batches=1)
         self._executor = PipelineExecutor.from_policy(
             self.model, policy, self.opts.schedule, device=self.device,
@@ -118,3 +191,40 @@ def largest_batch_tokens(prompts, params, batch_size: int, turn: int = 1) -> int
     sizes = [len(p) + q.max_tokens for p, q in zip(prompts, params, strict=True)]
     worst = sum(sorted(sizes, reverse=True)[:batch_size])
     return worst * (2 if turn > 1 else 1)
+
+
+def tensor_parallel_degree(opts: EngineOptions, device: str) -> int:
+    """Ranks a job runs on: torchrun's world, --gpus, else the GPU count of a preset or profile
+    JSON; 1 on the CPU executor, and 1 for the measured profile (its GPUs run only when --gpus
+    asks for them). A count the host cannot run is an error here, before anything loads."""
+    from moelight.parallel.rank_group import torchrun_rank
+
+    found = torchrun_rank()
+    if found is not None:
+        if device == "cpu":
+            raise TensorParallelError(f"torchrun started {found[1]} ranks, but tensor parallelism runs on "
+                                      "--device cuda or emulated, not the plain CPU executor")
+        if opts.gpus is not None and opts.gpus != found[1]:
+            raise TensorParallelError(f"torchrun started {found[1]} ranks but --gpus is {opts.gpus}; "
+                                      f"pass --gpus {found[1]} or start torchrun with --nproc-per-node {opts.gpus}")
+        return found[1]
+    if device == "cpu":
+        return 1
+    if opts.gpus is not None:
+        n = max(1, opts.gpus)
+    elif opts.hardware is None or opts.hardware.lower() == "profile":
+        n = 1
+    else:
+        from hrm.hardware_presets import get_hardware
+
+        try:
+            n = max(1, get_hardware(opts.hardware).gpu_count)
+        except (KeyError, ValueError, FileNotFoundError):
+            n = 1  # validate() names a bad --hardware; planning reports an unreadable one
+    if device == "cuda" and n > 1:
+        import torch
+
+        if n > torch.cuda.device_count():
+            raise TensorParallelError(f"--gpus {n}: this host has {torch.cuda.device_count()} CUDA device(s); "
+                                      "pass a smaller --gpus, or --device emulated to emulate them")
+    return n

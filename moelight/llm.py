@@ -25,6 +25,7 @@ from moelight.errors import PromptError
 from moelight.memory import peak_rss_bytes
 from moelight.options import EngineOptions, OptionError
 from moelight.outputs import CompletionOutput, RequestOutput
+from moelight.parallel.rank_group import follow_torchrun
 from moelight.report import RunReport
 from moelight.sampling import SamplingParams
 
@@ -42,6 +43,9 @@ class LLM:
             raise OptionError(f"LLM(): unknown option(s) {', '.join(unknown)}; valid: "
                               f"{', '.join(n for n in EngineOptions.names() if n != 'model')}")
         self.options = EngineOptions(model=model, **options)
+        self.options.validate()
+        if follow_torchrun(self.options):  # torchrun rank > 0: served rank 0's engine until it closed
+            raise SystemExit(0)
         self.session = EngineSession(self.options)
         self.session.load()
         self.config = self.session.config

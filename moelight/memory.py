@@ -58,10 +58,12 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def check_fits(cfg: ModelConfig, dtype: torch.dtype, batch_kv_tokens: int, available: int | None = None) -> dict:
-    """Raise OutOfMemoryPlan naming the shortfall if weights + one batch's KV cache do not fit."""
+def check_fits(cfg: ModelConfig, dtype: torch.dtype, batch_kv_tokens: int, available: int | None = None,
+               weight_copies: float = 1.0) -> dict:
+    """Raise OutOfMemoryPlan naming the shortfall if weights + one batch's KV cache do not fit.
+    `weight_copies`: host copies of the weights at the peak (2 while tensor-parallel ranks shard)."""
     available = available_bytes() if available is None else available
-    need_w = weight_bytes(cfg, dtype)
+    need_w = int(weight_bytes(cfg, dtype) * weight_copies)
     need_kv = kv_bytes(cfg, batch_kv_tokens, dtype)
     budget = int(HEADROOM * available)
     if need_w + need_kv > budget:

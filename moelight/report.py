@@ -57,7 +57,8 @@ class RunReport:
             f"requests      {self.requests} ({self.skipped_requests} skipped)"
             + ("  [interrupted]" if self.interrupted else ""),
             f"model         {self.model} ({self.dtype}), batch {self.batch_size}, micro-batch {self.micro_batch_size}"
-            + (f", {self.policy['batching']} batching" if self.policy.get("batching") else ""),
+            + (f", {self.policy['batching']} batching" if self.policy.get("batching") else "")
+            + (f", tensor parallel over {tp} ranks" if (tp := self.policy.get("tensor_parallel", 1)) > 1 else ""),
             f"tokens        {self.prompt_tokens} prompt, {self.generated_tokens} generated",
             f"prefill       {self.prefill_tokens_per_s:10.1f} tok/s  ({self.prefill_seconds:.2f} s)",
             f"decode        {self.decode_tokens_per_s:10.1f} tok/s  ({self.decode_seconds:.2f} s)",

@@ -22,6 +22,7 @@ from moelight.engine_session import EngineSession
 from moelight.errors import PromptError
 from moelight.memory import peak_rss_bytes
 from moelight.options import EngineOptions, OptionError
+from moelight.parallel.rank_group import follow_torchrun
 from moelight.report import RunReport
 from moelight.sampling import SamplingParams
 
@@ -65,8 +66,11 @@ def report_path(output: Path) -> Path:
     return output.with_name(output.name + ".report.json")
 
 
-def run_job(opts: RunOptions) -> RunReport:
+def run_job(opts: RunOptions) -> RunReport | None:
+    """The job; None on a torchrun rank other than 0, which serves rank 0's job and writes nothing."""
     opts.validate()
+    if follow_torchrun(opts):
+        return None
     loaded = workloads.load_dataset(
         opts.dataset, opts.dataset_format, turn=opts.turn, num_requests=opts.num_requests,
         skip_bad_lines=opts.skip_bad_lines, prompt_column=opts.prompt_column,

@@ -63,6 +63,8 @@ def run(
     opts.log = lambda line: typer.echo(line, err=True)
     with user_errors():
         report = run_job(opts)
+    if report is None:  # a torchrun rank other than 0: rank 0 prints and writes
+        return
     typer.echo(report.summary())
     p = report.prediction
     if p:

@@ -122,10 +122,16 @@ class DecoderLayerBase(nn.Module):
         q, k, v = a.heads(*a.qkv(self.input_layernorm(x)))
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
+    @staticmethod
+    def tp_reduce(partial: torch.Tensor) -> torch.Tensor:
+        """Sum of a row-parallel output over tensor-parallel ranks (moelight/parallel swaps in an
+        all-reduce); on one device the output is already whole."""
+        return partial
+
     def post_attention(self, x: torch.Tensor, attn: torch.Tensor, moe=None) -> torch.Tensor:
         """x [T, h] residual stream, attn [T, Hq*d] -> next layer's input [T, h].
 
         `moe` lets a runtime pass the FFN (e.g. over paged weights); default: this layer's.
         """
-        x = x + self.self_attn.o_proj(attn)
-        return x + (moe or self.mlp)(self.post_attention_layernorm(x))
+        x = x + self.tp_reduce(self.self_attn.o_proj(attn))
+        return x + self.tp_reduce((moe or self.mlp)(self.post_attention_layernorm(x)))

@@ -56,9 +56,14 @@ class PipelineExecutor:
         max_prompt_len: int = 512,
         max_batch: int = 256,
         max_context: int = 2048,
+        compute_in_order: bool = False,
         **device_kwargs,
     ) -> None:
+        """compute_in_order: run the GPU lane's tasks strictly in launch order. Tensor-parallel
+        ranks need it: their layers all-reduce, and collectives must be issued in the same order
+        on every rank, which ready-first picking on each rank alone does not guarantee."""
         self.model, self.cfg, self.schedule = model, model.config, schedule
+        self.compute_in_order = compute_in_order
         self.dtype = model.embed_tokens.weight.dtype
         self.slot_base = 0  # double-buffer slot of layer 0 in the next pass
         self.first_loaded = False  # layer 0's paged experts already sit in slot_base
@@ -126,14 +131,17 @@ class PipelineExecutor:
         n_pages = [t.n_pages for t in graph.tasks if t.op == "w_stage"]
         if n_pages:
             self.pager.ensure_pinned(min(n_pages))  # the largest page of the pass
-        events = []
+        events, last_compute = [], None
         for t in graph.tasks:
             nbytes = t.nbytes
             if t.op == "w_h2d" or (t.op == "w_stage" and not self.pager.sparse[t.layer % self.cfg.num_layers]):
                 nbytes = self.pager.page_bytes(t.page, t.n_pages, t.layer)  # 0 for a dense layer
-            events.append(
-                self.device.submit(t.lane, in_inference_mode(bind(t)), [events[d] for d in t.deps], nbytes, t.name)
-            )
+            deps = [events[d] for d in t.deps]
+            if self.compute_in_order and t.lane == "gpu" and last_compute is not None:
+                deps.append(last_compute)
+            events.append(self.device.submit(t.lane, in_inference_mode(bind(t)), deps, nbytes, t.name))
+            if t.lane == "gpu":
+                last_compute = events[-1]
         try:
             self.device.synchronize()
         except BaseException:

@@ -1,0 +1,258 @@
+"""The ranks of a tensor-parallel job: one process per device, rank 0 in the caller's process.
+
+`moelight run --gpus N` and `LLM(..., gpus=N)` start N-1 follower processes (spawned, so no
+torchrun is needed) and join them in a torch.distributed group: NCCL on CUDA, gloo for the
+emulated device. Under torchrun every process finds its rank in the environment instead, and
+the processes other than rank 0 become followers where they start the job (`follow_torchrun`).
+Rank 0 owns the dataset, the output and the progress bar; it sends each follower the same
+engine calls it makes (`send`), so every rank runs the same batches, micro-batches and
+sampling in lockstep and only the layers' all-reduces cross between them.
+
+Failure: a follower that raises reports its error on a queue and exits; rank 0's next
+collective then fails (gloo sees the peer's sockets close; NCCL's watchdog ends a collective
+after the group's timeout), and `failure()` turns that into one TensorParallelError naming the
+rank and its error. After any failure rank 0 terminates the followers instead of asking them
+to stop: one may be blocked in a collective that will never be matched.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import traceback
+from dataclasses import dataclass, field
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from moelight.parallel.sharding import TensorParallelError
+
+# a rank may wait this long for a peer between calls (e.g. while the peers load a large model in turn)
+_LOAD_TIMEOUT = timedelta(hours=2)
+# the layers' all-reduces: a peer that has not answered in this long is gone (NCCL cannot see a dead peer)
+_COMM_TIMEOUT_ENV = "MOELIGHT_TP_TIMEOUT"  # seconds, default 600
+_FAULT_ENV = "MOELIGHT_TP_FAULT"  # "rank:command": a follower raises there (failure-path tests)
+
+
+def backend_for(device: str) -> str:
+    return "nccl" if device == "cuda" else "gloo"
+
+
+def torchrun_rank() -> tuple[int, int] | None:
+    """(rank, world size) when this process was started by torchrun with more than one rank."""
+    if "RANK" in os.environ and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    return None
+
+
+def _comm_timeout() -> timedelta:
+    raw = os.environ.get(_COMM_TIMEOUT_ENV, "600")
+    try:
+        return timedelta(seconds=float(raw))
+    except ValueError:
+        raise TensorParallelError(f"{_COMM_TIMEOUT_ENV}={raw!r}: give the collective timeout in seconds") from None
+
+
+@dataclass
+class RankGroup:
+    """This process's rank in the job's group and, on rank 0, the followers it spawned."""
+
+    rank: int
+    world: int
+    device: str
+    processes: list = field(default_factory=list)
+    errors: object = None  # queue of (rank, message) from spawned followers
+    threads_before: int = 0
+    comm: object = None  # process group of the layers' all-reduces (shorter timeout than the default group)
+    failed: bool = False  # a call failed: followers are terminated, not asked to stop
+
+    # ---- collectives ----
+    def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
+        """In-place sum over ranks (the layers' row-parallel outputs)."""
+        dist.all_reduce(t, group=self.comm)
+        return t
+
+    def send(self, command: str, *args) -> None:
+        """Rank 0: give every follower the next engine call."""
+        dist.broadcast_object_list([(command, args)], src=0)
+
+    def receive(self) -> tuple[str, tuple]:
+        box = [None]
+        dist.broadcast_object_list(box, src=0)
+        return box[0]
+
+    def barrier(self) -> None:
+        dist.barrier()
+
+    @property
+    def torch_device_index(self) -> int:
+        return int(os.environ.get("LOCAL_RANK", self.rank))
+
+    # ---- failure and shutdown ----
+    def failure(self, error: BaseException) -> BaseException:
+        """The error to raise on rank 0 after `error`: a follower's own error when one reported."""
+        self.failed = True
+        if isinstance(error, TensorParallelError) or self.errors is None:
+            return error
+        # a follower that failed has reported before its sockets closed; wait longer once one is gone
+        gone = any(p.exitcode not in (None, 0) for p in self.processes)
+        try:
+            rank, message = self.errors.get(timeout=10 if gone else 2)
+        except Exception:  # queue.Empty: no follower failed, rank 0's error is the story
+            return error
+        return TensorParallelError(f"tensor-parallel rank {rank} of {self.world} failed: {message}")
+
+    def shutdown(self) -> None:
+        """Rank 0: stop the followers (politely after success, at once after a failure)."""
+        ok = not self.failed
+        if ok and self.rank == 0 and self.world > 1:
+            try:
+                self.send("stop")
+            except Exception:
+                ok = False
+        for p in self.processes:
+            p.join(timeout=30 if ok else 0.5)
+            if p.is_alive():
+                p.terminate()
+                p.join(timeout=10)
+        self.processes = []
+        if dist.is_initialized():
+            try:
+                dist.destroy_process_group()
+            except Exception:
+                pass
+        if self.threads_before:
+            torch.set_num_threads(self.threads_before)
+            self.threads_before = 0
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _threads_per_rank(world: int) -> int:
+    """The host's cores split between the ranks: each rank's CPU attention runs its own heads."""
+    return max(1, (os.cpu_count() or 1) // world)
+
+
+def _join(device: str, rank: int, world: int, init_method: str | None = None) -> RankGroup:
+    dist.init_process_group(backend_for(device), init_method=init_method, rank=rank, world_size=world,
+                            timeout=_LOAD_TIMEOUT)
+    comm = dist.new_group(list(range(world)), timeout=_comm_timeout())
+    return RankGroup(rank, world, device, comm=comm)
+
+
+def start_group(world: int, device: str, options) -> RankGroup:
+    """Rank 0 here; spawn followers 1..world-1, each an EngineSession over `options`
+    (under torchrun: join the group torchrun's processes form)."""
+    found = torchrun_rank()
+    if found is not None:
+        rank, size = found
+        if size != world:
+            raise TensorParallelError(f"torchrun started {size} ranks but the job asks for {world} GPUs; "
+                                      f"pass --gpus {size} or start torchrun with --nproc-per-node {world}")
+        group = _join(device, rank, world)
+        group.threads_before = torch.get_num_threads()
+        torch.set_num_threads(_threads_per_rank(world))
+        return group
+    _comm_timeout()  # a bad value is an error here, not in a follower
+    port = _free_port()
+    ctx = mp.get_context("spawn")
+    errors = ctx.Queue()
+    procs = [ctx.Process(target=_follower_main, args=(r, world, port, device, options, errors), daemon=True)
+             for r in range(1, world)]
+    for p in procs:
+        p.start()
+    try:
+        group = _join(device, 0, world, f"tcp://127.0.0.1:{port}")
+    except BaseException as e:
+        spawned = RankGroup(0, world, device, procs, errors, failed=True)
+        error = spawned.failure(e)
+        spawned.shutdown()
+        raise error from None
+    group.processes, group.errors = procs, errors
+    group.threads_before = torch.get_num_threads()
+    torch.set_num_threads(_threads_per_rank(world))
+    return group
+
+
+def _follower_main(rank: int, world: int, port: int, device: str, options, errors) -> None:
+    """A spawned rank: join the group, load its shard, then replay rank 0's engine calls."""
+    torch.set_num_threads(_threads_per_rank(world))
+    try:
+        serve(_join(device, rank, world, f"tcp://127.0.0.1:{port}"), options)
+    except BaseException as e:  # report, then exit non-zero: rank 0's next collective fails
+        errors.put((rank, f"{type(e).__name__}: {e}"))
+        traceback.print_exc()
+        raise SystemExit(1) from None
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def follow_torchrun(options) -> bool:
+    """Under torchrun, on a rank other than 0: serve rank 0's job, then return True (the caller
+    stops: rank 0 owns the dataset and the output). False everywhere else."""
+    found = torchrun_rank()
+    if found is None or found[0] == 0:
+        return False
+    from moelight.job_plan import resolve_device
+
+    device = resolve_device(options.device)
+    if device == "cpu":
+        raise TensorParallelError("tensor parallelism under torchrun runs on --device cuda or emulated, "
+                                  "not the plain CPU executor")
+    group = _join(device, found[0], found[1])
+    torch.set_num_threads(_threads_per_rank(found[1]))
+    try:
+        serve(group, options)
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return True
+
+
+def serve(group: RankGroup, options) -> None:
+    """A follower's loop: the same session calls as rank 0, in the same order, until "stop"."""
+    from moelight.engine_session import EngineSession
+
+    session = EngineSession(options, tensor_parallel=group)
+    session.load()
+    engine = None
+    while True:
+        command, args = group.receive()
+        _inject_fault(group.rank, command, engine)
+        if command == "engine":
+            engine = session.engine(*args)
+        elif command == "generate":
+            engine.generate(*args)
+        elif command == "stop":
+            session.close_executor()
+            return
+        else:
+            raise TensorParallelError(f"unknown command {command!r} from rank 0")
+
+
+def _inject_fault(rank: int, command: str, engine) -> None:
+    """MOELIGHT_TP_FAULT="rank:command" raises on that command; "rank:decode:K" in the K-th decode
+    pass of the next generate (a rank dying mid-job, after results were written)."""
+    spec = os.environ.get(_FAULT_ENV, "").split(":")
+    if len(spec) < 2 or spec[0] != str(rank):
+        return
+    if spec[1] == command:
+        raise RuntimeError(f"fault injected by {_FAULT_ENV}")
+    if spec[1] == "decode" and command == "generate":
+        executor, calls = engine.executor, [0]
+        decode = executor.decode
+
+        def failing_decode(*args, **kwargs):
+            calls[0] += 1
+            if calls[0] >= int(spec[2]):
+                raise RuntimeError(f"fault injected by {_FAULT_ENV} in decode pass {calls[0]}")
+            return decode(*args, **kwargs)
+
+        executor.decode = failing_decode

@@ -1,0 +1,148 @@
+"""Megatron-style tensor-parallel shards of a loaded model: one rank's slice of every layer.
+
+Each rank holds 1/N of the attention heads (q/k/v rows, O-projection columns, sinks) and
+1/N of every expert's intermediate dimension (gate and up rows, down columns), the same for
+shared experts and dense MLPs; embeddings, norms, routers and the LM head are replicated.
+A rank's model is an ordinary `MoECausalLM` built from a config with N times fewer heads and
+a N times narrower FFN, so the executors, the weight pager and the KV cache need no change:
+they size everything from `model.config`. The two row-parallel outputs of a layer (O
+projection, FFN) are partial sums; `layer.tp_reduce` all-reduces them (DecoderLayerBase).
+Biases added after a row-parallel matmul are kept on rank 0 only, so the sum adds them once.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import replace
+
+import torch
+from torch import nn
+
+from moelight.config import ModelConfig
+from moelight.errors import MoelightError
+from moelight.models.causal_lm import MoECausalLM
+
+
+class TensorParallelError(MoelightError):
+    """A model that cannot be split N ways, or a rank that failed; the message says which."""
+
+
+def tensor_parallel_problems(cfg: ModelConfig, n: int) -> list[str]:
+    """Every count of `cfg` that N does not divide (the HRM's ModelSpec has the same check)."""
+    counts = [("attention heads", cfg.num_heads), ("KV heads", cfg.num_kv_heads),
+              ("expert intermediate size", cfg.intermediate_size)]
+    if cfg.shared_expert_size:
+        counts.append(("shared-expert intermediate size", cfg.shared_expert_size))
+    if cfg.dense_layers:
+        counts.append(("dense-MLP intermediate size", cfg.dense_intermediate_size))
+    return [f"{what} {value}" for what, value in counts if value % n]
+
+
+def shard_config(cfg: ModelConfig, n: int) -> ModelConfig:
+    """The config of one rank's model; TensorParallelError names what N does not divide."""
+    bad = tensor_parallel_problems(cfg, n)
+    if bad:
+        ok = [d for d in range(1, 9) if not tensor_parallel_problems(cfg, d)]
+        raise TensorParallelError(
+            f"tensor parallelism over {n} devices needs {n} to divide the model's {', '.join(bad)}; "
+            f"use --gpus with one of {', '.join(map(str, ok))}"
+        )
+    return replace(
+        cfg,
+        num_heads=cfg.num_heads // n,
+        num_kv_heads=cfg.num_kv_heads // n,
+        intermediate_size=cfg.intermediate_size // n,
+        shared_expert_size=cfg.shared_expert_size // n,
+        dense_intermediate_size=cfg.dense_intermediate_size // n,
+    )
+
+
+def _rows(t: torch.Tensor, r: int, n: int, dim: int = 0) -> torch.Tensor:
+    return t.chunk(n, dim)[r]
+
+
+def _packed_halves(t: torch.Tensor, r: int, n: int, dim: int) -> torch.Tensor:
+    """gate and up stacked along `dim` ([.., 2f, ..]): rank r's part of each, stacked again."""
+    gate, up = t.chunk(2, dim)
+    return torch.cat((gate.chunk(n, dim)[r], up.chunk(n, dim)[r]), dim)
+
+
+def _rank0(t: torch.Tensor, r: int, n: int) -> torch.Tensor:
+    return t if r == 0 else torch.zeros_like(t)
+
+
+# parameter-name suffix -> how rank r of n takes its part; anything else is replicated
+_RULES: list[tuple[re.Pattern, Callable[[torch.Tensor, int, int], torch.Tensor]]] = [
+    (re.compile(r"self_attn\.[qkv]_proj\.(weight|bias)$"), _rows),
+    (re.compile(r"self_attn\.o_proj\.weight$"), lambda t, r, n: _rows(t, r, n, 1)),
+    (re.compile(r"self_attn\.o_proj\.bias$"), _rank0),
+    (re.compile(r"self_attn\.sinks$"), _rows),
+    (re.compile(r"self_attn\.[qk]_norm\.weight$"), None),  # decided by qk_norm (below)
+    (re.compile(r"mlp\.gate_up_proj$"), lambda t, r, n: _packed_halves(t, r, n, 1)),
+    (re.compile(r"mlp\.down_proj$"), lambda t, r, n: _rows(t, r, n, 2)),
+    (re.compile(r"mlp\.expert_bias\.gate_up$"), lambda t, r, n: _packed_halves(t, r, n, 1)),
+    (re.compile(r"mlp\.expert_bias\.down$"), _rank0),
+    (re.compile(r"mlp\.(shared_expert\.)?(gate|up)_proj\.weight$"), _rows),
+    (re.compile(r"mlp\.(shared_expert\.)?down_proj\.weight$"), lambda t, r, n: _rows(t, r, n, 1)),
+]
+
+
+def _part(name: str, full: torch.Tensor, cfg: ModelConfig, r: int, n: int) -> torch.Tensor:
+    for pattern, take in _RULES:
+        if pattern.search(name):
+            if take is None:  # q/k norms: per head (one weight [d], replicated) or over the projection
+                return _rows(full, r, n) if cfg.qk_norm == "full" else full
+            return take(full, r, n)
+    return full
+
+
+class ShardedRMSNorm(nn.Module):
+    """RMSNorm over a projection split across ranks (OLMoE's q/k norm): the sum of squares is
+    all-reduced so every rank divides by the whole projection's mean, as one device does."""
+
+    def __init__(self, weight: torch.Tensor, eps: float, full_dim: int, all_reduce) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(weight, requires_grad=False)
+        self.eps, self.full_dim, self.all_reduce = eps, full_dim, all_reduce
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        xf = x.float()
+        sq = self.all_reduce(xf.pow(2).sum(-1, keepdim=True))
+        xf = xf * torch.rsqrt(sq / self.full_dim + self.eps)
+        return self.weight * xf.to(x.dtype)
+
+
+def shard_model(full: MoECausalLM, rank: int, n: int, all_reduce: Callable[[torch.Tensor], torch.Tensor]
+                ) -> MoECausalLM:
+    """Rank `rank`'s model: its slices of `full`'s weights (copied, so `full` can be freed) and the
+    all-reduce that sums the layers' partial outputs."""
+    cfg = shard_config(full.config, n)
+    dtype = full.embed_tokens.weight.dtype
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device("meta"):
+            part = MoECausalLM(cfg)
+    finally:
+        torch.set_default_dtype(previous)
+    part = part.to_empty(device="cpu")
+    sources = dict(full.named_parameters(remove_duplicate=False))  # tied lm_head included
+    with torch.no_grad():
+        for name, p in part.named_parameters():
+            piece = _part(name, sources[name].detach(), full.config, rank, n)
+            if piece.shape != p.shape:
+                raise TensorParallelError(f"{name}: rank {rank}'s slice has shape {tuple(piece.shape)}, "
+                                          f"the rank's model expects {tuple(p.shape)}")
+            p.copy_(piece)
+    if cfg.tie_word_embeddings:
+        part.lm_head.weight = part.embed_tokens.weight
+    for layer in part.layers:
+        layer.tp_reduce = all_reduce
+        attn = layer.self_attn
+        if cfg.qk_norm == "full":
+            for key, heads in (("q_norm", full.config.num_heads), ("k_norm", full.config.num_kv_heads)):
+                norm = getattr(attn, key)
+                setattr(attn, key, ShardedRMSNorm(norm.weight.detach(), norm.eps, heads * cfg.head_dim,
+                                                  all_reduce))
+    return part.eval().requires_grad_(False)

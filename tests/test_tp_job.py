@@ -1,0 +1,142 @@
+"""A tensor-parallel job through the front ends: `moelight run --gpus N` spawns its ranks (or
+torchrun starts them), rank 0 alone writes the results, and a failing rank ends the job with one
+error while every finished result stays on disk."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+pytest.importorskip("transformers")
+
+from moelight import LLM, SamplingParams  # noqa: E402
+from moelight.cli import app  # noqa: E402
+from moelight.parallel import TensorParallelError  # noqa: E402
+from moelight.pipeline.executor import PipelineExecutor  # noqa: E402
+from tests.checkpoints import make_hf_model, save_checkpoint  # noqa: E402
+from tests.cli_text import says  # noqa: E402
+from tests.test_cli_run import read_jsonl, report_of, write_jsonl  # noqa: E402
+
+# 8 heads, 4 KV heads, expert width 48: 2 and 4 ranks divide it, 3 does not
+SHAPE = dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=4, intermediate_size=48,
+             num_hidden_layers=2, vocab_size=320)
+JOB = ["--hardware", "t4", "--device", "emulated", "--dtype", "float32", "--gen-len", "6", "--ignore-eos",
+       "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def job(tmp_path_factory):
+    """A checkpoint, a prompt file, and the single-device results of the job."""
+    root = tmp_path_factory.mktemp("tp_job")
+    ckpt = save_checkpoint(make_hf_model(seed=4, **SHAPE), root / "ckpt")
+    records = [{"id": f"q{i}", "prompt": "Name a prime number " + "and another " * i} for i in range(7)]
+    data = write_jsonl(root / "prompts.jsonl", records)
+    ref = _run(root / "ref.jsonl", ckpt, data, "--gpus", "1")
+    assert ref.exit_code == 0, ref.output
+    return ckpt, data, _tokens(root / "ref.jsonl")
+
+
+def _run(out: Path, ckpt: Path, data: Path, *extra: str):
+    args = ["run", "--dataset", str(data), "--model", str(ckpt), "--output", str(out), *JOB, *extra]
+    return CliRunner().invoke(app, args)
+
+
+def _tokens(path: Path) -> dict[str, list[int]]:
+    return {r["id"]: r["output_token_ids"] for r in read_jsonl(path)}
+
+
+@pytest.mark.parametrize("n", [2, 4])
+def test_ranks_write_the_single_device_results(tmp_path, job, n):
+    ckpt, data, ref = job
+    res = _run(tmp_path / "out.jsonl", ckpt, data, "--gpus", str(n))
+    assert res.exit_code == 0, res.output
+    assert _tokens(tmp_path / "out.jsonl") == ref
+    assert report_of(tmp_path / "out.jsonl")["policy"]["tensor_parallel"] == n
+    assert says(res.output, f"tensor parallel over {n} ranks")
+
+
+def test_a_rank_count_that_does_not_divide_the_model_is_refused_before_loading(tmp_path, job):
+    ckpt, data, _ = job
+    res = _run(tmp_path / "out.jsonl", ckpt, data, "--gpus", "3")
+    assert res.exit_code == 2
+    assert says(res.output, "needs 3 to divide the model's attention heads 8, KV heads 4")
+    assert says(res.output, "use --gpus with one of 1, 2, 4")
+    assert not (tmp_path / "out.jsonl").exists()
+
+
+def test_a_follower_failing_mid_job_ends_it_and_keeps_finished_results(tmp_path, job, monkeypatch):
+    ckpt, data, ref = job
+    out = tmp_path / "out.jsonl"
+    monkeypatch.setenv("MOELIGHT_TP_FAULT", "1:decode:8")  # rank 1 dies in its 8th decode pass
+    res = _run(out, ckpt, data, "--gpus", "2", "--batch-size", "2")
+    assert res.exit_code == 2, res.output
+    assert says(res.output, "tensor-parallel rank 1 of 2 failed: RuntimeError: fault injected")
+    assert "Traceback" not in res.output
+    done = _tokens(out)
+    assert 0 < len(done) < len(ref)  # the first batch finished and is on disk
+    assert all(ref[i] == t for i, t in done.items())
+    monkeypatch.delenv("MOELIGHT_TP_FAULT")
+    res = _run(out, ckpt, data, "--gpus", "2", "--resume")
+    assert res.exit_code == 0, res.output
+    assert _tokens(out) == ref and len(read_jsonl(out)) == len(ref)  # every id once
+
+
+def test_the_api_keeps_its_ranks_across_calls_and_a_rank_0_failure_ends_them(job, monkeypatch):
+    ckpt, _, _ = job
+    llm = LLM(str(ckpt), gpus=2, device="emulated", hardware="t4", dtype="float32")
+    one = LLM(str(ckpt), gpus=1, device="emulated", hardware="t4", dtype="float32")
+    try:
+        params = SamplingParams(max_tokens=5, temperature=0, ignore_eos=True)
+        for prompts in (["Hello there", "What is 2+2?"], ["A longer prompt " * 4, "x", "yes or no"]):
+            got = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+            assert got == [o.outputs[0].token_ids for o in one.generate(prompts, params)]
+        followers = list(llm.session.group.processes)
+        assert len(followers) == 1 and followers[0].is_alive()
+
+        def broken(self, *args, **kwargs):
+            raise RuntimeError("rank 0 broke")
+
+        monkeypatch.setattr(PipelineExecutor, "decode", broken)  # this process only: rank 0
+        t0 = time.perf_counter()
+        with pytest.raises(RuntimeError, match="rank 0 broke"):
+            llm.generate(["Hello there"], params)
+        llm.close()
+        assert time.perf_counter() - t0 < 30
+        assert not followers[0].is_alive()  # ended, though it was waiting in a collective
+    finally:
+        llm.close()
+        one.close()
+
+
+def test_torchrun_starts_the_ranks(tmp_path, job):
+    ckpt, data, ref = job
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
+           "-m", "moelight", "run", "--dataset", str(data), "--model", str(ckpt), "--output",
+           str(tmp_path / "out.jsonl"), *JOB]
+    proc = subprocess.run(cmd, cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert _tokens(tmp_path / "out.jsonl") == ref
+    assert report_of(tmp_path / "out.jsonl")["policy"]["tensor_parallel"] == 2
+    assert proc.stdout.count("results:") == 1  # rank 1 served rank 0's job and wrote nothing
+
+
+def test_torchrun_world_and_gpus_must_agree(monkeypatch):
+    from moelight.engine_session import tensor_parallel_degree
+    from moelight.options import EngineOptions
+
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert tensor_parallel_degree(EngineOptions("tiny"), "emulated") == 2
+    with pytest.raises(TensorParallelError, match="torchrun started 2 ranks but --gpus is 4"):
+        tensor_parallel_degree(EngineOptions("tiny", gpus=4), "emulated")
+    with pytest.raises(TensorParallelError, match="runs on --device cuda or emulated"):
+        tensor_parallel_degree(EngineOptions("tiny"), "cpu")

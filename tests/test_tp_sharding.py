@@ -1,0 +1,95 @@
+"""Megatron-style shards of every family, run as N ranks on threads of one process: greedy
+float32 tokens equal the unsharded model's, and prefill logits agree within rtol 1e-4 (the
+shards sum the O projection and the FFN in another order than one matmul does, so the last
+bits differ; see tests/test_tp_ranks.py for the same over processes and the pipeline)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moelight.config import ModelConfig
+from moelight.engine import Engine
+from moelight.forward import PlainExecutor
+from moelight.kv_cache import RaggedKVCache
+from moelight.parallel import TensorParallelError, shard_config, shard_model, tensor_parallel_problems
+from moelight.sampling import SamplingParams
+from tests.checkpoints import random_prompts
+from tests.tp_helpers import FAMILY_CONFIGS, ThreadAllReduce, family_config, random_model, run_ranks
+
+PROMPTS = random_prompts(5, 300, min_len=2, max_len=14, seed=7)
+PARAMS = [SamplingParams(max_tokens=6, ignore_eos=True) for _ in PROMPTS]
+
+
+def _generate(model, prompts=PROMPTS):
+    out = Engine(model, (2,), max_prefill_tokens=64).generate(prompts, PARAMS, [0] * len(prompts),
+                                                              batch_size=5, micro_batch_size=2)
+    return [r.token_ids for r in out]
+
+
+def _prefill_logits(model, prompts=PROMPTS):
+    lens = torch.tensor([len(p) for p in prompts])
+    cache = RaggedKVCache.pool(model.config, int(lens.sum()), torch.float32)
+    offsets = torch.cumsum(lens, 0) - lens
+    tokens = torch.tensor([t for p in prompts for t in p])
+    return PlainExecutor(model).prefill(cache, tokens, lens, offsets)
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("name", list(FAMILY_CONFIGS))
+def test_shards_give_the_unsharded_tokens(name, n):
+    cfg = family_config(name)
+    full = random_model(cfg, seed=3)
+    ref_tokens, ref_logits = _generate(full), _prefill_logits(full)
+    reduce = ThreadAllReduce(n)
+    parts = [shard_model(full, r, n, reduce.for_rank(r)) for r in range(n)]
+
+    def work(r):
+        return _prefill_logits(parts[r]), _generate(parts[r])
+
+    results = run_ranks(n, work)
+    for logits, tokens in results:
+        torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4)
+        assert tokens == ref_tokens
+    assert all(torch.equal(results[0][0], lg) for lg, _ in results)  # every rank holds the same logits
+
+
+def test_a_shard_holds_its_part_only():
+    cfg = family_config("qwen2_moe-shared-dense-bias")
+    full = random_model(cfg)
+    part = shard_model(full, 1, 2, lambda t: t)
+    c = part.config
+    assert (c.num_heads, c.num_kv_heads, c.intermediate_size) == (4, 2, 12)
+    assert (c.shared_expert_size, c.dense_intermediate_size) == (20, 40)
+    sparse = full.layers[0]
+    assert torch.equal(part.layers[0].self_attn.q_proj.weight, sparse.self_attn.q_proj.weight[32:])
+    assert torch.equal(part.layers[0].self_attn.q_proj.bias, sparse.self_attn.q_proj.bias[32:])
+    assert torch.equal(part.layers[0].self_attn.o_proj.weight, sparse.self_attn.o_proj.weight[:, 32:])
+    gu = sparse.mlp.gate_up_proj  # [E, 2f, h]: rank 1 takes the second half of gate and of up
+    assert torch.equal(part.layers[0].mlp.gate_up_proj, torch.cat((gu[:, 12:24], gu[:, 36:48]), 1))
+    assert torch.equal(part.layers[0].mlp.down_proj, sparse.mlp.down_proj[:, :, 12:])
+    assert torch.equal(part.layers[0].mlp.gate.weight, sparse.mlp.gate.weight)  # the router: replicated
+    assert torch.equal(part.embed_tokens.weight, full.embed_tokens.weight)
+    shard_params = sum(p.numel() for p in part.parameters())
+    assert shard_params < 0.75 * sum(p.numel() for p in full.parameters())
+
+
+def test_biases_after_a_row_parallel_matmul_stay_on_rank_0():
+    cfg = family_config("gpt_oss-sinks-window-biases")
+    full = random_model(cfg)
+    zero, one = (shard_model(full, r, 2, lambda t: t) for r in (0, 1))
+    layer = full.layers[0]
+    assert torch.equal(zero.layers[0].self_attn.o_proj.bias, layer.self_attn.o_proj.bias)
+    assert not one.layers[0].self_attn.o_proj.bias.any()
+    assert not one.layers[0].mlp.expert_bias.down.any()
+    assert torch.equal(one.layers[0].self_attn.sinks, layer.self_attn.sinks[4:])
+
+
+def test_counts_that_n_does_not_divide_are_named():
+    cfg = ModelConfig(vocab_size=64, hidden_size=48, intermediate_size=30, num_layers=1, num_heads=6,
+                      num_kv_heads=2, num_experts=4, top_k=2)
+    assert tensor_parallel_problems(cfg, 2) == []
+    assert tensor_parallel_problems(cfg, 3) == ["KV heads 2"]
+    assert tensor_parallel_problems(cfg, 4) == ["attention heads 6", "KV heads 2", "expert intermediate size 30"]
+    with pytest.raises(TensorParallelError, match=r"needs 4 to divide .*attention heads 6.*--gpus with one of 1, 2"):
+        shard_config(cfg, 4)
