@@ -32,6 +32,9 @@ from hrm.hardware import HardwareSpec, Level
 from hrm.model import ModelSpec
 
 DEFAULT_DTYPE = "bfloat16"
+# host-memory passes per paged weight byte: the copy into the pinned buffer reads and writes it,
+# the link's DMA reads the pinned copy (DESIGN.md section 5's two hops)
+STAGING_PASSES = 3
 
 
 def level_of(hw: HardwareSpec, where: str) -> Level:
@@ -125,8 +128,47 @@ def step_overhead_time(hw: HardwareSpec, passes, where: str = "cpu"):
 
 
 def lm_head_time(hw: HardwareSpec, m: ModelSpec, tokens, where: str = "gpu", dtype: str = DEFAULT_DTYPE):
-    """Seconds for final norm + lm_head on `tokens` tokens (once per decode step per token)."""
-    return _t(op_time(ops.lm_head(m, tokens, dtype_bytes(dtype)), level_of(hw, where), dtype))
+    """Seconds for final norm + lm_head on `tokens` tokens (once per decode step per token). The
+    LM head is replicated under tensor parallelism: every GPU computes all logits, at one GPU's rate."""
+    lvl = hw.gpu if where == "gpu" and hw.has_gpu else level_of(hw, where)
+    return _t(op_time(ops.lm_head(m, tokens, dtype_bytes(dtype)), lvl, dtype))
+
+
+# ---- tensor parallelism ----
+def allreduce_bytes_per_gpu(hw: HardwareSpec, nbytes):
+    """Bytes one GPU sends (and receives) in a ring all-reduce of `nbytes`: 2(t-1)/t x nbytes."""
+    t = hw.gpu_count if hw.has_gpu else 1
+    return _t(np.asarray(nbytes, float) * (2.0 * (t - 1) / t if t > 1 else 0.0))
+
+
+def allreduce_time(hw: HardwareSpec, nbytes):
+    """Seconds of a ring all-reduce of `nbytes` over the GPUs: 2(t-1)/t x nbytes at the interconnect's
+    per-GPU bandwidth, plus 2(t-1) step latencies; zero on one GPU. The compute stream waits for it."""
+    t = hw.gpu_count if hw.has_gpu else 1
+    if t <= 1:
+        return _t(0.0 * np.asarray(nbytes, float))
+    return _t(allreduce_bytes_per_gpu(hw, nbytes) / hw.interconnect_bandwidth()
+              + 2 * (t - 1) * hw.interconnect_latency_s)
+
+
+def layer_allreduce_bytes(m: ModelSpec, tokens, dtype: str = DEFAULT_DTYPE):
+    """What one layer all-reduces for `tokens` tokens: the O projection's and the FFN's partial
+    outputs, [tokens, hidden] each (plus OLMoE's q/k sums of squares, negligible)."""
+    return _t(2.0 * np.asarray(tokens, float) * m.hidden_size * dtype_bytes(dtype))
+
+
+def layer_allreduce_time(hw: HardwareSpec, m: ModelSpec, tokens, dtype: str = DEFAULT_DTYPE):
+    """Seconds of one layer's two all-reduces for a micro-batch of `tokens` tokens."""
+    half = layer_allreduce_bytes(m, tokens, dtype) / 2.0
+    return _t(2.0 * np.asarray(allreduce_time(hw, half), float))
+
+
+def allreduce_link_bytes(hw: HardwareSpec, m: ModelSpec, tokens, dtype: str = DEFAULT_DTYPE):
+    """Bytes one layer's all-reduces put on the host links, all GPUs together, per direction (zero
+    over NVLink): over PCIe every GPU's ring traffic shares its lanes with the paged weights."""
+    if not hw.has_gpu or not hw.interconnect_over_pcie:
+        return _t(0.0 * np.asarray(tokens, float))
+    return _t(hw.gpu_count * allreduce_bytes_per_gpu(hw, layer_allreduce_bytes(m, tokens, dtype)))
 
 
 # ---- transfers ----

@@ -7,8 +7,10 @@ below peak on a CPU), the attention kernels' bandwidth / FLOP/s, and the fixed
 per-layer and per-step costs of dispatching work (Python, kernel launches), and the rate
 of its element-wise ops. Presets leave them empty and fall back to the datasheet roofs.
 GPU numbers are per GPU; `HardwareSpec.gpu_total()` gives the t-GPU aggregate the
-planner uses for tensor parallelism (t x memory, bandwidth and compute, and the
-CPU->GPU link per GPU, so t x aggregate link bandwidth).
+planner uses for tensor parallelism (t x memory, bandwidth and compute), `link_total()` the
+aggregate CPU->GPU link (t x one link when each GPU has its own lanes, one link when a
+preset says they share it), and `interconnect` the GPU<->GPU bandwidth the layers'
+all-reduces run at (NVLink where a preset has it, else PCIe: the GPUs' own host links).
 The JSON form is the profile cache written by `moelight profile`.
 """
 
@@ -91,7 +93,7 @@ class Link:
 
 @dataclass(frozen=True)
 class HardwareSpec:
-    """A host: a CPU level, optionally `gpu_count` identical GPUs, each with its own link."""
+    """A host: a CPU level, optionally `gpu_count` identical GPUs with their links to the host."""
 
     name: str
     cpu: Level
@@ -99,6 +101,9 @@ class HardwareSpec:
     gpu_count: int = 0
     link: Link | None = None
     notes: str = ""
+    link_shared: bool = False  # the GPUs reach the host through one link (a switch's uplink), not one each
+    interconnect: float = 0.0  # GPU<->GPU bytes/s per direction per GPU (NVLink); 0: over the PCIe links
+    interconnect_latency_s: float = 5e-6  # per step of a ring all-reduce (2(t-1) steps)
 
     def __post_init__(self) -> None:
         if self.gpu is None and self.gpu_count:
@@ -134,10 +139,25 @@ class HardwareSpec:
         return self.gpu.scaled(self.gpu_count)
 
     def link_total(self) -> Link | None:
-        """Aggregate link: each GPU has its own PCIe lanes, so bandwidth adds up."""
+        """Aggregate CPU<->GPU link: each GPU's own PCIe lanes add up; a shared link does not."""
         if not self.has_gpu:
             return None
-        return Link(h2d=self.link.h2d * self.gpu_count, d2h=self.link.d2h * self.gpu_count)
+        t = 1 if self.link_shared else self.gpu_count
+        return Link(h2d=self.link.h2d * t, d2h=self.link.d2h * t)
+
+    @property
+    def interconnect_over_pcie(self) -> bool:
+        """All-reduces between the GPUs cross their host links (no NVLink), competing with paging."""
+        return self.interconnect <= 0
+
+    def interconnect_bandwidth(self) -> float:
+        """Bytes/s per direction one GPU exchanges with its ring neighbours: NVLink, or its PCIe
+        link (a shared link split between the GPUs)."""
+        if not self.has_gpu:
+            return 0.0
+        if self.interconnect > 0:
+            return self.interconnect
+        return min(self.link.h2d, self.link.d2h) / (self.gpu_count if self.link_shared else 1)
 
     # ---- JSON (profile cache) ----
     def to_dict(self) -> dict:
@@ -155,6 +175,9 @@ class HardwareSpec:
                 gpu_count=int(d.get("gpu_count", 1 if gpu else 0)),
                 link=link,
                 notes=d.get("notes", ""),
+                link_shared=bool(d.get("link_shared", False)),
+                interconnect=float(d.get("interconnect", 0.0)),
+                interconnect_latency_s=float(d.get("interconnect_latency_s", 5e-6)),
             )
         except (KeyError, TypeError) as e:
             raise ValueError(f"malformed hardware spec: {e}") from e

@@ -36,6 +36,8 @@ _A100_FLOPS = {"float32": 19.5 * TFLOPS, "float16": 312 * TFLOPS, "bfloat16": 31
 A100_40 = Level("A100-40GB", 40 * GiB, 1555 * GB, dict(_A100_FLOPS))
 A100_80 = Level("A100-80GB", 80 * GiB, 2039 * GB, dict(_A100_FLOPS))
 A100_LINK = Link(h2d=32 * GB, d2h=32 * GB)
+# A100 SXM NVLink 3: 12 links, 600 GB/s bidirectional per GPU -> 300 GB/s per direction.
+A100_NVLINK = 300 * GB
 
 # NVIDIA H100 SXM5 datasheet: 80 GB HBM3 3.35 TB/s, FP32 67 TFLOPS, BF16/FP16 tensor 1979
 # TFLOPS with sparsity -> 989.5 dense, INT8 1979 TOPS dense; PCIe Gen5 x16 128 GB/s
@@ -43,6 +45,13 @@ A100_LINK = Link(h2d=32 * GB, d2h=32 * GB)
 H100 = Level("H100-80GB", 80 * GiB, 3350 * GB, {"float32": 67 * TFLOPS, "float16": 989.5 * TFLOPS,
                                                 "bfloat16": 989.5 * TFLOPS, "int8": 1979 * TFLOPS})
 H100_LINK = Link(h2d=64 * GB, d2h=64 * GB)
+# H100 SXM5 NVLink 4: 18 links, 900 GB/s bidirectional per GPU -> 450 GB/s per direction.
+H100_NVLINK = 450 * GB
+# T4 and L4 have no NVLink: their all-reduces cross PCIe (HardwareSpec.interconnect = 0).
+# Every preset gives each GPU its own x16 link (`link_shared=False`), as the paper's multi-T4
+# VMs do; a host whose GPUs sit behind one switch uplink is a profile JSON with "link_shared": true
+# (or `moelight plan --shared-link`). Ring all-reduce step latency: HardwareSpec's 5 us default, an
+# assumption of the order of NCCL's small-message latency, not a measurement.
 
 # ---- CPU hosts ----
 # S1 / S6-S9: GCP N1 VMs with T4s; 2.30 GHz is the N1 Haswell (Xeon E5-2699 v3 class) clock.
@@ -73,9 +82,12 @@ GENERIC_HOST = Level("server-64c", 512 * GiB, 300 * GB,
 HARDWARE_PRESETS: dict[str, HardwareSpec] = {
     "t4": HardwareSpec("t4", GENERIC_HOST, T4, 1, T4_LINK, "T4 16GB + generic 512GB host"),
     "l4": HardwareSpec("l4", GENERIC_HOST, L4, 1, L4_LINK, "L4 24GB + generic 512GB host"),
-    "a100-40gb": HardwareSpec("a100-40gb", GENERIC_HOST, A100_40, 1, A100_LINK, "A100 40GB + generic host"),
-    "a100-80gb": HardwareSpec("a100-80gb", GENERIC_HOST, A100_80, 1, A100_LINK, "A100 80GB + generic host"),
-    "h100": HardwareSpec("h100", GENERIC_HOST, H100, 1, H100_LINK, "H100 80GB SXM + generic host"),
+    "a100-40gb": HardwareSpec("a100-40gb", GENERIC_HOST, A100_40, 1, A100_LINK, "A100 40GB + generic host",
+                              interconnect=A100_NVLINK),
+    "a100-80gb": HardwareSpec("a100-80gb", GENERIC_HOST, A100_80, 1, A100_LINK, "A100 80GB + generic host",
+                              interconnect=A100_NVLINK),
+    "h100": HardwareSpec("h100", GENERIC_HOST, H100, 1, H100_LINK, "H100 80GB SXM + generic host",
+                         interconnect=H100_NVLINK),
     "s1": HardwareSpec("s1", XEON_N1_24, T4, 1, T4_LINK, "paper S1: 1xT4, Xeon 2.3GHz 24-core, 192GB"),
     "s2": HardwareSpec("s2", XEON_G2_24, L4, 1, L4_LINK, "paper S2: 1xL4, Xeon 2.2GHz 24-core, 192GB"),
     "s6": HardwareSpec("s6", XEON_N1_32, T4, 2, T4_LINK, "paper S6 (Mixtral 8x22B): 2xT4, 32-core, 416GB"),

@@ -116,6 +116,35 @@ class ModelSpec:
         sparse = self.num_layers - self.num_dense_layers
         return self.non_expert_params() + sparse * self.num_experts * self.expert_params()
 
+    def replicated_params(self) -> int:
+        """What every tensor-parallel rank holds whole: embeddings and LM head, the norms, the routers
+        (and their bias) and per-head q/k norm weights. The rest (attention projections, expert,
+        shared-expert and dense-MLP widths) is split between the ranks."""
+        h = self.hidden_size
+        per_layer = 2 * h + h * self.num_experts + (self.num_experts if self.expert_bias else 0)
+        per_layer += 2 * self.head_dim if self.qk_norm == "head" else 0
+        return self.embedding_params() + self.num_layers * per_layer
+
+    def tensor_parallel_problems(self, t: int) -> list[str]:
+        """Every count a t-way tensor-parallel split must divide and t does not (empty: t works).
+        Heads and KV heads are split, and each expert's intermediate width (Megatron: column-
+        parallel gate/up, row-parallel down); the number of experts is not, so it need not divide."""
+        counts = [("attention heads", self.num_heads), ("KV heads", self.num_kv_heads),
+                  ("expert intermediate size", self.intermediate_size)]
+        if self.shared_expert_size:
+            counts.append(("shared-expert intermediate size", self.shared_expert_size))
+        if self.num_dense_layers:
+            counts.append(("dense-MLP intermediate size", self.dense_intermediate_size))
+        return [f"{what} {value}" for what, value in counts if value % t]
+
+    def check_tensor_parallel(self, t: int) -> None:
+        """ValueError naming what t does not divide, and the GPU counts (up to 8) that work."""
+        bad = self.tensor_parallel_problems(t) if t > 1 else []
+        if bad:
+            ok = [d for d in range(1, 9) if not self.tensor_parallel_problems(d)]
+            raise ValueError(f"tensor parallelism over {t} devices needs {t} to divide the model's "
+                             f"{', '.join(bad)}; use --gpus with one of {', '.join(map(str, ok))}")
+
     def to_dict(self) -> dict:
         return asdict(self)
 

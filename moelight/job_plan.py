@@ -122,6 +122,8 @@ def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
             planned = plan(hw, mspec, workload, dtype).policy
         except InfeasibleError as e:
             raise PlanError(f"the job does not fit: {e}") from None
+        except ValueError as e:  # a GPU count the model's heads or expert width cannot be split into
+            raise PlanError(str(e)) from None
         source = "auto"
     else:
         try:

@@ -7,14 +7,22 @@ LP. `build_point_model` evaluates all coefficients for a whole (mu, n_mb) grid a
 once (numpy broadcasting); `Affine` pieces are (c0, cx, cy) arrays.
 
 Per-layer decode time (DESIGN.md section 4), n = n_mb micro-batches of mu tokens, N = mu*n:
-  T_layer = max(T_h2d(x, y), T_d2h(y), T_cpu, T_gpu)
-  T_h2d  = [F(1-x) W_layer_experts + A(1-y) KV_layer(N, c_mean) + cross-level activations] / B_h2d
-  T_d2h  = [cross-level activations + A(1-y) new K/V of N tokens] / B_d2h
-  T_gpu  = n * (F (pre + post)(mu) + A attention(mu, c_mean))    on the GPU
+  T_layer = max(T_h2d(x, y), T_d2h(y), T_host(x, y), T_cpu, T_gpu)
+  T_h2d  = [F(1-x) W_layer_experts + A(1-y) KV_layer(N, c_mean) + cross-level activations
+            + F all-reduce traffic over PCIe] / B_h2d
+  T_d2h  = [cross-level activations + A(1-y) new K/V of N tokens + F all-reduce traffic] / B_d2h
+  T_host = [3 F(1-x) W_layer_experts (pageable->pinned copy reads and writes, the DMA reads)
+            + KV the CPU attention or the KV DMA reads + activations crossing] / B_cpu
+  T_gpu  = n * (F (pre + post + all-reduces)(mu) + A attention(mu, c_mean))    on the GPU
   T_cpu  = n * ((1-F)(pre + post)(mu) + (1-A) attention(mu, c_mean)) on the CPU
   (pre + post include the driving level's fixed per-layer-pass overhead, zero for presets)
+With t GPUs (tensor parallelism) the GPU level and the links are t-fold aggregates (hrm.hardware),
+the two all-reduces per layer (O projection, FFN) cost 2(t-1)/t x bytes at the interconnect
+rate (hrm.costs.allreduce_time), and the replicated weights (embeddings, norms, routers) and
+activations are held t times. T_host is the host memory every link's DMA, the staging copies
+and CPU attention draw from: with enough GPUs it, not the links, binds.
 Prefill per layer (the whole batch, on the FFN level, weights streamed once per batch):
-  T_pre_layer = max(n * prefill_layer(mu, prompt), T_weights_h2d(x), T_kv_d2h(y))
+  T_pre_layer = max(n * prefill_layer(mu, prompt), T_weights_h2d(x), T_kv_d2h(y), T_pre_host(x))
 End to end for one batch: T = L T_pre_layer + head + (gen-1) (L T_layer + head), where
 head = n * (lm_head(mu) + per-step overhead).
 """
@@ -68,9 +76,11 @@ class PointModel:
     t_cpu: np.ndarray
     h2d: Affine
     d2h: Affine
+    host: Affine
     pre_comp: np.ndarray
     pre_h2d: Affine
     pre_d2h: Affine
+    pre_host: Affine
     head_pre: np.ndarray
     head_dec: np.ndarray
     gpu_mem: dict[str, Affine] = field(default_factory=dict)
@@ -90,14 +100,15 @@ class PointModel:
 
     # ---- evaluation at given (x, y) ----
     def layer_times(self, x, y) -> dict[str, np.ndarray]:
-        h2d, d2h = self.h2d.at(x, y), self.d2h.at(x, y)
+        h2d, d2h, host = self.h2d.at(x, y), self.d2h.at(x, y), self.host.at(x, y)
         link = np.maximum(h2d, d2h)
-        return {"T_h2d": h2d, "T_d2h": d2h, "T_link": link, "T_cpu": self.t_cpu, "T_gpu": self.t_gpu,
-                "T_layer": np.maximum(link, np.maximum(self.t_cpu, self.t_gpu))}
+        return {"T_h2d": h2d, "T_d2h": d2h, "T_link": link, "T_host": host, "T_cpu": self.t_cpu,
+                "T_gpu": self.t_gpu,
+                "T_layer": np.maximum(np.maximum(link, host), np.maximum(self.t_cpu, self.t_gpu))}
 
     def prefill_time(self, x, y):
-        per_layer = np.maximum(self.pre_comp, np.maximum(self.pre_h2d.at(x, y), self.pre_d2h.at(x, y)))
-        return self.num_layers * per_layer + self.head_pre
+        moved = np.maximum(np.maximum(self.pre_h2d.at(x, y), self.pre_d2h.at(x, y)), self.pre_host.at(x, y))
+        return self.num_layers * np.maximum(self.pre_comp, moved) + self.head_pre
 
     def decode_step_time(self, x, y):
         return self.num_layers * self.layer_times(x, y)["T_layer"] + self.head_dec
@@ -149,30 +160,41 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
     att = costs.attention_time(hw, m, mu, c_mean, att_lvl, dtype)
     # fixed dispatch cost of a layer pass, charged to the level that drives the layer (the FFN's)
     pre_post = pre_post + costs.layer_overhead_time(hw, 1.0, ffn_lvl)
-    t_gpu = n_mb * (f_g * pre_post + a_g * att) + zeros
+    # tensor parallelism: the layer's two all-reduces hold the GPU stream (zero on one GPU)
+    reduce = costs.layer_allreduce_time(hw, m, mu, dtype) if f_g else 0.0
+    t_gpu = n_mb * (f_g * (pre_post + reduce) + a_g * att) + zeros
     t_cpu = n_mb * ((1 - f_g) * pre_post + (1 - a_g) * att) + zeros
 
-    # ---- link (seconds), zero on a CPU-only host ----
+    # ---- link and host memory (seconds), zero on a CPU-only host ----
+    kv_pre = costs.kv_cache_bytes(m, big_n, p, dtype)
     if has_gpu:
         link = hw.link_total()
-        bh, bd = link.h2d, link.d2h
+        bh, bd, bc = link.h2d, link.d2h, hw.cpu.bandwidth
         cross_h2d = f_g * (1 - a_g) * out_n + a_g * (1 - f_g) * qkv_n
         cross_d2h = f_g * (1 - a_g) * qkv_n + a_g * (1 - f_g) * out_n
-        h2d = _aff((f_g * w_le + a_g * kv_mean_layer + cross_h2d) / bh, -f_g * w_le / bh,
+        ring = f_g * n_mb * costs.allreduce_link_bytes(hw, m, mu, dtype)  # over PCIe: on the links too
+        h2d = _aff((f_g * w_le + a_g * kv_mean_layer + cross_h2d + ring) / bh, -f_g * w_le / bh,
                    -a_g * kv_mean_layer / bh, shape)
-        d2h = _aff((cross_d2h + a_g * new_kv) / bd, 0.0, -a_g * new_kv / bd, shape)
-        kv_pre = costs.kv_cache_bytes(m, big_n, p, dtype)
+        d2h = _aff((cross_d2h + a_g * new_kv + ring) / bd, 0.0, -a_g * new_kv / bd, shape)
+        paging = costs.STAGING_PASSES * f_g * w_le
+        # the CPU attention reads the whole KV cache; with attention on the GPU the DMA reads its CPU share
+        host = _aff((paging + kv_mean_layer + a_g * new_kv + cross_h2d + cross_d2h) / bc, -paging / bc,
+                    -a_g * kv_mean_layer / bc, shape)
+        pre_ring = f_g * n_mb * costs.allreduce_link_bytes(hw, m, mu * p, dtype)
         if f_g:  # prefill on GPU: stream the CPU share of the experts, write the KV cache back
-            pre_h2d = _aff(w_le / bh, -w_le / bh, 0.0, shape)
-            pre_d2h = _aff(kv_pre / bd, 0.0, -a_g * kv_pre / bd, shape)
+            pre_h2d = _aff((w_le + pre_ring) / bh, -w_le / bh, 0.0, shape)
+            pre_d2h = _aff((kv_pre + pre_ring) / bd, 0.0, -a_g * kv_pre / bd, shape)
+            pre_host = _aff((paging + 2 * kv_pre) / bc, -paging / bc, -2 * a_g * kv_pre / bc, shape)
         else:  # prefill on CPU; only the GPU-resident KV share crosses
             pre_h2d = _aff(0.0, 0.0, a_g * kv_pre / bh, shape)
             pre_d2h = _aff(0.0, shape=shape)
+            pre_host = _aff(0.0, 0.0, a_g * kv_pre / bc, shape)
     else:
-        h2d = d2h = pre_h2d = pre_d2h = _aff(0.0, shape=shape)
+        h2d = d2h = host = pre_h2d = pre_d2h = pre_host = _aff(0.0, shape=shape)
 
+    pre_reduce = costs.layer_allreduce_time(hw, m, mu * p, dtype) if f_g else 0.0
     pre_comp = n_mb * (costs.prefill_layer_time(hw, m, mu, p, ffn_lvl, dtype)
-                       + costs.layer_overhead_time(hw, 1.0, ffn_lvl)) + zeros
+                       + costs.layer_overhead_time(hw, 1.0, ffn_lvl) + pre_reduce) + zeros
     head = n_mb * (costs.lm_head_time(hw, m, mu, ffn_lvl, dtype)
                    + costs.step_overhead_time(hw, 1.0, ffn_lvl)) + zeros
 
@@ -181,12 +203,13 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
     act = mu * max(1.0, p_peak) * act_tok + mu * m.vocab_size * 4.0  # prefill micro-batch + fp32 logits
     gpu_mem: dict[str, Affine] = {}
     cpu_mem: dict[str, Affine] = {}
+    t = hw.gpu_count if has_gpu else 1  # tensor parallel: every GPU holds the replicated weights, activations
     if f_g:
-        gpu_mem["non_expert_weights"] = _aff(non_exp, shape=shape)
+        gpu_mem["non_expert_weights"] = _aff(non_exp + (t - 1) * m.replicated_params() * b, shape=shape)
         gpu_mem["resident_experts"] = _aff(0.0, w_e, 0.0, shape)
         gpu_mem["paged_weight_buffers"] = _aff(2 * w_le, -2 * w_le, 0.0, shape)
     if f_g or a_g:
-        gpu_mem["activations"] = _aff(act, shape=shape)
+        gpu_mem["activations"] = _aff(t * act, shape=shape)
     if a_g:
         gpu_mem["kv_cache"] = _aff(0.0, 0.0, kv_total, shape)
         gpu_mem["kv_prefetch_buffers"] = _aff(2 * kv_mb_layer, 0.0, -2 * kv_mb_layer, shape)
@@ -204,8 +227,8 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
     return PointModel(
         mu=mu, n_mb=n_mb, a_g=a_g, f_g=f_g, num_layers=L, gen_len=g, prompt=p,
         x_max=1.0 if f_g else 0.0, y_max=1.0 if a_g else 0.0,
-        t_gpu=t_gpu, t_cpu=t_cpu, h2d=h2d, d2h=d2h, pre_comp=pre_comp, pre_h2d=pre_h2d,
-        pre_d2h=pre_d2h, head_pre=head, head_dec=head, gpu_mem=gpu_mem, cpu_mem=cpu_mem,
+        t_gpu=t_gpu, t_cpu=t_cpu, h2d=h2d, d2h=d2h, host=host, pre_comp=pre_comp, pre_h2d=pre_h2d,
+        pre_d2h=pre_d2h, pre_host=pre_host, head_pre=head, head_dec=head, gpu_mem=gpu_mem, cpu_mem=cpu_mem,
         gpu_cap=alpha * gpu.memory_bytes if gpu is not None else 0.0,
         cpu_cap=alpha * hw.cpu.memory_bytes,
     )

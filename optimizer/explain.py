@@ -16,14 +16,17 @@ if TYPE_CHECKING:
 
 GiB = 2.0**30
 _NAMES = {"link": "the CPU->GPU link (paging expert weights / KV)", "gpu": "GPU compute/memory bandwidth",
-          "cpu": "CPU work (attention over the KV cache)"}
+          "cpu": "CPU work (attention over the KV cache)",
+          "host": "host memory bandwidth (the staging copies, the links' DMA and CPU attention share it)"}
 
 
 def explain(res: PlanResult, hw: HardwareSpec, model: ModelSpec, wl: WorkloadSpec) -> str:
     p, lt = res.policy, res.layer_times
-    ms = {k: 1e3 * lt[k] for k in ("T_link", "T_gpu", "T_cpu")}
+    ms = {k: 1e3 * lt[k] for k in ("T_link", "T_host", "T_gpu", "T_cpu")}
     lines = [f"decode is bound by {_NAMES[res.binding]}: per layer T_link={ms['T_link']:.2f} ms, "
-             f"T_gpu={ms['T_gpu']:.2f} ms, T_cpu={ms['T_cpu']:.2f} ms"]
+             f"T_host={ms['T_host']:.2f} ms, T_gpu={ms['T_gpu']:.2f} ms, T_cpu={ms['T_cpu']:.2f} ms"]
+    if hw.has_gpu and hw.gpu_count > 1:
+        lines.append(_tensor_parallel_line(hw, model, p))
     b = dtype_bytes(p.dtype)
     if hw.has_gpu:
         att = ops.decode_attention(model, 1, wl.mean_context, b)
@@ -51,3 +54,14 @@ def explain(res: PlanResult, hw: HardwareSpec, model: ModelSpec, wl: WorkloadSpe
         lines.append(f"{name} memory {tot / GiB:.2f} / {cap / GiB:.2f} GiB usable"
                      + (f" (full: it limits the plan; largest share: {biggest})" if full else ""))
     return "\n".join(lines)
+
+
+def _tensor_parallel_line(hw: HardwareSpec, model: ModelSpec, p) -> str:
+    from hrm import costs
+
+    t = hw.gpu_count
+    links = "one shared host link" if hw.link_shared else f"{t} host links"
+    over = "PCIe (sharing the host links with the paged weights)" if hw.interconnect_over_pcie else "NVLink"
+    reduce = costs.layer_allreduce_time(hw, model, p.mu, p.dtype) * p.n_mb if p.ffn_on_gpu else 0.0
+    return (f"tensor parallel over {t} GPUs: {t}x GPU memory, bandwidth and FLOP/s, {links}; the layer's "
+            f"two all-reduces take {reduce * 1e3:.2f} ms per layer over {over}")

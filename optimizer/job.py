@@ -58,7 +58,7 @@ def predict_job(hw: HardwareSpec, model: ModelSpec, workload: WorkloadSpec, poli
         gen_tok += n * g
         if layer is None:
             layer = {k: float(v) for k, v in pm.layer_times(x, y).items()}
-    parts = {"link": layer["T_link"], "cpu": layer["T_cpu"], "gpu": layer["T_gpu"]}
+    parts = {"link": layer["T_link"], "host": layer["T_host"], "cpu": layer["T_cpu"], "gpu": layer["T_gpu"]}
     total = t_pre + t_dec
     return {
         "prefill_tokens_per_s": prompt_tok / t_pre if t_pre > 0 else 0.0,

@@ -85,7 +85,7 @@ class PlanResult:
     prefill_time: float
     decode_step_time: float
     layer_times: dict[str, float]
-    binding: str  # "link", "gpu" or "cpu": the largest term of T_layer
+    binding: str  # "link", "host", "gpu" or "cpu": the largest term of T_layer
     gpu_memory: dict[str, float] = field(default_factory=dict)  # bytes per component
     cpu_memory: dict[str, float] = field(default_factory=dict)
     gpu_capacity: float = 0.0  # usable bytes (alpha x capacity)

@@ -60,11 +60,14 @@ def plan(hw: HardwareSpec, model: ModelSpec, workload: WorkloadSpec, dtype: str 
     """Best policy for `model` on `hw` for `workload` (highest predicted end-to-end tok/s).
 
     gpus: override the GPU count (tensor parallelism; 0 = ignore the GPU).
-    Raises InfeasibleError when nothing fits, naming the memory and the shortfall.
+    Raises InfeasibleError when nothing fits, naming the memory and the shortfall, and ValueError
+    when the GPU count does not divide the model's heads, KV heads or expert width.
     """
     t0 = time.perf_counter()
     if gpus is not None:
         hw = hw.with_gpus(gpus)
+    if hw.has_gpu and family != "cpu":
+        model.check_tensor_parallel(hw.gpu_count)  # ValueError naming what the GPU count does not divide
     mus = np.asarray(default_mu_grid() if mu_grid is None else mu_grid, float)
     ns = np.asarray(default_n_grid() if n_grid is None else n_grid, float)
     best = None  # (thr, -N, mu, combo, pm, flat index, x, y)
@@ -125,7 +128,7 @@ def summarize(pm: PointModel, policy: Policy, hw: HardwareSpec, model: ModelSpec
               workload: WorkloadSpec, family: str) -> PlanResult:
     x, y = policy.r_w, policy.r_c
     lt = {k: float(v) for k, v in pm.layer_times(x, y).items()}
-    parts = {"link": lt["T_link"], "cpu": lt["T_cpu"], "gpu": lt["T_gpu"]}
+    parts = {"link": lt["T_link"], "host": lt["T_host"], "cpu": lt["T_cpu"], "gpu": lt["T_gpu"]}
     binding = max(parts, key=parts.get)
     t_pre = float(pm.prefill_time(x, y))
     t_step = float(pm.decode_step_time(x, y))

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 
 from hrm.hardware import HardwareSpec, Level, Link
@@ -34,7 +36,10 @@ def random_case(seed: int) -> tuple[HardwareSpec, ModelSpec, WorkloadSpec]:
     gpu = Level("gpu", (non_exp + w_e * rng.uniform(0.2, 1.2)) / 0.9, rng.uniform(1e11, 1e12),
                 {"bfloat16": rng.uniform(1e12, 1e14)})
     link = Link(rng.uniform(5e9, 6e10), rng.uniform(5e9, 6e10))
-    return HardwareSpec(f"rand{seed}", cpu, gpu, int(rng.choice([1, 1, 2])), link), m, wl
+    count = int(rng.choice([1, 1, 2]))
+    if count == 2 and m.num_kv_heads == 1:  # two GPUs split the KV heads: give them two
+        m = replace(m, num_kv_heads=2)
+    return HardwareSpec(f"rand{seed}", cpu, gpu, count, link), m, wl
 
 
 def test_cases_cover_gpu_and_cpu_only_hosts():

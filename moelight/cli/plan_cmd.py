@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -26,7 +27,8 @@ def format_plan(res) -> str:
         f"predicted: prefill {res.prefill_tok_s:.1f} tok/s, decode {res.decode_tok_s:.1f} tok/s, "
         f"end-to-end {res.e2e_tok_s:.2f} tok/s",
         f"per layer (decode): T_link {lt['T_link']:.2f} ms (H2D {lt['T_h2d']:.2f}, D2H {lt['T_d2h']:.2f}), "
-        f"T_cpu {lt['T_cpu']:.2f} ms, T_gpu {lt['T_gpu']:.2f} ms -> bound by {res.binding}",
+        f"T_host {lt['T_host']:.2f} ms, T_cpu {lt['T_cpu']:.2f} ms, T_gpu {lt['T_gpu']:.2f} ms "
+        f"-> bound by {res.binding}",
         f"prefill {res.prefill_time:.2f} s per batch, decode step {res.decode_step_time * 1e3:.1f} ms",
     ]
     if res.gpu_memory:
@@ -43,6 +45,7 @@ def register(app: typer.Typer) -> None:
         model: str = typer.Option(..., "--model", "-m", help="preset name or a directory with config.json"),
         hardware: str = typer.Option("profile", "--hardware", help="preset, 'profile', or a JSON path"),
         gpus: int | None = typer.Option(None, "--gpus", help="GPUs (tensor parallel; 0 = CPU only)"),
+        shared_link: bool = typer.Option(False, "--shared-link", help="the GPUs share one host link"),
         prompt_len: float = typer.Option(77, "--prompt-len", help="mean prompt length"),
         gen_len: int = typer.Option(128, "--gen-len", help="tokens generated per request"),
         max_prompt_len: int | None = typer.Option(None, "--max-prompt-len", help="longest prompt"),
@@ -88,6 +91,8 @@ def register(app: typer.Typer) -> None:
                                      param_hint="--family")
         if gpus is not None and gpus < 0:
             raise typer.BadParameter("must be >= 0", param_hint="--gpus")
+        if shared_link:
+            hw = replace(hw, link_shared=True)
         try:
             res = run_plan(hw, mspec, workload, dtype, gpus=gpus, family=family)
         except InfeasibleError as e:

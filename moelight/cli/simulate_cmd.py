@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import typer
 
 SCHEDULE_HELP = "cgopipe | flexgen | flexgen-cpu | overlap-unpaged | all"
+BOUNDS = {"schedule": "the task graph's critical path", "link": "the host links (transfers and all-reduce traffic)",
+          "host": "host memory bandwidth (staging copies, the links' DMA, CPU attention)"}
 
 
 def format_result(res) -> str:
@@ -15,6 +18,7 @@ def format_result(res) -> str:
     return "\n".join(
         [
             f"schedule {res.schedule}: {res.model} on {res.hardware}",
+            f"  decode step bound by {BOUNDS[res.bound]}",
             f"  policy N={p.batch_size} = mu {p.micro_batch_size} x {p.num_micro_batches}, r_w={p.r_w:.4f}, "
             f"dtype {p.dtype}",
             f"  per layer (decode) {res.layer_seconds * 1e3:.2f} ms, step {res.step_seconds:.3f} s, "
@@ -32,10 +36,14 @@ def register(app: typer.Typer) -> None:
         hardware: str = typer.Option(
             "t4", "--hardware", help="preset (t4, l4, s1, s2...), 'profile' or JSON"
         ),
+        gpus: int | None = typer.Option(None, "--gpus", min=1, help="GPUs (tensor parallel; default: the preset's)"),
+        shared_link: bool = typer.Option(False, "--shared-link", help="the GPUs share one host link"),
         policy: str = typer.Option("auto", "--policy", help="'auto' (the planner's) or a policy JSON file"),
         schedule: str = typer.Option("cgopipe", "--schedule", help=SCHEDULE_HELP),
         prompt_len: float = typer.Option(77, "--prompt-len", help="mean prompt length"),
         gen_len: int = typer.Option(128, "--gen-len", help="tokens generated per request"),
+        max_prompt_len: int | None = typer.Option(None, "--max-prompt-len", help="longest prompt"),
+        padded: bool = typer.Option(False, "--padded", help="pad prompts to the max (FlexGen)"),
         dtype: str = typer.Option("auto", "--dtype", help="for --policy auto; auto: the GPU's faster 16-bit type"),
         family: str = typer.Option("cgopipe", "--family", help="planner family for --policy auto"),
         gantt: Path | None = typer.Option(None, "--gantt", help="write the decode-step timeline PNG here"),
@@ -61,7 +69,12 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(
                 f"hardware {hw.name!r} has no GPU: the schedules need one", param_hint="--hardware"
             )
-        work = WorkloadSpec(prompt_len, gen_len)
+        hw = replace(hw.with_gpus(gpus) if gpus else hw, link_shared=shared_link or hw.link_shared)
+        try:
+            mspec.check_tensor_parallel(hw.gpu_count)
+            work = WorkloadSpec(prompt_len, gen_len, max_prompt_len, padded)
+        except ValueError as e:
+            raise typer.BadParameter(str(e)) from None
         try:
             dtype = hw.preferred_dtype() if dtype == "auto" else canonical_dtype(dtype)
         except ValueError as e:

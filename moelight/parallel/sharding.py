@@ -28,26 +28,23 @@ class TensorParallelError(MoelightError):
     """A model that cannot be split N ways, or a rank that failed; the message says which."""
 
 
+def _spec(cfg: ModelConfig):
+    from hrm import model_from_hf_config
+
+    return model_from_hf_config(cfg.to_hf_dict())
+
+
 def tensor_parallel_problems(cfg: ModelConfig, n: int) -> list[str]:
-    """Every count of `cfg` that N does not divide (the HRM's ModelSpec has the same check)."""
-    counts = [("attention heads", cfg.num_heads), ("KV heads", cfg.num_kv_heads),
-              ("expert intermediate size", cfg.intermediate_size)]
-    if cfg.shared_expert_size:
-        counts.append(("shared-expert intermediate size", cfg.shared_expert_size))
-    if cfg.dense_layers:
-        counts.append(("dense-MLP intermediate size", cfg.dense_intermediate_size))
-    return [f"{what} {value}" for what, value in counts if value % n]
+    """Every count of `cfg` that N does not divide (the HRM's check, so plan and run agree)."""
+    return _spec(cfg).tensor_parallel_problems(n)
 
 
 def shard_config(cfg: ModelConfig, n: int) -> ModelConfig:
     """The config of one rank's model; TensorParallelError names what N does not divide."""
-    bad = tensor_parallel_problems(cfg, n)
-    if bad:
-        ok = [d for d in range(1, 9) if not tensor_parallel_problems(cfg, d)]
-        raise TensorParallelError(
-            f"tensor parallelism over {n} devices needs {n} to divide the model's {', '.join(bad)}; "
-            f"use --gpus with one of {', '.join(map(str, ok))}"
-        )
+    try:
+        _spec(cfg).check_tensor_parallel(n)
+    except ValueError as e:
+        raise TensorParallelError(str(e)) from None
     return replace(
         cfg,
         num_heads=cfg.num_heads // n,

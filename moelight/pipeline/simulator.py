@@ -5,6 +5,12 @@ and, whenever it is free, starts the earliest-launched task whose dependencies a
 Costs come from `hrm.costs` (roofline time of each kernel on its level, bytes / link
 bandwidth for transfers), so the simulator answers "what would this schedule do on a
 T4" and the planner's per-layer estimate can be checked against an actual timeline.
+
+With t GPUs (tensor parallelism) every GPU task is one rank's share at t x the FLOP/s and
+bandwidth, and a post-attention task also waits for its two all-reduces. Two resources the
+lanes do not model are applied as roofs on the whole pass (`pass_roofs`): over PCIe the
+all-reduces' ring traffic shares the host links with the transfers, and host memory serves
+the staging copies, every link's DMA and the CPU attention at once.
 """
 
 from __future__ import annotations
@@ -111,8 +117,8 @@ def task_durations(
             return float(costs.hidden_bytes(m, mu, dtype)) / gpu.bandwidth
         if op == "pre_attn":
             return costs.pre_attention_time(hw, m, mu, "gpu", dtype)
-        if op == "post_attn":
-            return costs.post_attention_time(hw, m, mu, "gpu", dtype)
+        if op == "post_attn":  # with t GPUs: the O-projection and FFN all-reduces hold the stream
+            return costs.post_attention_time(hw, m, mu, "gpu", dtype) + costs.layer_allreduce_time(hw, m, mu, dtype)
         if op == "cpu_attn":
             return costs.attention_time(hw, m, mu, t.context, "cpu", dtype)
         if op == "gpu_attn":
@@ -135,8 +141,41 @@ def task_durations(
     return [float(one(t)) for t in schedule.tasks]
 
 
+def pass_roofs(schedule: Schedule, hw: HardwareSpec, m: ModelSpec, dtype: str = "bfloat16") -> dict[str, float]:
+    """Lower bounds on a pass from shared resources: each link direction with the all-reduces'
+    PCIe traffic added, and host memory (staged pages are read and written by the copy and read
+    by the DMA; the CPU attention reads the KV cache; KV and activations cross it once)."""
+    b = dtype_bytes(dtype)
+    h2d = d2h = host = 0.0
+    for t in schedule.tasks:
+        if t.lane == "h2d":
+            h2d += t.nbytes
+        elif t.lane == "d2h":
+            d2h += t.nbytes
+        if t.op == "post_attn":
+            ring = float(costs.allreduce_link_bytes(hw, m, max(t.tokens, 0), dtype))
+            h2d, d2h = h2d + ring, d2h + ring
+        if t.op == "w_stage":  # its h2d (the DMA's read) is one of the passes
+            host += costs.STAGING_PASSES * t.nbytes
+        elif t.op == "cpu_attn":
+            host += float(ops.decode_attention(m, t.tokens, t.context, b).bytes)
+        elif t.op == "kv_write":
+            host += t.tokens * ops.kv_bytes_per_token_layer(m, b)
+        elif t.lane in ("h2d", "d2h") and t.op != "w_h2d":  # KV and activations cross host memory once
+            host += t.nbytes
+    link = hw.link_total()
+    return {"link": max(h2d / link.h2d, d2h / link.d2h), "host": host / hw.cpu.bandwidth}
+
+
 def simulate(schedule: Schedule, hw: HardwareSpec, m: ModelSpec, dtype: str = "bfloat16") -> Timeline:
     return list_schedule(schedule, task_durations(schedule, hw, m, dtype))
+
+
+def pass_seconds(timeline: Timeline, hw: HardwareSpec, m: ModelSpec, dtype: str) -> tuple[float, str]:
+    """(seconds, what binds): the timeline's makespan, unless a shared-resource roof is longer."""
+    roofs = {"schedule": timeline.makespan, **pass_roofs(timeline.schedule, hw, m, dtype)}
+    bound = max(roofs, key=roofs.get)
+    return roofs[bound], bound
 
 
 def shape_from_spec(
@@ -178,12 +217,13 @@ class SimResult:
     decode_tok_s: float
     e2e_tok_s: float
     utilisation: dict[str, float] = field(default_factory=dict)
+    bound: str = "schedule"  # what sets the decode step: the timeline, or the link / host-memory roof
 
     def summary(self) -> str:
         u = "  ".join(f"{k} {v:5.1%}" for k, v in self.utilisation.items())
         return (
             f"{self.schedule:16s} layer {self.layer_seconds * 1e3:8.2f} ms  step {self.step_seconds:7.3f} s  "
-            f"decode {self.decode_tok_s:9.1f} tok/s  e2e {self.e2e_tok_s:9.1f} tok/s  | {u}"
+            f"decode {self.decode_tok_s:9.1f} tok/s  e2e {self.e2e_tok_s:9.1f} tok/s  bound {self.bound} | {u}"
         )
 
 
@@ -202,12 +242,13 @@ def simulate_policy(
     )
     pre_shape = shape_from_spec(m, mu, 1, prompt, policy.r_w, dtype, prompt_tokens=int(round(mu * prompt)))
     pre = simulate(build_prefill(pre_shape), hw, m, dtype)
-    t_pre = n * pre.makespan
-    t_step = step.makespan
+    t_pre = n * pass_seconds(pre, hw, m, dtype)[0]
+    t_step, bound = pass_seconds(step, hw, m, dtype)
     g = workload.gen_len
     return SimResult(
         schedule,
-        hw.name,
+        hw.name + (f" ({hw.gpu_count}x {hw.gpu.name}{', shared link' if hw.link_shared else ''})"
+                   if hw.gpu_count > 1 else ""),
         m.name,
         policy,
         step,
@@ -218,4 +259,5 @@ def simulate_policy(
         policy.batch_size / t_step,
         policy.batch_size * g / (t_pre + (g - 1) * t_step),
         step.utilisation(),
+        bound,
     )
