@@ -93,3 +93,14 @@ def test_ranks_give_the_single_device_tokens_for_every_schedule(single_device, n
     for case, (ref_logits, ref_tokens), (logits, tokens) in zip(CASES, single_device, got, strict=True):
         assert tokens == ref_tokens, case
         torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4, msg=str(case))
+
+
+def test_bfloat16_ranks_stay_within_bfloat16s_own_rounding():
+    """Tokens can flip at bf16 near-ties (see bf16_within_its_own_rounding): compare logits."""
+    from tests.test_tp_sharding import bf16_within_its_own_rounding
+
+    case = [("mixtral", "cgopipe", 0.25)]
+    (tp, _), = _ranks(2, case, torch.bfloat16)
+    (single, _), (f32, _) = (_run(random_model(family_config("mixtral"), dt, seed=5), "cgopipe", 0.25)
+                             for dt in (torch.bfloat16, torch.float32))
+    bf16_within_its_own_rounding(tp, single, f32)

@@ -140,6 +140,8 @@ def _threads_per_rank(world: int) -> int:
 
 
 def _join(device: str, rank: int, world: int, init_method: str | None = None) -> RankGroup:
+    if device == "cuda":  # NCCL's collectives (and the barriers between them) run on this rank's GPU
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     dist.init_process_group(backend_for(device), init_method=init_method, rank=rank, world_size=world,
                             timeout=_LOAD_TIMEOUT)
     comm = dist.new_group(list(range(world)), timeout=_comm_timeout())
