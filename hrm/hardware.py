@@ -104,6 +104,7 @@ class HardwareSpec:
     link_shared: bool = False  # the GPUs reach the host through one link (a switch's uplink), not one each
     interconnect: float = 0.0  # GPU<->GPU bytes/s per direction per GPU (NVLink); 0: over the PCIe links
     interconnect_latency_s: float = 5e-6  # per step of a ring all-reduce (2(t-1) steps)
+    host_bandwidth: float = 0.0  # bytes/s host memory serves staging copies, DMA and attention together (0: cpu's)
 
     def __post_init__(self) -> None:
         if self.gpu is None and self.gpu_count:
@@ -145,6 +146,11 @@ class HardwareSpec:
         t = 1 if self.link_shared else self.gpu_count
         return Link(h2d=self.link.h2d * t, d2h=self.link.d2h * t)
 
+    def host_memory_bandwidth(self) -> float:
+        """What the host's memory delivers to everything that moves through it at once: the staging
+        copies, every link's DMA and the CPU attention (the HRM's host roof)."""
+        return self.host_bandwidth or self.cpu.bandwidth
+
     @property
     def interconnect_over_pcie(self) -> bool:
         """All-reduces between the GPUs cross their host links (no NVLink), competing with paging."""
@@ -178,6 +184,7 @@ class HardwareSpec:
                 link_shared=bool(d.get("link_shared", False)),
                 interconnect=float(d.get("interconnect", 0.0)),
                 interconnect_latency_s=float(d.get("interconnect_latency_s", 5e-6)),
+                host_bandwidth=float(d.get("host_bandwidth", 0.0)),
             )
         except (KeyError, TypeError) as e:
             raise ValueError(f"malformed hardware spec: {e}") from e

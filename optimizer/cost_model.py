@@ -169,7 +169,7 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
     kv_pre = costs.kv_cache_bytes(m, big_n, p, dtype)
     if has_gpu:
         link = hw.link_total()
-        bh, bd, bc = link.h2d, link.d2h, hw.cpu.bandwidth
+        bh, bd, bc = link.h2d, link.d2h, hw.host_memory_bandwidth()
         cross_h2d = f_g * (1 - a_g) * out_n + a_g * (1 - f_g) * qkv_n
         cross_d2h = f_g * (1 - a_g) * qkv_n + a_g * (1 - f_g) * out_n
         ring = f_g * n_mb * costs.allreduce_link_bytes(hw, m, mu, dtype)  # over PCIe: on the links too

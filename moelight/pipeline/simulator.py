@@ -164,7 +164,7 @@ def pass_roofs(schedule: Schedule, hw: HardwareSpec, m: ModelSpec, dtype: str = 
         elif t.lane in ("h2d", "d2h") and t.op != "w_h2d":  # KV and activations cross host memory once
             host += t.nbytes
     link = hw.link_total()
-    return {"link": max(h2d / link.h2d, d2h / link.d2h), "host": host / hw.cpu.bandwidth}
+    return {"link": max(h2d / link.h2d, d2h / link.d2h), "host": host / hw.host_memory_bandwidth()}
 
 
 def simulate(schedule: Schedule, hw: HardwareSpec, m: ModelSpec, dtype: str = "bfloat16") -> Timeline:
