@@ -159,8 +159,8 @@ def init_dummy_weights(model: MoECausalLM, seed: int = 0) -> None:
                 p.uniform_(-0.0346, 0.0346, generator=gen)
 
 
-def build_model(cfg: ModelConfig, dtype: torch.dtype, model_dir: Path | None, seed: int = 0) -> MoECausalLM:
-    """Allocate the model in `dtype` without initialising, then load or randomise weights."""
+def empty_model(cfg: ModelConfig, dtype: torch.dtype) -> MoECausalLM:
+    """The model's parameters allocated in `dtype` on the CPU, uninitialised (no init pass)."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
@@ -168,7 +168,12 @@ def build_model(cfg: ModelConfig, dtype: torch.dtype, model_dir: Path | None, se
             model = MoECausalLM(cfg)
     finally:
         torch.set_default_dtype(previous)
-    model = model.to_empty(device="cpu")
+    return model.to_empty(device="cpu")
+
+
+def build_model(cfg: ModelConfig, dtype: torch.dtype, model_dir: Path | None, seed: int = 0) -> MoECausalLM:
+    """Allocate the model in `dtype` without initialising, then load or randomise weights."""
+    model = empty_model(cfg, dtype)
     if model_dir is None:
         init_dummy_weights(model, seed)
     else:

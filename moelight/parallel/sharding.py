@@ -22,6 +22,7 @@ from torch import nn
 from moelight.config import ModelConfig
 from moelight.errors import MoelightError
 from moelight.models.causal_lm import MoECausalLM
+from moelight.weights import empty_model
 
 
 class TensorParallelError(MoelightError):
@@ -115,15 +116,7 @@ def shard_model(full: MoECausalLM, rank: int, n: int, all_reduce: Callable[[torc
     """Rank `rank`'s model: its slices of `full`'s weights (copied, so `full` can be freed) and the
     all-reduce that sums the layers' partial outputs."""
     cfg = shard_config(full.config, n)
-    dtype = full.embed_tokens.weight.dtype
-    previous = torch.get_default_dtype()
-    torch.set_default_dtype(dtype)
-    try:
-        with torch.device("meta"):
-            part = MoECausalLM(cfg)
-    finally:
-        torch.set_default_dtype(previous)
-    part = part.to_empty(device="cpu")
+    part = empty_model(cfg, full.embed_tokens.weight.dtype)
     sources = dict(full.named_parameters(remove_duplicate=False))  # tied lm_head included
     with torch.no_grad():
         for name, p in part.named_parameters():
