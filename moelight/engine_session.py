@@ -24,7 +24,8 @@ from moelight.job_plan import JobPlan, plan_job, resolve_device
 from moelight.loader import load_model, resolve_model
 from moelight.memory import available_bytes, check_fits, weight_bytes
 from moelight.options import EngineOptions
-from moelight.parallel import TensorParallelError, shard_config
+from moelight.parallel import shard_config
+from moelight.parallel.rank_group import tensor_parallel_degree
 from moelight.report import RunReport
 from moelight.sampling import SamplingParams
 from moelight.tokenizer import ByteTokenizer, load_tokenizer
@@ -90,25 +91,14 @@ class EngineSession:
 
     def _load_shard(self) -> None:
         from moelight.parallel import shard_model
-        from moelight.parallel.rank_group import start_group
+        from moelight.parallel.rank_group import load_in_turn, start_group
 
         if self.group is None:
             engine_opts = EngineOptions(**{n: getattr(self.opts, n) for n in EngineOptions.names()})
             self.group = start_group(self.ranks, self.device, engine_opts)
-        try:
-            for turn in range(self.group.world):
-                if turn == self.group.rank:
-                    full = load_model(self.source, self.opts.seed)
-                    self.model = shard_model(full, self.group.rank, self.group.world, self.group.all_reduce)
-                    del full
-                self.group.barrier()
-        except BaseException as e:
-            if self.group.rank == 0:
-                error = self.group.failure(e)
-                self.group.shutdown()
-                if error is not e:
-                    raise error from e
-            raise
+        g = self.group
+        self.model = load_in_turn(g, lambda: shard_model(load_model(self.source, self.opts.seed), g.rank, g.world,
+                                                         g.all_reduce))
 
     def engine(self, plan: JobPlan, prompts: list[list[int]], params: list[SamplingParams], turn: int = 1):
         """The engine for a planned job, on the plan's executor (rank 0 of N: a LockstepEngine
@@ -132,6 +122,8 @@ class EngineSession:
         except Exception as e:
             error = self.group.failure(e)
             self.group.shutdown()
+            if error is e:
+                raise
             raise error from e
 
     def new_report(self, plan: JobPlan | None, requests: int, skipped: int = 0) -> RunReport:
@@ -191,40 +183,3 @@ def largest_batch_tokens(prompts, params, batch_size: int, turn: int = 1) -> int
     sizes = [len(p) + q.max_tokens for p, q in zip(prompts, params, strict=True)]
     worst = sum(sorted(sizes, reverse=True)[:batch_size])
     return worst * (2 if turn > 1 else 1)
-
-
-def tensor_parallel_degree(opts: EngineOptions, device: str) -> int:
-    """Ranks a job runs on: torchrun's world, --gpus, else the GPU count of a preset or profile
-    JSON; 1 on the CPU executor, and 1 for the measured profile (its GPUs run only when --gpus
-    asks for them). A count the host cannot run is an error here, before anything loads."""
-    from moelight.parallel.rank_group import torchrun_rank
-
-    found = torchrun_rank()
-    if found is not None:
-        if device == "cpu":
-            raise TensorParallelError(f"torchrun started {found[1]} ranks, but tensor parallelism runs on "
-                                      "--device cuda or emulated, not the plain CPU executor")
-        if opts.gpus is not None and opts.gpus != found[1]:
-            raise TensorParallelError(f"torchrun started {found[1]} ranks but --gpus is {opts.gpus}; "
-                                      f"pass --gpus {found[1]} or start torchrun with --nproc-per-node {opts.gpus}")
-        return found[1]
-    if device == "cpu":
-        return 1
-    if opts.gpus is not None:
-        n = max(1, opts.gpus)
-    elif opts.hardware is None or opts.hardware.lower() == "profile":
-        n = 1
-    else:
-        from hrm.hardware_presets import get_hardware
-
-        try:
-            n = max(1, get_hardware(opts.hardware).gpu_count)
-        except (KeyError, ValueError, FileNotFoundError):
-            n = 1  # validate() names a bad --hardware; planning reports an unreadable one
-    if device == "cuda" and n > 1:
-        import torch
-
-        if n > torch.cuda.device_count():
-            raise TensorParallelError(f"--gpus {n}: this host has {torch.cuda.device_count()} CUDA device(s); "
-                                      "pass a smaller --gpus, or --device emulated to emulate them")
-    return n

@@ -24,7 +24,10 @@ class LockstepEngine:
             return self.engine.generate(prompts, params, seeds, batch_size, micro_batch_size,
                                         on_finish=on_finish, stats=stats)
         except Exception as e:
-            raise self.group.failure(e) from e
+            error = self.group.failure(e)
+            if error is e:
+                raise
+            raise error from e
         except BaseException:  # Ctrl-C: the followers may be mid-collective; they are ended, not stopped
             self.group.failed = True
             raise

@@ -22,12 +22,16 @@ import socket
 import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from moelight.parallel.sharding import TensorParallelError
+
+if TYPE_CHECKING:
+    from moelight.options import EngineOptions
 
 # a rank may wait this long for a peer between calls (e.g. while the peers load a large model in turn)
 _LOAD_TIMEOUT = timedelta(hours=2)
@@ -258,3 +262,58 @@ def _inject_fault(rank: int, command: str, engine) -> None:
             return decode(*args, **kwargs)
 
         executor.decode = failing_decode
+
+
+def load_in_turn(group: RankGroup, load_shard):
+    """Each rank in turn runs `load_shard` (load the whole model, keep its part), the others wait,
+    so host memory holds at most one whole model beside the shards. Rank 0 ends the followers
+    and raises one error if any rank fails."""
+    try:
+        shard = None
+        for turn in range(group.world):
+            if turn == group.rank:
+                shard = load_shard()
+            group.barrier()
+        return shard
+    except BaseException as e:
+        if group.rank == 0:
+            error = group.failure(e)
+            group.shutdown()
+            if error is not e:
+                raise error from e
+        raise
+
+
+def tensor_parallel_degree(opts: EngineOptions, device: str) -> int:
+    """Ranks a job runs on: torchrun's world, --gpus, else the GPU count of a preset or profile
+    JSON; 1 on the CPU executor, and 1 for the measured profile (its GPUs run only when --gpus
+    asks for them). A count the host cannot run is an error here, before anything loads."""
+    found = torchrun_rank()
+    if found is not None:
+        if device == "cpu":
+            raise TensorParallelError(f"torchrun started {found[1]} ranks, but tensor parallelism runs on "
+                                      "--device cuda or emulated, not the plain CPU executor")
+        if opts.gpus is not None and opts.gpus != found[1]:
+            raise TensorParallelError(f"torchrun started {found[1]} ranks but --gpus is {opts.gpus}; "
+                                      f"pass --gpus {found[1]} or start torchrun with --nproc-per-node {opts.gpus}")
+        return found[1]
+    if device == "cpu":
+        return 1
+    if opts.gpus is not None:
+        n = max(1, opts.gpus)
+    elif opts.hardware is None or opts.hardware.lower() == "profile":
+        n = 1
+    else:
+        from hrm.hardware_presets import get_hardware
+
+        try:
+            n = max(1, get_hardware(opts.hardware).gpu_count)
+        except (KeyError, ValueError, FileNotFoundError):
+            n = 1  # validate() names a bad --hardware; planning reports an unreadable one
+    if device == "cuda" and n > 1:
+        import torch
+
+        if n > torch.cuda.device_count():
+            raise TensorParallelError(f"--gpus {n}: this host has {torch.cuda.device_count()} CUDA device(s); "
+                                      "pass a smaller --gpus, or --device emulated to emulate them")
+    return n
