@@ -28,6 +28,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from moelight.errors import MoelightError
 from moelight.parallel.sharding import TensorParallelError
 
 if TYPE_CHECKING:
@@ -193,7 +194,8 @@ def _follower_main(rank: int, world: int, port: int, device: str, options, error
         serve(_join(device, rank, world, f"tcp://127.0.0.1:{port}"), options)
     except BaseException as e:  # report, then exit non-zero: rank 0's next collective fails
         errors.put((rank, f"{type(e).__name__}: {e}"))
-        traceback.print_exc()
+        if not isinstance(e, MoelightError):  # a bug: its traceback; a user error is rank 0's one line
+            traceback.print_exc()
         raise SystemExit(1) from None
     finally:
         if dist.is_initialized():
