@@ -73,7 +73,10 @@ def check_fits(cfg: ModelConfig, dtype: torch.dtype, batch_kv_tokens: int, avail
             else "use a machine with more memory, a smaller model or a lower-precision --dtype"
         )
         raise OutOfMemoryPlan(
-            f"does not fit in CPU memory: weights {need_w / gib:.2f} GiB + KV cache {need_kv / gib:.2f} GiB "
+            f"does not fit in CPU memory: weights {need_w / gib:.2f} GiB"
+            + (f" ({weight_copies:g} copies while tensor-parallel ranks load their shards)"
+               if weight_copies != 1 else "")
+            + f" + KV cache {need_kv / gib:.2f} GiB "
             f"(batch of {batch_kv_tokens} token slots) > {budget / gib:.2f} GiB usable "
             f"({HEADROOM:.0%} of {available / gib:.2f} GiB available), short by "
             f"{(need_w + need_kv - budget) / gib:.2f} GiB; {hint}"

@@ -140,3 +140,18 @@ def test_torchrun_world_and_gpus_must_agree(monkeypatch):
         tensor_parallel_degree(EngineOptions("tiny", gpus=4), "emulated")
     with pytest.raises(TensorParallelError, match="runs on --device cuda or emulated"):
         tensor_parallel_degree(EngineOptions("tiny"), "cpu")
+
+
+def test_host_memory_for_loading_in_turn_is_checked_before_any_rank_starts(job, monkeypatch):
+    """Ranks load the whole model in turn and keep their shard: two copies at the peak."""
+    import moelight.memory as memory
+    from moelight.loader import resolve_model
+    from moelight.memory import OutOfMemoryPlan, weight_bytes
+
+    ckpt, _, _ = job
+    src = resolve_model(str(ckpt), "auto", "float32")
+    room = int(1.5 * weight_bytes(src.config, src.dtype) / memory.HEADROOM)  # one copy fits, two do not
+    monkeypatch.setattr(memory, "available_bytes", lambda: room)
+    with pytest.raises(OutOfMemoryPlan, match="2 copies while tensor-parallel ranks load their shards"):
+        LLM(str(ckpt), gpus=2, device="emulated", hardware="t4", dtype="float32")
+    LLM(str(ckpt), gpus=1, device="emulated", hardware="t4", dtype="float32").close()
