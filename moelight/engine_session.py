@@ -7,8 +7,8 @@ later job of the session; the executor (plain CPU, or the CGOPipe runtime on cud
 emulated) is built for the plan and rebuilt only when a later job needs larger buffers.
 
 With N > 1 GPUs on cuda / emulated the session is rank 0 of a tensor-parallel group
-(moelight/parallel): it spawns the other ranks when it loads, each rank loads the model in
-turn and keeps its shard, and each engine call is replayed on every rank.
+(moelight/parallel): it spawns the other ranks when it loads, every rank loads its own shard
+straight from the checkpoint, and each engine call is replayed on every rank.
 """
 
 from __future__ import annotations
@@ -65,21 +65,15 @@ class EngineSession:
         plan.info["tensor_parallel"] = self.ranks
         kv_tokens = largest_batch_tokens(prompts, params, plan.batch_size, turn)
         loaded = weight_bytes(self.config, self.source.dtype) if self.model is not None else 0
-        check_fits(self.config, self.source.dtype, kv_tokens, available=available_bytes() + loaded,
-                   weight_copies=1 if self.model is not None else self._load_copies())
+        check_fits(self.config, self.source.dtype, kv_tokens, available=available_bytes() + loaded)
         return plan
-
-    def _load_copies(self) -> float:
-        """Host copies of the weights at the peak of loading: with N ranks loading in turn, the
-        last one holds the others' shards ((N-1)/N), its full load (1) and its own shard (1/N)."""
-        return 2.0 if self.ranks > 1 else 1.0
 
     def load(self) -> None:
         """Load the weights once (the plain CPU executor runs them pre-packed); with N ranks, start
-        them, and let each load the model in turn and keep its shard (peak: two copies, not N)."""
+        them, and let each load its own shard (together the shards hold the model once)."""
         if self.model is not None:
             return
-        check_fits(self.config, self.source.dtype, 0, weight_copies=self._load_copies())
+        check_fits(self.config, self.source.dtype, 0)
         t0 = time.perf_counter()
         if self.ranks == 1:
             self.model = load_model(self.source, self.opts.seed)
@@ -90,15 +84,14 @@ class EngineSession:
         self.load_seconds = time.perf_counter() - t0
 
     def _load_shard(self) -> None:
-        from moelight.parallel import shard_model
-        from moelight.parallel.rank_group import load_in_turn, start_group
+        from moelight.parallel.rank_group import load_together, start_group
+        from moelight.parallel.shard_loader import load_shard
 
         if self.group is None:
             engine_opts = EngineOptions(**{n: getattr(self.opts, n) for n in EngineOptions.names()})
             self.group = start_group(self.ranks, self.device, engine_opts)
         g = self.group
-        self.model = load_in_turn(g, lambda: shard_model(load_model(self.source, self.opts.seed), g.rank, g.world,
-                                                         g.all_reduce))
+        self.model = load_together(g, lambda: load_shard(self.source, g.rank, g.world, g.all_reduce, self.opts.seed))
 
     def engine(self, plan: JobPlan, prompts: list[list[int]], params: list[SamplingParams], turn: int = 1):
         """The engine for a planned job, on the plan's executor (rank 0 of N: a LockstepEngine

@@ -58,12 +58,10 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def check_fits(cfg: ModelConfig, dtype: torch.dtype, batch_kv_tokens: int, available: int | None = None,
-               weight_copies: float = 1.0) -> dict:
-    """Raise OutOfMemoryPlan naming the shortfall if weights + one batch's KV cache do not fit.
-    `weight_copies`: host copies of the weights at the peak (2 while tensor-parallel ranks shard)."""
+def check_fits(cfg: ModelConfig, dtype: torch.dtype, batch_kv_tokens: int, available: int | None = None) -> dict:
+    """Raise OutOfMemoryPlan naming the shortfall if weights + one batch's KV cache do not fit."""
     available = available_bytes() if available is None else available
-    need_w = int(weight_bytes(cfg, dtype) * weight_copies)
+    need_w = weight_bytes(cfg, dtype)
     need_kv = kv_bytes(cfg, batch_kv_tokens, dtype)
     budget = int(HEADROOM * available)
     if need_w + need_kv > budget:
@@ -73,10 +71,7 @@ def check_fits(cfg: ModelConfig, dtype: torch.dtype, batch_kv_tokens: int, avail
             else "use a machine with more memory, a smaller model or a lower-precision --dtype"
         )
         raise OutOfMemoryPlan(
-            f"does not fit in CPU memory: weights {need_w / gib:.2f} GiB"
-            + (f" ({weight_copies:g} copies while tensor-parallel ranks load their shards)"
-               if weight_copies != 1 else "")
-            + f" + KV cache {need_kv / gib:.2f} GiB "
+            f"does not fit in CPU memory: weights {need_w / gib:.2f} GiB + KV cache {need_kv / gib:.2f} GiB "
             f"(batch of {batch_kv_tokens} token slots) > {budget / gib:.2f} GiB usable "
             f"({HEADROOM:.0%} of {available / gib:.2f} GiB available), short by "
             f"{(need_w + need_kv - budget) / gib:.2f} GiB; {hint}"

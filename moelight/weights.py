@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import struct
+from collections.abc import Callable
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -73,9 +74,16 @@ def check_not_truncated(path: Path) -> None:
 
 def load_weights(model: MoECausalLM, model_dir: Path) -> None:
     """Fill `model` (already in its target dtype) from the checkpoint, checking every shape."""
-    cfg = model.config
-    targets_of = family(cfg.model_type).tensor_targets
     params = dict(model.named_parameters())
+    fill_parameters(model.config, model_dir, {n: p.numel() for n, p in params.items()}, params.__getitem__)
+
+
+def fill_parameters(cfg: ModelConfig, model_dir: Path, numels: dict[str, int],
+                    dest: Callable[[str], torch.Tensor], on_filled: Callable[[str], None] | None = None) -> None:
+    """Copy every checkpoint tensor into `dest(parameter name)` (the parameter itself, or a staging
+    tensor of its shape), checking shapes and that each of the `numels` elements is filled;
+    `on_filled(name)` runs the moment a parameter's last element has arrived."""
+    targets_of = family(cfg.model_type).tensor_targets
     filled: dict[str, int] = {}  # elements copied into each parameter
     with ExitStack() as stack:
         handles = {}  # tensor name -> (open file, path): a companion may live in another shard
@@ -85,7 +93,7 @@ def load_weights(model: MoECausalLM, model_dir: Path) -> None:
             handles.update({raw: (f, path) for raw in f.keys()})
         for raw, (f, path) in handles.items():
             for t in targets_of(raw, cfg) or ():
-                if t.param not in params:
+                if t.param not in numels:
                     _unknown(t.param, raw, path, cfg)
                     continue
                 extra = ()
@@ -93,11 +101,13 @@ def load_weights(model: MoECausalLM, model_dir: Path) -> None:
                     if t.companion not in handles:
                         raise WeightsError(f"{path}: {raw} needs {t.companion}, which the checkpoint lacks")
                     extra = (_read(*handles[t.companion], t.companion),)
-                filled[t.param] = filled.get(t.param, 0) + _copy(params[t.param], t, _read(f, path, raw), path,
+                filled[t.param] = filled.get(t.param, 0) + _copy(dest(t.param), t, _read(f, path, raw), path,
                                                                  raw, extra)
+                if on_filled is not None and filled[t.param] == numels[t.param]:
+                    on_filled(t.param)
     if cfg.tie_word_embeddings:
-        filled["lm_head.weight"] = params["lm_head.weight"].numel()
-    missing = [n for n, p in params.items() if filled.get(n, 0) < p.numel()]
+        filled["lm_head.weight"] = numels["lm_head.weight"]
+    missing = [n for n, k in numels.items() if filled.get(n, 0) < k]
     if missing:
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
         raise WeightsError(f"{model_dir}: checkpoint is missing weights for: {shown}")
@@ -148,15 +158,21 @@ def _copy(param: torch.Tensor, t: Target, tensor: torch.Tensor, path: Path, name
 def init_dummy_weights(model: MoECausalLM, seed: int = 0) -> None:
     """Random weights with the scale of a trained model, for benchmarking without files."""
     gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            elif name.endswith(".bias"):
-                p.zero_()
-            else:
-                # uniform with std 0.02 (as HF initialises); uniform is much faster than normal
-                p.uniform_(-0.0346, 0.0346, generator=gen)
+    for name, p in model.named_parameters():
+        dummy_fill(name, p, gen)
+
+
+@torch.no_grad()
+def dummy_fill(name: str, t: torch.Tensor, gen: torch.Generator) -> None:
+    """One parameter's dummy values; filling the parameters in model order with one generator
+    gives the same weights whether they land in a model or, one at a time, in a shard's staging."""
+    if name.endswith("norm.weight"):
+        t.fill_(1.0)
+    elif name.endswith(".bias"):
+        t.zero_()
+    else:
+        # uniform with std 0.02 (as HF initialises); uniform is much faster than normal
+        t.uniform_(-0.0346, 0.0346, generator=gen)
 
 
 def empty_model(cfg: ModelConfig, dtype: torch.dtype) -> MoECausalLM:

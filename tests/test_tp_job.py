@@ -142,16 +142,23 @@ def test_torchrun_world_and_gpus_must_agree(monkeypatch):
         tensor_parallel_degree(EngineOptions("tiny"), "cpu")
 
 
-def test_host_memory_for_loading_in_turn_is_checked_before_any_rank_starts(job, monkeypatch):
-    """Ranks load the whole model in turn and keep their shard: two copies at the peak."""
+def test_ranks_load_their_shards_at_once_within_one_copy_of_the_model(job, monkeypatch):
+    """Each rank reads only what its shard needs into memory: the host needs the model once, and
+    a host that cannot hold it is told before any rank starts."""
     import moelight.memory as memory
+    import moelight.parallel.rank_group as rank_group
     from moelight.loader import resolve_model
     from moelight.memory import OutOfMemoryPlan, weight_bytes
 
     ckpt, _, _ = job
     src = resolve_model(str(ckpt), "auto", "float32")
-    room = int(1.5 * weight_bytes(src.config, src.dtype) / memory.HEADROOM)  # one copy fits, two do not
-    monkeypatch.setattr(memory, "available_bytes", lambda: room)
-    with pytest.raises(OutOfMemoryPlan, match="2 copies while tensor-parallel ranks load their shards"):
+    need = weight_bytes(src.config, src.dtype) / memory.HEADROOM
+    monkeypatch.setattr(memory, "available_bytes", lambda: int(1.2 * need))
+    llm = LLM(str(ckpt), gpus=2, device="emulated", hardware="t4", dtype="float32")
+    llm.close()
+    monkeypatch.setattr(memory, "available_bytes", lambda: int(0.8 * need))
+    started = []
+    monkeypatch.setattr(rank_group, "start_group", lambda *a: started.append(a))
+    with pytest.raises(OutOfMemoryPlan, match="does not fit in CPU memory"):
         LLM(str(ckpt), gpus=2, device="emulated", hardware="t4", dtype="float32")
-    LLM(str(ckpt), gpus=1, device="emulated", hardware="t4", dtype="float32").close()
+    assert not started

@@ -80,6 +80,28 @@ def test_bfloat16_shards_stay_within_bfloat16s_own_rounding(name, n):
     bf16_within_its_own_rounding(tp, single, f32)
 
 
+@pytest.mark.parametrize("layout", ["legacy", "packed"])
+def test_a_rank_loads_its_shard_straight_from_the_checkpoint(tmp_path, layout):
+    """load_shard (what the ranks run) gives exactly shard_model of the whole loaded model, from a
+    sharded checkpoint in either expert layout, with tied embeddings, and from the dummy init."""
+    from moelight.loader import load_model, resolve_model
+    from moelight.parallel.shard_loader import load_shard
+    from tests.checkpoints import make_hf_model, save_checkpoint
+
+    pytest.importorskip("transformers")
+    hf = make_hf_model(seed=2, hidden_size=64, num_attention_heads=8, num_key_value_heads=4, intermediate_size=48,
+                       tie_word_embeddings=layout == "packed")
+    ckpt = save_checkpoint(hf, tmp_path / "ckpt", layout=layout, shards=3)
+    for fmt in ("auto", "dummy"):
+        src = resolve_model(str(ckpt), fmt, "float32")
+        whole = load_model(src, seed=9)
+        for r in range(4):
+            want = dict(shard_model(whole, r, 4, lambda t: t).named_parameters())
+            got = dict(load_shard(src, r, 4, lambda t: t, seed=9).named_parameters())
+            assert want.keys() == got.keys()
+            assert all(torch.equal(want[k], got[k]) for k in want), (fmt, r)
+
+
 def test_a_shard_holds_its_part_only():
     cfg = family_config("qwen2_moe-shared-dense-bias")
     full = random_model(cfg)

@@ -34,7 +34,7 @@ from moelight.parallel.sharding import TensorParallelError
 if TYPE_CHECKING:
     from moelight.options import EngineOptions
 
-# a rank may wait this long for a peer between calls (e.g. while the peers load a large model in turn)
+# a rank may wait this long for a peer between calls (e.g. while a slower rank still loads its shard)
 _LOAD_TIMEOUT = timedelta(hours=2)
 # the layers' all-reduces: a peer that has not answered in this long is gone (NCCL cannot see a dead peer)
 _COMM_TIMEOUT_ENV = "MOELIGHT_TP_TIMEOUT"  # seconds, default 600
@@ -266,16 +266,13 @@ def _inject_fault(rank: int, command: str, engine) -> None:
         executor.decode = failing_decode
 
 
-def load_in_turn(group: RankGroup, load_shard):
-    """Each rank in turn runs `load_shard` (load the whole model, keep its part), the others wait,
-    so host memory holds at most one whole model beside the shards. Rank 0 ends the followers
-    and raises one error if any rank fails."""
+def load_together(group: RankGroup, load_shard):
+    """Every rank loads its own shard at once (moelight/parallel/shard_loader.py), then they meet:
+    a rank that failed to load is reported there, not at the first layer. Rank 0 ends the
+    followers and raises one error if any rank fails."""
     try:
-        shard = None
-        for turn in range(group.world):
-            if turn == group.rank:
-                shard = load_shard()
-            group.barrier()
+        shard = load_shard()
+        group.barrier()
         return shard
     except BaseException as e:
         if group.rank == 0:

@@ -86,7 +86,8 @@ _RULES: list[tuple[re.Pattern, Callable[[torch.Tensor, int, int], torch.Tensor]]
 ]
 
 
-def _part(name: str, full: torch.Tensor, cfg: ModelConfig, r: int, n: int) -> torch.Tensor:
+def part_of(name: str, full: torch.Tensor, cfg: ModelConfig, r: int, n: int) -> torch.Tensor:
+    """Rank r's part of the whole parameter `name` of a model with config `cfg`."""
     for pattern, take in _RULES:
         if pattern.search(name):
             if take is None:  # q/k norms: per head (one weight [d], replicated) or over the projection
@@ -115,23 +116,34 @@ def shard_model(full: MoECausalLM, rank: int, n: int, all_reduce: Callable[[torc
                 ) -> MoECausalLM:
     """Rank `rank`'s model: its slices of `full`'s weights (copied, so `full` can be freed) and the
     all-reduce that sums the layers' partial outputs."""
-    cfg = shard_config(full.config, n)
-    part = empty_model(cfg, full.embed_tokens.weight.dtype)
+    part = empty_model(shard_config(full.config, n), full.embed_tokens.weight.dtype)
     sources = dict(full.named_parameters(remove_duplicate=False))  # tied lm_head included
-    with torch.no_grad():
-        for name, p in part.named_parameters():
-            piece = _part(name, sources[name].detach(), full.config, rank, n)
-            if piece.shape != p.shape:
-                raise TensorParallelError(f"{name}: rank {rank}'s slice has shape {tuple(piece.shape)}, "
-                                          f"the rank's model expects {tuple(p.shape)}")
-            p.copy_(piece)
+    for name, p in part.named_parameters():
+        take_part(p, name, sources[name].detach(), full.config, rank, n)
+    return finish_shard(part, full.config, all_reduce)
+
+
+@torch.no_grad()
+def take_part(p: torch.Tensor, name: str, whole: torch.Tensor, cfg: ModelConfig, rank: int, n: int) -> None:
+    """Copy rank `rank`'s part of the whole parameter into the shard's parameter `p`."""
+    piece = part_of(name, whole, cfg, rank, n)
+    if piece.shape != p.shape:
+        raise TensorParallelError(f"{name}: rank {rank}'s slice has shape {tuple(piece.shape)}, "
+                                  f"the rank's model expects {tuple(p.shape)}")
+    p.copy_(piece)
+
+
+def finish_shard(part: MoECausalLM, full_cfg: ModelConfig, all_reduce) -> MoECausalLM:
+    """Tie the embeddings, give every layer the all-reduce of its row-parallel outputs, and make
+    OLMoE's whole-projection q/k norms sum their squares over the ranks."""
+    cfg = part.config
     if cfg.tie_word_embeddings:
         part.lm_head.weight = part.embed_tokens.weight
     for layer in part.layers:
         layer.tp_reduce = all_reduce
         attn = layer.self_attn
         if cfg.qk_norm == "full":
-            for key, heads in (("q_norm", full.config.num_heads), ("k_norm", full.config.num_kv_heads)):
+            for key, heads in (("q_norm", full_cfg.num_heads), ("k_norm", full_cfg.num_kv_heads)):
                 norm = getattr(attn, key)
                 setattr(attn, key, ShardedRMSNorm(norm.weight.detach(), norm.eps, heads * cfg.head_dim,
                                                   all_reduce))

@@ -1,0 +1,57 @@
+"""One rank's shard straight from the checkpoint (or the dummy initialiser), never the whole model.
+
+Each whole parameter is assembled in a staging tensor of its full shape, cut to the rank's part
+(`sharding.part_of`) the moment its last element arrives, and freed. A rank's host memory holds
+its shard plus the parameters in flight, so all ranks load at once and the host needs the
+model's size once (their shards together), not once per rank. The checkpoint path reuses the
+loader's weight maps and coverage checks (`weights.fill_parameters`); the dummy path draws the
+same values in the same order as `init_dummy_weights`, so a sharded dummy model is the shards of
+the dummy model one device would build.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from moelight.loader import ModelSource
+from moelight.models.causal_lm import MoECausalLM
+from moelight.parallel.sharding import finish_shard, shard_config, take_part
+from moelight.weights import dummy_fill, empty_model, fill_parameters
+
+
+class _Staging:
+    """Whole-shaped tensors for the parameters being loaded, each cut into the shard when full."""
+
+    def __init__(self, source: ModelSource, part: MoECausalLM, rank: int, n: int) -> None:
+        with torch.device("meta"):
+            whole = MoECausalLM(source.config)
+        self.shapes = {name: p.shape for name, p in whole.named_parameters(remove_duplicate=False)}
+        self.source, self.rank, self.n = source, rank, n
+        self.params = dict(part.named_parameters(remove_duplicate=False))
+        self.open: dict[str, torch.Tensor] = {}
+
+    def numels(self) -> dict[str, int]:
+        return {name: shape.numel() for name, shape in self.shapes.items()}
+
+    def dest(self, name: str) -> torch.Tensor:
+        if name not in self.open:
+            self.open[name] = torch.empty(self.shapes[name], dtype=self.source.dtype)
+        return self.open[name]
+
+    def filled(self, name: str) -> None:
+        take_part(self.params[name], name, self.open.pop(name), self.source.config, self.rank, self.n)
+
+
+def load_shard(source: ModelSource, rank: int, n: int, all_reduce, seed: int = 0) -> MoECausalLM:
+    """Rank `rank` of `n`'s model, with the all-reduce that sums its layers' partial outputs."""
+    cfg = source.config
+    part = empty_model(shard_config(cfg, n), source.dtype)
+    staging = _Staging(source, part, rank, n)
+    if source.load_format == "safetensors":
+        fill_parameters(cfg, source.model_dir, staging.numels(), staging.dest, staging.filled)
+    else:
+        gen = torch.Generator().manual_seed(seed)
+        for name in staging.shapes:  # the whole model's order, lm_head included as before tying
+            dummy_fill(name, staging.dest(name), gen)
+            staging.filled(name)
+    return finish_shard(part, cfg, all_reduce)
