@@ -51,7 +51,7 @@ class PackedLinear(nn.Module):
         return packed_linear(x, self.packed, self.bias)
 
 
-# routers stay dense: moe_ffn reads their weight, and an h -> 1 gate gains nothing from packing
+# routers stay dense: the MoE block's route() reads their weight, and an h -> 1 gate gains nothing from packing
 _KEEP_DENSE = ("gate", "shared_expert_gate")
 
 

@@ -22,20 +22,6 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
-def moe_ffn(
-    x: torch.Tensor,
-    gate_weight: torch.Tensor,
-    gate_up_proj,
-    down_proj,
-    top_k: int,
-    linear=F.linear,
-    normalize: bool = True,
-) -> torch.Tensor:
-    """x [T, h] -> [T, h]: softmax-top-k routing, then the routed SwiGLU experts (`expert_mix`)."""
-    weights, experts = route(x, gate_weight, top_k, normalize)
-    return expert_mix(x, weights, experts, gate_up_proj, down_proj, linear)
-
-
 def expert_mix(
     x: torch.Tensor,
     weights: torch.Tensor,

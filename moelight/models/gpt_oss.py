@@ -55,9 +55,12 @@ class GptOssMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_with(x, self.gate_up_proj, self.down_proj, self.linear)
 
-    def forward_with(self, x: torch.Tensor, gate_up_proj, down_proj, linear) -> torch.Tensor:
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         top, experts = torch.topk(self.gate(x), self.top_k, dim=-1)
-        weights = torch.softmax(top, dim=-1, dtype=top.dtype)  # softmax after top-k, no renormalising
+        return torch.softmax(top, dim=-1, dtype=top.dtype), experts  # softmax after top-k, no renormalising
+
+    def forward_with(self, x: torch.Tensor, gate_up_proj, down_proj, linear, routing=None) -> torch.Tensor:
+        weights, experts = self.route(x) if routing is None else routing
         return expert_mix(x, weights, experts, gate_up_proj, down_proj, linear, self.clamped_swiglu,
                           self.expert_bias.gate_up, self.expert_bias.down)
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from moelight.config import ModelConfig
-from moelight.moe import moe_ffn
+from moelight.moe import expert_mix, route
 
 
 class RMSNorm(nn.Module):
@@ -103,9 +103,15 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_with(x, self.gate_up_proj, self.down_proj, self.linear)
 
-    def forward_with(self, x: torch.Tensor, gate_up_proj, down_proj, linear) -> torch.Tensor:
-        """The block over routed-expert weights a runtime supplies (a page table of device buffers)."""
-        out = moe_ffn(x, self.gate.weight, gate_up_proj, down_proj, self.top_k, linear, normalize=self.normalize)
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Routing weights and expert ids [T, k] of x [T, h]."""
+        return route(x, self.gate.weight, self.top_k, self.normalize)
+
+    def forward_with(self, x: torch.Tensor, gate_up_proj, down_proj, linear, routing=None) -> torch.Tensor:
+        """The block over routed-expert weights a runtime supplies (a page table of device buffers),
+        with the routing it already computed (`route`) if it needed it first."""
+        weights, experts = self.route(x) if routing is None else routing
+        out = expert_mix(x, weights, experts, gate_up_proj, down_proj, linear)
         if hasattr(self, "shared_expert"):
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out

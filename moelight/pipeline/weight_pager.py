@@ -8,7 +8,7 @@
   page g+1 be staged while page g crosses the link.
 - The device holds two slots of one layer's paged experts (this layer / next layer), and
   a page table maps expert e of a layer to a resident tensor or a view into a slot: it
-  is what moe_ffn indexes as gate_up_proj[e] / down_proj[e].
+  is what expert_mix indexes as gate_up_proj[e] / down_proj[e].
 
 r_w is rounded to whole experts here (Mixtral: steps of 1/8); the simulator uses r_w as is.
 """
