@@ -41,6 +41,7 @@ class GenerationStats:
     decode_seconds: float = 0.0
     decode_tokens: int = 0  # tokens produced by decode steps (all but each sequence's first)
     wall_seconds: float = 0.0
+    step_seconds: list[float] = field(default_factory=list)  # each decode step: a token for every active sequence
     batches: list[dict] = field(default_factory=list)
 
 
@@ -158,6 +159,7 @@ class _Run:
             t0 = time.perf_counter()
             self._decode_step(mbs)
             dt = time.perf_counter() - t0
+            self.stats.step_seconds.append(dt)
             wave["decode_s"] += dt
             wave["decode_steps"] += 1
             self.stats.decode_seconds += dt
@@ -223,6 +225,9 @@ class _Run:
                     if j in mb:
                         mb.remove(j)
                 self.pool.give(int(self.offsets[j]), self.sizes[j])
+                release = getattr(self.engine.executor, "release_sequence", None)  # per-sequence executor state
+                if release is not None:
+                    release(int(self.offsets[j]))
                 res = SequenceResult(s.index, s.out, s.finish)
                 self.finished.append(res)
                 if self.on_finish is not None:

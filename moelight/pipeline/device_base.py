@@ -199,6 +199,20 @@ class Device(ABC):
     def host_wait(self, t: torch.Tensor) -> None:
         """Make a device result safe to read on the host thread (no-op when emulated)."""
 
+    # ---- direct use (the expert cache's copy thread and compute, outside the lanes) ----
+    @abstractmethod
+    def transfer(self, pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], after=None):
+        """Host -> device copies of (dst, src) pairs as the link does them, from the calling thread,
+        once `after` (an event from `record_event`) has passed; returns an event marking their end."""
+
+    def record_event(self):
+        """An event at this point of the compute stream (None where compute is synchronous)."""
+        return None
+
+    def wait_event(self, event) -> None:  # noqa: B027 - a no-op unless compute is asynchronous
+        """Make later compute wait for `event` (a no-op where copies complete before returning)."""
+        return None
+
     @abstractmethod
     def synchronize(self) -> None:
         """Wait for all submitted work; raise the first error."""

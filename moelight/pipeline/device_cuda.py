@@ -141,6 +141,32 @@ class CudaDevice(Device):
     def host_wait(self, t: torch.Tensor) -> None:
         torch.cuda.current_stream(self.torch_device).synchronize()
 
+    def transfer(self, pairs, after=None):
+        """On the H2D stream, after `after`; pageable sources go through a pinned staging buffer."""
+        stream = self.streams["h2d"]
+        with torch.cuda.stream(stream):
+            if after is not None:
+                stream.wait_event(after)
+            for dst, src in pairs:
+                if not src.is_pinned():
+                    staged = torch.empty(src.shape, dtype=src.dtype, pin_memory=True)
+                    staged.copy_(src)
+                    src = staged  # the host allocator keeps it alive until the copy is done
+                dst.record_stream(stream)
+                dst.copy_(src, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(stream)
+        return done
+
+    def record_event(self):
+        ev = torch.cuda.Event()
+        ev.record(torch.cuda.current_stream(self.torch_device))
+        return ev
+
+    def wait_event(self, event) -> None:
+        if event is not None:
+            torch.cuda.current_stream(self.torch_device).wait_event(event)
+
     def synchronize(self) -> None:
         self.lanes.wait_all()
         torch.cuda.synchronize(self.torch_device)

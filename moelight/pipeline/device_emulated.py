@@ -164,6 +164,17 @@ class EmulatedDevice(Device):
     def host_wait(self, t: torch.Tensor) -> None:
         return None
 
+    def transfer(self, pairs, after=None):
+        """Copy now, then take the rest of bytes / h2d bandwidth (compute here is synchronous)."""
+        t0, nbytes = time.perf_counter(), 0
+        for dst, src in pairs:
+            dst.copy_(src)
+            nbytes += nbytes_of(src)
+        rest = nbytes / self.bandwidth["h2d"] - (time.perf_counter() - t0)
+        if rest > 0:
+            time.sleep(rest)
+        return None
+
     def synchronize(self) -> None:
         self.lanes.wait_all()
 
