@@ -61,7 +61,7 @@ class EngineSession:
     # ---- plan -> memory check -> load -> generate ----
     def plan(self, prompts: list[list[int]], params: list[SamplingParams], turn: int = 1) -> JobPlan:
         """Plan the job and check that weights + the largest batch's KV cache fit, before loading."""
-        plan = plan_job(self.opts, self.config, self.dtype_name, prompts, params, self.device, self.log)
+        plan = plan_job(self.opts, self.config, self.dtype_name, prompts, params, self.device, self.log, self.ranks)
         plan.info["tensor_parallel"] = self.ranks
         kv_tokens = largest_batch_tokens(prompts, params, plan.batch_size, turn)
         loaded = weight_bytes(self.config, self.source.dtype) if self.model is not None else 0
@@ -100,7 +100,12 @@ class EngineSession:
         lead = self.group is not None and self.group.rank == 0
         if lead:
             self._send("engine", plan, prompts, params, turn)
-        executor = None if self.device == "cpu" else self._pipeline_executor(plan, prompts, params, turn)
+        if self.device == "cpu":
+            executor = None
+        elif plan.info.get("mode") == "latency":
+            executor = self._cache_executor(plan)
+        else:
+            executor = self._pipeline_executor(plan, prompts, params, turn)
         engine = Engine(self.model, self.eos, self.opts.max_prefill_tokens, executor=executor,
                         refill=self.opts.refill)
         if lead:
@@ -127,6 +132,40 @@ class EngineSession:
                          batch_size=plan.batch_size, micro_batch_size=plan.micro_batch_size,
                          skipped_requests=skipped, policy=dict(plan.info), prediction=dict(plan.prediction),
                          attention_backend=kernel_backend())
+
+    def cache_stats(self) -> dict:
+        """The latency-mode executor's expert-cache figures (empty in throughput mode)."""
+        stats = getattr(self._executor, "stats", None)
+        if stats is None:
+            return {}
+        return stats.to_dict() | {"slots": self._executor.cache.slots, "policy": self._executor.cache.policy.name,
+                                  "prefetch_per_layer": self._executor.cache.prefetch_per_layer}
+
+    def _cache_executor(self, plan: JobPlan):
+        """Latency mode's executor: a fresh expert cache for every job, on one device."""
+        from hrm import model_from_hf_config
+        from moelight.expert_cache.eam import EAMCollection
+        from moelight.expert_cache.executor import ExpertCacheExecutor
+        from moelight.expert_cache.policies import make_policy
+        from moelight.expert_cache.simulator import default_prefetch_budget
+
+        cfg, hw = self.config, plan.hardware
+        layers, experts = sum(cfg.is_sparse(j) for j in range(cfg.num_layers)), cfg.num_experts
+        eamc = EAMCollection.load(self.opts.eamc, layers, experts) if self.opts.eamc else None
+        budget = self.opts.prefetch_per_layer
+        if budget is None:
+            budget = default_prefetch_budget(hw, model_from_hf_config(cfg.to_hf_dict()), plan.batch_size,
+                                             plan.policy.dtype)
+        kwargs: dict = {}
+        if self.device == "emulated":
+            kwargs = {"device_memory": int(hw.gpu.memory_bytes), "h2d_bandwidth": hw.link.h2d,
+                      "d2h_bandwidth": hw.link.d2h}
+        self.close_executor()
+        policy = make_policy(self.opts.cache_policy_name(), layers, experts, eamc)
+        self._executor = ExpertCacheExecutor(self.model, plan.info["cache"]["slots"], policy, self.device,
+                                             prefetch_per_layer=budget, **kwargs)
+        self._executor_size = None  # a throughput-mode job after this one builds its own
+        return self._executor
 
     def close_executor(self) -> None:
         if self._executor is not None:

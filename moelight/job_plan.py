@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from moelight.errors import MoelightError
+from moelight.mode_plan import ModeError, apply_mode
 from moelight.options import EngineOptions
 from moelight.sampling import SamplingParams
 
@@ -101,9 +102,10 @@ def workload_of(prompts: list[list[int]], params: list[SamplingParams]):
 
 
 def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
-             log: Callable[[str], None] | None = None) -> JobPlan:
+             log: Callable[[str], None] | None = None, ranks: int = 1) -> JobPlan:
     """The policy for this job: planned (auto) or read from a file, capped to the number of
-    requests; explicit batch / micro-batch sizes win; the prediction is for what runs."""
+    requests; explicit batch / micro-batch sizes win; then the mode (throughput or latency,
+    moelight/mode_plan.py); the prediction is for what runs."""
     from hrm import model_from_hf_config
     from optimizer import InfeasibleError, Policy, fit_policy, plan, predict_job
 
@@ -149,11 +151,18 @@ def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
     if ran["batch_size"] != planned.batch_size or ran["micro_batch_size"] != planned.micro_batch_size:
         info["planned"] = planned.to_dict()
     pred = predict_job(hw, mspec, workload, policy, n_req, batch, micro)
+    try:
+        plan = apply_mode(JobPlan(batch, micro, policy, hw, info, pred), opts, mspec, workload, n_req, device, ranks)
+    except ModeError as e:
+        raise PlanError(str(e)) from None
     if log:
-        log(f"policy ({source}, {plan_s * 1e3:.0f} ms, hardware {hw.name}): batch {batch}, micro-batch "
-            f"{micro}, {_placement(policy)}; predicted {pred['end_to_end_tokens_per_s']:.1f} tok/s end-to-end, "
-            f"bound by {pred['binding']}")
-    return JobPlan(batch, micro, policy, hw, info, pred)
+        p = plan.prediction
+        where = ("expert cache of " f"{plan.info['cache']['slots']} slots ({plan.info['cache']['policy']})"
+                 if plan.info["mode"] == "latency" else _placement(policy))
+        log(f"policy ({source}, {plan_s * 1e3:.0f} ms, hardware {hw.name}): batch {plan.batch_size}, micro-batch "
+            f"{plan.micro_batch_size}, {where}; predicted {p['end_to_end_tokens_per_s']:.1f} tok/s end-to-end, "
+            f"bound by {p['binding']}; {plan.info['mode_reason']}")
+    return plan
 
 
 def _placement(policy) -> str:

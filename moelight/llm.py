@@ -152,6 +152,7 @@ class LLM:
             results = engine.generate(token_lists, params, seeds, plan.batch_size, plan.micro_batch_size,
                                       on_finish=on_finish, stats=stats)
         report.add_stats(stats)
+        report.cache = self.session.cache_stats()
         report.peak_memory_bytes = peak_rss_bytes()
         self.last_stats, self.last_report = stats, report
         return [

@@ -11,12 +11,14 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from moelight.errors import MoelightError
+from moelight.expert_cache.policies import POLICIES as CACHE_POLICIES
 from moelight.pipeline.schedule import SCHEDULES
 
 DEVICES = ("auto", "cpu", "cuda", "emulated")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 TOKENIZERS = ("auto", "hf", "byte")
+MODES = ("auto", "throughput", "latency")
 
 
 class OptionError(MoelightError):
@@ -46,6 +48,17 @@ class EngineOptions:
     batch_size: int | None = None  # override the policy's N
     micro_batch_size: int | None = None  # override the policy's micro-batch size
     max_prefill_tokens: int = 4096  # tokens per prefill pass
+    mode: str = "auto"  # throughput (CGOPipe), latency (a device expert cache), auto: the faster by the HRM
+    cache_policy: str = "auto"  # latency mode's expert cache: on-demand, lru, lfu, moe-infinity; auto: see below
+    cache_size: float | None = None  # expert slots: a share of all experts (< 1) or a count; None: what fits
+    eamc: str | None = None  # MoE-Infinity's EAM collection (`moelight eamc`)
+    prefetch_per_layer: int | None = None  # prefetches per layer pass; None: what the link moves in one layer
+
+    def cache_policy_name(self) -> str:
+        """auto: MoE-Infinity when an EAM collection is given, else LRU."""
+        if self.cache_policy != "auto":
+            return self.cache_policy
+        return "moe-infinity" if self.eamc else "lru"
 
     def validate(self) -> None:
         """Raise OptionError for the first option that cannot work; touches no weights."""
@@ -54,11 +67,21 @@ class EngineOptions:
         _choice("--tokenizer", self.tokenizer, TOKENIZERS)
         _choice("--device", self.device, DEVICES)
         _choice("--schedule", self.schedule, SCHEDULES)
+        _choice("--mode", self.mode, MODES)
+        _choice("--cache-policy", self.cache_policy, ("auto", *CACHE_POLICIES))
         bounds = (("--batch-size", self.batch_size, 1), ("--micro-batch-size", self.micro_batch_size, 1),
-                  ("--gpus", self.gpus, 0), ("--max-prefill-tokens", self.max_prefill_tokens, 1))
+                  ("--gpus", self.gpus, 0), ("--max-prefill-tokens", self.max_prefill_tokens, 1),
+                  ("--prefetch-per-layer", self.prefetch_per_layer, 0))
         for option, value, low in bounds:
             if value is not None and value < low:
                 raise OptionError(f"{option} {value}: must be >= {low}")
+        if self.cache_size is not None and (self.cache_size <= 0 or (self.cache_size >= 1 and self.cache_size % 1)):
+            raise OptionError(f"--cache-size {self.cache_size}: a share of the experts in (0, 1) or a whole "
+                              "number of slots")
+        if self.eamc is not None and not Path(self.eamc).expanduser().is_file():
+            raise OptionError(f"--eamc {self.eamc}: no such file; build one with `moelight eamc --trace TRACE`")
+        if self.cache_policy == "moe-infinity" and self.eamc is None:
+            raise OptionError("--cache-policy moe-infinity needs --eamc FILE (`moelight eamc --trace TRACE`)")
         self._check_hardware()
         if self.policy != "auto" and not Path(self.policy).expanduser().is_file():
             raise OptionError(f"--policy {self.policy}: no such file; give 'auto' or a policy JSON "

@@ -32,9 +32,17 @@ class RunReport:
     interrupted: bool = False
     policy: dict = field(default_factory=dict)
     prediction: dict = field(default_factory=dict)
+    tpot_ms: dict = field(default_factory=dict)  # time per output token: p50 / p90 / p99 of the decode steps
+    cache: dict = field(default_factory=dict)  # latency mode: the expert cache's hits, prefetches, bytes moved
 
     def add_stats(self, s: GenerationStats) -> None:
         """Fold in one generation round (multi-turn jobs have several)."""
+        steps = self.__dict__.setdefault("_steps", [])
+        steps.extend(s.step_seconds)
+        if steps:
+            ordered = sorted(steps)
+            self.tpot_ms = {f"p{q}": 1e3 * ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+                            for q in (50, 90, 99)}
         self.prompt_tokens += s.prompt_tokens
         self.generated_tokens += s.generated_tokens
         self.prefill_seconds += s.prefill_seconds
@@ -66,6 +74,16 @@ class RunReport:
             f" {self.load_seconds:.2f} s loading)",
             f"peak memory   {self.peak_memory_bytes / gib:.2f} GiB  (attention: {self.attention_backend})",
         ]
+        if self.tpot_ms:
+            t = self.tpot_ms
+            lines.append(f"per token     p50 {t['p50']:.1f} ms, p90 {t['p90']:.1f} ms, p99 {t['p99']:.1f} ms "
+                         "(time per decode step)")
+        if self.cache:
+            c = self.cache
+            lines.append(f"expert cache  {c['slots']} slots, {c['policy']}: hit rate {c['hit_rate']:.1%}, prefetch "
+                         f"recall {c['prefetch_recall']:.1%} ({c['prefetch_used']} used / {c['prefetch_issued']} "
+                         f"issued, {c['prefetch_late']} late, {c['prefetch_wasted']} wasted), "
+                         f"{c['fetched_bytes'] / 2**20:.1f} MiB moved")
         if self.prediction:
             p = self.prediction
             lines.append(f"predicted     {p.get('end_to_end_tokens_per_s', 0):10.1f} tok/s end-to-end (HRM)")

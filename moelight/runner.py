@@ -108,6 +108,7 @@ def run_job(opts: RunOptions) -> RunReport | None:
         report.interrupted = True
     finally:
         bar.close()
+        report.cache = session.cache_stats()
         session.close()
         report.peak_memory_bytes = peak_rss_bytes()
         report.save(report_path(opts.output))

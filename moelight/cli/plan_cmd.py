@@ -39,6 +39,36 @@ def format_plan(res) -> str:
     return "\n".join(lines)
 
 
+def used_hw(hw, gpus):
+    return hw.with_gpus(gpus) if gpus is not None else hw
+
+
+def _modes(res, hw, mspec, workload, dtype: str, requests: int, mode: str) -> str:
+    """Both modes' predictions for the job and the one --mode picks, with the reason."""
+    if mode == "throughput":
+        return ""
+    from optimizer import predict_job
+    from optimizer.latency_mode import best_latency_batch
+
+    thr = predict_job(hw, mspec, workload, res.policy, requests)["end_to_end_tokens_per_s"]
+    lat = best_latency_batch(hw, mspec, workload, requests, dtype) if hw.has_gpu and hw.gpu_count == 1 else None
+    lines = [f"modes for a job of {requests} requests:",
+             f"  throughput (CGOPipe, batch {min(requests, res.policy.batch_size)}): {thr:.1f} tok/s end-to-end"]
+    if lat is None:
+        lines.append("  latency: cannot run here (it needs one GPU that holds the non-expert weights, the KV cache "
+                     "and one layer's experts)")
+        pick = "throughput"
+    else:
+        lines.append(f"  latency (batch {lat.batch_size}, {lat.slots} expert slots, hit rate {lat.hit_rate:.0%} "
+                     f"assumed): {lat.end_to_end_tokens_per_s:.1f} tok/s end-to-end, {1e3 * lat.step_seconds:.1f} ms "
+                     f"per token ({1e3 * lat.fetch_seconds_per_layer:.2f} ms of expert fetches and "
+                     f"{1e3 * lat.compute_seconds_per_layer:.2f} ms of compute per layer)")
+        pick = mode if mode != "auto" else ("latency" if lat.end_to_end_tokens_per_s > thr else "throughput")
+    why = "asked for" if mode != "auto" else "the faster for this job"
+    lines.append(f"mode: {pick} ({why})")
+    return "\n".join(lines)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("plan")
     def plan(
@@ -56,6 +86,10 @@ def register(app: typer.Typer) -> None:
         as_json: bool = typer.Option(False, "--json", help="print the plan as JSON"),
         plot: Path | None = typer.Option(None, "--plot", help="write HRM roofline PNGs to this directory"),
         save_policy: Path | None = typer.Option(None, "--save-policy", help="write the policy JSON here"),
+        mode: str = typer.Option("throughput", "--mode", help="throughput (CGOPipe), latency (a device expert "
+                                 "cache), or auto: predict both for --requests and pick the faster"),
+        requests: int | None = typer.Option(None, "--requests", min=1, help="requests in the job (for --mode; "
+                                            "default: the throughput plan's batch)"),
     ) -> None:
         """Search the HRM policy (batch, micro-batch, placement, r_w, r_c) and explain it."""
         from hrm import WorkloadSpec, get_hardware, get_model
@@ -101,13 +135,18 @@ def register(app: typer.Typer) -> None:
         except ValueError as e:  # e.g. --gpus on a host without GPU, a family that needs one
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(2) from None
+        if mode not in ("throughput", "latency", "auto"):
+            raise typer.BadParameter(f"{mode!r}: choose throughput, latency or auto", param_hint="--mode")
+        lines = _modes(res, used_hw(hw, gpus), mspec, workload, dtype, requests or res.policy.batch_size, mode)
         typer.echo(res.to_json() if as_json else format_plan(res))
+        if lines and not as_json:
+            typer.echo(lines)
         if save_policy is not None:
             res.policy.save(save_policy)
         if plot is not None:
             from hrm.plots import plot_all
 
-            used = hw.with_gpus(gpus) if gpus is not None else hw
+            used = used_hw(hw, gpus)
             p = res.policy
             paths = plot_all(used, mspec, workload, dtype, plot, micro_batch=p.mu, r_w=p.r_w)
             if not as_json:

@@ -1,0 +1,127 @@
+"""`moelight eamc` (MoE-Infinity's EAM collection from a trace) and `moelight simulate-cache`
+(a trace replayed against expert-cache policies, sizes and batch sizes with HRM costs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import typer
+
+from moelight.cli.errors import user_errors
+
+Opt = typer.Option
+
+
+def eamc(
+    trace: Path = Opt(..., "--trace", help="a routing trace from `moelight trace`"),
+    output: Path = Opt(..., "--output", help="the collection (.npz)"),
+    capacity: int = Opt(128, "--capacity", min=1, help="EAMs kept (the paper keeps hundreds)"),
+    seed: int = Opt(0, "--seed"),
+) -> None:
+    """Build MoE-Infinity's EAM collection: one EAM per traced request, K-means with Eq. (1)."""
+    import numpy as np
+
+    from moelight.expert_cache.eam import EAMCollection, eam_of
+    from moelight.expert_cache.trace import Trace
+
+    with user_errors():
+        t = Trace.load(trace)
+        eams = np.stack([eam_of(r.experts, t.model.num_experts) for r in t.requests])
+        col = EAMCollection.build(eams, capacity, seed=seed, model=t.model.name)
+        col.save(output)
+    typer.echo(f"{len(col.eams)} EAMs of {len(t.requests)} requests ({col.shape[0]} MoE layers x "
+               f"{col.shape[1]} experts): {output}")
+
+
+def simulate_cache(
+    trace: Path = Opt(..., "--trace", help="a routing trace from `moelight trace`"),
+    model: str = Opt(None, "--model", help="model whose costs to use (preset or folder); default: the trace's"),
+    hardware: str = Opt("t4", "--hardware", help="GPU preset or profile JSON (link and GPU costs)"),
+    policy: str = Opt("all", "--policy", help="on-demand, lru, lfu, moe-infinity, or all"),
+    cache_size: str = Opt("0.1,0.25,0.5,0.75", "--cache-size",
+                          help="comma-separated: a share of all experts (< 1) or a slot count"),
+    batch: str = Opt("1", "--batch", help="comma-separated sequences decoding together"),
+    eamc_path: Path = Opt(None, "--eamc", help="EAM collection for moe-infinity (`moelight eamc`)"),
+    prefetch_per_layer: int = Opt(None, "--prefetch-per-layer", min=0,
+                                  help="prefetches per layer pass (default: what the link moves in one layer)"),
+    dtype: str = Opt("float16", "--dtype"),
+    as_json: Path = Opt(None, "--json", help="write every result here"),
+    plot: Path = Opt(None, "--plot", help="draw hit rate and latency against cache size into this folder"),
+) -> None:
+    """Replay a routing trace against expert-cache policies (same policy code as `moelight run --mode latency`)."""
+    from hrm import get_hardware, get_model
+    from moelight.expert_cache.eam import EAMCollection
+    from moelight.expert_cache.policies import POLICIES, make_policy
+    from moelight.expert_cache.simulator import simulate_cache as run
+    from moelight.expert_cache.trace import Trace
+    from moelight.options import OptionError
+
+    with user_errors():
+        names = list(POLICIES) if policy == "all" else [p.strip() for p in policy.split(",")]
+        if any(n not in POLICIES for n in names):
+            raise OptionError(f"--policy {policy!r}: choose from {', '.join(POLICIES)} or all")
+        t = Trace.load(trace)
+        try:
+            mspec = get_model(model or t.model.name)
+            hw = get_hardware(hardware)
+        except (KeyError, FileNotFoundError, ValueError) as e:
+            raise OptionError(str(e.args[0] if isinstance(e, KeyError) else e)) from None
+        L, E = len(t.model.moe_layers), t.model.num_experts
+        sizes = [_slots(s, L * E) for s in cache_size.split(",")]
+        batches = [_positive_int("--batch", b) for b in batch.split(",")]
+        eamc = EAMCollection.load(eamc_path, L, E) if eamc_path is not None else None
+        if "moe-infinity" in names and eamc is None:
+            if policy != "all":
+                raise OptionError("--policy moe-infinity needs --eamc FILE (`moelight eamc --trace ...`)")
+            names.remove("moe-infinity")
+        results = []
+        for b in batches:
+            for slots in sizes:
+                for n in names:
+                    r = run(t, lambda n=n: make_policy(n, L, E, eamc), slots, hw, mspec, b, prefetch_per_layer, dtype)
+                    results.append(r)
+                    typer.echo(format_result(r, L * E))
+    if as_json is not None:
+        as_json.write_text(json.dumps([r.to_dict() for r in results], indent=2))
+    if plot is not None:
+        from moelight.expert_cache.plots import plot_cache_sweep
+
+        typer.echo("plots: " + ", ".join(str(p) for p in plot_cache_sweep(results, L * E, plot)))
+
+
+def format_result(r, total: int) -> str:
+    st, p = r.stats, r.percentiles()
+    return (f"batch {r.batch:3d}  slots {r.slots:4d} ({r.slots / total:4.0%})  {r.policy:13s} hit {st.hit_rate:6.1%}  "
+            f"recall {st.prefetch_recall:6.1%}  goodpred {st.good_pred:6.1%}  moved {st.fetched_bytes / 1e9:7.2f} GB  "
+            f"TPOT p50 {p['p50']:8.2f} ms p90 {p['p90']:8.2f} p99 {p['p99']:8.2f}")
+
+
+def _positive_int(option: str, text: str) -> int:
+    from moelight.options import OptionError
+
+    try:
+        v = int(text)
+    except ValueError:
+        raise OptionError(f"{option} {text!r}: not an integer") from None
+    if v < 1:
+        raise OptionError(f"{option} {v}: must be >= 1")
+    return v
+
+
+def _slots(text: str, total: int) -> int:
+    """'0.25' -> a quarter of all experts; '40' -> 40 slots."""
+    from moelight.options import OptionError
+
+    try:
+        v = float(text)
+    except ValueError:
+        raise OptionError(f"--cache-size {text!r}: a share of the experts (e.g. 0.25) or a slot count") from None
+    if v <= 0 or (v >= 1 and v != int(v)):
+        raise OptionError(f"--cache-size {text!r}: a share in (0, 1) or a whole number of slots")
+    return max(1, round(v * total)) if v < 1 else min(int(v), total)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("eamc")(eamc)
+    app.command("simulate-cache")(simulate_cache)

@@ -1,0 +1,107 @@
+"""HRM prediction of latency mode (a device expert cache for small batches), and the choice
+between it and the throughput mode (CGOPipe) for a job.
+
+Latency mode keeps the non-expert weights, the KV cache and the activations on one GPU and the
+routed experts in as many device slots as the rest of its memory holds. Per decode step and MoE
+layer the GPU computes the batch's tokens (QKV, attention over the KV cache, O projection,
+router, the experts touched: E(1 - (1 - k/E)^B) of them), and every needed expert that is not
+cached is fetched first, one after another over the link. Without a trace of the job's routing
+the expected hit rate is the cache's share of all experts (each needed expert equally likely to
+be any: uniform routing, a pessimistic estimate; a trace's simulation, `moelight simulate-cache`,
+gives the real one). Prefill streams every expert of a layer the cache lacks.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from hrm import costs
+from hrm import operators as ops
+from hrm.dtypes import dtype_bytes
+from hrm.hardware import HardwareSpec
+from hrm.model import ModelSpec
+from hrm.workload import WorkloadSpec
+from optimizer.cost_model import ALPHA
+
+
+@dataclass
+class LatencyPrediction:
+    batch_size: int
+    slots: int  # device expert slots
+    hit_rate: float  # expected share of needed experts found in the cache
+    prefill_seconds: float  # the job's prefill
+    step_seconds: float  # one decode step (a token for each of the batch)
+    end_to_end_tokens_per_s: float
+    prefill_tokens_per_s: float
+    decode_tokens_per_s: float
+    fetch_seconds_per_layer: float  # expected demand-fetch stall of a decode layer pass
+    compute_seconds_per_layer: float
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__) | {"tpot_ms": 1e3 * self.step_seconds}
+
+
+def cache_slots(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, batch: int, dtype: str,
+                alpha: float = ALPHA) -> int:
+    """Expert slots that fit on one GPU beside the non-expert weights, the batch's KV cache at its
+    longest context and a prefill's activations; 0 when not even one layer's experts fit."""
+    b = dtype_bytes(dtype)
+    kv = costs.kv_cache_bytes(m, batch, wl.max_context, dtype, layers=m.num_layers)
+    act = batch * max(1.0, wl.peak_prompt) * ops.activation_bytes_per_token(m, b) + batch * m.vocab_size * 4.0
+    room = alpha * hw.gpu.memory_bytes - m.non_expert_params() * b - kv - act
+    expert = m.expert_params() * b
+    total = (m.num_layers - m.num_dense_layers) * m.num_experts
+    slots = min(total, int(max(0.0, room) // expert))
+    return slots if slots >= m.num_experts else 0
+
+
+def predict_latency_mode(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, requests: int, batch: int,
+                         dtype: str, slots: int | None = None, hit_rate: float | None = None) -> LatencyPrediction:
+    """The job (`requests` in batches of `batch`) in latency mode; ValueError when it cannot run."""
+    if not hw.has_gpu:
+        raise ValueError(f"hardware {hw.name!r} has no GPU: latency mode keeps its expert cache on one")
+    slots = cache_slots(hw, m, wl, batch, dtype) if slots is None else slots
+    if slots < m.num_experts:
+        raise ValueError(f"latency mode at batch {batch}: one {hw.gpu.name} cannot hold the non-expert weights, "
+                         f"the KV cache and one layer's {m.num_experts} experts")
+    moe_layers = m.num_layers - m.num_dense_layers
+    h = min(1.0, slots / (moe_layers * m.num_experts)) if hit_rate is None else hit_rate
+    gpu, b = hw.gpu, dtype_bytes(dtype)
+    t = lambda c: float(costs.op_time(c, gpu, dtype))  # noqa: E731
+    fetch = ops.expert_ffn(m, 0, b).bytes / hw.link.h2d
+
+    def layer(tokens: float, seqs: float, attention) -> tuple[float, float]:
+        touched = float(ops.experts_touched(m, tokens))
+        per = m.top_k * tokens / max(touched, 1e-9)
+        compute = (t(ops.qkv_proj(m, tokens, b)) + t(attention) + t(ops.o_proj(m, tokens, b))
+                   + t(ops.router(m, tokens, b)) + touched * t(ops.expert_ffn(m, per, b)))
+        return compute, touched * (1.0 - h) * fetch * m.sparse_fraction
+
+    dec_c, dec_f = layer(batch, batch, ops.decode_attention(m, batch, wl.mean_context, b))
+    step = m.num_layers * (dec_c + dec_f) + t(ops.lm_head(m, batch, b))
+    prompt = wl.effective_prompt
+    pre_c, pre_f = layer(batch * prompt, batch, ops.prefill_attention(m, batch, prompt, b))
+    prefill_batch = m.num_layers * (pre_c + pre_f)
+    g = wl.gen_len
+    sizes = [batch] * (requests // batch) + ([requests % batch] if requests % batch else [])
+    t_pre = sum(prefill_batch * n / batch for n in sizes)
+    t_dec = sum((g - 1) * step for _ in sizes)
+    total = t_pre + t_dec
+    return LatencyPrediction(batch, slots, h, t_pre, step, requests * g / total, requests * prompt / max(t_pre, 1e-12),
+                             batch / step, dec_f, dec_c)
+
+
+def best_latency_batch(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, requests: int, dtype: str,
+                       limit: int = 64) -> LatencyPrediction | None:
+    """Latency mode at its best batch size (powers of two up to `limit` and the job's size), or None."""
+    best = None
+    cands = sorted({min(requests, 2**i) for i in range(int(math.log2(limit)) + 1)})
+    for batch in cands:
+        try:
+            p = predict_latency_mode(hw, m, wl, requests, batch, dtype)
+        except ValueError:
+            continue
+        if best is None or p.end_to_end_tokens_per_s > best.end_to_end_tokens_per_s:
+            best = p
+    return best

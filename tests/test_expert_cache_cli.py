@@ -1,0 +1,120 @@
+"""The small-batch mode's commands end to end on the committed trained checkpoint: `moelight trace`,
+`moelight eamc`, `moelight simulate-cache` (with its plot), `moelight run --mode latency` with the
+EAM collection, `moelight plan --mode auto`, and their errors for bad traces and collections."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from typer.testing import CliRunner
+
+from moelight.cli import app
+from moelight.expert_cache.trace import Trace, TraceError
+from tests.cli_text import says
+from tests.test_cli_run import read_jsonl, report_of, write_jsonl
+
+CKPT = Path(__file__).parent / "data" / "stdlib-moe"
+CODE = ["def parse(text):\n    ", "class Config:\n    def __init__(self", "    return sorted(", "import re\n\n",
+        "    if not isinstance(value, int):\n        raise"]
+
+
+def invoke(*args) -> object:
+    return CliRunner().invoke(app, [str(a) for a in args])
+
+
+@pytest.fixture(scope="module")
+def traced(tmp_path_factory):
+    root = tmp_path_factory.mktemp("cache_cli")
+    data = write_jsonl(root / "prompts.jsonl", [{"id": f"c{i}", "prompt": p} for i, p in enumerate(CODE)])
+    res = invoke("trace", "--model", CKPT, "--dataset", data, "--output", root / "trace.parquet", "--gen-len", "5",
+                 "--ignore-eos", "--dtype", "float32", "--hidden", "--no-progress")
+    assert res.exit_code == 0, res.output
+    res = invoke("eamc", "--trace", root / "trace.parquet", "--output", root / "eamc.npz", "--capacity", "3")
+    assert res.exit_code == 0, res.output
+    return root, data
+
+
+def test_trace_holds_every_token_and_layer(traced):
+    root, _ = traced
+    t = Trace.load(root / "trace.parquet", hidden=True)
+    assert t.model.moe_layers == [0, 1, 2, 3] and t.model.num_experts == 8 and t.model.top_k == 2
+    assert [r.request_id for r in t.requests] == [f"c{i}" for i in range(len(CODE))]
+    for r in t.requests:
+        assert r.tokens == r.prompt_len + 4  # 5 new tokens, the last never fed back
+        assert (r.experts[:, :3] >= 0).all()  # every token routed in layers 0-2
+        assert (r.experts[: r.prompt_len - 1, 3] == -1).all()  # prefill's last layer runs the last token only
+        assert (r.experts[r.prompt_len - 1 :, 3] >= 0).all()
+        assert r.hidden.shape == (r.tokens, 4, 128)
+        assert r.weights[:, :3].sum(-1) == pytest.approx(1.0, abs=1e-5)  # Mixtral renormalises top-2
+    saved = t.save(root / "again.parquet")
+    again = Trace.load(saved)
+    assert all((a.experts == b.experts).all() for a, b in zip(again.requests, t.requests, strict=True))
+
+
+def test_simulate_cache_reports_every_policy_and_plots(traced):
+    root, _ = traced
+    res = invoke("simulate-cache", "--trace", root / "trace.parquet", "--model", CKPT, "--hardware", "t4",
+                 "--eamc", root / "eamc.npz", "--cache-size", "0.25,0.5", "--batch", "1,2",
+                 "--json", root / "sim.json", "--plot", root / "plots")
+    assert res.exit_code == 0, res.output
+    rows = json.loads((root / "sim.json").read_text())
+    assert {r["policy"] for r in rows} == {"on-demand", "lru", "lfu", "moe-infinity"}
+    assert {(r["batch"], r["slots"]) for r in rows} == {(b, s) for b in (1, 2) for s in (8, 16)}
+    assert all(0 <= r["hit_rate"] <= 1 and r["tpot_ms"]["p50"] > 0 for r in rows)
+    assert (root / "plots" / "cache_sweep_batch1.png").is_file()
+
+
+def test_run_in_latency_mode_with_moe_infinity_reports_the_cache(traced, tmp_path):
+    root, data = traced
+    common = ["run", "--dataset", data, "--model", CKPT, "--gen-len", "5", "--ignore-eos", "--dtype", "float32",
+              "--device", "emulated", "--hardware", "t4", "--no-progress"]
+    res = invoke(*common, "--output", tmp_path / "lat.jsonl", "--mode", "latency", "--eamc", root / "eamc.npz",
+                 "--cache-size", "12", "--batch-size", "1")
+    assert res.exit_code == 0, res.output
+    assert says(res.output, "expert cache of 12 slots (moe-infinity)") and says(res.output, "latency mode (asked)")
+    rep = report_of(tmp_path / "lat.jsonl")
+    assert rep["policy"]["mode"] == "latency" and rep["cache"]["policy"] == "moe-infinity"
+    assert rep["cache"]["accesses"] == rep["cache"]["hits"] + rep["cache"]["misses"] > 0
+    assert set(rep["tpot_ms"]) == {"p50", "p90", "p99"}
+    res = invoke(*common, "--output", tmp_path / "thr.jsonl", "--mode", "throughput")
+    assert res.exit_code == 0, res.output
+    assert [r["output_token_ids"] for r in read_jsonl(tmp_path / "lat.jsonl")] == \
+        [r["output_token_ids"] for r in read_jsonl(tmp_path / "thr.jsonl")]
+
+
+def test_auto_mode_is_explained_in_plan(traced):
+    small = invoke("plan", "--model", "mixtral-8x7b", "--hardware", "t4", "--mode", "auto", "--requests", "1")
+    assert small.exit_code == 0 and says(small.output, "mode: latency (the faster for this job)")
+    big = invoke("plan", "--model", "mixtral-8x7b", "--hardware", "t4", "--mode", "auto", "--requests", "4000")
+    assert big.exit_code == 0 and says(big.output, "mode: throughput (the faster for this job)")
+
+
+def test_bad_traces_and_collections_are_named(traced, tmp_path):
+    root, data = traced
+    with pytest.raises(TraceError, match="no such trace file"):
+        Trace.load(tmp_path / "missing.parquet")
+    pq.write_table(pa.table({"x": [1]}), tmp_path / "other.parquet")
+    with pytest.raises(TraceError, match="not a moelight routing trace"):
+        Trace.load(tmp_path / "other.parquet")
+    table = pq.read_table(root / "trace.parquet")
+    bad = table.set_column(table.column_names.index("experts"), "experts",
+                           pa.array([[9, 0]] * table.num_rows, type=pa.list_(pa.int16())))
+    pq.write_table(bad, tmp_path / "bad.parquet")
+    with pytest.raises(TraceError, match="expert id 9 outside 0..7"):
+        Trace.load(tmp_path / "bad.parquet")
+    res = invoke("simulate-cache", "--trace", tmp_path / "bad.parquet", "--model", CKPT)
+    assert res.exit_code == 2 and says(res.output, "expert id 9 outside")
+    wrong = invoke("run", "--dataset", data, "--model", "tiny", "--load-format", "dummy", "--output",
+                   tmp_path / "o.jsonl", "--device", "emulated", "--hardware", "t4", "--mode", "latency",
+                   "--eamc", root / "eamc.npz", "--no-progress")
+    assert wrong.exit_code == 2 and says(wrong.output, "this model routes 2 x 4")
+    missing = invoke("run", "--dataset", data, "--model", "tiny", "--load-format", "dummy", "--output",
+                     tmp_path / "o.jsonl", "--cache-policy", "moe-infinity", "--no-progress")
+    assert missing.exit_code == 2 and says(missing.output, "--cache-policy moe-infinity needs --eamc")
+    cpu = invoke("run", "--dataset", data, "--model", "tiny", "--load-format", "dummy", "--output",
+                 tmp_path / "o.jsonl", "--device", "cpu", "--mode", "latency", "--no-progress")
+    assert cpu.exit_code == 2 and says(cpu.output, "the CPU executor holds every expert")
