@@ -210,8 +210,10 @@ def _issue(cache: ExpertCache, link: LinkQueue, fetches: list[Fetch], t: float) 
 
 def default_prefetch_budget(hw: HardwareSpec, model: ModelSpec, batch: int, dtype: str = "float16") -> int:
     """Prefetches per layer pass: as many experts as the link moves during one decode layer's
-    compute (at least one), so predictions never queue up faster than they can arrive."""
+    compute. Where an expert takes longer to copy than a layer to compute (Mixtral's 352 MB
+    experts on any PCIe link) that is 0: a prefetch could not arrive under compute, and every
+    wrong one would hold the link while demand fetches wait (give --prefetch-per-layer to force)."""
     timer = PassTimer(hw, model, dtype)
     touched = np.full(min(model.num_experts, model.top_k * batch), 1)
     layer = timer.attention_part(batch, batch, 256.0, False) + timer.experts(touched)
-    return max(1, int(layer / timer.copy))
+    return int(layer / timer.copy)
