@@ -37,7 +37,8 @@ class LLM:
 
     def __init__(self, model: str, **options) -> None:
         """`options` are EngineOptions' fields: load_format, dtype, tokenizer, seed, policy, hardware,
-        gpus, device, schedule, refill, batch_size, micro_batch_size, max_prefill_tokens."""
+        gpus, device, schedule, refill, batch_size, micro_batch_size, max_prefill_tokens, mode, cache_policy,
+        cache_size, eamc, prefetch_per_layer."""
         unknown = sorted(set(options) - set(EngineOptions.names()))
         if unknown:
             raise OptionError(f"LLM(): unknown option(s) {', '.join(unknown)}; valid: "

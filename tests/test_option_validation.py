@@ -37,6 +37,12 @@ CASES = [
     (["--output-name", "results.csv"], ["--output", "results.csv", ".csv", ".jsonl", ".parquet"]),
     (["--output-name", "results"], ["--output", "extension-less", ".jsonl"]),
     (["--batch-size", "0"], ["--batch-size"]),
+    (["--mode", "fast"], ["--mode", "fast", "auto, throughput, latency"]),
+    (["--cache-policy", "arc"], ["--cache-policy", "arc", "auto, on-demand, lru, lfu, moe-infinity"]),
+    (["--cache-size", "2.5"], ["--cache-size", "2.5", "a whole number of slots"]),
+    (["--eamc", "/no/such/eamc.npz"], ["--eamc", "eamc.npz", "no such file", "moelight eamc"]),
+    (["--cache-policy", "moe-infinity"], ["--cache-policy moe-infinity needs --eamc"]),
+    (["--prefetch-per-layer", "-1"], ["--prefetch-per-layer", ">= 0"]),
 ]
 
 
@@ -68,6 +74,11 @@ def test_cli_bad_option_exits_2_before_reading_anything(tmp_path, args, phrases)
     ("micro_batch_size", -1, ">= 1"),
     ("gpus", -2, ">= 0"),
     ("max_prefill_tokens", 0, ">= 1"),
+    ("mode", "fast", "throughput"),
+    ("cache_policy", "arc", "moe-infinity"),
+    ("cache_size", 0.0, "a share of the experts"),
+    ("eamc", "/no/such/eamc.npz", "no such file"),
+    ("prefetch_per_layer", -3, ">= 0"),
 ])
 def test_api_bad_option_raises_before_loading(option, value, phrase):
     with pytest.raises(OptionError, match=phrase):
