@@ -146,22 +146,26 @@ class EngineSession:
         from hrm import model_from_hf_config
         from moelight.expert_cache.eam import EAMCollection
         from moelight.expert_cache.executor import ExpertCacheExecutor
-        from moelight.expert_cache.policies import make_policy
-        from moelight.expert_cache.simulator import default_prefetch_budget
+        from moelight.expert_cache.policies import NEEDS_PREDICTOR, make_policy
+        from moelight.expert_cache.predictors import Predictors
+        from moelight.expert_cache.simulator import PassTimer, default_prefetch_budget
 
         cfg, hw = self.config, plan.hardware
         layers, experts = sum(cfg.is_sparse(j) for j in range(cfg.num_layers)), cfg.num_experts
+        name, spec = self.opts.cache_policy_name(), model_from_hf_config(cfg.to_hf_dict())
         eamc = EAMCollection.load(self.opts.eamc, layers, experts) if self.opts.eamc else None
+        predictors = (Predictors.load(self.opts.predictor, name, layers, experts, cfg.hidden_size)
+                      if name in NEEDS_PREDICTOR else None)
         budget = self.opts.prefetch_per_layer
         if budget is None:
-            budget = default_prefetch_budget(hw, model_from_hf_config(cfg.to_hf_dict()), plan.batch_size,
-                                             plan.policy.dtype)
-        kwargs: dict = {}
+            budget = default_prefetch_budget(hw, spec, plan.batch_size, plan.policy.dtype)
+        policy = make_policy(name, layers, experts, eamc, predictors)
+        kwargs: dict = {"cpu_max_tokens": PassTimer(hw, spec, plan.policy.dtype).cpu_crossover()
+                        if policy.cpu_offload else 0}
         if self.device == "emulated":
-            kwargs = {"device_memory": int(hw.gpu.memory_bytes), "h2d_bandwidth": hw.link.h2d,
-                      "d2h_bandwidth": hw.link.d2h}
+            kwargs |= {"device_memory": int(hw.gpu.memory_bytes), "h2d_bandwidth": hw.link.h2d,
+                       "d2h_bandwidth": hw.link.d2h}
         self.close_executor()
-        policy = make_policy(self.opts.cache_policy_name(), layers, experts, eamc)
         self._executor = ExpertCacheExecutor(self.model, plan.info["cache"]["slots"], policy, self.device,
                                              prefetch_per_layer=budget, **kwargs)
         self._executor_size = None  # a throughput-mode job after this one builds its own

@@ -32,6 +32,7 @@ def expert_mix(
     activation=swiglu,
     gate_up_bias: torch.Tensor | None = None,
     down_bias: torch.Tensor | None = None,
+    compute_order: list[int] | None = None,
 ) -> torch.Tensor:
     """x [T, h], routing weights / expert ids [T, k] -> sum of the weighted expert outputs [T, h].
 
@@ -39,7 +40,9 @@ def expert_mix(
     tokens. `gate_up_proj[e]` / `down_proj[e]` may be any indexable (a page table of
     device buffers, pre-packed CPU weights) that `linear(x, w)` accepts: only the experts
     that received tokens are touched. Experts are summed in ascending order, as the
-    reference implementations do, so float32 results match them bit for bit in practice.
+    reference implementations do, so float32 results match them bit for bit in practice;
+    `compute_order` runs them in another order (an expert cache's: the cached ones first) and
+    still sums them in ascending order.
     """
     top_k = experts.shape[-1]
     flat_experts = experts.reshape(-1)
@@ -47,12 +50,13 @@ def expert_mix(
     token_of_pair = order // top_k
     pair_weight = weights.reshape(-1, 1).index_select(0, order)
     counts = torch.bincount(flat_experts, minlength=len(gate_up_proj)).tolist()
+    starts = [0]
+    for n in counts:
+        starts.append(starts[-1] + n)
     out = torch.zeros_like(x)
-    start = 0
-    for e, n in enumerate(counts):
-        if n == 0:
-            continue
-        rows = token_of_pair[start : start + n]
+
+    def one(e: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = token_of_pair[starts[e] : starts[e + 1]]
         gate_up = linear(x.index_select(0, rows), gate_up_proj[e])
         if gate_up_bias is not None:
             gate_up = gate_up + gate_up_bias[e]
@@ -60,6 +64,14 @@ def expert_mix(
         if down_bias is not None:
             y = y + down_bias[e]
         # scale in float32, round once, as the reference does
-        out.index_add_(0, rows, (y * pair_weight[start : start + n]).to(x.dtype))
-        start += n
+        return rows, (y * pair_weight[starts[e] : starts[e + 1]]).to(x.dtype)
+
+    if compute_order is None:
+        for e, n in enumerate(counts):
+            if n:
+                out.index_add_(0, *one(e))
+        return out
+    done = {e: one(e) for e in compute_order if counts[e]}
+    for e in sorted(done):
+        out.index_add_(0, *done[e])
     return out

@@ -11,6 +11,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from moelight.errors import MoelightError
+from moelight.expert_cache.policies import NEEDS_PREDICTOR
 from moelight.expert_cache.policies import POLICIES as CACHE_POLICIES
 from moelight.pipeline.schedule import SCHEDULES
 
@@ -53,6 +54,7 @@ class EngineOptions:
     cache_size: float | None = None  # expert slots: a share of all experts (< 1) or a count; None: what fits
     eamc: str | None = None  # MoE-Infinity's EAM collection (`moelight eamc`)
     prefetch_per_layer: int | None = None  # prefetches per layer pass; None: what the link moves in one layer
+    predictor: str | None = None  # ProMoE / DuoServe / CoServe's file (`moelight train-predictor`)
 
     def cache_policy_name(self) -> str:
         """auto: MoE-Infinity when an EAM collection is given, else LRU."""
@@ -82,6 +84,11 @@ class EngineOptions:
             raise OptionError(f"--eamc {self.eamc}: no such file; build one with `moelight eamc --trace TRACE`")
         if self.cache_policy == "moe-infinity" and self.eamc is None:
             raise OptionError("--cache-policy moe-infinity needs --eamc FILE (`moelight eamc --trace TRACE`)")
+        if self.predictor is not None and not Path(self.predictor).expanduser().is_file():
+            raise OptionError(f"--predictor {self.predictor}: no such file; train one with `moelight train-predictor`")
+        if self.cache_policy in NEEDS_PREDICTOR and self.predictor is None:
+            raise OptionError(f"--cache-policy {self.cache_policy} needs --predictor FILE "
+                              f"(`moelight train-predictor --kind {self.cache_policy} --trace TRACE`)")
         self._check_hardware()
         if self.policy != "auto" and not Path(self.policy).expanduser().is_file():
             raise OptionError(f"--policy {self.policy}: no such file; give 'auto' or a policy JSON "

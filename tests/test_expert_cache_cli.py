@@ -118,3 +118,32 @@ def test_bad_traces_and_collections_are_named(traced, tmp_path):
     cpu = invoke("run", "--dataset", data, "--model", "tiny", "--load-format", "dummy", "--output",
                  tmp_path / "o.jsonl", "--device", "cpu", "--mode", "latency", "--no-progress")
     assert cpu.exit_code == 2 and says(cpu.output, "the CPU executor holds every expert")
+
+
+def test_train_predictor_and_the_papers_policies_through_the_commands(traced, tmp_path):
+    root, data = traced
+    files = {}
+    for kind in ("promoe", "duoserve", "coserve"):
+        files[kind] = tmp_path / f"{kind}.npz"
+        res = invoke("train-predictor", "--trace", root / "trace.parquet", "--kind", kind, "--output", files[kind],
+                     "--epochs", "3")
+        assert res.exit_code == 0 and says(res.output, f"{kind}:"), res.output
+    res = invoke("simulate-cache", "--trace", root / "trace.parquet", "--model", CKPT, "--policy",
+                 "promoe,duoserve,coserve", "--cache-size", "0.5", "--json", tmp_path / "sim.json",
+                 *[a for k in files for a in ("--predictor", files[k])])
+    assert res.exit_code == 0, res.output
+    assert [r["policy"] for r in json.loads((tmp_path / "sim.json").read_text())] == ["promoe", "duoserve", "coserve"]
+    run = invoke("run", "--dataset", data, "--model", CKPT, "--gen-len", "4", "--dtype", "float32", "--device",
+                 "emulated", "--hardware", "t4", "--no-progress", "--output", tmp_path / "o.jsonl", "--mode",
+                 "latency", "--cache-policy", "promoe", "--predictor", files["promoe"], "--cache-size", "16")
+    assert run.exit_code == 0, run.output
+    assert report_of(tmp_path / "o.jsonl")["cache"]["policy"] == "promoe"
+    wrong = invoke("run", "--dataset", data, "--model", CKPT, "--dtype", "float32", "--device", "emulated",
+                   "--hardware", "t4", "--no-progress", "--output", tmp_path / "w.jsonl", "--mode", "latency",
+                   "--cache-policy", "duoserve", "--predictor", files["promoe"])
+    assert wrong.exit_code == 2 and says(wrong.output, "a promoe predictor; the duoserve policy needs")
+    none = invoke("run", "--dataset", data, "--model", CKPT, "--output", tmp_path / "n.jsonl", "--cache-policy",
+                  "coserve", "--no-progress")
+    assert none.exit_code == 2 and says(none.output, "--cache-policy coserve needs --predictor FILE")
+    bad = invoke("train-predictor", "--trace", root / "trace.parquet", "--kind", "oracle", "--output", tmp_path / "x")
+    assert bad.exit_code == 2 and says(bad.output, "promoe, duoserve, coserve")

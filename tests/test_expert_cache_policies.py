@@ -69,7 +69,7 @@ def test_moe_infinity_eviction_score_by_hand():
     want = np.array(want + [0, 0, 0, 0], float)
     want[:4] *= [1, 1, 0.75, 0.75]
     want[4:] = [EPSILON * 0.5, EPSILON * 0.5, EPSILON * 0.25, EPSILON * 0.25]
-    assert pol.scores() == pytest.approx(want)
+    assert pol.scores(np.ones(8, bool)) == pytest.approx(want)
     pol.end(1)
     assert not pol.eams
 

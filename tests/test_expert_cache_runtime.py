@@ -13,8 +13,9 @@ from hrm import get_hardware, model_from_hf_config
 from moelight.engine import Engine
 from moelight.expert_cache.eam import EAMCollection, eam_of
 from moelight.expert_cache.executor import ExpertCacheExecutor
-from moelight.expert_cache.policies import POLICIES, make_policy
-from moelight.expert_cache.simulator import simulate_cache
+from moelight.expert_cache.policies import NEEDS_PREDICTOR, POLICIES, make_policy
+from moelight.expert_cache.predictor_training import train_predictors
+from moelight.expert_cache.simulator import PassTimer, simulate_cache
 from moelight.expert_cache.tracer import trace_requests
 from moelight.loader import load_model, resolve_model
 from moelight.sampling import SamplingParams
@@ -34,15 +35,27 @@ def setup():
     prompts = [tok.encode(s) for s in SNIPPETS]
     params = [SamplingParams(max_tokens=6, ignore_eos=True) for _ in prompts]
     L, E = src.config.num_layers, src.config.num_experts
-    held = [tok.encode(s + " x = 1\n") for s in reversed(SNIPPETS)]  # the EAM collection's own prompts
-    t = trace_requests(model, (2,), [f"h{i}" for i in range(len(held))], held, params, [0] * len(held), "stdlib-moe")
+    held = [tok.encode(s + " x = 1\n") for s in reversed(SNIPPETS)]  # the collection's and predictors' prompts
+    t = trace_requests(model, (2,), [f"h{i}" for i in range(len(held))], held, params, [0] * len(held), "stdlib-moe",
+                       hidden=True)
     eamc = EAMCollection.build(np.stack([eam_of(r.experts, E) for r in t.requests]), capacity=4)
-    return model, prompts, params, L, E, eamc
+    preds = {k: train_predictors(t, k, epochs=3) for k in NEEDS_PREDICTOR}
+    return model, prompts, params, L, E, (eamc, preds)
+
+
+def policy_of(name, L, E, known):
+    eamc, preds = known
+    return make_policy(name, L, E, eamc, preds.get(name))
+
+
+def cpu_tokens(model) -> int:
+    """The K*n + B crossover CoServe's runtime and simulator both take from the HRM (a T4 host)."""
+    return PassTimer(get_hardware("t4"), model_from_hf_config(model.config.to_hf_dict()), "float32").cpu_crossover()
 
 
 def _run(model, prompts, params, policy, slots, batch, budget=2):
     ex = ExpertCacheExecutor(model, slots, policy, "emulated", prefetch_per_layer=budget, device_memory=64 << 20,
-                             h2d_bandwidth=4e9, d2h_bandwidth=4e9)
+                             cpu_max_tokens=cpu_tokens(model), h2d_bandwidth=4e9, d2h_bandwidth=4e9)
     try:
         out = Engine(model, (2,), 256, executor=ex).generate(prompts, params, [0] * len(prompts), batch, batch)
         assert ex.device.memory_peak <= ex.device.memory_capacity
@@ -56,25 +69,30 @@ def _run(model, prompts, params, policy, slots, batch, budget=2):
 def test_every_policy_gives_the_plain_engines_tokens(setup, name, batch):
     model, prompts, params, L, E, eamc = setup
     ref = [r.token_ids for r in Engine(model, (2,), 256).generate(prompts, params, [0] * len(prompts), batch, batch)]
-    tokens, stats = _run(model, prompts, params, make_policy(name, L, E, eamc), slots=12, batch=batch)
+    tokens, stats = _run(model, prompts, params, policy_of(name, L, E, eamc), slots=12, batch=batch)
     assert tokens == ref
     assert stats.accesses == stats.hits + stats.misses > 0
-    assert stats.fetched_bytes > 0
-    if name == "moe-infinity":
+    assert stats.fetched_bytes > 0 or stats.cpu_executed == stats.misses  # every miss fetched, or run on the CPU
+    if name in ("moe-infinity", "promoe", "duoserve"):
         assert stats.prefetch_issued > 0
+    if name == "duoserve":
+        assert stats.streamed > 0  # its prefill bypasses the cache
+    if name == "coserve":
+        assert stats.cpu_executed > 0  # misses with few tokens ran on the CPU
 
 
 @pytest.mark.parametrize("batch", [1, 2])
 @pytest.mark.parametrize("name", POLICIES)
 def test_the_simulator_makes_the_runtimes_decisions_from_the_same_routing(setup, name, batch):
     model, prompts, params, L, E, eamc = setup
-    _, runtime = _run(model, prompts, params, make_policy(name, L, E, eamc), slots=10, batch=batch, budget=3)
+    _, runtime = _run(model, prompts, params, policy_of(name, L, E, eamc), slots=10, batch=batch, budget=3)
     trace = trace_requests(model, (2,), [str(i) for i in range(len(prompts))], prompts, params, [0] * len(prompts),
-                           "stdlib-moe")
+                           "stdlib-moe", hidden=True)
     spec = model_from_hf_config(model.config.to_hf_dict())
-    sim = simulate_cache(trace, lambda: make_policy(name, L, E, eamc), 10, get_hardware("t4"), spec, batch=batch,
+    sim = simulate_cache(trace, lambda: policy_of(name, L, E, eamc), 10, get_hardware("t4"), spec, batch=batch,
                          prefetch_per_layer=3, dtype="float32").stats
-    for field in ("accesses", "hits", "misses", "prefetch_issued", "prefetch_used", "prefetch_wasted"):
+    for field in ("accesses", "hits", "misses", "prefetch_issued", "prefetch_used", "prefetch_wasted",
+                  "cpu_executed", "streamed"):
         assert getattr(sim, field) == getattr(runtime, field), field
 
 

@@ -43,6 +43,8 @@ def simulate_cache(
                           help="comma-separated: a share of all experts (< 1) or a slot count"),
     batch: str = Opt("1", "--batch", help="comma-separated sequences decoding together"),
     eamc_path: Path = Opt(None, "--eamc", help="EAM collection for moe-infinity (`moelight eamc`)"),
+    predictor: list[Path] = Opt(None, "--predictor", help="promoe / duoserve / coserve file "
+                                "(`moelight train-predictor`); repeat for several"),
     prefetch_per_layer: int = Opt(None, "--prefetch-per-layer", min=0,
                                   help="prefetches per layer pass (default: what the link moves in one layer)"),
     dtype: str = Opt("float16", "--dtype"),
@@ -52,7 +54,8 @@ def simulate_cache(
     """Replay a routing trace against expert-cache policies (same policy code as `moelight run --mode latency`)."""
     from hrm import get_hardware, get_model
     from moelight.expert_cache.eam import EAMCollection
-    from moelight.expert_cache.policies import POLICIES, make_policy
+    from moelight.expert_cache.policies import NEEDS_PREDICTOR, POLICIES, make_policy
+    from moelight.expert_cache.predictors import Predictors
     from moelight.expert_cache.simulator import simulate_cache as run
     from moelight.expert_cache.trace import Trace
     from moelight.options import OptionError
@@ -61,7 +64,8 @@ def simulate_cache(
         names = list(POLICIES) if policy == "all" else [p.strip() for p in policy.split(",")]
         if any(n not in POLICIES for n in names):
             raise OptionError(f"--policy {policy!r}: choose from {', '.join(POLICIES)} or all")
-        t = Trace.load(trace)
+        files = {_kind(p): p for p in predictor or []}
+        t = Trace.load(trace, hidden="promoe" in names and "promoe" in files)  # ProMoE reads hidden states
         try:
             mspec = get_model(model or t.model.name)
             hw = get_hardware(hardware)
@@ -71,15 +75,20 @@ def simulate_cache(
         sizes = [_slots(s, L * E) for s in cache_size.split(",")]
         batches = [_positive_int("--batch", b) for b in batch.split(",")]
         eamc = EAMCollection.load(eamc_path, L, E) if eamc_path is not None else None
-        if "moe-infinity" in names and eamc is None:
-            if policy != "all":
-                raise OptionError("--policy moe-infinity needs --eamc FILE (`moelight eamc --trace ...`)")
-            names.remove("moe-infinity")
+        preds = {k: Predictors.load(p, k, L, E, t.model.hidden_size) for k, p in files.items()}
+        needs = [("moe-infinity", eamc, "--eamc FILE (`moelight eamc --trace ...`)")] + [
+            (k, preds.get(k), f"--predictor FILE (`moelight train-predictor --kind {k}`)") for k in NEEDS_PREDICTOR]
+        for name, have, how in needs:
+            if name in names and have is None:
+                if policy != "all":
+                    raise OptionError(f"--policy {name} needs {how}")
+                names.remove(name)
         results = []
         for b in batches:
             for slots in sizes:
                 for n in names:
-                    r = run(t, lambda n=n: make_policy(n, L, E, eamc), slots, hw, mspec, b, prefetch_per_layer, dtype)
+                    r = run(t, lambda n=n: make_policy(n, L, E, eamc, preds.get(n)), slots, hw, mspec, b,
+                            prefetch_per_layer, dtype)
                     results.append(r)
                     typer.echo(format_result(r, L * E))
     if as_json is not None:
@@ -88,6 +97,44 @@ def simulate_cache(
         from moelight.expert_cache.plots import plot_cache_sweep
 
         typer.echo("plots: " + ", ".join(str(p) for p in plot_cache_sweep(results, L * E, plot)))
+
+
+def _kind(path: Path) -> str:
+    """The kind a predictor file was trained for (its metadata)."""
+    import numpy as np
+
+    from moelight.expert_cache.predictors import PredictorError
+
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return json.loads(str(z["meta"]))["kind"]
+    except Exception as e:  # a missing or foreign file
+        raise PredictorError(f"{path}: not a predictor file from `moelight train-predictor` ({e})") from None
+
+
+def train_predictor(
+    trace: Path = Opt(..., "--trace", help="a routing trace (ProMoE needs `moelight trace --hidden`)"),
+    kind: str = Opt(..., "--kind", help="promoe, duoserve or coserve"),
+    output: Path = Opt(..., "--output", help="the predictor file (.npz)"),
+    stride: int = Opt(2, "--stride", min=1, help="promoe: predict the experts this many layers ahead"),
+    epochs: int = Opt(20, "--epochs", min=1),
+    seed: int = Opt(0, "--seed"),
+) -> None:
+    """Train a policy's predictors (or profile, for CoServe) on nine tenths of a trace; report the accuracy
+    on the other tenth (the share of a layer's chosen experts among the predicted top-k)."""
+    from moelight.expert_cache.predictor_training import train_predictors
+    from moelight.expert_cache.predictors import KINDS
+    from moelight.expert_cache.trace import Trace
+    from moelight.options import OptionError
+
+    with user_errors():
+        if kind not in KINDS:
+            raise OptionError(f"--kind {kind!r} is not one of the valid choices: {', '.join(KINDS)}")
+        t = Trace.load(trace, hidden=kind == "promoe")
+        pred = train_predictors(t, kind, stride, epochs, seed)
+        pred.save(output)
+    what = f"{len(pred.mlps)} layer predictors, held-out accuracy {pred.accuracy:.1%}" if pred.mlps else "profile"
+    typer.echo(f"{kind}: {what}: {output}")
 
 
 def format_result(r, total: int) -> str:
@@ -125,3 +172,4 @@ def _slots(text: str, total: int) -> int:
 def register(app: typer.Typer) -> None:
     app.command("eamc")(eamc)
     app.command("simulate-cache")(simulate_cache)
+    app.command("train-predictor")(train_predictor)

@@ -54,13 +54,15 @@ def run(
     max_prefill_tokens: int = Opt(4096, "--max-prefill-tokens", min=1, help="tokens per prefill pass"),
     mode: str = Opt("auto", "--mode", help="throughput (CGOPipe), latency (a device expert cache for small "
                     "batches), or auto: the faster by the HRM"),
-    cache_policy: str = Opt("auto", "--cache-policy", help="latency mode: on-demand, lru, lfu, moe-infinity; "
-                            "auto: moe-infinity with --eamc, else lru"),
+    cache_policy: str = Opt("auto", "--cache-policy", help="latency mode: on-demand, lru, lfu, moe-infinity, "
+                            "promoe, duoserve, coserve; auto: moe-infinity with --eamc, else lru"),
     cache_size: float = Opt(None, "--cache-size", help="latency mode: expert slots, a share of all experts (< 1) "
                             "or a count (default: what fits on the device)"),
     eamc: str = Opt(None, "--eamc", help="MoE-Infinity's EAM collection (`moelight eamc`)"),
     prefetch_per_layer: int = Opt(None, "--prefetch-per-layer", help="latency mode: prefetches per layer pass "
                                   "(default: as many experts as the link moves during one layer)"),
+    predictor: str = Opt(None, "--predictor", help="promoe / duoserve / coserve: their file from "
+                         "`moelight train-predictor`"),
     progress: bool = Opt(True, "--progress/--no-progress"),
     refill: bool = Opt(True, "--refill/--static-batches",
                        help="refill freed KV slots with waiting requests (default), or run static batches of N"),

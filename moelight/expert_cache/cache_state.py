@@ -14,6 +14,9 @@ completes, and so the stalls, differ. Per MoE layer pass a driver calls:
    are not cached, each given a slot whose current owner scores lower than the newcomer.
 
 Evicting an expert whose copy has not started cancels it (`cancelled`): the driver drops it.
+Policies may also ask for a per-layer partition (each layer keeps at least its share of the
+slots; ProMoE), and to run a missed expert with few tokens on the CPU instead of fetching it
+(`cpu_max_tokens`, CoServe's K*n + B placement): `cpu_now` lists them after `access`.
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class Fetch:
     demand: bool
     priority: float
     order: int  # issue order, the tie-break in the copy queue
+    source: int = -1  # the expert copied, when not `key` (a prefill's streaming copy outside the cache)
 
 
 @dataclass
@@ -50,6 +54,8 @@ class CacheStats:
     prefetch_used: int = 0  # accessed before eviction
     prefetch_late: int = 0  # accessed while its copy was still under way (set by the driver)
     prefetch_wasted: int = 0  # evicted (or cancelled) without use
+    cpu_executed: int = 0  # misses run on the CPU next to the expert's host copy instead of fetched
+    streamed: int = 0  # experts a prefill streamed through its own two slots, outside the cache
     cancelled: int = 0  # evicted before its copy started: never moved
     fetched_bytes: float = 0.0  # bytes the copies moved (set by the driver)
     layer_passes: int = 0
@@ -84,6 +90,7 @@ class ExpertCache:
     slots: int
     policy: CachePolicy
     prefetch_per_layer: int = 0
+    cpu_max_tokens: int = 0  # with a policy that offloads: a miss of at most this many tokens runs on the CPU
     stats: CacheStats = field(default_factory=CacheStats)
 
     def __post_init__(self) -> None:
@@ -99,6 +106,8 @@ class ExpertCache:
         self.tick = 0
         self.order = 0
         self.evicted_now: list[int] = []  # keys evicted by the last call (the driver cancels their copies)
+        self.cpu_now: list[int] = []  # experts of the last access that run on the CPU
+        self.quota = self.slots // self.layers if getattr(self.policy, "per_layer", False) else 0
 
     def cached(self, key: int) -> bool:
         return self.slot_of[key] >= 0
@@ -110,8 +119,9 @@ class ExpertCache:
         total = sum(counts.values())
         needed = [int(e) for e in np.flatnonzero(total)]
         self.locked = {layer * self.experts + e for e in needed}
-        self.evicted_now = []
+        self.evicted_now, self.cpu_now = [], []
         self.stats.layer_passes += 1
+        offload = self.cpu_max_tokens if getattr(self.policy, "cpu_offload", False) else 0
         fetches = []
         for e in needed:
             key = layer * self.experts + e
@@ -122,6 +132,10 @@ class ExpertCache:
                 if self.unused_prefetch[key]:
                     self.unused_prefetch[key] = False
                     self.stats.prefetch_used += 1
+            elif total[e] <= offload:
+                self.stats.misses += 1
+                self.stats.cpu_executed += 1
+                self.cpu_now.append(e)
             else:
                 self.stats.misses += 1
                 fetches.append(self._admit(key, demand=True, priority=float("inf")))
@@ -131,17 +145,20 @@ class ExpertCache:
     def plan_prefetch(self, layer: int) -> list[Fetch]:
         """Prefetches after `layer`'s routing, highest priority first, within the per-layer budget."""
         self.evicted_now = []
-        prio = self.policy.prefetch(layer) if self.prefetch_per_layer else None
+        own = self.policy.prefetch_budget
+        budget = own if own is not None else self.prefetch_per_layer
+        prio = self.policy.prefetch(layer) if budget else None
         if prio is None:
             return []
         out: list[Fetch] = []
         for key in np.argsort(-prio, kind="stable"):
-            if len(out) >= self.prefetch_per_layer or prio[key] <= 0:
+            if len(out) >= budget or prio[key] <= 0:
                 break
             key = int(key)
             if self.cached(key):
+                self.policy.predicted_cached(key, self.tick)
                 continue
-            if not self.free and self._victim(below=float(prio[key])) is None:
+            if not self.free and self._victim(key, below=float(prio[key])) is None:
                 break  # everything cached outranks the rest of the list
             out.append(self._admit(key, demand=False, priority=float(prio[key])))
             self.locked.add(key)  # this round's prefetches do not evict each other
@@ -153,11 +170,23 @@ class ExpertCache:
         self.policy.end(seq)
 
     # ---- slots ----
-    def _victim(self, below: float | None = None) -> int | None:
-        """The unlocked cached key with the lowest score (only if lower than `below`)."""
-        scores = np.where(self.slot_of >= 0, self.policy.scores(), np.inf)
+    def _victim(self, for_key: int, below: float | None = None) -> int | None:
+        """The unlocked cached key with the lowest score (only if lower than `below`); with a
+        per-layer partition, from the incoming key's layer once it holds its share, else from the
+        layers holding more than theirs."""
+        resident = self.slot_of >= 0
+        scores = np.where(resident, self.policy.scores(resident), np.inf)
         if self.locked:
             scores[list(self.locked)] = np.inf
+        if self.quota:
+            held = (self.slot_of.reshape(self.layers, self.experts) >= 0).sum(1)
+            layer = for_key // self.experts
+            rows = [layer] if held[layer] >= self.quota else list(np.flatnonzero(held > self.quota))
+            part = np.full(self.layers, np.inf)
+            part[rows] = 0.0
+            narrowed = scores + np.repeat(part, self.experts)
+            if np.isfinite(narrowed).any():
+                scores = narrowed
         key = int(np.argmin(scores))
         if not np.isfinite(scores[key]) or (below is not None and scores[key] >= below):
             return None
@@ -167,7 +196,7 @@ class ExpertCache:
         if self.free:
             slot = self.free.pop()
         else:
-            victim = self._victim()
+            victim = self._victim(key)
             if victim is None:
                 raise CacheConfigError("every cached expert is in use by this layer: the cache is too small")
             slot = int(self.slot_of[victim])

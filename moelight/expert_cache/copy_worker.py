@@ -1,9 +1,10 @@
 """The expert cache's link: one thread copying experts host -> device slot, in priority order.
 
-Demand fetches (a layer is waiting) go before every queued prefetch; prefetches go by priority;
-a copy under way finishes (experts are not split). A fetch whose expert was evicted before its
-copy started is cancelled. A slot is not overwritten before the compute that last read it has
-finished (its event, on devices whose compute is asynchronous).
+Demand fetches (a layer is waiting) go before every queued prefetch; prefetches go by priority.
+An expert moves in `chunks` pieces (ProMoE: its three matrices), so a demand waits at most for
+the chunk under way; a prefetch whose expert is needed now is promoted to demand. A fetch whose
+expert was evicted before it finished is cancelled. A slot is not overwritten before the compute
+that last read it has finished (its event, on devices whose compute is asynchronous).
 """
 
 from __future__ import annotations
@@ -11,18 +12,31 @@ from __future__ import annotations
 import heapq
 import threading
 from collections.abc import Callable
+from dataclasses import dataclass, field
 
 from moelight.expert_cache.cache_state import Fetch
 from moelight.pipeline.device_base import Device
 
 
+@dataclass
+class _Job:
+    fetch: Fetch
+    demand: bool
+    chunks: list  # the (dst, src) pairs still to copy, one list per chunk
+    done: threading.Event = field(default_factory=threading.Event)
+    version: int = 0
+
+    def rank(self) -> tuple:
+        return (0 if self.demand else 1, -self.fetch.priority, self.fetch.order, self.version)
+
+
 class CopyWorker:
-    def __init__(self, device: Device, pairs: Callable[[Fetch], list], nbytes: int) -> None:
-        """pairs(fetch) -> the (device slot view, host tensor) pairs that fetch copies."""
-        self.device, self.pairs, self.nbytes = device, pairs, nbytes
+    def __init__(self, device: Device, chunks: Callable[[Fetch], list[list]]) -> None:
+        """chunks(fetch) -> the fetch's copies as chunks, each a list of (device view, host tensor) pairs."""
+        self.device, self.split = device, chunks
         self.cond = threading.Condition()
         self.heap: list[tuple] = []
-        self.waiting: dict[int, tuple] = {}  # key -> heap entry not started
+        self.jobs: dict[int, _Job] = {}  # key -> its copy, not finished
         self.done: dict[int, threading.Event] = {}  # key -> set when its latest copy has been issued
         self.device_done: dict[int, object] = {}  # key -> device event of that copy (CUDA)
         self.slot_free: dict[int, object] = {}  # slot -> event after the compute that last read it
@@ -35,18 +49,29 @@ class CopyWorker:
     def submit(self, fetches: list[Fetch]) -> None:
         with self.cond:
             for f in fetches:
-                entry = (0 if f.demand else 1, -f.priority, f.order, f)
-                self.waiting[f.key] = entry
-                self.done[f.key] = threading.Event()
-                heapq.heappush(self.heap, entry)
+                job = _Job(f, f.demand, self.split(f))
+                self.jobs[f.key] = job
+                self.done[f.key] = job.done
+                heapq.heappush(self.heap, (*job.rank(), id(job), job))
             self.cond.notify_all()
 
-    def cancel(self, key: int) -> bool:
+    def promote(self, key: int) -> None:
         with self.cond:
-            return self.waiting.pop(key, None) is not None
+            job = self.jobs.get(key)
+            if job is not None and not job.demand:
+                job.demand, job.version = True, job.version + 1
+                job.fetch.priority = float("inf")
+                heapq.heappush(self.heap, (*job.rank(), id(job), job))
+                self.cond.notify_all()
+
+    def cancel(self, key: int) -> bool:
+        """Drop the rest of an evicted expert's copy; True if none of it had moved."""
+        with self.cond:
+            job = self.jobs.pop(key, None)
+            return job is not None and len(job.chunks) == len(self.split(job.fetch))
 
     def pending(self, key: int) -> bool:
-        """Whether the copy of `key` has not been issued yet."""
+        """Whether the copy of `key` has not finished being issued."""
         ev = self.done.get(key)
         return ev is not None and not ev.is_set()
 
@@ -72,17 +97,24 @@ class CopyWorker:
                     self.cond.wait()
                 if self.stopping:
                     return
-                entry = heapq.heappop(self.heap)
-                f = entry[3]
-                if self.waiting.get(f.key) is not entry:
-                    continue  # cancelled or superseded
-                del self.waiting[f.key]
+                *rank, _, job = heapq.heappop(self.heap)
+                f = job.fetch
+                if self.jobs.get(f.key) is not job or tuple(rank) != job.rank():
+                    continue  # cancelled, superseded, or re-queued with a new rank
+                pairs = job.chunks.pop(0)
             try:
-                self.device_done[f.key] = self.device.transfer(self.pairs(f), after=self.slot_free.get(f.slot))
-                self.copied_bytes += self.nbytes
+                self.device_done[f.key] = self.device.transfer(pairs, after=self.slot_free.get(f.slot))
+                self.copied_bytes += sum(src.numel() * src.element_size() for _, src in pairs)
             except BaseException as e:  # noqa: BLE001 - surfaced by wait()
                 self.error = e
-            self.done[f.key].set()
+                job.chunks = []
+            with self.cond:
+                if job.chunks and self.jobs.get(f.key) is job:
+                    heapq.heappush(self.heap, (*job.rank(), id(job), job))
+                    continue
+                if self.jobs.get(f.key) is job:
+                    del self.jobs[f.key]
+            job.done.set()
 
     def close(self) -> None:
         with self.cond:

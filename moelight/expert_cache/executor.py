@@ -12,6 +12,8 @@ Sequences are known by their KV-cache offset, which the engine keeps for a seque
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -40,14 +42,20 @@ def non_expert_bytes(model: MoECausalLM) -> int:
 
 class ExpertCacheExecutor:
     def __init__(self, model: MoECausalLM, slots: int, policy: CachePolicy, device: str | Device = "emulated",
-                 prefetch_per_layer: int = 0, device_memory: int | None = None, **device_kwargs) -> None:
+                 prefetch_per_layer: int = 0, device_memory: int | None = None, cpu_max_tokens: int = 0,
+                 **device_kwargs) -> None:
+        """cpu_max_tokens: with a policy that offloads, a missed expert with at most this many tokens
+        runs on the CPU next to its host copy (CoServe's K*n + B placement, from the HRM)."""
         cfg = self.cfg = model.config
         self.model = model
         self.moe_layers = [j for j in range(cfg.num_layers) if cfg.is_sparse(j)]
         self.moe_index = {j: i for i, j in enumerate(self.moe_layers)}
         self.E = cfg.num_experts
         self.cache = ExpertCache(len(self.moe_layers), self.E, slots, policy,
-                                 prefetch_per_layer if policy.predicts else 0)
+                                 prefetch_per_layer if policy.predicts else 0,
+                                 cpu_max_tokens=cpu_max_tokens if policy.cpu_offload else 0)
+        self.stream_slots = [slots, slots + 1] if policy.stream_prefill else []  # DuoServe's prefill buffers
+        slots += len(self.stream_slots)
         if isinstance(device, str):
             need = non_expert_bytes(model) + slots * expert_bytes(model)
             device = create_device(device, capacity_bytes=device_memory or 2 * need, **device_kwargs)
@@ -61,10 +69,12 @@ class ExpertCacheExecutor:
         f, h = cfg.intermediate_size, cfg.hidden_size
         self.slot_gu = device.empty((slots, 2 * f, h), model.embed_tokens.weight.dtype, "expert-slots")
         self.slot_dn = device.empty((slots, h, f), model.embed_tokens.weight.dtype, "expert-slots")
-        self.worker = CopyWorker(device, self._pairs, expert_bytes(model))
+        self.worker = CopyWorker(device, self._chunks)
         self.scale = cfg.head_dim**-0.5
         self._kv_src: RaggedKVCache | None = None
         self._kv: tuple[list, list] | None = None
+        self._prefill = False
+        self._streams = itertools.count()
 
     @property
     def stats(self) -> CacheStats:
@@ -72,10 +82,16 @@ class ExpertCacheExecutor:
         return self.cache.stats
 
     # ---- the cache ----
-    def _pairs(self, f: Fetch) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        layer, e = divmod(f.key, self.E)
+    def _chunks(self, f: Fetch) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
+        """A fetch's copies: one chunk, or ProMoE's three (gate, up, down), each a list of pairs."""
+        layer, e = divmod(f.source if f.source >= 0 else f.key, self.E)
         mlp = self.model.layers[self.moe_layers[layer]].mlp
-        return [(self.slot_gu[f.slot], mlp.gate_up_proj[e].detach()), (self.slot_dn[f.slot], mlp.down_proj[e].detach())]
+        gu, dn = mlp.gate_up_proj[e].detach(), mlp.down_proj[e].detach()
+        dgu, ddn = self.slot_gu[f.slot], self.slot_dn[f.slot]
+        if self.cache.policy.copy_chunks == 3:
+            half = gu.shape[0] // 2
+            return [[(dgu[:half], gu[:half])], [(dgu[half:], gu[half:])], [(ddn, dn)]]
+        return [[(dgu, gu), (ddn, dn)]]
 
     def _issue(self, fetches: list[Fetch]) -> None:
         for key in self.cache.evicted_now:
@@ -88,30 +104,47 @@ class ExpertCacheExecutor:
         if not self.cfg.is_sparse(j):
             return None
         mlp, i, E = self.model.layers[j].mlp, self.moe_index[j], self.E
+        policy = self.cache.policy
 
         def run(h: torch.Tensor) -> torch.Tensor:
             weights, experts = mlp.route(h)
             ex = experts.cpu().numpy()
             counts = {s: np.bincount(ex[rows].reshape(-1), minlength=E) for s, rows in seq_rows}
+            if policy.wants_hidden:
+                policy.observe_hidden(i, h.float().cpu().numpy())
+            if self._prefill and policy.stream_prefill:
+                return self._streamed(mlp, i, h, weights, experts, counts)
             for e in np.flatnonzero(sum(counts.values())):  # prefetched, still on its way: late
                 key = i * E + int(e)
                 if self.cache.cached(key) and self.cache.unused_prefetch[key] and self.worker.pending(key):
                     self.cache.stats.prefetch_late += 1
             needed, demand = self.cache.access(i, counts)
             self._issue(demand)
-            self._issue(self.cache.plan_prefetch(i))
-            gu, dn, used = [None] * E, [None] * E, []
             for e in needed:
-                key = i * E + e
-                self.worker.wait(key)
-                s = int(self.cache.slot_of[key])
-                gu[e], dn[e] = self.slot_gu[s], self.slot_dn[s]
-                used.append(s)
-            out = mlp.forward_with(h, gu, dn, F.linear, routing=(weights, experts))
-            self.worker.used(used)
+                self.worker.promote(i * E + e)
+            on_cpu = list(self.cache.cpu_now)
+            self._issue(self.cache.plan_prefetch(i))
+            on_device = [e for e in needed if e not in on_cpu]
+            if policy.reorder:  # ProMoE: what has arrived first, what is still coming last
+                on_device.sort(key=lambda e: (self.worker.pending(i * E + e), e))
+            table = _Table(self, i, on_device, on_cpu, mlp)
+            out = mlp.forward_with(h, table.gate_up, table.down, _linear, routing=(weights, experts),
+                                   compute_order=on_cpu + on_device)
+            self.worker.used(table.slots)
             return out
 
         return run
+
+    def _streamed(self, mlp, i: int, h, weights, experts, counts) -> torch.Tensor:
+        """DuoServe's prefill: the layer's experts stream through two slots of their own, in
+        order, outside the cache (which the prefill neither reads nor disturbs)."""
+        self.cache.policy.observe(i, counts)
+        needed = [int(e) for e in np.flatnonzero(sum(counts.values()))]
+        self.cache.stats.streamed += len(needed)
+        table = _StreamTable(self, i, needed)
+        out = mlp.forward_with(h, table.gate_up, table.down, _linear, routing=(weights, experts))
+        self.worker.used(self.stream_slots)
+        return out
 
     def release_sequence(self, seq: int) -> None:
         """The engine finished the sequence at this KV offset: its activation record goes."""
@@ -148,6 +181,7 @@ class ExpertCacheExecutor:
     def prefill(self, cache: RaggedKVCache, tokens: torch.Tensor, seq_lens: torch.Tensor,
                 offsets: torch.Tensor) -> torch.Tensor:
         m, dev, L = self.model, self.device.torch_device, self.cfg.num_layers
+        self._prefill = True
         kv = self._kv_of(cache)
         cu = torch.zeros(len(seq_lens) + 1, dtype=torch.int64)
         torch.cumsum(seq_lens, 0, out=cu[1:])
@@ -175,6 +209,7 @@ class ExpertCacheExecutor:
     @torch.inference_mode()
     def decode(self, cache: RaggedKVCache, micro_batches: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]):
         m, dev = self.model, self.device.torch_device
+        self._prefill = False
         kv = self._kv_of(cache)
         outs = []
         for tok, off, pos in micro_batches:
@@ -195,3 +230,69 @@ class ExpertCacheExecutor:
     def close(self) -> None:
         self.worker.close()
         self.device.close()
+
+
+def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """F.linear where the weight lives: an expert run on the CPU takes its tokens there and back."""
+    if w.device == x.device:
+        return F.linear(x, w)
+    return F.linear(x.to(w.device), w).to(x.device)
+
+
+class _Table:
+    """A layer's page table as expert_mix indexes it: a slot view that is waited for when first
+    used (so the experts compute as they arrive), or the host copy of an expert run on the CPU."""
+
+    def __init__(self, ex: ExpertCacheExecutor, layer: int, on_device: list[int], on_cpu: list[int], mlp) -> None:
+        self.ex, self.layer, self.mlp = ex, layer, mlp
+        self.on_cpu = set(on_cpu)
+        self.slot = {e: int(ex.cache.slot_of[layer * ex.E + e]) for e in on_device}
+        self.slots = list(self.slot.values())
+        self.gate_up, self.down = _View(self, True), _View(self, False)
+
+    def get(self, e: int, gate_up: bool) -> torch.Tensor:
+        if e in self.on_cpu:
+            return (self.mlp.gate_up_proj if gate_up else self.mlp.down_proj)[e].detach()
+        if gate_up:  # the expert's first use: its copy must be done
+            self.ex.worker.wait(self.layer * self.ex.E + e)
+        s = self.slot[e]
+        return self.ex.slot_gu[s] if gate_up else self.ex.slot_dn[s]
+
+
+class _StreamTable:
+    """DuoServe's two streaming slots: expert n+1 is copied into the slot expert n-1 used, while
+    expert n computes."""
+
+    def __init__(self, ex: ExpertCacheExecutor, layer: int, needed: list[int]) -> None:
+        self.ex, self.layer, self.needed = ex, layer, needed
+        self.keys: dict[int, int] = {}
+        for n in range(min(2, len(needed))):
+            self._copy(n)
+        self.gate_up, self.down = _View(self, True), _View(self, False)
+
+    def _copy(self, n: int) -> None:
+        count = next(self.ex._streams)
+        key, slot = -1 - count, self.ex.stream_slots[n % 2]  # keys outside the cache's, in issue order
+        self.keys[n] = key
+        self.ex.worker.submit([Fetch(key, slot, True, float("inf"), count, self.layer * self.ex.E + self.needed[n])])
+
+    def get(self, e: int, gate_up: bool) -> torch.Tensor:
+        n = self.needed.index(e)
+        slot = self.ex.stream_slots[n % 2]
+        if gate_up:
+            if n >= 1 and n + 1 < len(self.needed):  # expert n-1 is done: its slot takes expert n+1
+                self.ex.worker.used([self.ex.stream_slots[(n + 1) % 2]])
+                self._copy(n + 1)
+            self.ex.worker.wait(self.keys[n])
+        return self.ex.slot_gu[slot] if gate_up else self.ex.slot_dn[slot]
+
+
+class _View:
+    def __init__(self, table, gate_up: bool) -> None:
+        self.table, self.gate_up = table, gate_up
+
+    def __len__(self) -> int:
+        return self.table.ex.E
+
+    def __getitem__(self, e: int) -> torch.Tensor:
+        return self.table.get(int(e), self.gate_up)

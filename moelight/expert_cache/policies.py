@@ -29,7 +29,14 @@ class CachePolicy:
     """No prediction, eviction by one array of scores; subclasses say what the scores are."""
 
     name = "base"
-    predicts = False
+    predicts = False  # it proposes prefetches
+    per_layer = False  # each layer keeps its share of the slots (ProMoE's per-layer cache)
+    cpu_offload = False  # a miss with few tokens runs on the CPU instead (CoServe's placement)
+    stream_prefill = False  # prefill streams experts through two slots outside the cache (DuoServe)
+    copy_chunks = 1  # copies in this many chunks, so a demand overtakes a prefetch between them (ProMoE)
+    reorder = False  # cached experts compute first, experts still arriving last (ProMoE)
+    wants_hidden = False  # its predictor reads each MoE block's input (`observe_hidden`)
+    prefetch_budget: int | None = None  # prefetches per layer pass whatever the link allows (None: the cache's)
 
     def __init__(self, layers: int, experts: int) -> None:
         self.L, self.E = layers, experts
@@ -50,7 +57,14 @@ class CachePolicy:
     def loaded(self, key: int, tick: int) -> None:
         """The key was given a slot (demand or prefetch) at `tick`."""
 
-    def scores(self) -> np.ndarray:
+    def predicted_cached(self, key: int, tick: int) -> None:
+        """A prediction named an expert that is cached already."""
+
+    def observe_hidden(self, layer: int, hidden: np.ndarray) -> None:
+        """The MoE block's input [tokens, hidden] of this pass (for policies with `wants_hidden`)."""
+
+    def scores(self, resident: np.ndarray) -> np.ndarray:
+        """Keep-worthiness of every key [L*E] (the lowest cached one is evicted first)."""
         raise NotImplementedError
 
     def prefetch(self, layer: int) -> np.ndarray | None:
@@ -68,7 +82,7 @@ class OnDemand(CachePolicy):
     def loaded(self, key: int, tick: int) -> None:
         self.load_tick[key] = tick
 
-    def scores(self) -> np.ndarray:
+    def scores(self, resident: np.ndarray) -> np.ndarray:
         return self.load_tick
 
 
@@ -82,7 +96,7 @@ class LRU(CachePolicy):
     def touched(self, key: int, tick: int) -> None:
         self.last[key] = tick
 
-    def scores(self) -> np.ndarray:
+    def scores(self, resident: np.ndarray) -> np.ndarray:
         return self.last
 
 
@@ -101,7 +115,7 @@ class LFU(CachePolicy):
     def touched(self, key: int, tick: int) -> None:
         self.last[key] = tick
 
-    def scores(self) -> np.ndarray:
+    def scores(self, resident: np.ndarray) -> np.ndarray:
         return self.tokens + self.last * 1e-9  # ties: the least recently used goes first
 
 
@@ -127,7 +141,7 @@ class MoEInfinity(CachePolicy):
         for seq, c in counts.items():
             self.eams.setdefault(seq, np.zeros((self.L, self.E)))[layer] += c
 
-    def scores(self) -> np.ndarray:
+    def scores(self, resident: np.ndarray) -> np.ndarray:
         """Algorithm 2: (activation share in the current sequences + eps) x (1 - l / L)."""
         if not self.eams:
             return np.repeat(EPSILON * self.decay, self.E)
@@ -152,15 +166,25 @@ def _row_share(m: np.ndarray) -> np.ndarray:
     return np.divide(m, tot, out=np.zeros_like(m, dtype=np.float64), where=tot > 0)
 
 
-POLICIES = ("on-demand", "lru", "lfu", "moe-infinity")
+POLICIES = ("on-demand", "lru", "lfu", "moe-infinity", "promoe", "duoserve", "coserve")
+NEEDS_PREDICTOR = ("promoe", "duoserve", "coserve")  # `moelight train-predictor --kind NAME`
 
 
-def make_policy(name: str, layers: int, experts: int, eamc: EAMCollection | None = None) -> CachePolicy:
-    """A policy by name; MoE-Infinity needs an EAM collection of the model's shape."""
+def make_policy(name: str, layers: int, experts: int, eamc: EAMCollection | None = None,
+                predictors=None) -> CachePolicy:
+    """A policy by name; MoE-Infinity needs an EAM collection, ProMoE / DuoServe / CoServe their
+    predictor file (`moelight.expert_cache.predictors.Predictors` of the model's shape)."""
     if name == "moe-infinity":
         if eamc is None:
             raise ValueError("the moe-infinity policy needs an EAM collection (--eamc FILE from `moelight eamc`)")
         return MoEInfinity(layers, experts, eamc)
+    if name in NEEDS_PREDICTOR:
+        from moelight.expert_cache.learned_policies import CoServe, DuoServe, ProMoE
+
+        if predictors is None or predictors.kind != name:
+            raise ValueError(f"the {name} policy needs its predictor file (--predictor FILE from "
+                             f"`moelight train-predictor --kind {name}`)")
+        return {"promoe": ProMoE, "duoserve": DuoServe, "coserve": CoServe}[name](layers, experts, predictors)
     simple = {"on-demand": OnDemand, "lru": LRU, "lfu": LFU}
     if name not in simple:
         raise ValueError(f"unknown cache policy {name!r}; valid: {', '.join(POLICIES)}")

@@ -12,7 +12,6 @@ once every needed one has arrived. Per-token latency is the decode step's durati
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -24,54 +23,9 @@ from hrm.dtypes import dtype_bytes
 from hrm.hardware import HardwareSpec
 from hrm.model import ModelSpec
 from moelight.expert_cache.cache_state import CacheStats, ExpertCache, Fetch
+from moelight.expert_cache.link_queue import LinkQueue
 from moelight.expert_cache.policies import CachePolicy
 from moelight.expert_cache.trace import Trace, TraceError
-
-
-class LinkQueue:
-    """A serial copy engine with a priority queue (demand before prefetch, then priority, then order)."""
-
-    def __init__(self, seconds_per_copy: float, bytes_per_copy: float, stats: CacheStats) -> None:
-        self.dt, self.nbytes, self.stats = seconds_per_copy, bytes_per_copy, stats
-        self.heap: list[tuple] = []
-        self.busy_until = 0.0
-        self.done_at: dict[int, float] = {}  # key -> when its latest copy completed
-        self.waiting: dict[int, tuple] = {}  # key -> its heap entry, not started
-
-    def push(self, f: Fetch, t: float) -> None:
-        entry = (0 if f.demand else 1, -f.priority, f.order, f.key, t)
-        self.waiting[f.key] = entry
-        self.done_at.pop(f.key, None)
-        heapq.heappush(self.heap, entry)
-
-    def cancel(self, key: int) -> bool:
-        """Drop a copy that has not started (its expert was evicted before it arrived)."""
-        return self.waiting.pop(key, None) is not None
-
-    def _start_next(self) -> None:
-        entry = heapq.heappop(self.heap)
-        key, issued = entry[3], entry[4]
-        if self.waiting.get(key) is not entry:
-            return  # cancelled, or superseded by a later fetch of the same key
-        del self.waiting[key]
-        self.busy_until = max(self.busy_until, issued) + self.dt
-        self.done_at[key] = self.busy_until
-        self.stats.fetched_bytes += self.nbytes
-
-    def run_until(self, t: float) -> None:
-        """Start every copy the engine would start before time t."""
-        while self.heap and max(self.busy_until, self.heap[0][4]) < t:
-            self._start_next()
-
-    def late(self, key: int, t: float) -> bool:
-        """Whether `key`'s copy is still waiting or under way at time t."""
-        return key in self.waiting or self.done_at.get(key, 0.0) > t
-
-    def ready_at(self, key: int) -> float:
-        """When `key` is on the device (running the queue in order until it is)."""
-        while key in self.waiting:
-            self._start_next()
-        return self.done_at.get(key, 0.0)
 
 
 @dataclass
@@ -96,13 +50,29 @@ class CacheSimResult:
 
 
 class PassTimer:
-    """HRM seconds of a layer pass's parts on one GPU (latency mode runs on one device)."""
+    """HRM seconds of a layer pass's parts on one GPU (latency mode runs on one device), and of an
+    expert run on the CPU next to its host copy (tokens over the link and back)."""
 
     def __init__(self, hw: HardwareSpec, m: ModelSpec, dtype: str) -> None:
         if not hw.has_gpu:
             raise ValueError(f"hardware {hw.name!r} has no GPU: an expert cache lives on a GPU")
-        self.gpu, self.m, self.b, self.dtype = hw.gpu, m, dtype_bytes(dtype), dtype
+        self.gpu, self.cpu, self.m, self.b, self.dtype = hw.gpu, hw.cpu, m, dtype_bytes(dtype), dtype
+        self.link = hw.link
         self.copy = ops.expert_ffn(m, 0, self.b).bytes / hw.link.h2d
+
+    def cpu_expert(self, tokens: int) -> float:
+        """K*n + B on the CPU (CoServe's placement cost), plus the tokens' round trip over the link."""
+        moved = tokens * self.m.hidden_size * self.b
+        return (float(costs.op_time(ops.expert_ffn(self.m, tokens, self.b), self.cpu, self.dtype))
+                + moved / self.link.d2h + moved / self.link.h2d)
+
+    def cpu_crossover(self) -> int:
+        """The most tokens for which a missed expert is done sooner on the CPU than fetched and run on
+        the GPU (0: never)."""
+        n = 0
+        while n < 4096 and self.cpu_expert(n + 1) < self.copy + self.experts(np.array([n + 1])):
+            n += 1
+        return n
 
     def _t(self, c: ops.OpCost) -> float:
         return float(costs.op_time(c, self.gpu, self.dtype))
@@ -133,9 +103,12 @@ def simulate_cache(trace: Trace, make_policy: Callable[[], CachePolicy], slots: 
                          f"{model.num_layers - model.num_dense_layers} x {model.num_experts}")
     timer = PassTimer(hw, model, dtype)
     policy = make_policy()
+    if policy.wants_hidden and any(r.hidden is None for r in trace.requests):
+        raise TraceError(f"policy {policy.name} reads hidden states: record the trace with `moelight trace --hidden`")
     budget = default_prefetch_budget(hw, model, batch, dtype) if prefetch_per_layer is None else prefetch_per_layer
-    cache = ExpertCache(L, tm.num_experts, slots, policy, budget if policy.predicts else 0)
-    link = LinkQueue(timer.copy, ops.expert_ffn(model, 0, timer.b).bytes, cache.stats)
+    cache = ExpertCache(L, tm.num_experts, slots, policy, budget if policy.predicts else 0,
+                        cpu_max_tokens=timer.cpu_crossover() if policy.cpu_offload else 0)
+    link = LinkQueue(timer.copy, ops.expert_ffn(model, 0, timer.b).bytes, cache.stats, policy.copy_chunks)
     res = CacheSimResult(policy.name, slots, batch, cache.stats)
     pending = list(range(len(trace.requests)))[::-1]
     active: dict[int, int] = {}  # request -> its next position
@@ -175,23 +148,42 @@ def simulate_cache(trace: Trace, make_policy: Callable[[], CachePolicy], slots: 
 def _pass(trace: Trace, reqs: list[int], rows: dict[int, range], cache: ExpertCache, link: LinkQueue,
           timer: PassTimer, now: float, prefill: bool) -> float:
     """One forward pass (all MoE layers) of the given tokens of `reqs`; returns its end time."""
-    E = cache.experts
+    E, policy = cache.experts, cache.policy
     tokens = sum(len(r) for r in rows.values())
     context = float(np.mean([rows[r].stop for r in reqs]))
     for j in range(cache.layers):
         counts = {r: _count(trace.requests[r].experts[rows[r], j], E) for r in reqs}
-        t_route = now + timer.attention_part(tokens, len(reqs), context, prefill)
-        link.run_until(t_route)
         total = sum(counts.values())
+        t_route = now + timer.attention_part(tokens, len(reqs), context, prefill)
+        if policy.wants_hidden:
+            routed = [trace.requests[r].hidden[rows[r], j][trace.requests[r].experts[rows[r], j, 0] >= 0]
+                      for r in reqs]
+            policy.observe_hidden(j, np.concatenate(routed))
+        if prefill and policy.stream_prefill:  # DuoServe: the prefill bypasses the cache
+            policy.observe(j, counts)
+            needed = np.flatnonzero(total)
+            cache.stats.streamed += len(needed)
+            now = link.stream(t_route, len(needed), [timer.experts(total[[e]]) for e in needed])
+            continue
+        link.run_until(t_route)
         for e in np.flatnonzero(total):  # prefetched experts still on their way: late
             key = j * E + int(e)
             if cache.cached(key) and cache.unused_prefetch[key] and link.late(key, t_route):
                 cache.stats.prefetch_late += 1
         needed, demand = cache.access(j, counts)
         _issue(cache, link, demand, t_route)
+        for e in needed:
+            link.promote(j * E + e)
+        on_cpu = set(cache.cpu_now)
         _issue(cache, link, cache.plan_prefetch(j), t_route)
-        ready = max([link.ready_at(j * E + e) for e in needed] + [t_route])
-        now = ready + timer.experts(total)
+        gpu = [e for e in needed if e not in on_cpu]
+        ready = {e: max(t_route, link.ready_at(j * E + e)) for e in gpu}
+        order = sorted(gpu, key=lambda e: (ready[e] > t_route, ready[e], e)) if policy.reorder else gpu
+        t = t_route
+        for e in order:
+            t = max(t, ready[e]) + timer.experts(total[[e]])
+        cpu_done = t_route + sum(timer.cpu_expert(int(total[e])) for e in on_cpu)
+        now = max(t, cpu_done)
     return now + timer.head(len(reqs))
 
 

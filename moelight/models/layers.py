@@ -107,11 +107,13 @@ class SparseMoE(nn.Module):
         """Routing weights and expert ids [T, k] of x [T, h]."""
         return route(x, self.gate.weight, self.top_k, self.normalize)
 
-    def forward_with(self, x: torch.Tensor, gate_up_proj, down_proj, linear, routing=None) -> torch.Tensor:
+    def forward_with(self, x: torch.Tensor, gate_up_proj, down_proj, linear, routing=None,
+                     compute_order=None) -> torch.Tensor:
         """The block over routed-expert weights a runtime supplies (a page table of device buffers),
-        with the routing it already computed (`route`) if it needed it first."""
+        with the routing it already computed (`route`) if it needed it first, and the order it wants
+        the experts computed in (the sum is the same)."""
         weights, experts = self.route(x) if routing is None else routing
-        out = expert_mix(x, weights, experts, gate_up_proj, down_proj, linear)
+        out = expert_mix(x, weights, experts, gate_up_proj, down_proj, linear, compute_order=compute_order)
         if hasattr(self, "shared_expert"):
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
