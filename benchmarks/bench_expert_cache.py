@@ -6,10 +6,12 @@ so its traces drive a Mixtral 8x7B-shaped simulation layer for layer). Two promp
 snippets: the EAM collection's, from the training files, and a held-out one, from the files the
 model never saw; every figure below is on the held-out set.
 
-(a) hit rate, prefetch recall and GoodPred of every policy at cache sizes of 10-75% of the experts,
-    batch 1 / 4 / 16, and simulated time per output token on T4 and L4 (Mixtral 8x7B costs);
+(a) hit rate, prefetch recall, GoodPred and bytes moved of every policy (on-demand, LRU, LFU,
+    MoE-Infinity, ProMoE, DuoServe, CoServe, combined) at cache sizes of 10-75% of the experts,
+    batch 1 / 4 / 16, and simulated time per output token on T4 and L4 (Mixtral 8x7B costs),
+    with the predictors' held-out accuracy and a plot;
 (b) measured on the emulated device with a slow link: the trained model itself in latency mode,
-    on-demand / LRU / MoE-Infinity, time per output token;
+    every policy, time per output token;
 (c) latency mode against throughput mode (CGOPipe) for jobs of 1-4 requests: the HRM's prediction
     for Mixtral 8x7B on a T4, and wall clock on the emulated device with a small device memory.
 
@@ -38,6 +40,7 @@ from hrm import WorkloadSpec, get_hardware, get_model  # noqa: E402
 from moelight import LLM, SamplingParams  # noqa: E402
 from moelight.expert_cache.eam import EAMCollection, eam_of  # noqa: E402
 from moelight.expert_cache.policies import make_policy  # noqa: E402
+from moelight.expert_cache.predictor_training import train_predictors  # noqa: E402
 from moelight.expert_cache.simulator import simulate_cache  # noqa: E402
 from moelight.expert_cache.tracer import trace_requests  # noqa: E402
 from moelight.loader import load_model, resolve_model  # noqa: E402
@@ -68,11 +71,13 @@ def traced(model, tok, texts: list[str], gen: int, name: str):
     params = [SamplingParams(max_tokens=gen, temperature=0.8, top_p=0.95, seed=i, ignore_eos=True)
               for i in range(len(prompts))]
     return trace_requests(model, (2,), [f"{name}{i}" for i in range(len(prompts))], prompts, params,
-                          [0] * len(prompts), name)
+                          [0] * len(prompts), name, hidden=True)
 
 
 VARIANTS = [("on-demand", "on-demand", None), ("lru", "lru", None), ("lfu", "lfu", None),
-            ("moe-infinity", "moe-infinity", None), ("moe-infinity, 1 prefetch/layer", "moe-infinity", 1)]
+            ("moe-infinity", "moe-infinity", None), ("moe-infinity, 1 prefetch/layer", "moe-infinity", 1),
+            ("promoe", "promoe", None), ("duoserve", "duoserve", None), ("coserve", "coserve", None),
+            ("combined", "combined", None)]
 
 
 def predictability(build, test, eamc, E) -> None:
@@ -94,39 +99,48 @@ def predictability(build, test, eamc, E) -> None:
     print("| " + " | ".join(f"{v / n:.1%}" for v in hits.values()) + " |")
 
 
-def simulated(trace, eamc, L, E) -> None:
+def simulated(trace, eamc, preds, L, E, plot_dir: Path | None) -> None:
     spec = get_model("mixtral-8x7b")
     print("\n### (a) simulated on the held-out trace (Mixtral 8x7B costs, float16)\n")
-    print("| batch | cache | policy | hit rate | prefetch recall | GoodPred | T4 TPOT p50 / p90 ms "
-          "| L4 TPOT p50 / p90 ms |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| batch | cache | policy | hit rate | prefetch recall | GoodPred | GB moved | on CPU "
+          "| T4 TPOT p50 / p90 ms | L4 TPOT p50 / p90 ms |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    t4_results = []
     for batch in (1, 4, 16):
         for size in SIZES:
             slots = max(E, round(size * L * E))
             for label, name, budget in VARIANTS:
-                cells = [simulate_cache(trace, lambda n=name: make_policy(n, L, E, eamc), slots, get_hardware(hw),
-                                        spec, batch=batch, prefetch_per_layer=budget) for hw in ("t4", "l4")]
+                cells = [simulate_cache(trace, lambda n=name: make_policy(n, L, E, eamc, preds.get(n)),
+                                        slots, get_hardware(hw), spec, batch=batch, prefetch_per_layer=budget)
+                         for hw in ("t4", "l4")]
                 s, p4, pl = cells[0].stats, cells[0].percentiles(), cells[1].percentiles()
+                cells[0].policy = label
+                t4_results.append(cells[0])
                 print(f"| {batch} | {size:.0%} | {label} | {s.hit_rate:.1%} | {s.prefetch_recall:.1%} | "
-                      f"{s.good_pred:.1%} | {p4['p50']:.0f} / {p4['p90']:.0f} | {pl['p50']:.0f} / {pl['p90']:.0f} |")
+                      f"{s.good_pred:.1%} | {s.fetched_bytes / 1e9:.0f} | {s.cpu_executed} | "
+                      f"{p4['p50']:.0f} / {p4['p90']:.0f} | {pl['p50']:.0f} / {pl['p90']:.0f} |")
+    if plot_dir is not None:
+        from moelight.expert_cache.plots import plot_cache_sweep
+
+        print("\nplots (T4): " + ", ".join(str(p) for p in plot_cache_sweep(t4_results, L * E, plot_dir)))
 
 
-def measured(model_dir: Path, texts: list[str], eamc_path: Path, link_gbps: float, runs: int) -> None:
+def measured(model_dir: Path, texts: list[str], files: dict[str, Path], link_gbps: float, runs: int) -> None:
     print(f"\n### (b) emulated device, batch 1, cache 25%, link {link_gbps} GB/s, {len(texts)} held-out requests "
           f"of 24 tokens, {runs} runs (median [min-max])\n")
-    print("| policy | TPOT p50 ms | TPOT p90 ms | hit rate | prefetch recall | GoodPred | MiB moved |")
-    print("|---|---|---|---|---|---|---|")
+    print("| policy | TPOT p50 ms | TPOT p90 ms | hit rate | prefetch recall | GoodPred | on CPU | MiB moved |")
+    print("|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         hw = get_hardware("t4").to_dict() | {"name": "t4-slow-link"}
         hw["link"] = {"h2d": link_gbps * 1e9, "d2h": link_gbps * 1e9}
         (Path(tmp) / "hw.json").write_text(json.dumps(hw))
-        for label, name, budget in [v for v in VARIANTS if v[1] != "lfu"] + [
-                ("moe-infinity, 2 prefetches/layer", "moe-infinity", 2)]:
+        for label, name, budget in [v for v in VARIANTS if v[1] != "lfu"]:
             reps = []
             for _ in range(runs):
                 llm = LLM(str(model_dir), dtype="float32", device="emulated", hardware=str(Path(tmp) / "hw.json"),
                           mode="latency", cache_policy=name, cache_size=0.25, batch_size=1, prefetch_per_layer=budget,
-                          eamc=str(eamc_path) if name == "moe-infinity" else None)
+                          eamc=str(files["eamc"]) if name == "moe-infinity" else None,
+                          predictor=str(files[name]) if name in files else None)
                 try:
                     llm.generate(texts, SamplingParams(max_tokens=24, temperature=0.8, seed=1, ignore_eos=True))
                     reps.append(llm.last_report)
@@ -136,7 +150,7 @@ def measured(model_dir: Path, texts: list[str], eamc_path: Path, link_gbps: floa
             c = reps[0].cache
             print(f"| {label} | {span([r.tpot_ms['p50'] for r in reps])} | {span([r.tpot_ms['p90'] for r in reps])} "
                   f"| {c['hit_rate']:.1%} | {c['prefetch_recall']:.1%} | {c['good_pred']:.1%} | "
-                  f"{c['fetched_bytes'] / 2**20:.0f} |")
+                  f"{c['cpu_executed']} | {c['fetched_bytes'] / 2**20:.0f} |")
 
 
 def modes(model_dir: Path, texts: list[str], link_gbps: float, device_mb: int) -> None:
@@ -188,6 +202,7 @@ def main() -> None:
     ap.add_argument("--device-mb", type=int, default=48, help="emulated device memory for (c)")
     ap.add_argument("--runs", type=int, default=2)
     ap.add_argument("--skip", default="", help="comma-separated parts to skip: a, b, c")
+    ap.add_argument("--plot", type=Path, default=None, help="draw (a)'s T4 sweep into this folder")
     a = ap.parse_args()
     src = resolve_model(str(a.model), "auto", "float32")
     model = load_model(src)
@@ -198,17 +213,22 @@ def main() -> None:
     test = traced(model, tok, held_texts, a.gen, "held")
     L, E = len(test.model.moe_layers), test.model.num_experts
     eamc = EAMCollection.build(np.stack([eam_of(r.experts, E) for r in build.requests]), a.capacity)
+    preds = {k: train_predictors(build, k) for k in ("promoe", "duoserve", "coserve")}
+    print("predictors, trained on nine tenths of the build trace, accuracy on its other tenth (the share of a "
+          "layer's chosen experts among the predicted top-2): "
+          + ", ".join(f"{k} {p.accuracy:.1%}" for k, p in preds.items() if p.mlps))
     print(f"model {a.model} ({L} MoE layers x {E} experts); EAM collection: {len(eamc.eams)} of "
           f"{len(build.requests)} build-set EAMs; held-out trace: {len(test.requests)} requests, "
           f"{sum(r.tokens for r in test.requests)} tokens")
     skip = set(a.skip.split(","))
     with tempfile.TemporaryDirectory() as tmp:
-        eamc_path = eamc.save(Path(tmp) / "eamc.npz")
+        files = {"eamc": eamc.save(Path(tmp) / "eamc.npz")} | {k: p.save(Path(tmp) / f"{k}.npz")
+                                                               for k, p in preds.items()}
         if "a" not in skip:
             predictability(build, test, eamc, E)
-            simulated(test, eamc, L, E)
+            simulated(test, eamc, preds, L, E, a.plot)
         if "b" not in skip:
-            measured(a.model, held_texts[:8], eamc_path, a.link_gbps, a.runs)
+            measured(a.model, held_texts[:8], files, a.link_gbps, a.runs)
         if "c" not in skip:
             modes(a.model, held_texts, a.link_gbps, a.device_mb)
 

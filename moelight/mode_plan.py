@@ -21,6 +21,7 @@ def cache_slots_of(size: float | None, total: int, planned: int) -> int:
 
 def apply_mode(plan, opts, mspec, workload, requests: int, device: str, ranks: int = 1):
     """The job plan in the mode `opts.mode` asks for (auto: the faster by the HRM)."""
+    from moelight.expert_cache.policies import OFFLOADING
     from optimizer.latency_mode import best_latency_batch, predict_latency_mode
 
     info = plan.info
@@ -35,10 +36,11 @@ def apply_mode(plan, opts, mspec, workload, requests: int, device: str, ranks: i
             raise ModeError(f"--mode latency: {why_not}")
         info.update(mode="throughput", mode_reason=f"throughput mode: {why_not}")
         return plan
-    dtype = plan.policy.dtype
+    dtype, offload = plan.policy.dtype, opts.cache_policy_name() in OFFLOADING
     try:
-        lat = (predict_latency_mode(plan.hardware, mspec, workload, requests, opts.batch_size, dtype)
-               if opts.batch_size else best_latency_batch(plan.hardware, mspec, workload, requests, dtype))
+        lat = (predict_latency_mode(plan.hardware, mspec, workload, requests, opts.batch_size, dtype,
+                                    cpu_offload=offload) if opts.batch_size else
+               best_latency_batch(plan.hardware, mspec, workload, requests, dtype, cpu_offload=offload))
     except ValueError as e:
         lat, error = None, str(e)
     else:
@@ -46,7 +48,8 @@ def apply_mode(plan, opts, mspec, workload, requests: int, device: str, ranks: i
     if lat is not None and opts.cache_size is not None:
         total = (mspec.num_layers - mspec.num_dense_layers) * mspec.num_experts
         slots = cache_slots_of(opts.cache_size, total, lat.slots)
-        lat = predict_latency_mode(plan.hardware, mspec, workload, requests, lat.batch_size, dtype, slots=slots)
+        lat = predict_latency_mode(plan.hardware, mspec, workload, requests, lat.batch_size, dtype, slots=slots,
+                                   cpu_offload=offload)
     thr = plan.prediction["end_to_end_tokens_per_s"]
     if lat is None:
         if opts.mode == "latency":

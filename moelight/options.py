@@ -50,17 +50,16 @@ class EngineOptions:
     micro_batch_size: int | None = None  # override the policy's micro-batch size
     max_prefill_tokens: int = 4096  # tokens per prefill pass
     mode: str = "auto"  # throughput (CGOPipe), latency (a device expert cache), auto: the faster by the HRM
-    cache_policy: str = "auto"  # latency mode's expert cache: on-demand, lru, lfu, moe-infinity; auto: see below
+    cache_policy: str = "auto"  # latency mode's expert cache (expert_cache.policies.POLICIES); auto: combined
     cache_size: float | None = None  # expert slots: a share of all experts (< 1) or a count; None: what fits
     eamc: str | None = None  # MoE-Infinity's EAM collection (`moelight eamc`)
     prefetch_per_layer: int | None = None  # prefetches per layer pass; None: what the link moves in one layer
     predictor: str | None = None  # ProMoE / DuoServe / CoServe's file (`moelight train-predictor`)
 
     def cache_policy_name(self) -> str:
-        """auto: MoE-Infinity when an EAM collection is given, else LRU."""
-        if self.cache_policy != "auto":
-            return self.cache_policy
-        return "moe-infinity" if self.eamc else "lru"
+        """auto: the combined policy (CPU execution of small misses, an LFU cache filled in the
+        background), the fastest on held-out traces (BENCHMARKS.md section 10)."""
+        return "combined" if self.cache_policy == "auto" else self.cache_policy
 
     def validate(self) -> None:
         """Raise OptionError for the first option that cannot work; touches no weights."""

@@ -35,7 +35,7 @@ class LatencyPrediction:
     end_to_end_tokens_per_s: float
     prefill_tokens_per_s: float
     decode_tokens_per_s: float
-    fetch_seconds_per_layer: float  # expected demand-fetch stall of a decode layer pass
+    fetch_seconds_per_layer: float  # expected cost of a decode layer pass's misses (fetched, or run on the CPU)
     compute_seconds_per_layer: float
 
     def to_dict(self) -> dict:
@@ -57,8 +57,11 @@ def cache_slots(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, batch: int, dt
 
 
 def predict_latency_mode(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, requests: int, batch: int,
-                         dtype: str, slots: int | None = None, hit_rate: float | None = None) -> LatencyPrediction:
-    """The job (`requests` in batches of `batch`) in latency mode; ValueError when it cannot run."""
+                         dtype: str, slots: int | None = None, hit_rate: float | None = None,
+                         cpu_offload: bool = False) -> LatencyPrediction:
+    """The job (`requests` in batches of `batch`) in latency mode; ValueError when it cannot run.
+    cpu_offload: a miss runs where it is done sooner, fetched to the GPU or on the CPU next to its
+    host copy (CoServe's K*n + B placement, the combined policy's)."""
     if not hw.has_gpu:
         raise ValueError(f"hardware {hw.name!r} has no GPU: latency mode keeps its expert cache on one")
     slots = cache_slots(hw, m, wl, batch, dtype) if slots is None else slots
@@ -74,9 +77,14 @@ def predict_latency_mode(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, reque
     def layer(tokens: float, seqs: float, attention) -> tuple[float, float]:
         touched = float(ops.experts_touched(m, tokens))
         per = m.top_k * tokens / max(touched, 1e-9)
+        expert = t(ops.expert_ffn(m, per, b))
         compute = (t(ops.qkv_proj(m, tokens, b)) + t(attention) + t(ops.o_proj(m, tokens, b))
-                   + t(ops.router(m, tokens, b)) + touched * t(ops.expert_ffn(m, per, b)))
-        return compute, touched * (1.0 - h) * fetch * m.sparse_fraction
+                   + t(ops.router(m, tokens, b)) + touched * h * expert)  # hits; misses below
+        miss = fetch + expert
+        if cpu_offload:  # the expert next to its host copy, the tokens over the link and back
+            moved = 2 * per * m.hidden_size * b / hw.link.h2d
+            miss = min(miss, float(costs.op_time(ops.expert_ffn(m, per, b), hw.cpu, dtype)) + moved)
+        return compute, touched * (1.0 - h) * miss * m.sparse_fraction
 
     dec_c, dec_f = layer(batch, batch, ops.decode_attention(m, batch, wl.mean_context, b))
     step = m.num_layers * (dec_c + dec_f) + t(ops.lm_head(m, batch, b))
@@ -93,13 +101,13 @@ def predict_latency_mode(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, reque
 
 
 def best_latency_batch(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, requests: int, dtype: str,
-                       limit: int = 64) -> LatencyPrediction | None:
+                       limit: int = 64, cpu_offload: bool = False) -> LatencyPrediction | None:
     """Latency mode at its best batch size (powers of two up to `limit` and the job's size), or None."""
     best = None
     cands = sorted({min(requests, 2**i) for i in range(int(math.log2(limit)) + 1)})
     for batch in cands:
         try:
-            p = predict_latency_mode(hw, m, wl, requests, batch, dtype)
+            p = predict_latency_mode(hw, m, wl, requests, batch, dtype, cpu_offload=cpu_offload)
         except ValueError:
             continue
         if best is None or p.end_to_end_tokens_per_s > best.end_to_end_tokens_per_s:

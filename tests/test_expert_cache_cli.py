@@ -62,7 +62,7 @@ def test_simulate_cache_reports_every_policy_and_plots(traced):
                  "--json", root / "sim.json", "--plot", root / "plots")
     assert res.exit_code == 0, res.output
     rows = json.loads((root / "sim.json").read_text())
-    assert {r["policy"] for r in rows} == {"on-demand", "lru", "lfu", "moe-infinity"}
+    assert {r["policy"] for r in rows} == {"on-demand", "lru", "lfu", "moe-infinity", "combined"}
     assert {(r["batch"], r["slots"]) for r in rows} == {(b, s) for b in (1, 2) for s in (8, 16)}
     assert all(0 <= r["hit_rate"] <= 1 and r["tpot_ms"]["p50"] > 0 for r in rows)
     assert (root / "plots" / "cache_sweep_batch1.png").is_file()

@@ -51,7 +51,8 @@ def _modes(res, hw, mspec, workload, dtype: str, requests: int, mode: str) -> st
     from optimizer.latency_mode import best_latency_batch
 
     thr = predict_job(hw, mspec, workload, res.policy, requests)["end_to_end_tokens_per_s"]
-    lat = best_latency_batch(hw, mspec, workload, requests, dtype) if hw.has_gpu and hw.gpu_count == 1 else None
+    lat = (best_latency_batch(hw, mspec, workload, requests, dtype, cpu_offload=True)  # the combined policy
+           if hw.has_gpu and hw.gpu_count == 1 else None)
     lines = [f"modes for a job of {requests} requests:",
              f"  throughput (CGOPipe, batch {min(requests, res.policy.batch_size)}): {thr:.1f} tok/s end-to-end"]
     if lat is None:
@@ -61,7 +62,7 @@ def _modes(res, hw, mspec, workload, dtype: str, requests: int, mode: str) -> st
     else:
         lines.append(f"  latency (batch {lat.batch_size}, {lat.slots} expert slots, hit rate {lat.hit_rate:.0%} "
                      f"assumed): {lat.end_to_end_tokens_per_s:.1f} tok/s end-to-end, {1e3 * lat.step_seconds:.1f} ms "
-                     f"per token ({1e3 * lat.fetch_seconds_per_layer:.2f} ms of expert fetches and "
+                     f"per token ({1e3 * lat.fetch_seconds_per_layer:.2f} ms of misses and "
                      f"{1e3 * lat.compute_seconds_per_layer:.2f} ms of compute per layer)")
         pick = mode if mode != "auto" else ("latency" if lat.end_to_end_tokens_per_s > thr else "throughput")
     why = "asked for" if mode != "auto" else "the faster for this job"

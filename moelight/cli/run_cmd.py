@@ -55,7 +55,7 @@ def run(
     mode: str = Opt("auto", "--mode", help="throughput (CGOPipe), latency (a device expert cache for small "
                     "batches), or auto: the faster by the HRM"),
     cache_policy: str = Opt("auto", "--cache-policy", help="latency mode: on-demand, lru, lfu, moe-infinity, "
-                            "promoe, duoserve, coserve; auto: moe-infinity with --eamc, else lru"),
+                            "promoe, duoserve, coserve, combined; auto: combined"),
     cache_size: float = Opt(None, "--cache-size", help="latency mode: expert slots, a share of all experts (< 1) "
                             "or a count (default: what fits on the device)"),
     eamc: str = Opt(None, "--eamc", help="MoE-Infinity's EAM collection (`moelight eamc`)"),

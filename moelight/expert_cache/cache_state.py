@@ -158,7 +158,8 @@ class ExpertCache:
             if self.cached(key):
                 self.policy.predicted_cached(key, self.tick)
                 continue
-            if not self.free and self._victim(key, below=float(prio[key])) is None:
+            below = None if self.policy.prefetch_outranks_cache else float(prio[key])
+            if not self.free and self._victim(key, below=below) is None:
                 break  # everything cached outranks the rest of the list
             out.append(self._admit(key, demand=False, priority=float(prio[key])))
             self.locked.add(key)  # this round's prefetches do not evict each other

@@ -31,6 +31,7 @@ class ProMoE(LRU):
     reorder = True
     wants_hidden = True
     prefetch_budget = 1 << 30  # whatever the predictor names
+    prefetch_outranks_cache = True  # a prediction enters the LRU like an access (its scores are ticks)
 
     def __init__(self, layers: int, experts: int, predictors: Predictors) -> None:
         super().__init__(layers, experts)
@@ -66,6 +67,7 @@ class DuoServe(LRU):
     predicts = True
     stream_prefill = True
     prefetch_budget = 1 << 30
+    prefetch_outranks_cache = True
 
     def __init__(self, layers: int, experts: int, predictors: Predictors) -> None:
         super().__init__(layers, experts)

@@ -37,6 +37,7 @@ class CachePolicy:
     reorder = False  # cached experts compute first, experts still arriving last (ProMoE)
     wants_hidden = False  # its predictor reads each MoE block's input (`observe_hidden`)
     prefetch_budget: int | None = None  # prefetches per layer pass whatever the link allows (None: the cache's)
+    prefetch_outranks_cache = False  # a prediction evicts the lowest-scored expert even if it outranks it
 
     def __init__(self, layers: int, experts: int) -> None:
         self.L, self.E = layers, experts
@@ -166,8 +167,9 @@ def _row_share(m: np.ndarray) -> np.ndarray:
     return np.divide(m, tot, out=np.zeros_like(m, dtype=np.float64), where=tot > 0)
 
 
-POLICIES = ("on-demand", "lru", "lfu", "moe-infinity", "promoe", "duoserve", "coserve")
+POLICIES = ("on-demand", "lru", "lfu", "moe-infinity", "promoe", "duoserve", "coserve", "combined")
 NEEDS_PREDICTOR = ("promoe", "duoserve", "coserve")  # `moelight train-predictor --kind NAME`
+OFFLOADING = ("coserve", "combined")  # run a small miss on the CPU (the HRM's latency-mode prediction counts it)
 
 
 def make_policy(name: str, layers: int, experts: int, eamc: EAMCollection | None = None,
@@ -185,6 +187,10 @@ def make_policy(name: str, layers: int, experts: int, eamc: EAMCollection | None
             raise ValueError(f"the {name} policy needs its predictor file (--predictor FILE from "
                              f"`moelight train-predictor --kind {name}`)")
         return {"promoe": ProMoE, "duoserve": DuoServe, "coserve": CoServe}[name](layers, experts, predictors)
+    if name == "combined":
+        from moelight.expert_cache.combined_policy import Combined
+
+        return Combined(layers, experts, predictors)
     simple = {"on-demand": OnDemand, "lru": LRU, "lfu": LFU}
     if name not in simple:
         raise ValueError(f"unknown cache policy {name!r}; valid: {', '.join(POLICIES)}")
