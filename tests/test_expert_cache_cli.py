@@ -73,7 +73,7 @@ def test_run_in_latency_mode_with_moe_infinity_reports_the_cache(traced, tmp_pat
     common = ["run", "--dataset", data, "--model", CKPT, "--gen-len", "5", "--ignore-eos", "--dtype", "float32",
               "--device", "emulated", "--hardware", "t4", "--no-progress"]
     res = invoke(*common, "--output", tmp_path / "lat.jsonl", "--mode", "latency", "--eamc", root / "eamc.npz",
-                 "--cache-size", "12", "--batch-size", "1")
+                 "--cache-policy", "moe-infinity", "--cache-size", "12", "--batch-size", "1")
     assert res.exit_code == 0, res.output
     assert says(res.output, "expert cache of 12 slots (moe-infinity)") and says(res.output, "latency mode (asked)")
     rep = report_of(tmp_path / "lat.jsonl")
