@@ -13,7 +13,8 @@ model never saw; every figure below is on the held-out set.
 (b) measured on the emulated device with a slow link: the trained model itself in latency mode,
     every policy, time per output token;
 (c) latency mode against throughput mode (CGOPipe) for jobs of 1-4 requests: the HRM's prediction
-    for Mixtral 8x7B on a T4, and wall clock on the emulated device with a small device memory.
+    for Mixtral 8x7B on a T4, and wall clock on the emulated device with a small device memory;
+(d) a Composition-of-Experts job over two checkpoints: CoServe's grouped schedule against FCFS.
 
     python benchmarks/train_small_moe.py --minutes 18 --layers 32 --output benchmarks/models/stdlib-moe-32l
     python benchmarks/bench_expert_cache.py --model benchmarks/models/stdlib-moe-32l
@@ -30,6 +31,7 @@ import tempfile
 from pathlib import Path
 
 import numpy as np
+import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -156,15 +158,17 @@ def measured(model_dir: Path, texts: list[str], files: dict[str, Path], link_gbp
 def modes(model_dir: Path, texts: list[str], link_gbps: float, device_mb: int) -> None:
     print("\n### (c) latency mode against throughput mode (CGOPipe)\n")
     print("HRM, Mixtral 8x7B on a T4 (float16), MT-Bench-like prompt 77, gen 128:\n")
-    print("| requests | throughput mode tok/s | latency mode tok/s | latency / throughput |")
-    print("|---|---|---|---|")
+    print("| requests | throughput mode tok/s | latency mode, misses fetched | latency mode, misses on the CPU "
+          "(combined) | best / throughput |")
+    print("|---|---|---|---|---|")
     hw, m = get_hardware("t4"), get_model("mixtral-8x7b")
     for n in (1, 2, 4, 16):
         wl = WorkloadSpec(77, 128, 418)
         pol = fit_policy(plan(hw, m, wl, "float16", family="cgopipe").policy, n)
         thr = predict_job(hw, m, wl, pol, n)["end_to_end_tokens_per_s"]
-        lat = predict_latency_mode(hw, m, wl, n, n, "float16").end_to_end_tokens_per_s
-        print(f"| {n} | {thr:.2f} | {lat:.2f} | {lat / thr:.2f}x |")
+        fetched, offload = (predict_latency_mode(hw, m, wl, n, n, "float16", cpu_offload=c).end_to_end_tokens_per_s
+                            for c in (False, True))
+        print(f"| {n} | {thr:.2f} | {fetched:.2f} | {offload:.2f} | {max(fetched, offload) / thr:.2f}x |")
     print(f"\nemulated device ({device_mb} MiB, link {link_gbps} GB/s), the trained model in float32, 24 new "
           "tokens per request, end-to-end tok/s:\n")
     print("| requests | throughput mode | latency mode | latency / throughput | policies |")
@@ -191,6 +195,34 @@ def modes(model_dir: Path, texts: list[str], link_gbps: float, device_mb: int) -
                   f"{rate['latency'] / rate['throughput']:.2f}x | {how['throughput']}; {how['latency']} |")
 
 
+def coe(model_dir: Path, texts: list[str], requests: int, runs: int) -> None:
+    """A CoE job over two checkpoints (the trained model and a dummy Mixtral of another shape) with
+    requests alternating between them: CoServe's grouped schedule against first-come-first-served."""
+    from moelight.runner import RunOptions, run_job
+
+    print(f"\n### (d) a CoE job: {requests} requests alternating between two models, CPU executor, "
+          f"{runs} runs (median [min-max])\n")
+    print("| schedule | model switches | end-to-end tok/s (loads included) | load seconds |")
+    print("|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        spec = Path(tmp) / "coe.json"
+        spec.write_text(json.dumps({"models": {"code": str(model_dir), "chat": "tiny"},
+                                    "router": {"default": "chat"}}))
+        data = Path(tmp) / "req.jsonl"
+        data.write_text("".join(json.dumps({"id": f"r{i}", "prompt": texts[i % len(texts)],
+                                            "model": "code" if i % 2 else "chat"}) + "\n" for i in range(requests)))
+        for order in ("fcfs", "grouped"):
+            reps = []
+            for k in range(runs):
+                out = Path(tmp) / f"{order}{k}.jsonl"
+                reps.append(run_job(RunOptions(model=str(spec), dataset=data, output=out, gen_len=16, ignore_eos=True,
+                                               dtype="float32", device="cpu", hardware="cpu-server", progress=False,
+                                               coe_order=order)))
+            span = lambda xs: f"{statistics.median(xs):.1f} [{min(xs):.1f}-{max(xs):.1f}]"  # noqa: E731
+            print(f"| {order} | {reps[0].policy['coe']['switches']} | "
+                  f"{span([r.end_to_end_tokens_per_s for r in reps])} | {span([r.load_seconds for r in reps])} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", type=Path, default=Path("benchmarks/models/stdlib-moe-32l"))
@@ -201,8 +233,11 @@ def main() -> None:
     ap.add_argument("--link-gbps", type=float, default=0.5, help="emulated link for (b) and (c)")
     ap.add_argument("--device-mb", type=int, default=48, help="emulated device memory for (c)")
     ap.add_argument("--runs", type=int, default=2)
-    ap.add_argument("--skip", default="", help="comma-separated parts to skip: a, b, c")
+    ap.add_argument("--skip", default="", help="comma-separated parts to skip: a, b, c, d")
     ap.add_argument("--plot", type=Path, default=None, help="draw (a)'s T4 sweep into this folder")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="torch threads for (b) and (c): one leaves the other core to the emulated link's copy "
+                         "thread (with two, compute and copies fight for this 2-core host's cores)")
     a = ap.parse_args()
     src = resolve_model(str(a.model), "auto", "float32")
     model = load_model(src)
@@ -227,10 +262,13 @@ def main() -> None:
         if "a" not in skip:
             predictability(build, test, eamc, E)
             simulated(test, eamc, preds, L, E, a.plot)
+        torch.set_num_threads(a.threads)
         if "b" not in skip:
             measured(a.model, held_texts[:8], files, a.link_gbps, a.runs)
         if "c" not in skip:
             modes(a.model, held_texts, a.link_gbps, a.device_mb)
+        if "d" not in skip:
+            coe(a.model, held_texts, 24, a.runs)
 
 
 if __name__ == "__main__":

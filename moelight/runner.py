@@ -46,6 +46,7 @@ class RunOptions(EngineOptions):
     resume: bool = False
     overwrite: bool = False
     progress: bool = True
+    coe_order: str = "grouped"  # a CoE job (--model coe.json): grouped by model (CoServe) or fcfs
     log: Callable[[str], None] | None = None  # one-line notes (the plan, a fresh profile)
 
     def validate(self) -> None:
@@ -71,6 +72,18 @@ def run_job(opts: RunOptions) -> RunReport | None:
     opts.validate()
     if follow_torchrun(opts):
         return None
+    from moelight.coe_job import is_coe_spec, run_coe_job
+
+    if is_coe_spec(opts.model):  # several checkpoints, one device: moelight/coe_job.py
+        return run_coe_job(opts)
+    loaded, requests, out_format = read_requests(opts)
+    session = EngineSession(opts, opts.log)
+    with LazyResultWriter(opts, out_format) as writer:
+        return serve_requests(session, opts, requests, len(loaded.skipped), writer)
+
+
+def read_requests(opts: RunOptions):
+    """The dataset's requests less those a resumed output already holds; the output format."""
     loaded = workloads.load_dataset(
         opts.dataset, opts.dataset_format, turn=opts.turn, num_requests=opts.num_requests,
         skip_bad_lines=opts.skip_bad_lines, prompt_column=opts.prompt_column,
@@ -84,26 +97,53 @@ def run_job(opts: RunOptions) -> RunReport | None:
         raise workloads.OutputExistsError(
             f"{opts.output}: output exists; pass --resume to continue it or --overwrite to replace it"
         )
-    session = EngineSession(opts, opts.log)
+    return loaded, requests, out_format
+
+
+class LazyResultWriter:
+    """The output's ResultWriter, opened at the first finished result: a job that fails before
+    one (a model that does not load) leaves an existing output as it was."""
+
+    def __init__(self, opts: RunOptions, out_format: str) -> None:
+        self.opts, self.format, self.writer = opts, out_format, None
+
+    def write(self, result: dict) -> None:
+        if self.writer is None:
+            self.writer = workloads.ResultWriter(self.opts.output, self.format, resume=self.opts.resume,
+                                                 overwrite=self.opts.overwrite, model_name=self.opts.model)
+            self.writer.__enter__()
+        self.writer.write(result)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.writer is not None:
+            self.writer.__exit__(*exc)
+
+
+def serve_requests(session: EngineSession, opts: RunOptions, requests, skipped_before: int, writer,
+                   on_result=None) -> RunReport:
+    """Tokenize, plan, load, generate and write `requests` on `session`; the report is saved beside
+    the output (and returned) whatever happens, the session closed."""
     prompts, params, skipped = _prepare(requests, session.tokenizer, session.config.max_position_embeddings, opts)
     requests = [r for r in requests if r.id not in skipped]
-    n_skipped = len(loaded.skipped) + len(skipped)
+    n_skipped = skipped_before + len(skipped)
     if not requests:  # e.g. --resume on a finished output: nothing to plan, load or write
         report = session.new_report(None, 0, n_skipped)
         report.save(report_path(opts.output))
+        session.close()
         return report
     plan = session.plan(prompts, params, opts.turn)
     report = session.new_report(plan, len(requests), n_skipped)
-    t0 = time.perf_counter()
-    engine = session.engine(plan, prompts, params, opts.turn)
-    report.load_seconds = time.perf_counter() - t0
     total = sum(1 + len(r.followups) for r in requests)
     bar = tqdm(total=total, unit="req", disable=not opts.progress, desc="generating")
     try:
-        with workloads.ResultWriter(opts.output, out_format, resume=opts.resume, overwrite=opts.overwrite,
-                                    model_name=opts.model) as writer:
-            _generate_rounds(engine, session.tokenizer, requests, prompts, params, opts, plan.batch_size,
-                             plan.micro_batch_size, writer, bar, report)
+        t0 = time.perf_counter()
+        engine = session.engine(plan, prompts, params, opts.turn)
+        report.load_seconds = time.perf_counter() - t0
+        _generate_rounds(engine, session.tokenizer, requests, prompts, params, opts, plan.batch_size,
+                         plan.micro_batch_size, writer, bar, report, on_result)
     except KeyboardInterrupt:
         report.interrupted = True
     finally:
@@ -148,7 +188,7 @@ def _prepare(requests, tokenizer, context: int, opts: RunOptions):
 
 
 def _generate_rounds(engine, tokenizer, requests, prompts, params, opts, batch_size, micro, writer, bar,
-                     report):
+                     report, on_result=None):
     """Round k answers the k-th user turn of every request that has one."""
     turns: list[list[workloads.TurnOutput]] = [[] for _ in requests]
     messages = [list(r.messages) if r.messages is not None else None for r in requests]
@@ -165,7 +205,8 @@ def _generate_rounds(engine, tokenizer, requests, prompts, params, opts, batch_s
             turns[i].append(workloads.TurnOutput(tokenizer.decode(res.token_ids), res.token_ids,
                                                  res.finish_reason, len(round_prompts[res.index]), user=user))
             if i in last_round:
-                writer.write(workloads.build_result(req, turns[i], model=opts.model))
+                result = workloads.build_result(req, turns[i], model=opts.model)
+                writer.write(on_result(req, result) if on_result else result)
             bar.update(1)
 
         stats = GenerationStats()

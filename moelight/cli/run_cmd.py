@@ -16,7 +16,7 @@ def run(
                         help="MT-Bench question.jsonl, jsonl with 'prompt', OpenAI batch jsonl, or parquet"),
     model: str = Opt(..., "--model",
                      help="Hugging Face model folder or preset (tiny, bench-1b, mixtral-8x7b, "
-                          "mixtral-8x22b)"),
+                          "mixtral-8x22b), or a CoE spec (.json) naming several"),
     output: Path = Opt(..., "--output",
                        help="results file: .jsonl or .parquet (OpenAI batch output for OpenAI batch input)"),
     gen_len: int = Opt(128, "--gen-len", min=1,
@@ -63,6 +63,8 @@ def run(
                                   "(default: as many experts as the link moves during one layer)"),
     predictor: str = Opt(None, "--predictor", help="promoe / duoserve / coserve: their file from "
                          "`moelight train-predictor`"),
+    coe_order: str = Opt("grouped", "--coe-order", help="a CoE job (--model coe.json): grouped (each model's "
+                         "requests together, CoServe) or fcfs (dataset order)"),
     progress: bool = Opt(True, "--progress/--no-progress"),
     refill: bool = Opt(True, "--refill/--static-batches",
                        help="refill freed KV slots with waiting requests (default), or run static batches of N"),

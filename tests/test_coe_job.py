@@ -1,0 +1,83 @@
+"""A Composition-of-Experts job: several checkpoints behind a router in one `moelight run`, one
+model on the device at a time, CoServe's grouped schedule against first-come-first-served."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from moelight.cli import app
+from moelight.coe_job import CoEError, CoESpec, schedule
+from tests.cli_text import says
+from tests.test_cli_run import read_jsonl, report_of, write_jsonl
+from workloads.request import Request
+
+CKPT = Path(__file__).parent / "data" / "stdlib-moe"
+
+
+def _spec(tmp_path: Path, router: dict | None = None) -> Path:
+    path = tmp_path / "coe.json"
+    path.write_text(json.dumps({"models": {"code": str(CKPT), "chat": "tiny"},
+                                "router": router or {"keywords": {"def ": "code"}, "default": "chat"}}))
+    return path
+
+
+def test_the_router_reads_the_request_then_the_keywords_then_the_default(tmp_path):
+    spec = CoESpec.load(_spec(tmp_path))
+    assert spec.route(Request("a", prompt="hello", meta={"model": "code"})) == "code"
+    assert spec.route(Request("b", prompt="def f(): pass")) == "code"
+    assert spec.route(Request("c", prompt="hello")) == "chat"
+    with pytest.raises(CoEError, match="model 'gpt' is not one of code, chat"):
+        spec.route(Request("d", prompt="x", meta={"model": "gpt"}))
+
+
+def test_bad_specs_are_named(tmp_path):
+    (tmp_path / "a.json").write_text("{}")
+    with pytest.raises(CoEError, match='needs "models"'):
+        CoESpec.load(tmp_path / "a.json")
+    with pytest.raises(CoEError, match="the router names unknown model\\(s\\) math"):
+        CoESpec.load(_spec(tmp_path, {"keywords": {"+": "math"}}))
+
+
+def test_grouped_schedule_serves_each_model_once_by_usage():
+    models = ["a", "b", "a", "c", "a", "b"]
+    assert schedule(models, "grouped") == [("a", [0, 2, 4]), ("b", [1, 5]), ("c", [3])]
+    assert [m for m, _ in schedule(models, "fcfs")] == ["a", "b", "a", "c", "a", "b"]
+
+
+def test_a_coe_job_through_the_cli(tmp_path):
+    spec = _spec(tmp_path)
+    records = [{"id": f"r{i}", "prompt": ("def f(x):\n    return" if i % 2 else "Tell me a story") + " " * i}
+               for i in range(6)]
+    records.append({"id": "named", "prompt": "def g(): pass", "model": "chat"})
+    data = write_jsonl(tmp_path / "req.jsonl", records)
+    common = ["run", "--dataset", str(data), "--model", str(spec), "--gen-len", "4", "--ignore-eos", "--dtype",
+              "float32", "--device", "cpu", "--hardware", "cpu-server", "--no-progress"]
+    outs = {}
+    for order in ("grouped", "fcfs"):
+        res = CliRunner().invoke(app, [*common, "--output", str(tmp_path / f"{order}.jsonl"), "--coe-order", order])
+        assert res.exit_code == 0, res.output
+        outs[order] = {r["id"]: (r["model"], r["output_token_ids"]) for r in read_jsonl(tmp_path / f"{order}.jsonl")}
+        coe = report_of(tmp_path / f"{order}.jsonl")["policy"]["coe"]
+        assert coe["switches"] == (2 if order == "grouped" else 7)
+        assert coe["models"]["chat"]["requests"] == 4 and coe["models"]["code"]["requests"] == 3
+    assert outs["grouped"] == outs["fcfs"]  # the order changes the switches, not the results
+    assert outs["grouped"]["named"][0] == "chat" and outs["grouped"]["r1"][0] == "code"
+    alone = CliRunner().invoke(app, ["run", "--dataset", str(write_jsonl(tmp_path / "one.jsonl", records[1:2])),
+                                     "--model", str(CKPT), "--output", str(tmp_path / "alone.jsonl"), *common[5:]])
+    assert alone.exit_code == 0, alone.output
+    assert read_jsonl(tmp_path / "alone.jsonl")[0]["output_token_ids"] == outs["grouped"]["r1"][1]
+
+
+def test_unroutable_requests_are_all_reported_before_any_model_loads(tmp_path):
+    spec = _spec(tmp_path, {"keywords": {"def ": "code"}})  # no default
+    data = write_jsonl(tmp_path / "req.jsonl", [{"id": "x", "prompt": "hi"}, {"id": "y", "prompt": "yo"},
+                                                {"id": "z", "prompt": "q", "model": "nope"}])
+    res = CliRunner().invoke(app, ["run", "--dataset", str(data), "--model", str(spec), "--output",
+                                   str(tmp_path / "o.jsonl"), "--device", "cpu", "--no-progress"])
+    assert res.exit_code == 2
+    assert says(res.output, "3 request(s) cannot be routed") and says(res.output, "model 'nope' is not one of")
+    assert not (tmp_path / "o.jsonl").exists()
