@@ -9,7 +9,8 @@ import pytest
 
 from moelight.expert_cache.cache_state import CacheConfigError, CacheStats, ExpertCache, Fetch
 from moelight.expert_cache.eam import EAMCollection, EAMError, eam_distances, eam_of
-from moelight.expert_cache.policies import EPSILON, LFU, LRU, MoEInfinity, OnDemand, make_policy
+from moelight.expert_cache.policies import EPSILON, LFU, LRU, POLICIES, MoEInfinity, OnDemand, make_policy
+from moelight.expert_cache.predictors import MLP, Predictors, RoutingProfile
 from moelight.expert_cache.simulator import LinkQueue
 
 
@@ -120,15 +121,21 @@ def test_prefetch_budget_priority_and_waste():
     assert c.stats.good_pred == 0.0
 
 
-@pytest.mark.parametrize("name", ["on-demand", "lru", "lfu", "moe-infinity"])
+@pytest.mark.parametrize("name", POLICIES)
 def test_the_cache_never_holds_more_than_its_slots(name):
     rng = np.random.default_rng(3)
-    L, E, slots = 6, 8, 11
+    L, E, slots, h = 6, 8, 11, 5
     eamc = EAMCollection(rng.integers(0, 5, (4, L, E)).astype(float))
-    cache = ExpertCache(L, E, slots, make_policy(name, L, E, eamc), prefetch_per_layer=3)
+    prof = RoutingProfile(rng.dirichlet(np.ones(E), L), rng.dirichlet(np.ones(E), (L - 1, E)))
+    mlps = {j: MLP([(rng.normal(size=(h if name == "promoe" else L * E + 2 * E, E)), np.zeros(E))])
+            for j in range(L - 1)}
+    kind = name if name in ("promoe", "duoserve", "coserve") else "coserve"
+    preds = Predictors(kind, L, E, 2, h, prof, stride=2 if name == "promoe" else 1, mlps=mlps)
+    cache = ExpertCache(L, E, slots, make_policy(name, L, E, eamc, preds), prefetch_per_layer=3, cpu_max_tokens=1)
     cache.policy.begin(0)
     for _ in range(200):
         j = int(rng.integers(L))
+        cache.policy.observe_hidden(j, rng.normal(size=(2, h)))
         cache.access(j, {0: np.bincount(rng.choice(E, 2 * int(rng.integers(1, 4))), minlength=E)})
         cache.plan_prefetch(j)
         resident = np.flatnonzero(cache.slot_of >= 0)

@@ -41,7 +41,7 @@ class ProMoE(LRU):
     def observe_hidden(self, layer: int, hidden: np.ndarray) -> None:
         mlp = self.pred.mlps.get(layer)
         self.pending = None
-        if mlp is None or not len(hidden):
+        if mlp is None or not len(hidden) or layer + self.pred.stride >= self.L:
             return
         probs = sigmoid(mlp(hidden))  # [tokens, E]
         chosen = np.zeros(self.E)
@@ -84,7 +84,7 @@ class DuoServe(LRU):
     def observe(self, layer: int, counts: dict[int, np.ndarray]) -> None:
         super().observe(layer, counts)
         self.pending = None
-        mlp = self.pred.mlps.get(layer)
+        mlp = self.pred.mlps.get(layer) if layer + 1 < self.L else None
         prio = np.zeros(self.E)
         for seq, c in counts.items():
             path = self.paths.setdefault(seq, np.zeros((self.L, self.E)))
