@@ -53,11 +53,14 @@ def op_time(cost: ops.OpCost, level: Level, dtype: str = DEFAULT_DTYPE, peak=Non
     """Roofline time of one kernel on `level`: max(FLOPs / P_level, bytes / B_level).
 
     A GEMM (cost.rows set) runs at the level's measured FLOP/s for its M when the level
-    has a GEMM curve; `peak` / `bandwidth` override both for special kernels (attention).
+    has a GEMM curve, and streams its bytes at the level's GEMM bandwidth (what a kernel
+    with few rows per weight reaches, below a copy's rate); `peak` / `bandwidth` override
+    both for special kernels (attention).
     """
     p = peak if peak is not None else level.gemm_peak(dtype, cost.rows)
-    return np.maximum(np.asarray(cost.flops, float) / p,
-                      np.asarray(cost.bytes, float) / (bandwidth or level.bandwidth))
+    if bandwidth is None:
+        bandwidth = level.weight_stream_bandwidth() if cost.rows is not None else level.bandwidth
+    return np.maximum(np.asarray(cost.flops, float) / p, np.asarray(cost.bytes, float) / bandwidth)
 
 
 def elementwise_time(cost: ops.OpCost, level: Level):
@@ -172,15 +175,18 @@ def allreduce_link_bytes(hw: HardwareSpec, m: ModelSpec, tokens, dtype: str = DE
 
 
 # ---- transfers ----
-def transfer_time(hw: HardwareSpec, nbytes, direction: str = "h2d"):
-    """Seconds to move nbytes over the CPU<->GPU link (aggregate over GPUs); direction h2d or d2h."""
+def transfer_time(hw: HardwareSpec, nbytes, direction: str = "h2d", copies=1, pinned: bool = True):
+    """Seconds to move nbytes over the CPU<->GPU link (aggregate over GPUs) in `copies` copies:
+    the link's fixed cost per copy plus bytes at its achieved pinned (or pageable) rate."""
     link = hw.link_total()
     if link is None:
         raise ValueError(f"hardware {hw.name!r} has no CPU<->GPU link")
-    if direction not in ("h2d", "d2h"):
-        raise ValueError("direction must be 'h2d' or 'd2h'")
-    bw = link.h2d if direction == "h2d" else link.d2h
-    return _t(np.asarray(nbytes, float) / bw)
+    return _t(link.copy_seconds(nbytes, direction, copies, pinned))
+
+
+def staging_time(hw: HardwareSpec, nbytes):
+    """Seconds of the first paging hop: CPU memory -> pinned staging buffer, at the runtime's copy rate."""
+    return _t(np.asarray(nbytes, float) / hw.staging_rate())
 
 
 def h2d_time(hw: HardwareSpec, nbytes):

@@ -44,6 +44,9 @@ class Level:
     layer_overhead_s: float = 0.0  # fixed cost of one layer pass of one micro-batch
     step_overhead_s: float = 0.0  # fixed cost per micro-batch per step outside the layers
     elementwise_bandwidth: float = 0.0  # bytes/s of the engine's element-wise ops (0: fused, free)
+    # bytes/s a memory-bound GEMM (decode: few rows per weight) streams its weights at; small-M kernels
+    # reach far less than a copy does (0: the level's bandwidth)
+    gemm_bandwidth: float = 0.0
 
     def gemm_peak(self, dtype: str, rows=None):
         """FLOP/s of a GEMM with `rows` rows (M): the measured curve interpolated in log M,
@@ -80,15 +83,38 @@ class Level:
             attention_bandwidth=self.attention_bandwidth * t,
             attention_flops={k: v * t for k, v in self.attention_flops.items()},
             elementwise_bandwidth=self.elementwise_bandwidth * t,
+            gemm_bandwidth=self.gemm_bandwidth * t,
         )
+
+    def weight_stream_bandwidth(self) -> float:
+        """Bytes/s a GEMM with few rows reads its weights at (decode)."""
+        return self.gemm_bandwidth or self.bandwidth
 
 
 @dataclass(frozen=True)
 class Link:
-    """CPU<->GPU link of one GPU, one number per direction (they run concurrently)."""
+    """CPU<->GPU link of one GPU, one number per direction (they run concurrently), as achieved:
+    pinned DMA rates, the (slower) rates from pageable memory, which the driver stages through its
+    own pinned buffer, and the fixed cost of one copy (issue, DMA setup, completion)."""
 
     h2d: float  # bytes/s, CPU (pinned) -> GPU
     d2h: float  # bytes/s, GPU -> CPU (pinned)
+    pageable_h2d: float = 0.0  # bytes/s from pageable host memory (0: half the pinned rate)
+    pageable_d2h: float = 0.0
+    latency_s: float = 0.0  # seconds per copy, whatever its size
+
+    def rate(self, direction: str, pinned: bool = True) -> float:
+        """Bytes/s of one direction, from pinned or pageable host memory."""
+        if direction not in ("h2d", "d2h"):
+            raise ValueError("direction must be 'h2d' or 'd2h'")
+        pinned_rate = self.h2d if direction == "h2d" else self.d2h
+        if pinned:
+            return pinned_rate
+        return (self.pageable_h2d if direction == "h2d" else self.pageable_d2h) or pinned_rate / 2
+
+    def copy_seconds(self, nbytes, direction: str = "h2d", copies=1, pinned: bool = True):
+        """Time of `copies` copies moving `nbytes` in all: the fixed cost per copy plus bytes / rate."""
+        return np.asarray(copies, float) * self.latency_s + np.asarray(nbytes, float) / self.rate(direction, pinned)
 
 
 @dataclass(frozen=True)
@@ -105,6 +131,9 @@ class HardwareSpec:
     interconnect: float = 0.0  # GPU<->GPU bytes/s per direction per GPU (NVLink); 0: over the PCIe links
     interconnect_latency_s: float = 5e-6  # per step of a ring all-reduce (2(t-1) steps)
     host_bandwidth: float = 0.0  # bytes/s host memory serves staging copies, DMA and attention together (0: cpu's)
+    # bytes/s the runtime copies pageable weights into its pinned staging buffers at, with the threads it
+    # gives that copy (0: half the host memory bandwidth, a copy reads and writes every byte)
+    staging_bandwidth: float = 0.0
 
     def __post_init__(self) -> None:
         if self.gpu is None and self.gpu_count:
@@ -144,7 +173,13 @@ class HardwareSpec:
         if not self.has_gpu:
             return None
         t = 1 if self.link_shared else self.gpu_count
-        return Link(h2d=self.link.h2d * t, d2h=self.link.d2h * t)
+        lk = self.link
+        return replace(lk, h2d=lk.h2d * t, d2h=lk.d2h * t, pageable_h2d=lk.pageable_h2d * t,
+                       pageable_d2h=lk.pageable_d2h * t)
+
+    def staging_rate(self) -> float:
+        """Bytes/s of the first paging hop (CPU memory -> pinned buffer)."""
+        return self.staging_bandwidth or self.host_memory_bandwidth() / 2
 
     def host_memory_bandwidth(self) -> float:
         """What the host's memory delivers to everything that moves through it at once: the staging
@@ -185,6 +220,7 @@ class HardwareSpec:
                 interconnect=float(d.get("interconnect", 0.0)),
                 interconnect_latency_s=float(d.get("interconnect_latency_s", 5e-6)),
                 host_bandwidth=float(d.get("host_bandwidth", 0.0)),
+                staging_bandwidth=float(d.get("staging_bandwidth", 0.0)),
             )
         except (KeyError, TypeError) as e:
             raise ValueError(f"malformed hardware spec: {e}") from e

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+import numpy as np
+
 
 @dataclass(frozen=True)
 class WorkloadSpec:
@@ -11,19 +13,42 @@ class WorkloadSpec:
 
     padded=True models FlexGen-style batches where every prompt is padded to the max
     prompt length; otherwise micro-batches hold about mean_prompt tokens per sequence
-    (balanced ragged batching, paper Algorithm 2).
+    (balanced ragged batching, paper Algorithm 2). prefill_chunk: the most prompt tokens one
+    prefill pass holds (the runtime's --max-prefill-tokens; it runs each pass through all layers,
+    streaming the paged weights every pass); None: one micro-batch per pass, the passes run
+    layer-major and the weights stream once per batch (the paper's system and FlexGen).
     """
 
     prompt_len: float
     gen_len: int
     max_prompt_len: int | None = None
     padded: bool = False
+    prefill_chunk: int | None = None
 
     def __post_init__(self) -> None:
         if self.prompt_len <= 0 or self.gen_len < 1:
             raise ValueError("prompt_len must be > 0 and gen_len >= 1")
         if self.max_prompt_len is not None and self.max_prompt_len < self.prompt_len:
             raise ValueError("max_prompt_len must be >= prompt_len")
+        if self.prefill_chunk is not None and self.prefill_chunk < 1:
+            raise ValueError("prefill_chunk must be >= 1 token")
+
+    def prefill_passes(self, mu, n_mb):
+        """Prefill passes of a batch of n_mb micro-batches of mu sequences: each micro-batch is
+        prefilled on its own, cut into passes of at most prefill_chunk tokens (whole prompts)."""
+        mu, n_mb = np.asarray(mu, float), np.asarray(n_mb, float)
+        if self.prefill_chunk is None:
+            return n_mb * np.ones_like(mu)
+        per_pass = np.maximum(1.0, np.floor(self.prefill_chunk / max(1.0, self.effective_prompt)))
+        return n_mb * np.ceil(mu / per_pass)
+
+    def prefill_weight_loads(self, mu, n_mb):
+        """How often prefill streams the paged weights: once per batch when its passes run
+        layer-major (every micro-batch through layer j before layer j+1, as MoE-Lightning and
+        FlexGen prefill, prefill_chunk None), else once per pass (the runtime's chunked prefill)."""
+        if self.prefill_chunk is None:
+            return np.ones_like(np.asarray(mu, float) * np.asarray(n_mb, float))
+        return self.prefill_passes(mu, n_mb)
 
     @property
     def effective_prompt(self) -> float:
