@@ -7,22 +7,25 @@ LP. `build_point_model` evaluates all coefficients for a whole (mu, n_mb) grid a
 once (numpy broadcasting); `Affine` pieces are (c0, cx, cy) arrays.
 
 Per-layer decode time (DESIGN.md section 4), n = n_mb micro-batches of mu tokens, N = mu*n:
-  T_layer = max(T_h2d(x, y), T_d2h(y), T_host(x, y), T_cpu, T_gpu)
+  T_layer = max(T_h2d(x, y), T_d2h(y), T_host(x, y), T_stage(x), T_cpu, T_gpu)
   T_h2d  = [F(1-x) W_layer_experts + A(1-y) KV_layer(N, c_mean) + cross-level activations
-            + F all-reduce traffic over PCIe] / B_h2d
-  T_d2h  = [cross-level activations + A(1-y) new K/V of N tokens + F all-reduce traffic] / B_d2h
+            + F all-reduce traffic over PCIe] / B_h2d + copies x the link's fixed cost per copy
+  T_d2h  = [cross-level activations + A(1-y) new K/V of N tokens + F all-reduce traffic] / B_d2h + copies
   T_host = [3 F(1-x) W_layer_experts (pageable->pinned copy reads and writes, the DMA reads)
             + KV the CPU attention or the KV DMA reads + activations crossing] / B_cpu
+  T_stage = F(1-x) W_layer_experts / the runtime's pageable->pinned copy rate (the first hop)
   T_gpu  = n * (F (pre + post + all-reduces)(mu) + A attention(mu, c_mean))    on the GPU
   T_cpu  = n * ((1-F)(pre + post)(mu) + (1-A) attention(mu, c_mean)) on the CPU
-  (pre + post include the driving level's fixed per-layer-pass overhead, zero for presets)
+  (pre + post include the driving level's fixed per-layer-pass overhead; GEMMs stream their
+  weights at the level's achieved small-M rate, hrm.costs.op_time)
 With t GPUs (tensor parallelism) the GPU level and the links are t-fold aggregates (hrm.hardware),
 the two all-reduces per layer (O projection, FFN) cost 2(t-1)/t x bytes at the interconnect
 rate (hrm.costs.allreduce_time), and the replicated weights (embeddings, norms, routers) and
 activations are held t times. T_host is the host memory every link's DMA, the staging copies
 and CPU attention draw from: with enough GPUs it, not the links, binds.
-Prefill per layer (the whole batch, on the FFN level, weights streamed once per batch):
-  T_pre_layer = max(n * prefill_layer(mu, prompt), T_weights_h2d(x), T_kv_d2h(y), T_pre_host(x))
+Prefill per layer (on the FFN level; weights streamed once per batch when the passes run
+layer-major, once per pass when the runtime prefills in chunks: WorkloadSpec.prefill_chunk):
+  T_pre_layer = max(n * prefill_layer(mu, prompt), T_weights_h2d(x), T_kv_d2h(y), T_pre_host(x), T_pre_stage(x))
 End to end for one batch: T = L T_pre_layer + head + (gen-1) (L T_layer + head), where
 head = n * (lm_head(mu) + per-step overhead).
 """
@@ -77,10 +80,12 @@ class PointModel:
     h2d: Affine
     d2h: Affine
     host: Affine
+    stage: Affine
     pre_comp: np.ndarray
     pre_h2d: Affine
     pre_d2h: Affine
     pre_host: Affine
+    pre_stage: Affine
     head_pre: np.ndarray
     head_dec: np.ndarray
     gpu_mem: dict[str, Affine] = field(default_factory=dict)
@@ -98,16 +103,26 @@ class PointModel:
     def cpu_total(self) -> Affine:
         return _sum(self.cpu_mem, self.mu.shape)
 
+    @property
+    def decode_roofs(self) -> tuple[Affine, ...]:
+        """The per-layer decode terms affine in (r_w, r_c): link directions, host memory, staging copy."""
+        return self.h2d, self.d2h, self.host, self.stage
+
+    @property
+    def prefill_roofs(self) -> tuple[Affine, ...]:
+        return self.pre_h2d, self.pre_d2h, self.pre_host, self.pre_stage
+
     # ---- evaluation at given (x, y) ----
     def layer_times(self, x, y) -> dict[str, np.ndarray]:
-        h2d, d2h, host = self.h2d.at(x, y), self.d2h.at(x, y), self.host.at(x, y)
+        h2d, d2h, host, stage = (a.at(x, y) for a in self.decode_roofs)
         link = np.maximum(h2d, d2h)
-        return {"T_h2d": h2d, "T_d2h": d2h, "T_link": link, "T_host": host, "T_cpu": self.t_cpu,
-                "T_gpu": self.t_gpu,
-                "T_layer": np.maximum(np.maximum(link, host), np.maximum(self.t_cpu, self.t_gpu))}
+        moved = np.maximum(np.maximum(link, host), stage)
+        return {"T_h2d": h2d, "T_d2h": d2h, "T_link": link, "T_host": host, "T_stage": stage,
+                "T_cpu": self.t_cpu, "T_gpu": self.t_gpu,
+                "T_layer": np.maximum(moved, np.maximum(self.t_cpu, self.t_gpu))}
 
     def prefill_time(self, x, y):
-        moved = np.maximum(np.maximum(self.pre_h2d.at(x, y), self.pre_d2h.at(x, y)), self.pre_host.at(x, y))
+        moved = np.max([a.at(x, y) * np.ones_like(self.pre_comp) for a in self.prefill_roofs], axis=0)
         return self.num_layers * np.maximum(self.pre_comp, moved) + self.head_pre
 
     def decode_step_time(self, x, y):
@@ -119,6 +134,13 @@ class PointModel:
     def throughput(self, x, y):
         """End-to-end generated tokens per second: N * gen_len / (prefill + decode)."""
         return self.batch * self.gen_len / self.total_time(x, y)
+
+
+def binding_roof(layer_times: dict) -> str:
+    """Which term sets T_layer: "link", "host", "stage" (the pinned-buffer copy), "cpu" or "gpu"."""
+    parts = {"link": layer_times["T_link"], "host": layer_times["T_host"], "stage": layer_times["T_stage"],
+             "cpu": layer_times["T_cpu"], "gpu": layer_times["T_gpu"]}
+    return max(parts, key=parts.get)
 
 
 def _sum(d: dict[str, Affine], shape) -> Affine:
@@ -167,34 +189,45 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
 
     # ---- link and host memory (seconds), zero on a CPU-only host ----
     kv_pre = costs.kv_cache_bytes(m, big_n, p, dtype)
+    passes = wl.prefill_passes(mu, n_mb)  # prefill passes per batch (their dispatch overhead)
+    loads = wl.prefill_weight_loads(mu, n_mb)  # how often prefill streams the paged weights
     if has_gpu:
         link = hw.link_total()
         bh, bd, bc = link.h2d, link.d2h, hw.host_memory_bandwidth()
         cross_h2d = f_g * (1 - a_g) * out_n + a_g * (1 - f_g) * qkv_n
         cross_d2h = f_g * (1 - a_g) * qkv_n + a_g * (1 - f_g) * out_n
         ring = f_g * n_mb * costs.allreduce_link_bytes(hw, m, mu, dtype)  # over PCIe: on the links too
-        h2d = _aff((f_g * w_le + a_g * kv_mean_layer + cross_h2d + ring) / bh, -f_g * w_le / bh,
+        # the fixed cost of every copy of a layer: weight pages and activations per micro-batch, KV
+        crossing = f_g * (1 - a_g) + a_g * (1 - f_g)
+        lat_h2d = link.latency_s * n_mb * (f_g + crossing + a_g)
+        lat_d2h = link.latency_s * n_mb * (crossing + a_g)
+        h2d = _aff((f_g * w_le + a_g * kv_mean_layer + cross_h2d + ring) / bh + lat_h2d, -f_g * w_le / bh,
                    -a_g * kv_mean_layer / bh, shape)
-        d2h = _aff((cross_d2h + a_g * new_kv + ring) / bd, 0.0, -a_g * new_kv / bd, shape)
+        d2h = _aff((cross_d2h + a_g * new_kv + ring) / bd + lat_d2h, 0.0, -a_g * new_kv / bd, shape)
         paging = costs.STAGING_PASSES * f_g * w_le
         # the CPU attention reads the whole KV cache; with attention on the GPU the DMA reads its CPU share
         host = _aff((paging + kv_mean_layer + a_g * new_kv + cross_h2d + cross_d2h) / bc, -paging / bc,
                     -a_g * kv_mean_layer / bc, shape)
+        # the first paging hop (pageable -> pinned) at the runtime's copy rate: a roof of its own
+        stage = _aff(f_g * w_le / hw.staging_rate(), -f_g * w_le / hw.staging_rate(), 0.0, shape)
         pre_ring = f_g * n_mb * costs.allreduce_link_bytes(hw, m, mu * p, dtype)
-        if f_g:  # prefill on GPU: stream the CPU share of the experts, write the KV cache back
-            pre_h2d = _aff((w_le + pre_ring) / bh, -w_le / bh, 0.0, shape)
+        if f_g:  # prefill on GPU: stream the CPU share of the experts (per pass or per batch), KV goes back
+            pre_h2d = _aff((loads * w_le + pre_ring) / bh, -loads * w_le / bh, 0.0, shape)
             pre_d2h = _aff((kv_pre + pre_ring) / bd, 0.0, -a_g * kv_pre / bd, shape)
-            pre_host = _aff((paging + 2 * kv_pre) / bc, -paging / bc, -2 * a_g * kv_pre / bc, shape)
+            pre_host = _aff((loads * paging + 2 * kv_pre) / bc, -loads * paging / bc, -2 * a_g * kv_pre / bc,
+                            shape)
+            pre_stage = _aff(loads * w_le / hw.staging_rate(), -loads * w_le / hw.staging_rate(), 0.0, shape)
         else:  # prefill on CPU; only the GPU-resident KV share crosses
             pre_h2d = _aff(0.0, 0.0, a_g * kv_pre / bh, shape)
             pre_d2h = _aff(0.0, shape=shape)
             pre_host = _aff(0.0, 0.0, a_g * kv_pre / bc, shape)
+            pre_stage = _aff(0.0, shape=shape)
     else:
-        h2d = d2h = host = pre_h2d = pre_d2h = pre_host = _aff(0.0, shape=shape)
+        h2d = d2h = host = stage = pre_h2d = pre_d2h = pre_host = pre_stage = _aff(0.0, shape=shape)
 
     pre_reduce = costs.layer_allreduce_time(hw, m, mu * p, dtype) if f_g else 0.0
-    pre_comp = n_mb * (costs.prefill_layer_time(hw, m, mu, p, ffn_lvl, dtype)
-                       + costs.layer_overhead_time(hw, 1.0, ffn_lvl) + pre_reduce) + zeros
+    pre_comp = n_mb * (costs.prefill_layer_time(hw, m, mu, p, ffn_lvl, dtype) + pre_reduce) \
+        + costs.layer_overhead_time(hw, passes, ffn_lvl) + zeros
     head = n_mb * (costs.lm_head_time(hw, m, mu, ffn_lvl, dtype)
                    + costs.step_overhead_time(hw, 1.0, ffn_lvl)) + zeros
 
@@ -227,8 +260,9 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
     return PointModel(
         mu=mu, n_mb=n_mb, a_g=a_g, f_g=f_g, num_layers=L, gen_len=g, prompt=p,
         x_max=1.0 if f_g else 0.0, y_max=1.0 if a_g else 0.0,
-        t_gpu=t_gpu, t_cpu=t_cpu, h2d=h2d, d2h=d2h, host=host, pre_comp=pre_comp, pre_h2d=pre_h2d,
-        pre_d2h=pre_d2h, pre_host=pre_host, head_pre=head, head_dec=head, gpu_mem=gpu_mem, cpu_mem=cpu_mem,
+        t_gpu=t_gpu, t_cpu=t_cpu, h2d=h2d, d2h=d2h, host=host, stage=stage, pre_comp=pre_comp,
+        pre_h2d=pre_h2d, pre_d2h=pre_d2h, pre_host=pre_host, pre_stage=pre_stage, head_pre=head, head_dec=head,
+        gpu_mem=gpu_mem, cpu_mem=cpu_mem,
         gpu_cap=alpha * gpu.memory_bytes if gpu is not None else 0.0,
         cpu_cap=alpha * hw.cpu.memory_bytes,
     )

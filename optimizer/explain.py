@@ -1,4 +1,11 @@
-"""Plain-language reasons for a plan: which roof binds, which memory limits the batch."""
+"""Plain-language reasons for a plan, derived from the placement it chose and the roof that binds.
+
+Every sentence is computed from the plan itself: what runs where (A_g, F_g), which term of
+T_layer is the largest, what each placement's best policy predicts (the planner searched
+them all), and where the HRM's attention intensity sits against the turning point P1. When
+the placement goes against the intensity rule (attention on the GPU although its intensity
+is below P1), the explanation says what outweighed it.
+"""
 
 from __future__ import annotations
 
@@ -15,33 +22,41 @@ if TYPE_CHECKING:
     from optimizer.policy import PlanResult
 
 GiB = 2.0**30
-_NAMES = {"link": "the CPU->GPU link (paging expert weights / KV)", "gpu": "GPU compute/memory bandwidth",
-          "cpu": "CPU work (attention over the KV cache)",
-          "host": "host memory bandwidth (the staging copies, the links' DMA and CPU attention share it)"}
+
+
+def placement_key(attn_on_gpu: bool, ffn_on_gpu: bool) -> str:
+    """The name a placement goes by in PlanResult.placements."""
+    return f"attention on {'GPU' if attn_on_gpu else 'CPU'}, FFN on {'GPU' if ffn_on_gpu else 'CPU'}"
+
+
+def roof_name(binding: str, attn_on_gpu: bool, ffn_on_gpu: bool) -> str:
+    """What the binding term of T_layer holds under this placement."""
+    if binding in ("cpu", "gpu"):
+        on = (binding == "gpu")
+        parts = [name for name, here in (("attention over the KV cache", attn_on_gpu == on),
+                                         ("the projections and the MoE FFN", ffn_on_gpu == on)) if here]
+        return f"{binding.upper()} work ({' and '.join(parts) or 'none'})"
+    if binding == "link":
+        parts = (["paging expert weights"] if ffn_on_gpu else []) + (["moving the KV cache"] if attn_on_gpu else [])
+        if attn_on_gpu != ffn_on_gpu:
+            parts.append("activations between attention and the FFN")
+        return f"the CPU->GPU link ({' and '.join(parts) or 'nothing to move'})"
+    return {
+        "host": "host memory bandwidth (the staging copies, the links' DMA and CPU attention share it)",
+        "stage": "the copy of paged weights into pinned buffers (the first paging hop)",
+    }[binding]
 
 
 def explain(res: PlanResult, hw: HardwareSpec, model: ModelSpec, wl: WorkloadSpec) -> str:
     p, lt = res.policy, res.layer_times
-    ms = {k: 1e3 * lt[k] for k in ("T_link", "T_host", "T_gpu", "T_cpu")}
-    lines = [f"decode is bound by {_NAMES[res.binding]}: per layer T_link={ms['T_link']:.2f} ms, "
-             f"T_host={ms['T_host']:.2f} ms, T_gpu={ms['T_gpu']:.2f} ms, T_cpu={ms['T_cpu']:.2f} ms"]
+    ms = {k: 1e3 * lt.get(k, 0.0) for k in ("T_link", "T_host", "T_stage", "T_gpu", "T_cpu")}
+    lines = [f"decode is bound by {roof_name(res.binding, p.attn_on_gpu, p.ffn_on_gpu)}: per layer "
+             + ", ".join(f"{k}={v:.2f} ms" for k, v in ms.items() if k != "T_stage" or v > 0)]
     if hw.has_gpu and hw.gpu_count > 1:
         lines.append(_tensor_parallel_line(hw, model, p))
-    b = dtype_bytes(p.dtype)
     if hw.has_gpu:
-        att = ops.decode_attention(model, 1, wl.mean_context, b)
-        p1 = turning_point_p1(hw.cpu.peak_flops(p.dtype), hw.cpu.bandwidth, hw.link_total().h2d)
-        side = "below" if float(att.intensity) < p1 else "above"
-        lines.append(f"attention on {'GPU' if p.attn_on_gpu else 'CPU'}: its intensity "
-                     f"{float(att.intensity):.2f} FLOP/B is {side} the turning point P1={p1:.1f} FLOP/B "
-                     "(below it, moving the KV cache costs more than computing on the CPU)")
-        if p.ffn_on_gpu:
-            ffn = ops.moe_ffn(model, p.mu, b)
-            gpu = hw.gpu_total()
-            roof = "compute" if ffn.flops / gpu.peak_flops(p.dtype) > ffn.bytes / gpu.bandwidth else "memory"
-            lines.append(f"MoE FFN on GPU at mu={p.mu} is {roof}-bound there "
-                         f"(intensity {float(ffn.intensity):.1f} FLOP/B); r_w={p.r_w:.3f} of expert weights "
-                         "stay on the GPU, the rest is paged in every layer")
+        lines.append(_attention_line(res, hw, model, wl))
+        lines.append(_ffn_line(res, hw, model))
     else:
         lines.append("CPU-only host: every operator runs on the CPU")
     mems = (("GPU", res.gpu_memory, res.gpu_capacity), ("CPU", res.cpu_memory, res.cpu_capacity))
@@ -54,6 +69,59 @@ def explain(res: PlanResult, hw: HardwareSpec, model: ModelSpec, wl: WorkloadSpe
         lines.append(f"{name} memory {tot / GiB:.2f} / {cap / GiB:.2f} GiB usable"
                      + (f" (full: it limits the plan; largest share: {biggest})" if full else ""))
     return "\n".join(lines)
+
+
+def _versus(res: PlanResult, attn_on_gpu: bool, ffn_on_gpu: bool) -> str:
+    """'X tok/s against Y with <alternative>' from the planner's per-placement bests."""
+    here = res.e2e_tok_s
+    alt_key = placement_key(attn_on_gpu, ffn_on_gpu)
+    if alt_key not in res.placements:
+        return "the other side was not searched (policy family)"
+    alt = res.placements[alt_key]
+    if alt is None:
+        return f"no policy with {alt_key} fits in memory"
+    return f"{here:.1f} tok/s predicted against {alt:.1f} for the best policy with {alt_key}"
+
+
+def _attention_line(res: PlanResult, hw: HardwareSpec, model: ModelSpec, wl: WorkloadSpec) -> str:
+    p = res.policy
+    b = dtype_bytes(p.dtype)
+    att = ops.decode_attention(model, 1, wl.mean_context, b)
+    i_att = float(att.intensity)
+    p1 = turning_point_p1(hw.cpu.peak_flops(p.dtype), hw.cpu.bandwidth, hw.link_total().h2d)
+    below = i_att < p1
+    side = "GPU" if p.attn_on_gpu else "CPU"
+    line = (f"attention on {side}: {_versus(res, not p.attn_on_gpu, p.ffn_on_gpu)}; its intensity "
+            f"{i_att:.2f} FLOP/B is {'below' if below else 'above'} the turning point P1={p1:.1f} FLOP/B")
+    if p.attn_on_gpu and below:
+        if p.r_c > 0:
+            why = f"{p.r_c:.0%} of the KV cache stays on the GPU, where no link crossing is paid"
+        elif not p.ffn_on_gpu and res.layer_times.get("T_cpu", 0.0) >= res.layer_times.get("T_link", 0.0):
+            why = ("the CPU already carries the FFN and binds; moving attention off it shortens T_cpu more "
+                   "than its KV adds to the link")
+        else:
+            why = "the whole policy with it there predicts faster, although on its own it would read cheaper on the CPU"
+        return line + f" (the rule says CPU; GPU wins here because {why})"
+    if not p.attn_on_gpu and not below:
+        return line + " (the rule says GPU; CPU wins here because moving the KV cache would load the binding link)"
+    return line + (" (reading the KV cache where it lies beats moving it)" if not p.attn_on_gpu
+                   else " (moving the KV cache to the GPU pays)")
+
+
+def _ffn_line(res: PlanResult, hw: HardwareSpec, model: ModelSpec) -> str:
+    p = res.policy
+    side = "GPU" if p.ffn_on_gpu else "CPU"
+    line = f"MoE FFN on {side}: {_versus(res, p.attn_on_gpu, not p.ffn_on_gpu)}"
+    if not p.ffn_on_gpu:
+        return line + "; every expert is read from host memory where it lies, nothing is paged"
+    b = dtype_bytes(p.dtype)
+    ffn = ops.moe_ffn(model, p.mu, b)
+    gpu = hw.gpu_total()
+    t_flops = float(ffn.flops) / gpu.gemm_peak(p.dtype, ffn.rows)
+    t_bytes = float(ffn.bytes) / gpu.weight_stream_bandwidth()
+    roof = "compute" if t_flops > t_bytes else "memory"
+    return (line + f"; at mu={p.mu} ({float(ffn.rows):.1f} tokens per expert) it is {roof}-bound there; "
+            f"r_w={p.r_w:.3f} of expert weights stay on the GPU, the rest is paged in every layer")
 
 
 def _tensor_parallel_line(hw: HardwareSpec, model: ModelSpec, p) -> str:

@@ -14,7 +14,7 @@ import math
 from hrm.hardware import HardwareSpec
 from hrm.model import ModelSpec
 from hrm.workload import WorkloadSpec
-from optimizer.cost_model import ALPHA, build_point_model
+from optimizer.cost_model import ALPHA, binding_roof, build_point_model
 from optimizer.policy import Policy
 
 
@@ -58,7 +58,6 @@ def predict_job(hw: HardwareSpec, model: ModelSpec, workload: WorkloadSpec, poli
         gen_tok += n * g
         if layer is None:
             layer = {k: float(v) for k, v in pm.layer_times(x, y).items()}
-    parts = {"link": layer["T_link"], "host": layer["T_host"], "cpu": layer["T_cpu"], "gpu": layer["T_gpu"]}
     total = t_pre + t_dec
     return {
         "prefill_tokens_per_s": prompt_tok / t_pre if t_pre > 0 else 0.0,
@@ -67,7 +66,7 @@ def predict_job(hw: HardwareSpec, model: ModelSpec, workload: WorkloadSpec, poli
         "prefill_seconds": t_pre,
         "decode_seconds": t_dec,
         "generation_seconds": total,
-        "binding": max(parts, key=parts.get),
+        "binding": binding_roof(layer),
         "layer_times_ms": {k: 1e3 * v for k, v in layer.items()},
         "batches": len(batch_sizes(requests, n_big)),
     }

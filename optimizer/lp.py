@@ -36,7 +36,7 @@ def _lines(pm: PointModel) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     lines.append((cpu.c0 - pm.cpu_cap, cpu.cx, cpu.cy))
     const = Affine(np.maximum(pm.t_gpu, pm.t_cpu), zero, zero)
     pre_const = Affine(pm.pre_comp, zero, zero)
-    for pieces in ((pm.h2d, pm.d2h, pm.host, const), (pm.pre_h2d, pm.pre_d2h, pm.pre_host, pre_const)):
+    for pieces in ((*pm.decode_roofs, const), (*pm.prefill_roofs, pre_const)):
         for p, q in combinations(pieces, 2):
             lines.append((p.c0 - q.c0, p.cx - q.cx, p.cy - q.cy))
     return lines
@@ -116,11 +116,11 @@ def solve_point_pulp(pm: PointModel, index: int = 0, msg: bool = False) -> tuple
     t_pre = _var(prob, "T_prefill_layer", 0)
     L, steps = pm.num_layers, pm.gen_len - 1
     prob += L * t_pre + steps * L * t_dec
-    for a in (pm.h2d, pm.d2h, pm.host):
+    for a in pm.decode_roofs:
         c0, cx, cy = sa(a)
         prob += t_dec >= c0 + cx * x + cy * y
     prob += t_dec >= max(s(pm.t_gpu), s(pm.t_cpu))
-    for a in (pm.pre_h2d, pm.pre_d2h, pm.pre_host):
+    for a in pm.prefill_roofs:
         c0, cx, cy = sa(a)
         prob += t_pre >= c0 + cx * x + cy * y
     prob += t_pre >= s(pm.pre_comp)

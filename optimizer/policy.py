@@ -85,12 +85,14 @@ class PlanResult:
     prefill_time: float
     decode_step_time: float
     layer_times: dict[str, float]
-    binding: str  # "link", "host", "gpu" or "cpu": the largest term of T_layer
+    binding: str  # "link", "host", "stage", "gpu" or "cpu": the largest term of T_layer
     gpu_memory: dict[str, float] = field(default_factory=dict)  # bytes per component
     cpu_memory: dict[str, float] = field(default_factory=dict)
     gpu_capacity: float = 0.0  # usable bytes (alpha x capacity)
     cpu_capacity: float = 0.0
     reason: str = ""
+    # the best predicted end-to-end tok/s of every placement searched (None: nothing fits there)
+    placements: dict[str, float | None] = field(default_factory=dict)
     solve_seconds: float = 0.0
     grid_points: int = 0
 

@@ -18,8 +18,8 @@ import numpy as np
 from hrm.hardware import HardwareSpec
 from hrm.model import ModelSpec
 from hrm.workload import WorkloadSpec
-from optimizer.cost_model import ALPHA, PointModel, build_point_model
-from optimizer.explain import explain
+from optimizer.cost_model import ALPHA, PointModel, binding_roof, build_point_model
+from optimizer.explain import explain, placement_key
 from optimizer.lp import feasible, maybe_feasible, solve_grid, solve_point_pulp
 from optimizer.policy import InfeasibleError, PlanResult, Policy
 
@@ -72,7 +72,9 @@ def plan(hw: HardwareSpec, model: ModelSpec, workload: WorkloadSpec, dtype: str 
     ns = np.asarray(default_n_grid() if n_grid is None else n_grid, float)
     best = None  # (thr, -N, mu, combo, pm, flat index, x, y)
     points = 0
+    placements: dict[str, float | None] = {}
     for a_g, f_g in _placements(hw, family):
+        placements[placement_key(bool(a_g), bool(f_g))] = None
         mu_f, n_f = (a.ravel() for a in np.meshgrid(mus, ns, indexing="ij"))
         keep = maybe_feasible(build_point_model(hw, model, workload, dtype, mu_f, n_f, a_g, f_g, alpha))
         points += mu_f.size
@@ -84,6 +86,7 @@ def plan(hw: HardwareSpec, model: ModelSpec, workload: WorkloadSpec, dtype: str 
             continue
         thr = np.where(np.isfinite(t), pm.batch * workload.gen_len / np.where(np.isfinite(t), t, 1.0), -1.0)
         top = thr.max()
+        placements[placement_key(bool(a_g), bool(f_g))] = float(top)
         cand = np.flatnonzero(thr.reshape(-1) >= top * (1 - 1e-6))
         # ties: the smallest batch, then the largest micro-batch (fewer kernel launches)
         key = np.lexsort((-pm.mu.reshape(-1)[cand], pm.batch.reshape(-1)[cand]))
@@ -106,7 +109,7 @@ def plan(hw: HardwareSpec, model: ModelSpec, workload: WorkloadSpec, dtype: str 
             if t_lp <= t_enum * (1 + 1e-6) and feasible_point(pm, x_lp, y_lp):
                 x, y = x_lp, y_lp
     policy = Policy(mu * n, mu, n, bool(a_g), bool(f_g), float(x), float(y), dtype)
-    result = summarize(pm, policy, hw, model, workload, family)
+    result = summarize(pm, policy, hw, model, workload, family, placements)
     result.solve_seconds = time.perf_counter() - t0
     result.grid_points = points
     return result
@@ -125,11 +128,10 @@ def evaluate_policy(hw: HardwareSpec, model: ModelSpec, workload: WorkloadSpec, 
 
 
 def summarize(pm: PointModel, policy: Policy, hw: HardwareSpec, model: ModelSpec,
-              workload: WorkloadSpec, family: str) -> PlanResult:
+              workload: WorkloadSpec, family: str, placements: dict | None = None) -> PlanResult:
     x, y = policy.r_w, policy.r_c
     lt = {k: float(v) for k, v in pm.layer_times(x, y).items()}
-    parts = {"link": lt["T_link"], "host": lt["T_host"], "cpu": lt["T_cpu"], "gpu": lt["T_gpu"]}
-    binding = max(parts, key=parts.get)
+    binding = binding_roof(lt)
     t_pre = float(pm.prefill_time(x, y))
     t_step = float(pm.decode_step_time(x, y))
     n, g = policy.batch_size, workload.gen_len
@@ -142,7 +144,7 @@ def summarize(pm: PointModel, policy: Policy, hw: HardwareSpec, model: ModelSpec
         binding=binding,
         gpu_memory={k: float(a.at(x, y)) for k, a in pm.gpu_mem.items()},
         cpu_memory={k: float(a.at(x, y)) for k, a in pm.cpu_mem.items()},
-        gpu_capacity=pm.gpu_cap, cpu_capacity=pm.cpu_cap,
+        gpu_capacity=pm.gpu_cap, cpu_capacity=pm.cpu_cap, placements=dict(placements or {}),
     )
     res.reason = explain(res, hw, model, workload)
     return res

@@ -1,0 +1,71 @@
+"""Plan explanations follow the placement chosen and the roof that binds, for every placement."""
+
+import itertools
+
+import pytest
+
+from hrm import WorkloadSpec, get_hardware, get_model
+from hrm import operators as ops
+from hrm.dtypes import dtype_bytes
+from hrm.roofline import turning_point_p1
+from optimizer import evaluate_policy, plan
+from optimizer.explain import placement_key, roof_name
+from optimizer.policy import Policy
+
+MIX = get_model("mixtral-8x7b")
+WL = WorkloadSpec(77, 64, 418)
+PLACEMENTS = list(itertools.product([False, True], repeat=2))  # (attention on GPU, FFN on GPU)
+
+
+@pytest.mark.parametrize("binding", ["cpu", "gpu", "link", "host", "stage"])
+@pytest.mark.parametrize("attn_gpu,ffn_gpu", PLACEMENTS)
+def test_the_binding_roof_names_what_that_roof_holds(binding, attn_gpu, ffn_gpu):
+    name = roof_name(binding, attn_gpu, ffn_gpu)
+    if binding in ("cpu", "gpu"):
+        here = binding == "gpu"
+        assert ("attention" in name) == (attn_gpu == here)
+        assert ("MoE FFN" in name) == (ffn_gpu == here)
+    if binding == "link":
+        assert ("paging expert weights" in name) == ffn_gpu
+        assert ("KV cache" in name) == attn_gpu
+
+
+def _intensity_below_p1(hw, dtype):
+    att = ops.decode_attention(MIX, 1, WL.mean_context, dtype_bytes(dtype))
+    return float(att.intensity) < turning_point_p1(hw.cpu.peak_flops(dtype), hw.cpu.bandwidth, hw.link_total().h2d)
+
+
+@pytest.mark.parametrize("attn_gpu,ffn_gpu", PLACEMENTS)
+def test_every_placement_is_explained_by_its_own_placement(attn_gpu, ffn_gpu):
+    hw = get_hardware("s1")
+    policy = Policy(64, 16, 4, attn_gpu, ffn_gpu, 0.0, 0.0, "float16")
+    res = evaluate_policy(hw, MIX, WL, policy)
+    lines = res.reason.splitlines()
+    assert lines[0].startswith(f"decode is bound by {roof_name(res.binding, attn_gpu, ffn_gpu)}")
+    att = next(s for s in lines if s.startswith("attention on "))
+    assert att.startswith(f"attention on {'GPU' if attn_gpu else 'CPU'}:")
+    below = _intensity_below_p1(hw, "float16")
+    assert ("the rule says CPU" in att) == (attn_gpu and below)
+    assert ("the rule says GPU" in att) == (not attn_gpu and not below)
+    ffn = next(s for s in lines if s.startswith("MoE FFN on "))
+    assert ffn.startswith(f"MoE FFN on {'GPU' if ffn_gpu else 'CPU'}:")
+    assert ("paged in every layer" in ffn) == ffn_gpu
+
+
+def test_a_planned_gpu_attention_says_what_outweighed_the_intensity_rule():
+    """Mixtral 8x22B on a T4 host: the planner puts attention on the GPU although its intensity is
+    below P1; the explanation names the placement it chose, its alternative and the reason."""
+    hw = get_hardware("t4")
+    res = plan(hw, get_model("mixtral-8x22b"), WorkloadSpec(77, 128, 418), "float16")
+    p = res.policy
+    assert set(res.placements) == {placement_key(a, f) for a, f in PLACEMENTS}
+    chosen = res.placements[placement_key(p.attn_on_gpu, p.ffn_on_gpu)]
+    assert chosen == pytest.approx(res.e2e_tok_s, rel=1e-6)
+    assert all(v is None or v <= chosen * (1 + 1e-6) for v in res.placements.values())
+    att = next(s for s in res.reason.splitlines() if s.startswith("attention on "))
+    assert att.startswith(f"attention on {'GPU' if p.attn_on_gpu else 'CPU'}:")
+    assert f"{res.e2e_tok_s:.1f} tok/s predicted" in att
+    if p.attn_on_gpu and _intensity_below_p1(hw, "float16"):
+        assert "the rule says CPU; GPU wins here because" in att
+    assert res.reason.splitlines()[0].startswith(
+        f"decode is bound by {roof_name(res.binding, p.attn_on_gpu, p.ffn_on_gpu)}")
