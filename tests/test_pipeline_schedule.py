@@ -121,3 +121,42 @@ def test_simulated_cgopipe_is_close_to_the_planner_prediction():
         sim = simulate_policy(get_hardware(hw), MIXTRAL, MT_BENCH, res.policy, "cgopipe")
         assert sim.step_seconds >= res.decode_step_time * 0.97
         assert sim.e2e_tok_s == pytest.approx(res.e2e_tok_s, rel=0.25)
+
+
+def _ancestors(s, index):
+    seen, todo = set(), [index]
+    while todo:
+        for d in s.tasks[todo.pop()].deps:
+            if d not in seen:
+                seen.add(d)
+                todo.append(d)
+    return seen
+
+
+def test_flexgen_waits_at_every_step_as_its_sync_does():
+    """FlexGen issues layer j's FFN weights in attention step 0 of layer j and syncs after every
+    step: micro-batch 1's step waits for those weights, and a micro-batch's KV copy starts only
+    once the step two back is done. CGOPipe has neither wait."""
+    for name in ("flexgen", "flexgen-cpu"):
+        s = build_decode(name, _shape(n_mb=4))
+        for j in (1, 5):
+            weights = {t.index for t in s.find("w_h2d", layer=j)}
+            assert weights and weights <= _ancestors(s, s.find("pre_attn", layer=j, mb=1)[0].index)
+            first_post = s.find("post_attn", layer=j - 1, mb=3)[0].index  # the step before
+            assert all(first_post in _ancestors(s, w) for w in weights)
+    s = build_decode("flexgen", _shape(n_mb=4))
+    kv = s.find("kv_h2d", layer=3, mb=2)[0]
+    assert s.find("gpu_attn", layer=3, mb=0)[0].index in _ancestors(s, kv.index)
+    cg = build_decode("cgopipe", _shape(n_mb=4))
+    weights = {t.index for t in cg.find("w_h2d", layer=5)}
+    assert not weights & _ancestors(cg, cg.find("pre_attn", layer=5, mb=1)[0].index)
+
+
+def test_flexgen_keeps_the_runtimes_layer_zero_protocol():
+    """A decode pass leaves the next pass's layer 0 in its slot (prefetch_next), and loads it
+    itself only when it is not there yet."""
+    L = MIXTRAL.num_layers
+    steady = build_decode("flexgen", _shape())
+    assert not steady.find("w_h2d", layer=0) and len(steady.find("w_h2d", layer=L)) == 1
+    first = build_decode("flexgen", replace(_shape(), first_layer_loaded=False, prefetch_next=False))
+    assert len(first.find("w_h2d", layer=0)) == 1 and not first.find("w_h2d", layer=L)

@@ -108,6 +108,7 @@ class _Builder:
         self.page_h2d: list[int] = []  # in issue order (pinned ring)
         self.x: dict[int, int] = {}  # micro-batch -> task that last wrote its hidden state
         self.kv_slots: list[int] = []  # FlexGen: GPU attention tasks in KV-buffer order
+        self.last_kv_store: int | None = None  # FlexGen: the newest K/V copy back to the CPU cache
 
     @property
     def paged(self) -> bool:
@@ -117,9 +118,9 @@ class _Builder:
         return (self.shape.slot_base + layer) % 2
 
     # ---- weights ----
-    def load_page(self, layer: int, page: int, n_pages: int, after: int | None = None) -> None:
+    def load_page(self, layer: int, page: int, n_pages: int, after: int | list[int] | None = None) -> None:
         """One page of `layer`'s CPU-resident experts: CPU memory -> pinned -> device
-        (the link hop after task `after`, if given)."""
+        (the link hop after task(s) `after`, if given)."""
         if not self.paged:
             return
         add, g = self.s.add, self.pages_issued
@@ -141,7 +142,7 @@ class _Builder:
             f"W L{layer} p{page}",
             "h2d",
             "w_h2d",
-            [stage, after, *slot_free],
+            [stage, *(after if isinstance(after, list) else [after]), *slot_free],
             layer=layer,
             page=page,
             n_pages=n_pages,
@@ -153,9 +154,9 @@ class _Builder:
         self.page_h2d.append(h2d)
         self.weights.setdefault(layer, []).append(h2d)
 
-    def load_layer(self, layer: int, n_pages: int) -> None:
+    def load_layer(self, layer: int, n_pages: int, after: list[int] | None = None) -> None:
         for p in range(n_pages):
-            self.load_page(layer, p, n_pages)
+            self.load_page(layer, p, n_pages, after=after)
 
     # ---- compute and activations ----
     def embed(self, i: int) -> None:
@@ -208,9 +209,9 @@ class _Builder:
             f"logits m{i}", "d2h", "logits_d2h", [head], mb=i, nbytes=mu * self.shape.logits_bytes_per_token
         )
 
-    def gpu_attention(self, j: int, i: int, pre: int) -> int:
-        """FlexGen: this micro-batch's KV comes to the GPU (prefetched), attention runs
-        there, and the new token's K/V go back to the CPU cache."""
+    def gpu_attention(self, j: int, i: int, pre: int, after: list[int] | None = None) -> int:
+        """FlexGen: this micro-batch's KV comes to the GPU (prefetched, once the tasks `after`
+        are done), attention runs there, and the new token's K/V go back to the CPU cache."""
         sh, mu, add = self.shape, self.shape.mb_tokens[i], self.s.add
         c = len(self.kv_slots)
         slot_free = self.kv_slots[c - 2] if c >= 2 else None
@@ -218,7 +219,7 @@ class _Builder:
             f"KV L{j} m{i}",
             "h2d",
             "kv_h2d",
-            [slot_free],
+            [slot_free, *(after or [])],
             layer=j,
             mb=i,
             slot=c % 2,
@@ -240,6 +241,7 @@ class _Builder:
         back = add(
             f"newKV L{j} m{i}", "d2h", "kv_d2h", [pre], layer=j, mb=i, nbytes=mu * sh.kv_bytes_per_token_layer
         )
+        self.last_kv_store = back
         add(f"kvw L{j} m{i}", "cpu", "kv_write", [back], layer=j, mb=i, tokens=mu)
         return att
 
@@ -296,41 +298,49 @@ def build_overlap_unpaged(shape: GraphShape) -> Schedule:
 
 
 def build_flexgen_cpu(shape: GraphShape) -> Schedule:
-    """FlexGen with CPU attention: per micro-batch pre -> QKV out -> CPU attention ->
-    output in -> post, the GPU waiting meanwhile (a serialising edge keeps the next
-    micro-batch's pre-attention behind this one's post-attention)."""
-    b, L, n = _Builder("flexgen-cpu", shape), shape.n_layers, shape.n_mb
-    for i in range(n):
-        b.embed(i)
-    b.prologue_weights(1)
-    last_post = None
-    for j in range(L):
-        if b.has_next(j):
-            b.load_layer(j + 1, 1)
-        for i in range(n):
-            pre = b.pre(j, i, extra=[last_post])
-            last_post = b.post(j, i, b.cpu_attention(j, i, pre))
-            if j + 1 == L:
-                b.logits(i)
-    return b.s
+    """FlexGen with CPU attention, in FlexGen's own loop (see build_flexgen): per micro-batch
+    pre -> QKV out -> CPU attention -> output in, and the next micro-batch's step waits for
+    all of it (FlexGen's sync()); then the FFN step of every micro-batch."""
+    return _flexgen(shape, "flexgen-cpu", cpu_attention=True)
 
 
 def build_flexgen(shape: GraphShape) -> Schedule:
-    """FlexGen: attention on the GPU; each micro-batch's KV cache is copied to the GPU
-    (prefetched into a double buffer while the previous micro-batch computes) and the
-    new K/V are written back to the CPU cache; layer j+1's weights move as one block."""
-    b, L, n = _Builder("flexgen", shape), shape.n_layers, shape.n_mb
+    """FlexGen, as its generation_loop_overlap_multi_batch runs: attention and the FFN are
+    layers of their own in its loop, each stepped micro-batch by micro-batch. Step 0 of
+    attention layer j issues the weights of FFN layer j (as one block); each micro-batch's KV
+    cache comes to the GPU (prefetched into a double buffer) and its new K/V go back to the
+    CPU cache. FlexGen calls sync() after every step, so a step starts only once the
+    previous step's copies are done: the FFN weights overlap one attention step only."""
+    return _flexgen(shape, "flexgen", cpu_attention=False)
+
+
+def _flexgen(shape: GraphShape, name: str, cpu_attention: bool) -> Schedule:
+    b, L, n = _Builder(name, shape), shape.n_layers, shape.n_mb
     for i in range(n):
         b.embed(i)
-    b.prologue_weights(1)
+    pending: list[int] = []  # what FlexGen's sync() at the end of the last step waits for
+    before: list[int] = []  # what the last step itself waited for: copies issued in it start then
     for j in range(L):
-        if b.has_next(j):
-            b.load_layer(j + 1, 1)
-        for i in range(n):
-            pre = b.pre(j, i)
-            b.post(j, i, b.gpu_attention(j, i, pre))
+        attn = {}
+        for i in range(n):  # FlexGen's attention layer j
+            if i == 0 and (j > 0 or not shape.first_layer_loaded):  # issued at this step: the copy
+                b.load_layer(j, 1, after=pending)  # starts once the last step is done
+            pre = b.pre(j, i, extra=pending)
+            if cpu_attention:
+                attn[i] = b.cpu_attention(j, i, pre)
+                step = [attn[i]]
+            else:  # this micro-batch's KV was loaded in the previous step (FlexGen's load_cache(k+1))
+                attn[i] = b.gpu_attention(j, i, pre, after=before)
+                step = [attn[i], *([b.last_kv_store] if b.last_kv_store is not None else [])]
+            if i == 0:
+                step += b.weights.get(j, [])
+            before, pending = pending, step
+        for i in range(n):  # FlexGen's FFN layer j
+            before, pending = pending, [b.post(j, i, attn[i], extra=pending)]
             if j + 1 == L:
                 b.logits(i)
+    if b.has_next(L - 1):  # the next pass's layer 0 (the runtime's protocol), in series as FlexGen
+        b.load_layer(L, 1, after=pending)  # loads it in that pass's first step
     return b.s
 
 

@@ -105,11 +105,12 @@ def task_durations(
     dtype: str = "bfloat16",
     pin_bandwidth: float | None = None,
 ) -> list[float]:
-    """HRM seconds of every task. Staging into pinned memory is a host memcpy: it reads
-    and writes CPU memory, so it runs at half the CPU memory bandwidth by default."""
+    """HRM seconds of every task. Staging into pinned memory is a host memcpy at the runtime's
+    staging rate (HardwareSpec.staging_rate); every copy pays the link's fixed cost; a GPU
+    post-attention task carries the layer pass's dispatch overhead."""
     gpu = costs.level_of(hw, "gpu")
     b = dtype_bytes(dtype)
-    pin_bw = pin_bandwidth or hw.cpu.bandwidth / 2
+    pin_bw = pin_bandwidth or hw.staging_rate()
 
     def one(t) -> float:
         op, mu = t.op, max(t.tokens, 0)
@@ -118,14 +119,16 @@ def task_durations(
         if op == "pre_attn":
             return costs.pre_attention_time(hw, m, mu, "gpu", dtype)
         if op == "post_attn":  # with t GPUs: the O-projection and FFN all-reduces hold the stream
-            return costs.post_attention_time(hw, m, mu, "gpu", dtype) + costs.layer_allreduce_time(hw, m, mu, dtype)
+            return (costs.post_attention_time(hw, m, mu, "gpu", dtype) + costs.layer_allreduce_time(hw, m, mu, dtype)
+                    + costs.layer_overhead_time(hw, 1.0, "gpu"))
         if op == "cpu_attn":
             return costs.attention_time(hw, m, mu, t.context, "cpu", dtype)
         if op == "gpu_attn":
             return costs.attention_time(hw, m, mu, t.context, "gpu", dtype)
         if op == "prefill_attn":
             seqs = schedule.shape.mb_tokens[0]
-            return float(costs.op_time(ops.prefill_attention(m, seqs, t.context, b), gpu, dtype))
+            return float(costs.op_time(ops.prefill_attention(m, seqs, t.context, b), gpu, dtype,
+                                       peak=gpu.attention_peak(dtype)))
         if op == "lm_head":
             return costs.lm_head_time(hw, m, mu, "gpu", dtype)
         if op in ("qkv_d2h", "kv_d2h", "logits_d2h"):
@@ -240,9 +243,13 @@ def simulate_policy(
         m,
         dtype,
     )
-    pre_shape = shape_from_spec(m, mu, 1, prompt, policy.r_w, dtype, prompt_tokens=int(round(mu * prompt)))
+    # prefill: one layer-major pass over the batch (weights streamed once), or the runtime's chunks of
+    # at most workload.prefill_chunk tokens, each a pass through all layers
+    loads = float(workload.prefill_weight_loads(mu, n))
+    seqs = max(1, int(round(mu * n / loads)))
+    pre_shape = shape_from_spec(m, seqs, 1, prompt, policy.r_w, dtype, prompt_tokens=int(round(seqs * prompt)))
     pre = simulate(build_prefill(pre_shape), hw, m, dtype)
-    t_pre = n * pass_seconds(pre, hw, m, dtype)[0]
+    t_pre = mu * n / seqs * pass_seconds(pre, hw, m, dtype)[0]
     t_step, bound = pass_seconds(step, hw, m, dtype)
     g = workload.gen_len
     return SimResult(
