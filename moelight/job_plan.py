@@ -68,15 +68,18 @@ def resolve_hardware(name: str | None, log: Callable[[str], None] | None = None)
 
 
 def _profile_is_stale(path) -> bool:
-    """A measured CPU level (it has a GEMM curve) without the element-wise rate: written
-    before the HRM charged element-wise work, so its plans would be ~25% optimistic."""
+    """A measured CPU level (it has a GEMM curve) without the element-wise rate (written before
+    the HRM charged element-wise work: plans ~25% optimistic), or a measured GPU without its
+    expert-GEMM rate (written before the HRM used achieved GPU rates: plans 2-3x optimistic)."""
     import json
 
     try:
-        cpu = json.loads(path.read_text()).get("cpu", {})
+        d = json.loads(path.read_text())
+        cpu, gpu = d.get("cpu", {}), d.get("gpu") or {}
     except (OSError, ValueError, AttributeError):
         return False  # let the normal load report what is wrong with it
-    return bool(cpu.get("gemm_flops")) and not cpu.get("elementwise_bandwidth")
+    return (bool(cpu.get("gemm_flops")) and not cpu.get("elementwise_bandwidth")) or (
+        bool(gpu) and not gpu.get("gemm_bandwidth"))
 
 
 def resolve_device(name: str) -> str:
@@ -92,13 +95,14 @@ def resolve_device(name: str) -> str:
     return name
 
 
-def workload_of(prompts: list[list[int]], params: list[SamplingParams]):
-    """The HRM workload of a tokenized job: mean / max prompt length, mean generation length."""
+def workload_of(prompts: list[list[int]], params: list[SamplingParams], prefill_chunk: int | None = None):
+    """The HRM workload of a tokenized job: mean / max prompt length, mean generation length, and
+    the engine's prefill passes (at most prefill_chunk tokens each, every one streaming the weights)."""
     from hrm import WorkloadSpec
 
     lens = [len(p) for p in prompts] or [1]
     gen = math.ceil(sum(q.max_tokens for q in params) / max(1, len(params))) if params else 1
-    return WorkloadSpec(sum(lens) / len(lens), max(1, gen), max(lens))
+    return WorkloadSpec(sum(lens) / len(lens), max(1, gen), max(lens), prefill_chunk=prefill_chunk)
 
 
 def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
@@ -117,7 +121,7 @@ def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
         except ValueError as e:
             raise PlanError(f"--gpus {opts.gpus}: {e}") from None
     mspec = model_from_hf_config(cfg.to_hf_dict(), name=opts.model)
-    workload = workload_of(prompts, params)
+    workload = workload_of(prompts, params, opts.max_prefill_tokens)
     t0 = time.perf_counter()
     if opts.policy == "auto":
         try:

@@ -81,6 +81,10 @@ def register(app: typer.Typer) -> None:
         gen_len: int = typer.Option(128, "--gen-len", help="tokens generated per request"),
         max_prompt_len: int | None = typer.Option(None, "--max-prompt-len", help="longest prompt"),
         padded: bool = typer.Option(False, "--padded", help="pad prompts to the max (FlexGen)"),
+        prefill_chunk: int | None = typer.Option(
+            None, "--prefill-chunk", min=1,
+            help="tokens per prefill pass, each streaming the paged weights (moelight run: its "
+                 "--max-prefill-tokens); default: layer-major prefill, weights once per batch (the paper's)"),
         dtype: str = typer.Option("auto", "--dtype", help="auto (the GPU's faster 16-bit type), or a dtype"),
         family: str = typer.Option("moelight", "--family", help="moelight | cgopipe | flexgen | cpu"),
         profile_path: Path | None = typer.Option(None, "--profile-path", help="profile JSON for 'profile'"),
@@ -118,7 +122,7 @@ def register(app: typer.Typer) -> None:
             if dtype == "auto":
                 dtype = "bfloat16" if gpus == 0 else hw.preferred_dtype()
             dtype = canonical_dtype(dtype)
-            workload = WorkloadSpec(prompt_len, gen_len, max_prompt_len, padded)
+            workload = WorkloadSpec(prompt_len, gen_len, max_prompt_len, padded, prefill_chunk=prefill_chunk)
         except ValueError as e:
             raise typer.BadParameter(str(e)) from None
         if family not in FAMILIES:

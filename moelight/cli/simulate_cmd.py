@@ -44,6 +44,10 @@ def register(app: typer.Typer) -> None:
         gen_len: int = typer.Option(128, "--gen-len", help="tokens generated per request"),
         max_prompt_len: int | None = typer.Option(None, "--max-prompt-len", help="longest prompt"),
         padded: bool = typer.Option(False, "--padded", help="pad prompts to the max (FlexGen)"),
+        prefill_chunk: int | None = typer.Option(
+            None, "--prefill-chunk", min=1,
+            help="tokens per prefill pass, each streaming the paged weights (moelight run: its "
+                 "--max-prefill-tokens); default: layer-major prefill, weights once per batch (the paper's)"),
         dtype: str = typer.Option("auto", "--dtype", help="for --policy auto; auto: the GPU's faster 16-bit type"),
         family: str = typer.Option("cgopipe", "--family", help="planner family for --policy auto"),
         gantt: Path | None = typer.Option(None, "--gantt", help="write the decode-step timeline PNG here"),
@@ -72,7 +76,7 @@ def register(app: typer.Typer) -> None:
         hw = replace(hw.with_gpus(gpus) if gpus else hw, link_shared=shared_link or hw.link_shared)
         try:
             mspec.check_tensor_parallel(hw.gpu_count)
-            work = WorkloadSpec(prompt_len, gen_len, max_prompt_len, padded)
+            work = WorkloadSpec(prompt_len, gen_len, max_prompt_len, padded, prefill_chunk=prefill_chunk)
         except ValueError as e:
             raise typer.BadParameter(str(e)) from None
         try:
