@@ -12,7 +12,8 @@ the engine runs, so the HRM predicts the engine rather than an ideal machine:
   decode steps of two toy models that differ only in depth (their compute is ~0),
 - the rate of the element-wise work between the GEMMs (norms, rotary, MoE glue): one
   real decoder layer minus its GEMMs, at two token counts.
-With CUDA it also measures GPU bandwidth, GPU matmul FLOP/s per dtype and pinned H2D / D2H.
+The pageable -> pinned copy rate (the first paging hop) is measured on any host; with CUDA
+moelight/gpu_profile.py measures the GPU terms and the link.
 The result is an hrm.HardwareSpec (hrm itself never imports torch), cached as JSON and
 loaded with `--hardware profile`.
 """
@@ -21,27 +22,14 @@ from __future__ import annotations
 
 import os
 import platform
-import time
-from collections.abc import Callable
 from dataclasses import replace
 
 from hrm.hardware import HardwareSpec, Level, Link
+from moelight.timing import best_time
 
 GEMM_ROWS = (1, 4, 16, 64, 256, 1024)
 GEMM_ROWS_QUICK = (1, 16, 128, 1024)
 _GEMM_K, _GEMM_N = 2048, 4096  # weight shape (in, out) of the probe GEMM
-
-
-def _best_time(fn: Callable[[], None], repeat: int, sync: Callable[[], None] = lambda: None) -> float:
-    fn()  # warm up (allocations, kernel selection, JIT)
-    sync()
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        fn()
-        sync()
-        best = min(best, time.perf_counter() - t0)
-    return max(best, 1e-9)
 
 
 def _cpu_memory_bytes() -> float:
@@ -77,7 +65,7 @@ def measure_gemm_curve(dtype, rows=GEMM_ROWS, pool_bytes: float = 96 * 2**20,
             for w in pool:
                 mm(x, w)
 
-        t = _fastest(one_pass, repeat) / len(pool)
+        t = best_time(one_pass, repeat) / len(pool)
         curve.append([float(m), 2.0 * m * _GEMM_K * _GEMM_N / t])
     return curve
 
@@ -96,7 +84,7 @@ def measure_attention(dtype, quick: bool = False) -> tuple[float, float]:
     q = torch.randn(seqs, hq, d).to(dtype)
     offsets = torch.arange(seqs, dtype=torch.int64) * ctx
     lengths = torch.full((seqs,), ctx, dtype=torch.int64)
-    t = _best_time(lambda: decode_attention(q, k, v, offsets, lengths, d**-0.5), 3)
+    t = best_time(lambda: decode_attention(q, k, v, offsets, lengths, d**-0.5), 3)
     kv_bw = 2.0 * total * hkv * d * k.element_size() / t
     p_seqs, p_len = (2, 256) if quick else (4, 512)
     tokens = p_seqs * p_len
@@ -104,21 +92,9 @@ def measure_attention(dtype, quick: bool = False) -> tuple[float, float]:
     kp = torch.randn(tokens, hkv, d).to(dtype)
     vp = torch.randn(tokens, hkv, d).to(dtype)
     cu = torch.arange(p_seqs + 1, dtype=torch.int64) * p_len
-    t = _best_time(lambda: prefill_attention(qp, kp, vp, cu, d**-0.5), 2)
+    t = best_time(lambda: prefill_attention(qp, kp, vp, cu, d**-0.5), 2)
     flops = 2.0 * hq * d * p_len * p_len * p_seqs  # causal: half of 4 * Hq * d * p^2
     return kv_bw, flops / t
-
-
-def _fastest(fn: Callable[[], None], samples: int) -> float:
-    """Fastest of `samples` single calls: on a shared machine other processes only add
-    time, and short samples are the likeliest to run undisturbed."""
-    fn()
-    best = float("inf")
-    for _ in range(samples):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
 
 
 def measure_overheads(dtype, quick: bool = False) -> tuple[float, float]:
@@ -156,9 +132,9 @@ def measure_overheads(dtype, quick: bool = False) -> tuple[float, float]:
         torch.tensor(sampler(logits, rows).tolist(), dtype=torch.int64)
 
     try:
-        full = _fastest(step, samples)
+        full = best_time(step, samples)
         model.layers = nn.ModuleList()
-        bare = _fastest(step, samples)
+        bare = best_time(step, samples)
     finally:
         model.layers = all_layers
     return max(0.0, (full - bare) / depth), bare
@@ -214,7 +190,7 @@ def measure_elementwise(dtype, quick: bool = False) -> float:
                     packed_linear(xs[n], moe.gate_up_proj[e])
                     packed_linear(ys[n], moe.down_proj[e])
 
-        glue.append(_fastest(whole, samples) - _fastest(gemms_only, samples))
+        glue.append(best_time(whole, samples) - best_time(gemms_only, samples))
         nbytes.append(float(pre_attention_elementwise(spec, t, b).bytes + post_attention_elementwise(spec, t, b).bytes))
     slope_s = glue[1] - glue[0]
     return (nbytes[1] - nbytes[0]) / slope_s if slope_s > 0 else 0.0
@@ -226,7 +202,7 @@ def measure_cpu(quick: bool = False) -> Level:
 
     n_bytes = (64 if quick else 256) * 2**20
     buf = torch.ones(n_bytes // 4, dtype=torch.float32)
-    bw = n_bytes / _best_time(buf.sum, 3 if quick else 5)
+    bw = n_bytes / best_time(buf.sum, 3 if quick else 5)
     buf = None  # free it before the GEMM probes allocate theirs
     rows = GEMM_ROWS_QUICK if quick else GEMM_ROWS
     pool = (48 if quick else 96) * 2**20
@@ -248,36 +224,51 @@ def measure_cpu(quick: bool = False) -> Level:
 
 
 def measure_gpu(quick: bool = False) -> tuple[Level, Link, int] | None:
-    """GPU 0: device-to-device copy bandwidth, matmul FLOP/s, pinned H2D / D2H; None without CUDA."""
+    """GPU 0 and its link (moelight/gpu_profile.py); None without CUDA."""
     import torch
 
     if not torch.cuda.is_available():
         return None
+    from moelight import gpu_profile as gp
+
     dev = torch.device("cuda:0")
     sync = torch.cuda.synchronize
     props = torch.cuda.get_device_properties(dev)
     n_bytes = (128 if quick else 1024) * 2**20
     src = torch.empty(n_bytes, dtype=torch.uint8, device=dev)
     dst = torch.empty_like(src)
-    bw = 2.0 * n_bytes / _best_time(lambda: dst.copy_(src), 5, sync)  # read + write
+    bw = 2.0 * n_bytes / best_time(lambda: dst.copy_(src), 5, sync)  # read + write
+    src = dst = None
     flops = {}
     size = 2048 if quick else 8192
     for name, dt in (("float32", torch.float32), ("bfloat16", torch.bfloat16), ("float16", torch.float16)):
         a = torch.randn(size, size, device=dev, dtype=dt)
         b = torch.randn(size, size, device=dev, dtype=dt)
-        flops[name] = 2.0 * size**3 / _best_time(lambda a=a, b=b: torch.mm(a, b), 5, sync)
-    host = torch.empty(n_bytes, dtype=torch.uint8, pin_memory=True)
-    h2d = n_bytes / _best_time(lambda: src.copy_(host, non_blocking=True), 5, sync)
-    d2h = n_bytes / _best_time(lambda: host.copy_(src, non_blocking=True), 5, sync)
-    return Level(props.name, float(props.total_memory), bw, flops), Link(h2d, d2h), torch.cuda.device_count()
+        # repeated for ~a second so the clock settles under the board's power cap (T4, L4)
+        reps = max(1, int(1.0 / best_time(lambda a=a, b=b: torch.mm(a, b), 2, sync)))
+        flops[name] = 2.0 * size**3 * reps / best_time(
+            lambda a=a, b=b, r=reps: [torch.mm(a, b) for _ in range(r)], 3, sync)
+    fast = "float16" if flops["float16"] >= flops["bfloat16"] else "bfloat16"
+    dt = getattr(torch, fast)
+    gemm_bw, curve = gp.measure_expert_gemm(dt, quick)
+    att_bw, att_flops = gp.measure_gpu_attention(dt, quick)
+    level = Level(props.name, float(props.total_memory), bw, flops, gemm_flops={fast: curve},
+                  attention_bandwidth=att_bw, attention_flops={fast: att_flops},
+                  layer_overhead_s=gp.KERNELS_PER_LAYER * gp.measure_launch_overhead(quick),
+                  gemm_bandwidth=gemm_bw)
+    return level, gp.measure_link(quick), torch.cuda.device_count()
 
 
 def profile_machine(quick: bool = False) -> HardwareSpec:
     """Measure CPU (and GPUs when CUDA is present) into a HardwareSpec."""
+    from moelight.gpu_profile import measure_staging
+
     cpu = measure_cpu(quick)
+    staging = measure_staging(quick)
     gpu = measure_gpu(quick)
     if gpu is None:
-        return HardwareSpec("profiled", cpu, notes="measured by moelight profile (no CUDA)")
+        return HardwareSpec("profiled", cpu, notes="measured by moelight profile (no CUDA)",
+                            staging_bandwidth=staging)
     level, link, count = gpu
-    return HardwareSpec("profiled", cpu, level, count, link,
+    return HardwareSpec("profiled", cpu, level, count, link, staging_bandwidth=staging,
                         notes="measured by moelight profile; GPU numbers from cuda:0, assumed identical")

@@ -1,6 +1,8 @@
 """Measured-level terms: the GEMM curve by row count, attention kernel speeds, overheads."""
 
 import json
+import tempfile
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -119,3 +121,16 @@ def test_profile_measures_elementwise_rate_on_a_real_layer():
 
     rate = measure_elementwise(torch.bfloat16, quick=True)
     assert rate == 0.0 or 1e8 < rate < 1e13  # 0.0 only where packed bf16 matmuls are unsupported
+
+
+def test_copy_cost_fit_and_the_staging_rate_are_measured():
+    from moelight.gpu_profile import fit_copy_cost, measure_staging
+
+    sizes = [1e5, 1e6, 1e7, 1e8]
+    fixed, rate = fit_copy_cost(sizes, [10e-6 + s / 12e9 for s in sizes])
+    assert fixed == pytest.approx(10e-6, rel=1e-3) and rate == pytest.approx(12e9, rel=1e-3)
+    assert fit_copy_cost([1e6, 2e6], [1e-4, 2e-4])[0] == pytest.approx(0.0, abs=1e-9)
+    staging = measure_staging(quick=True)
+    assert 1e8 < staging < 1e12  # a plausible host copy rate, bytes/s
+    hw = HardwareSpec("p", _level(), staging_bandwidth=staging)
+    assert HardwareSpec.load(hw.save(Path(tempfile.mkdtemp()) / "hw.json")).staging_rate() == staging

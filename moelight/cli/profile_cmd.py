@@ -26,11 +26,25 @@ def _describe(hw) -> str:
     if c.layer_overhead_s or c.step_overhead_s:
         lines.append(f"     dispatch overhead: {c.layer_overhead_s * 1e3:.2f} ms per layer pass, "
                      f"{c.step_overhead_s * 1e3:.2f} ms per micro-batch step")
+    if hw.staging_bandwidth:
+        lines.append(f"     pageable -> pinned copy (the first paging hop): {hw.staging_bandwidth / 1e9:.1f} GB/s")
     if hw.has_gpu:
-        lines.append(f"GPU  {hw.gpu_count} x {hw.gpu.name}: {hw.gpu.memory_bytes / g:.1f} GiB, "
-                     f"{hw.gpu.bandwidth / 1e9:.0f} GB/s, "
-                     + ", ".join(f"{k} {v / 1e12:.1f} TFLOP/s" for k, v in hw.gpu.flops.items()))
-        lines.append(f"link H2D {hw.link.h2d / 1e9:.1f} GB/s, D2H {hw.link.d2h / 1e9:.1f} GB/s (pinned)")
+        gp = hw.gpu
+        lines.append(f"GPU  {hw.gpu_count} x {gp.name}: {gp.memory_bytes / g:.1f} GiB, {gp.bandwidth / 1e9:.0f} GB/s, "
+                     + ", ".join(f"{k} {v / 1e12:.1f} TFLOP/s" for k, v in gp.flops.items()))
+        for dt, curve in gp.gemm_flops.items():
+            lines.append(f"     expert GEMM {dt} (TFLOP/s by rows per expert): "
+                         + ", ".join(f"{m:g}: {f / 1e12:.2f}" for m, f in curve)
+                         + f"; weights stream at {gp.gemm_bandwidth / 1e9:.0f} GB/s at few rows")
+        if gp.attention_bandwidth:
+            lines.append(f"     attention: decode reads KV at {gp.attention_bandwidth / 1e9:.0f} GB/s, prefill "
+                         + ", ".join(f"{k} {v / 1e12:.1f} TFLOP/s" for k, v in gp.attention_flops.items()))
+        if gp.layer_overhead_s:
+            lines.append(f"     dispatch: {gp.layer_overhead_s * 1e3:.2f} ms per layer pass")
+        lk = hw.link
+        lines.append(f"link H2D {lk.h2d / 1e9:.1f} GB/s, D2H {lk.d2h / 1e9:.1f} GB/s pinned; pageable "
+                     f"{lk.pageable_h2d / 1e9:.1f} / {lk.pageable_d2h / 1e9:.1f} GB/s; "
+                     f"{lk.latency_s * 1e6:.1f} us per copy")
     else:
         lines.append("GPU  none (CUDA not available)")
     return "\n".join(lines)
