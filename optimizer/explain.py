@@ -94,7 +94,7 @@ def _attention_line(res: PlanResult, hw: HardwareSpec, model: ModelSpec, wl: Wor
     line = (f"attention on {side}: {_versus(res, not p.attn_on_gpu, p.ffn_on_gpu)}; its intensity "
             f"{i_att:.2f} FLOP/B is {'below' if below else 'above'} the turning point P1={p1:.1f} FLOP/B")
     if p.attn_on_gpu and below:
-        if p.r_c > 0:
+        if p.r_c >= 0.005:  # a share the plan prints as 0% is not a reason
             why = f"{p.r_c:.0%} of the KV cache stays on the GPU, where no link crossing is paid"
         elif not p.ffn_on_gpu and res.layer_times.get("T_cpu", 0.0) >= res.layer_times.get("T_link", 0.0):
             why = ("the CPU already carries the FFN and binds; moving attention off it shortens T_cpu more "

@@ -67,5 +67,9 @@ def test_a_planned_gpu_attention_says_what_outweighed_the_intensity_rule():
     assert f"{res.e2e_tok_s:.1f} tok/s predicted" in att
     if p.attn_on_gpu and _intensity_below_p1(hw, "float16"):
         assert "the rule says CPU; GPU wins here because" in att
+        # the reason given must hold for this plan: a KV share it prints as 0% explains nothing
+        assert ("of the KV cache stays on the GPU" in att) == (p.r_c >= 0.005)
+        if not p.ffn_on_gpu and res.binding == "cpu":
+            assert "the CPU already carries the FFN and binds" in att
     assert res.reason.splitlines()[0].startswith(
         f"decode is bound by {roof_name(res.binding, p.attn_on_gpu, p.ffn_on_gpu)}")
