@@ -77,6 +77,7 @@ setup(
     extras_require={
         "test": ["pytest", "transformers", "matplotlib", "ruff"],
         "plot": ["matplotlib"],
+        "ray": ["ray[data]>=2.50"],
     },
     entry_points={"console_scripts": ["moelight=moelight.cli:main"]},
     ext_modules=ext_modules,

@@ -47,6 +47,10 @@ class RunOptions(EngineOptions):
     overwrite: bool = False
     progress: bool = True
     coe_order: str = "grouped"  # a CoE job (--model coe.json): grouped by model (CoServe) or fcfs
+    ray: str | None = None  # run on Ray (moelight/ray): "local" starts a cluster, "auto" / an address connects
+    ray_replicas: str = "1"  # engines (actors): a count, or MIN-MAX for an autoscaling pool
+    ray_cpus_per_replica: float | None = None  # None: the cluster's CPUs shared by the pool's maximum
+    ray_gpus_per_replica: float = 0.0
     log: Callable[[str], None] | None = None  # one-line notes (the plan, a fresh profile)
 
     def validate(self) -> None:
@@ -61,6 +65,27 @@ class RunOptions(EngineOptions):
             workloads.output_format(self.output)
         except workloads.OutputPathError as e:
             raise OptionError(f"--output {e}") from None
+        if self.ray is not None:
+            self._check_ray()
+
+    def _check_ray(self) -> None:
+        import importlib.util
+
+        from moelight.coe_job import is_coe_spec
+        from moelight.ray.job import parse_replicas
+
+        if importlib.util.find_spec("ray") is None:
+            raise OptionError('--ray needs Ray Data: pip install -e ".[ray]" (or pip install "ray[data]")')
+        parse_replicas(self.ray_replicas)
+        if is_coe_spec(self.model):
+            raise OptionError("--ray runs one model per replica; a CoE spec (--model coe.json) runs locally only")
+        if (self.gpus or 0) > 1:
+            raise OptionError(f"--ray with --gpus {self.gpus}: a replica runs on one device; give each replica "
+                              "one GPU (--ray-gpus-per-replica 1) and more replicas instead")
+        for option, value in (("--ray-cpus-per-replica", self.ray_cpus_per_replica),
+                              ("--ray-gpus-per-replica", self.ray_gpus_per_replica)):
+            if value is not None and value < 0:
+                raise OptionError(f"{option} {value}: must be >= 0")
 
 
 def report_path(output: Path) -> Path:
@@ -76,6 +101,10 @@ def run_job(opts: RunOptions) -> RunReport | None:
 
     if is_coe_spec(opts.model):  # several checkpoints, one device: moelight/coe_job.py
         return run_coe_job(opts)
+    if opts.ray is not None:  # a Ray Data pipeline of engines: moelight/ray/job.py
+        from moelight.ray.job import run_ray_job
+
+        return run_ray_job(opts)
     loaded, requests, out_format = read_requests(opts)
     session = EngineSession(opts, opts.log)
     with LazyResultWriter(opts, out_format) as writer:
@@ -122,28 +151,52 @@ class LazyResultWriter:
             self.writer.__exit__(*exc)
 
 
-def serve_requests(session: EngineSession, opts: RunOptions, requests, skipped_before: int, writer,
-                   on_result=None) -> RunReport:
-    """Tokenize, plan, load, generate and write `requests` on `session`; the report is saved beside
-    the output (and returned) whatever happens, the session closed."""
+@dataclass
+class PreparedJob:
+    """A batch of requests tokenized and planned on a session, not yet generated."""
+
+    requests: list
+    prompts: list[list[int]]
+    params: list[SamplingParams]
+    plan: object | None  # JobPlan; None when nothing is left to generate
+    report: RunReport
+
+
+def prepare_requests(session: EngineSession, opts: RunOptions, requests, skipped_before: int = 0) -> PreparedJob:
+    """Tokenize and plan `requests` on `session` (weights not loaded yet); bad prompts raise unless skipped."""
     prompts, params, skipped = _prepare(requests, session.tokenizer, session.config.max_position_embeddings, opts)
     requests = [r for r in requests if r.id not in skipped]
     n_skipped = skipped_before + len(skipped)
     if not requests:  # e.g. --resume on a finished output: nothing to plan, load or write
-        report = session.new_report(None, 0, n_skipped)
+        return PreparedJob([], [], [], None, session.new_report(None, 0, n_skipped))
+    plan = session.plan(prompts, params, opts.turn)
+    return PreparedJob(requests, prompts, params, plan, session.new_report(plan, len(requests), n_skipped))
+
+
+def generate_prepared(session: EngineSession, opts: RunOptions, job: PreparedJob, writer, bar=None,
+                      on_result=None) -> None:
+    """Load (once per session), build the plan's engine and generate every round, writing each result."""
+    t0 = time.perf_counter()
+    engine = session.engine(job.plan, job.prompts, job.params, opts.turn)
+    job.report.load_seconds = time.perf_counter() - t0
+    _generate_rounds(engine, session.tokenizer, job.requests, job.prompts, job.params, opts, job.plan.batch_size,
+                     job.plan.micro_batch_size, writer, bar, job.report, on_result)
+
+
+def serve_requests(session: EngineSession, opts: RunOptions, requests, skipped_before: int, writer,
+                   on_result=None) -> RunReport:
+    """Tokenize, plan, load, generate and write `requests` on `session`; the report is saved beside
+    the output (and returned) whatever happens, the session closed."""
+    job = prepare_requests(session, opts, requests, skipped_before)
+    report = job.report
+    if job.plan is None:
         report.save(report_path(opts.output))
         session.close()
         return report
-    plan = session.plan(prompts, params, opts.turn)
-    report = session.new_report(plan, len(requests), n_skipped)
-    total = sum(1 + len(r.followups) for r in requests)
+    total = sum(1 + len(r.followups) for r in job.requests)
     bar = tqdm(total=total, unit="req", disable=not opts.progress, desc="generating")
     try:
-        t0 = time.perf_counter()
-        engine = session.engine(plan, prompts, params, opts.turn)
-        report.load_seconds = time.perf_counter() - t0
-        _generate_rounds(engine, session.tokenizer, requests, prompts, params, opts, plan.batch_size,
-                         plan.micro_batch_size, writer, bar, report, on_result)
+        generate_prepared(session, opts, job, writer, bar, on_result)
     except KeyboardInterrupt:
         report.interrupted = True
     finally:
@@ -155,36 +208,45 @@ def serve_requests(session: EngineSession, opts: RunOptions, requests, skipped_b
     return report
 
 
-def _prepare(requests, tokenizer, context: int, opts: RunOptions):
-    """Tokenize every first turn and build its SamplingParams; gather every bad prompt at once."""
-    prompts, params, problems, skipped = [], [], [], set()
+def check_prompts(requests, tokenizer, context: int, opts: RunOptions):
+    """Tokenize every first turn and build its SamplingParams: (prompts, params, problems) where
+    problems are (request id, message) for the requests that cannot be generated."""
+    prompts, params, problems = [], [], []
     for r in requests:
         ids = tokenizer.encode_request(r)
         text_empty = not (r.prompt or r.messages)
         if text_empty or not ids:
-            problems.append(f"{r.source or r.id}: empty prompt")
+            problems.append((r.id, f"{r.source or r.id}: empty prompt"))
         elif len(ids) >= context:
-            problems.append(f"{r.source or r.id}: prompt has {len(ids)} tokens, "
-                            f"the model's context is {context}")
+            problems.append((r.id, f"{r.source or r.id}: prompt has {len(ids)} tokens, "
+                                   f"the model's context is {context}"))
         else:
-            p = SamplingParams(
+            prompts.append(ids)
+            params.append(SamplingParams(
                 max_tokens=min(r.max_new_tokens or opts.gen_len, context - len(ids)),
                 temperature=opts.temperature if r.temperature is None else r.temperature,
                 top_p=opts.top_p if r.top_p is None else r.top_p,
                 top_k=opts.top_k if r.top_k is None else r.top_k,
                 seed=r.seed if r.seed is not None else opts.seed + zlib.crc32(r.id.encode()),
                 ignore_eos=opts.ignore_eos,
-            )
-            prompts.append(ids)
-            params.append(p)
-            continue
-        skipped.add(r.id)
+            ))
+    return prompts, params, problems
+
+
+def prompt_error(problems: list[str]) -> PromptError:
+    """Every bad prompt in one error (the first 20 listed), as a local run and a Ray run report them."""
+    more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+    shown = "\n  ".join(problems[:20]) + more
+    return PromptError(f"{len(problems)} request(s) cannot be generated:\n  {shown}\n"
+                       "fix them, or pass --skip-bad-lines to go on without them")
+
+
+def _prepare(requests, tokenizer, context: int, opts: RunOptions):
+    """check_prompts, raising for bad prompts unless --skip-bad-lines; (prompts, params, skipped ids)."""
+    prompts, params, problems = check_prompts(requests, tokenizer, context, opts)
     if problems and not opts.skip_bad_lines:
-        more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
-        shown = "\n  ".join(problems[:20]) + more
-        raise PromptError(f"{len(problems)} request(s) cannot be generated:\n  {shown}\n"
-                          "fix them, or pass --skip-bad-lines to go on without them")
-    return prompts, params, skipped
+        raise prompt_error([m for _, m in problems])
+    return prompts, params, {rid for rid, _ in problems}
 
 
 def _generate_rounds(engine, tokenizer, requests, prompts, params, opts, batch_size, micro, writer, bar,
@@ -207,7 +269,8 @@ def _generate_rounds(engine, tokenizer, requests, prompts, params, opts, batch_s
             if i in last_round:
                 result = workloads.build_result(req, turns[i], model=opts.model)
                 writer.write(on_result(req, result) if on_result else result)
-            bar.update(1)
+            if bar is not None:
+                bar.update(1)
 
         stats = GenerationStats()
         engine.generate(round_prompts, [params[i] for i in active], [0] * len(active), batch_size, micro,

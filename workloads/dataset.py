@@ -99,6 +99,16 @@ def _line_of(p: Problem) -> int:
     return int(m.group(1)) if m else 0
 
 
+def check_dataset_file(path: Path, label: str) -> None:
+    """A dataset path that exists, is a file and is not empty."""
+    if not path.exists():
+        raise DatasetError(f"{label}: dataset file does not exist")
+    if path.is_dir():
+        raise DatasetError(f"{label}: is a directory, expected a dataset file")
+    if path.stat().st_size == 0:
+        raise DatasetError(f"{label}: file is empty")
+
+
 def load_dataset(path: str | Path, format: str | None = None, turn: int = 1,
                  num_requests: int | None = None, skip_bad_lines: bool = False,
                  prompt_column: str = "prompt", id_column: str = "id") -> LoadedDataset:
@@ -110,12 +120,7 @@ def load_dataset(path: str | Path, format: str | None = None, turn: int = 1,
         raise DatasetError(f"turn must be an integer >= 1, got {turn!r}")
     if num_requests is not None and (not isinstance(num_requests, int) or num_requests < 1):
         raise DatasetError(f"num_requests must be a positive integer, got {num_requests!r}")
-    if not path.exists():
-        raise DatasetError(f"{label}: dataset file does not exist")
-    if path.is_dir():
-        raise DatasetError(f"{label}: is a directory, expected a dataset file")
-    if path.stat().st_size == 0:
-        raise DatasetError(f"{label}: file is empty")
+    check_dataset_file(path, label)
 
     if fmt is None and _is_parquet(path):
         fmt = "parquet"

@@ -82,7 +82,7 @@ def repair_jsonl(path: str | Path) -> int:
         return len(tail)
 
 
-def _record_id(obj: dict) -> str | None:
+def record_id(obj: dict) -> str | None:
     # OpenAI Batch output: "id" is the batch line id, the request is "custom_id".
     if "custom_id" in obj and "response" in obj:
         return str(obj["custom_id"])
@@ -106,7 +106,7 @@ def finished_ids(output_path: str | Path) -> set[str]:
     """
     ids = set()
     for obj in read_results(output_path):
-        rid = _record_id(obj)
+        rid = record_id(obj)
         if rid is not None:
             ids.add(rid)
     return ids

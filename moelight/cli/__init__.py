@@ -12,5 +12,17 @@ for _module in (run_cmd, plan_cmd, profile_cmd, simulate_cmd, trace_cmd, cache_c
     _module.register(app)
 
 
-def main() -> None:
-    app()
+def main(argv: list[str] | None = None) -> None:
+    import sys
+
+    app(args=with_ray_default(sys.argv[1:] if argv is None else argv), prog_name="moelight")
+
+
+def with_ray_default(argv: list[str]) -> list[str]:
+    """`--ray` without an address means a local cluster: give typer the value it needs."""
+    out = list(argv)
+    for i, arg in enumerate(out):
+        if arg == "--ray" and (i + 1 == len(out) or out[i + 1].startswith("-")):
+            out.insert(i + 1, "local")
+            break
+    return out

@@ -65,6 +65,13 @@ def run(
                          "`moelight train-predictor`"),
     coe_order: str = Opt("grouped", "--coe-order", help="a CoE job (--model coe.json): grouped (each model's "
                          "requests together, CoServe) or fcfs (dataset order)"),
+    ray: str = Opt(None, "--ray", help="run as a Ray Data pipeline: --ray alone starts a local Ray cluster, "
+                   "--ray auto connects to a running one, --ray ADDRESS to that one (pip install -e '.[ray]')"),
+    ray_replicas: str = Opt("1", "--ray-replicas", help="with --ray: engines (Ray actors), a count or MIN-MAX "
+                            "for an autoscaling pool"),
+    ray_cpus_per_replica: float = Opt(None, "--ray-cpus-per-replica", help="with --ray: CPUs per engine (a "
+                                      "CPU engine runs that many threads; default: the cluster's CPUs / replicas)"),
+    ray_gpus_per_replica: float = Opt(0.0, "--ray-gpus-per-replica", help="with --ray: GPUs per engine"),
     progress: bool = Opt(True, "--progress/--no-progress"),
     refill: bool = Opt(True, "--refill/--static-batches",
                        help="refill freed KV slots with waiting requests (default), or run static batches of N"),

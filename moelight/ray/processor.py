@@ -1,0 +1,136 @@
+"""moelight as a Ray Data stage, in the shape of Ray Data LLM's processors:
+
+    import ray
+    from moelight.ray import ProcessorConfig, build_processor
+
+    config = ProcessorConfig(model="tiny", engine_options={"load_format": "dummy"}, replicas=2,
+                             sampling={"gen_len": 32})
+    processor = build_processor(config, preprocess=lambda row: {"prompt": row["question"]},
+                                postprocess=lambda row: {"question_id": row["id"], "answer": row["generated_text"]})
+    answers = processor(ray.data.read_parquet("questions.parquet"))
+    answers.write_parquet("answers/")
+
+A row (after `preprocess`) is a request in moelight's jsonl shape: `prompt` or `messages`, and
+optionally `id`, `max_tokens`, `temperature`, `top_p`, `top_k`, `seed`, `tools`, `followups`.
+Rows without an id get one (a uuid). The output rows hold `id`, `generated_text`,
+`output_token_ids`, `finish_reason`, `prompt_tokens`, `completion_tokens`, `replica` and `result`
+(the local run's output record as JSON), then whatever `postprocess` makes of them.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from moelight.options import EngineOptions, OptionError
+from moelight.ray.datasets import request_to_json
+from moelight.ray.replica import MoelightReplica
+
+SAMPLING_KEYS = ("gen_len", "temperature", "top_p", "top_k", "ignore_eos")
+
+
+@dataclass
+class ProcessorConfig:
+    """What each replica runs and how many there are."""
+
+    model: str
+    engine_options: dict = field(default_factory=dict)  # EngineOptions fields: dtype, load_format, device, ...
+    sampling: dict = field(default_factory=dict)  # defaults for rows that set none: gen_len, temperature, ...
+    replicas: int | tuple[int, int] = 1  # a fixed pool, or (min, max) to autoscale
+    num_cpus: float = 1.0  # per replica; a CPU replica runs that many torch threads
+    num_gpus: float = 0.0  # per replica
+    batch_size: int = 256  # requests per replica call (one planned job)
+
+    def run_fields(self) -> dict:
+        """RunOptions fields for a replica (dataset and output are the driver's business)."""
+        unknown = sorted(set(self.engine_options) - set(EngineOptions.names()))
+        if unknown:
+            raise OptionError(f"ProcessorConfig.engine_options: unknown {', '.join(unknown)}; valid: "
+                              f"{', '.join(n for n in EngineOptions.names() if n != 'model')}")
+        bad = sorted(set(self.sampling) - set(SAMPLING_KEYS))
+        if bad:
+            raise OptionError(f"ProcessorConfig.sampling: unknown {', '.join(bad)}; valid: {', '.join(SAMPLING_KEYS)}")
+        from pathlib import Path
+
+        from moelight.runner import RunOptions
+
+        opts = RunOptions(model=self.model, dataset=Path("-"), output=Path("-.jsonl"), progress=False,
+                          **self.engine_options, **self.sampling)
+        EngineOptions.validate(opts)
+        from moelight.ray.job import opts_fields
+
+        return opts_fields(opts)
+
+
+def _to_request_rows(batch: dict) -> dict:
+    """Rows in moelight's jsonl shape -> serialized requests, parsed by the local jsonl parser."""
+    from workloads.readers import parse_prompt_record
+
+    keys = list(batch)
+    n = len(batch[keys[0]]) if keys else 0
+    ids, requests = [], []
+    for i in range(n):
+        obj = {k: _plain(batch[k][i]) for k in keys}
+        obj = {k: v for k, v in obj.items() if v is not None}
+        obj.setdefault("id", uuid.uuid4().hex)
+        r = parse_prompt_record(obj, f"row id {obj['id']}", i + 1)
+        ids.append(r.id)
+        requests.append(request_to_json(r))
+    return {"id": ids, "request": requests}
+
+
+def _plain(v):
+    """numpy scalars / arrays from a Ray batch -> plain Python values."""
+    if hasattr(v, "tolist"):
+        return v.tolist()
+    return v
+
+
+def _to_output_rows(batch: dict) -> dict:
+    results = [json.loads(r) for r in batch["result"]]
+    return {
+        "id": list(batch["id"]),
+        "generated_text": [r["output"] for r in results],
+        "output_token_ids": [r["output_token_ids"] for r in results],
+        "finish_reason": [r["finish_reason"] for r in results],
+        "prompt_tokens": [r["prompt_tokens"] for r in results],
+        "completion_tokens": [r["completion_tokens"] for r in results],
+        "replica": list(batch["replica"]),
+        "result": list(batch["result"]),
+    }
+
+
+class Processor:
+    """Callable on a ray.data.Dataset: returns the dataset of answers (lazy, as Ray Data is)."""
+
+    def __init__(self, config: ProcessorConfig, preprocess: Callable[[dict], dict] | None = None,
+                 postprocess: Callable[[dict], dict] | None = None) -> None:
+        self.config, self.preprocess, self.postprocess = config, preprocess, postprocess
+        self.fields = config.run_fields()
+
+    def __call__(self, ds):
+        from ray.data import ActorPoolStrategy
+
+        c = self.config
+        lo, hi = c.replicas if isinstance(c.replicas, tuple) else (c.replicas, c.replicas)
+        if self.preprocess is not None:
+            ds = ds.map(self.preprocess, num_cpus=0)
+        # the conversions are light: num_cpus=0 lets them run beside a pool that holds every CPU
+        ds = ds.map_batches(_to_request_rows, batch_format="numpy", num_cpus=0)
+        out = ds.map_batches(MoelightReplica, fn_constructor_kwargs={"opts_fields": self.fields,
+                                                                     "num_cpus": c.num_cpus},
+                             batch_size=c.batch_size,
+                             compute=ActorPoolStrategy(min_size=lo, max_size=hi, max_tasks_in_flight_per_actor=1),
+                             num_cpus=c.num_cpus, num_gpus=c.num_gpus)
+        out = out.map_batches(_to_output_rows, batch_format="numpy", num_cpus=0)
+        if self.postprocess is not None:
+            out = out.map(self.postprocess, num_cpus=0)
+        return out
+
+
+def build_processor(config: ProcessorConfig, preprocess: Callable[[dict], dict] | None = None,
+                    postprocess: Callable[[dict], dict] | None = None) -> Processor:
+    """A processor for `config`; options are checked now, the model loads on each replica at run time."""
+    return Processor(config, preprocess, postprocess)

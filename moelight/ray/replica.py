@@ -1,0 +1,89 @@
+"""One moelight engine per Ray actor: the model loads once, every batch Ray hands it is one job.
+
+`map_batches(MoelightReplica, ...)` builds one per pool slot. A batch (the planner's N requests,
+or --batch-size) is planned for the resources Ray gave the actor (its CPUs set torch's threads on
+a CPU-only actor; a GPU actor plans for the device it sees), generated with the same code as a
+local run (`runner.prepare_requests` / `generate_prepared`), and returned as result rows; the
+batch's report rides on its first row so the driver can report per replica.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import uuid
+from dataclasses import replace
+
+from moelight.ray.datasets import request_from_json
+
+RESULT_COLUMNS = ("id", "result", "replica", "batch_report")
+
+
+def _options(opts_fields: dict):
+    from moelight.runner import RunOptions
+
+    return RunOptions(**opts_fields)
+
+
+class _Collect:
+    """A writer that keeps results in memory: the driver writes them once."""
+
+    def __init__(self) -> None:
+        self.results: list[dict] = []
+
+    def write(self, result: dict) -> None:
+        self.results.append(result)
+
+
+class MoelightReplica:
+    """A Ray Data actor: `__init__` resolves the model and loads its weights, `__call__` runs a batch."""
+
+    def __init__(self, opts_fields: dict, num_cpus: float | None = None) -> None:
+        import torch
+
+        from moelight.engine_session import EngineSession
+
+        if num_cpus:
+            torch.set_num_threads(max(1, int(num_cpus)))
+        self.opts = replace(_options(opts_fields), progress=False, log=None)
+        self.session = EngineSession(self.opts)
+        self.session.load()
+        self.replica = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+        self.threads = torch.get_num_threads()
+
+    def __call__(self, batch: dict) -> dict:
+        from moelight.memory import peak_rss_bytes
+        from moelight.runner import generate_prepared, prepare_requests
+
+        requests = [request_from_json(text) for text in batch["request"]]
+        job = prepare_requests(self.session, self.opts, requests)
+        out = _Collect()
+        if job.plan is not None:
+            generate_prepared(self.session, self.opts, job, out)
+        report = job.report
+        report.cache = self.session.cache_stats()
+        report.peak_memory_bytes = peak_rss_bytes()
+        summary = json.dumps(report.to_dict() | {"threads": self.threads, "load_seconds": self.session.load_seconds})
+        n = len(out.results)
+        return {"id": [r["id"] for r in out.results], "result": [json.dumps(r) for r in out.results],
+                "replica": [self.replica] * n, "batch_report": [summary] + [""] * (n - 1)}
+
+
+class PromptChecker:
+    """A Ray Data task pool that tokenizes every request (no weights) and returns the bad ones, so a
+    prompt that cannot run is reported before any replica loads a model."""
+
+    def __init__(self, opts_fields: dict) -> None:
+        from moelight.engine_session import EngineSession
+
+        self.opts = replace(_options(opts_fields), progress=False, log=None)
+        session = EngineSession(self.opts)  # resolves config and tokenizer, loads nothing
+        self.tokenizer, self.context = session.tokenizer, session.config.max_position_embeddings
+
+    def __call__(self, batch: dict) -> dict:
+        from moelight.runner import check_prompts
+
+        requests = [request_from_json(text) for text in batch["request"]]
+        _, _, problems = check_prompts(requests, self.tokenizer, self.context, self.opts)
+        return {"id": [rid for rid, _ in problems], "problem": [m for _, m in problems]}
