@@ -58,7 +58,8 @@ class EngineOptions:
 
     def cache_policy_name(self) -> str:
         """auto: the combined policy (CPU execution of small misses, an LFU cache filled in the
-        background), the fastest on held-out traces (BENCHMARKS.md section 10)."""
+        background), the fastest of the policies that need no trained file on held-out traces
+        (BENCHMARKS.md section 9)."""
         return "combined" if self.cache_policy == "auto" else self.cache_policy
 
     def validate(self) -> None:
