@@ -163,7 +163,10 @@ def test_bad_records_are_reported_as_locally_before_any_model_loads(cluster, tmp
     assert not out.exists()
 
 
-def test_a_prompt_too_long_is_reported_as_locally(cluster, tmp_path):
+@pytest.mark.parametrize("checked_by", ["driver", "ray tasks"])
+def test_a_prompt_too_long_is_reported_as_locally(cluster, tmp_path, monkeypatch, checked_by):
+    if checked_by == "ray tasks":  # a job bigger than the planner's sample: PromptChecker actors check it
+        monkeypatch.setattr("moelight.ray.job.DRIVER_CHECK_MAX", 1)
     data = tmp_path / "long.jsonl"
     data.write_text(json.dumps({"id": "ok", "prompt": "short"}) + "\n"
                     + json.dumps({"id": "long", "prompt": "x " * 5000}) + "\n")
@@ -176,6 +179,34 @@ def test_a_prompt_too_long_is_reported_as_locally(cluster, tmp_path):
     report = run_job(RunOptions(dataset=data, output=tmp_path / "skip.jsonl", ray="local", skip_bad_lines=True,
                                 **ENGINE))
     assert _ids(tmp_path / "skip.jsonl") == ["ok"] and report.skipped_requests == 1
+
+
+def test_a_replica_runs_torch_on_one_thread_of_its_own(tmp_path, monkeypatch):
+    """Ray Data builds the replica on the actor's main thread and calls it from another; torch work on
+    both would make two OpenMP teams, more threads than CPUs, and libgomp would stop spin-waiting."""
+    import moelight.runner
+    from moelight.engine_session import EngineSession
+    from moelight.ray.datasets import request_to_json
+    from moelight.ray.job import opts_fields
+    from moelight.ray.replica import MoelightReplica
+    from workloads.request import Request
+
+    seen: dict[str, int] = {}
+    load, generate = EngineSession.load, moelight.runner.generate_prepared
+    monkeypatch.setattr(EngineSession, "load", lambda self: (seen.setdefault("load", threading.get_ident()),
+                                                             load(self))[1])
+    monkeypatch.setattr(moelight.runner, "generate_prepared", lambda *a, **k: (
+        seen.setdefault("generate", threading.get_ident()), generate(*a, **k))[1])
+    opts = RunOptions(dataset=tmp_path / "unused.jsonl", output=tmp_path / "o.jsonl", **ENGINE)
+    replica = MoelightReplica(opts_fields(opts), num_cpus=1)
+    requests = [request_to_json(Request(id=f"r{i}", prompt=f"hello {i}", source=f"x:{i}")) for i in range(3)]
+    out: dict = {}
+    caller = threading.Thread(target=lambda: out.update(replica({"request": requests})))
+    caller.start()
+    caller.join(120)
+    assert out["id"] == ["r0", "r1", "r2"]
+    assert seen["load"] == seen["generate"]
+    assert seen["load"] not in (threading.get_ident(), caller.ident)
 
 
 def test_openai_batch_and_parquet_keep_the_local_shapes(cluster, tmp_path):

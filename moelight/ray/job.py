@@ -29,6 +29,7 @@ from moelight.ray.report import RayRunReport, ReplicaFigures
 from workloads.resume import PARQUET_SUFFIXES, record_id
 
 PLAN_SAMPLE = 4096  # requests the driver plans the batch size N from
+DRIVER_CHECK_MAX = PLAN_SAMPLE  # a job this small is checked and split by the driver itself
 CHECK_BATCH = 1024  # requests per prompt-check task
 
 
@@ -86,7 +87,7 @@ def per_replica_resources(opts, max_replicas: int) -> tuple[float, float]:
     return float(cpus), float(gpus)
 
 
-def planned_batch_size(opts, ds, remaining: int, max_replicas: int) -> int:
+def plan_batch_size(opts, rows: list[dict], remaining: int, max_replicas: int) -> int:
     """The planner's N for a sample of the requests (the replicas plan their own policy per batch),
     no more than an even share of what is left, so every replica gets work."""
     from moelight.engine_session import EngineSession
@@ -96,7 +97,7 @@ def planned_batch_size(opts, ds, remaining: int, max_replicas: int) -> int:
         n = opts.batch_size
     else:
         session = EngineSession(replace(opts, progress=False, log=None))
-        sample = [request_from_json(r["request"]) for r in ds.take(PLAN_SAMPLE)]
+        sample = [request_from_json(r["request"]) for r in rows]
         prompts, params, _ = check_prompts(sample, session.tokenizer, session.config.max_position_embeddings, opts)
         n = session.plan(prompts, params, opts.turn).batch_size if prompts else 1
     return max(1, min(n, math.ceil(remaining / max_replicas)))
@@ -118,6 +119,44 @@ def check_all_prompts(opts, ds, fields_: dict):
     return ds.filter(lambda r: r["id"] not in bad_ids), len(bad_ids)
 
 
+def checked_batches(opts, ds, fields_: dict, max_replicas: int):
+    """(dataset of one block per batch or None, requests in it, prompts dropped, batch size N).
+
+    Bad prompts raise here, before any replica loads. One block per batch, in the object store
+    before the engines start: the pool hands blocks to idle replicas, and an upstream task left to
+    run beside them would wait for a CPU they hold. A job no bigger than the planner's sample is
+    checked and split by the driver, which holds it already: Ray tasks would only add start-up.
+    """
+    rows = ds.take(PLAN_SAMPLE + 1)
+    if len(rows) <= DRIVER_CHECK_MAX:
+        return _driver_batches(opts, rows, max_replicas)
+    ds, bad_prompts = check_all_prompts(opts, ds, fields_)
+    remaining = ds.count()
+    if remaining == 0:
+        return None, 0, bad_prompts, 0
+    batch = plan_batch_size(opts, rows[:PLAN_SAMPLE], remaining, max_replicas)
+    return ds.repartition(math.ceil(remaining / batch)).materialize(), remaining, bad_prompts, batch
+
+
+def _driver_batches(opts, rows: list[dict], max_replicas: int):
+    import ray
+
+    from moelight.engine_session import EngineSession
+    from moelight.runner import check_prompts, prompt_error
+
+    session = EngineSession(replace(opts, progress=False, log=None))  # tokenizer and config, no weights
+    requests = [request_from_json(r["request"]) for r in rows]
+    _, _, problems = check_prompts(requests, session.tokenizer, session.config.max_position_embeddings, opts)
+    if problems and not opts.skip_bad_lines:
+        raise prompt_error([m for _, m in problems])
+    bad = {rid for rid, _ in problems}
+    keep = [r for r in rows if r["id"] not in bad]
+    if not keep:
+        return None, 0, len(bad), 0
+    batch = plan_batch_size(opts, keep, len(keep), max_replicas)
+    return ray.data.from_items(keep, override_num_blocks=math.ceil(len(keep) / batch)), len(keep), len(bad), batch
+
+
 def run_ray_job(opts) -> RayRunReport:
     """The job on Ray; the report is saved beside the output whatever happens after generation starts."""
     from ray.data import ActorPoolStrategy
@@ -135,8 +174,7 @@ def run_ray_job(opts) -> RayRunReport:
     ds, fmt, problems, total = read_dataset(opts, finished)
     out_format = workloads.output_format(opts.output, fmt)
     fields_ = opts_fields(opts)
-    ds, bad_prompts = check_all_prompts(opts, ds, fields_)
-    remaining = ds.count()
+    ds, remaining, bad_prompts, batch = checked_batches(opts, ds, fields_, hi)
     report = RayRunReport(model=opts.model, dtype=opts.dtype, requests=remaining, batch_size=0, micro_batch_size=0,
                           skipped_requests=len(problems) + bad_prompts, ray_address=address)
     if remaining == 0:
@@ -144,10 +182,6 @@ def run_ray_job(opts) -> RayRunReport:
         report.save(report_path(opts.output))
         return report
     cpus, gpus = per_replica_resources(opts, hi)
-    batch = planned_batch_size(opts, ds, remaining, hi)
-    # one block per batch, in the object store before the engines start: the pool hands blocks to
-    # idle replicas, and an upstream task left to run beside them would wait for a CPU they hold
-    ds = ds.repartition(math.ceil(remaining / batch)).materialize()
     if opts.log:
         opts.log(f"ray: {remaining} requests in batches of {batch} over {lo if lo == hi else f'{lo}-{hi}'} "
                  f"replica(s) of {cpus:g} CPU(s), {gpus:g} GPU(s) each")

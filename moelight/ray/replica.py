@@ -5,6 +5,12 @@ or --batch-size) is planned for the resources Ray gave the actor (its CPUs set t
 a CPU-only actor; a GPU actor plans for the device it sees), generated with the same code as a
 local run (`runner.prepare_requests` / `generate_prepared`), and returned as result rows; the
 batch's report rides on its first row so the driver can report per replica.
+
+Every torch call of a replica runs on one thread of its own. Ray Data constructs the class on the
+actor's main thread and calls it from another; torch work on both would give the process two
+OpenMP teams, more threads than the CPUs Ray granted, and libgomp then stops spin-waiting between
+parallel regions: each region's threads sleep and wake (~10k context switches/s), which cost the
+engine ~40% of its decode rate in an actor on a 2-CPU host.
 """
 
 from __future__ import annotations
@@ -13,6 +19,7 @@ import json
 import os
 import socket
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from moelight.ray.datasets import request_from_json
@@ -40,19 +47,26 @@ class MoelightReplica:
     """A Ray Data actor: `__init__` resolves the model and loads its weights, `__call__` runs a batch."""
 
     def __init__(self, opts_fields: dict, num_cpus: float | None = None) -> None:
+        self.engine_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moelight-engine")
+        self.opts = replace(_options(opts_fields), progress=False, log=None)
+        self.engine_thread.submit(self._load, num_cpus).result()
+
+    def _load(self, num_cpus: float | None) -> None:
         import torch
 
         from moelight.engine_session import EngineSession
 
         if num_cpus:
             torch.set_num_threads(max(1, int(num_cpus)))
-        self.opts = replace(_options(opts_fields), progress=False, log=None)
         self.session = EngineSession(self.opts)
         self.session.load()
         self.replica = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.threads = torch.get_num_threads()
 
     def __call__(self, batch: dict) -> dict:
+        return self.engine_thread.submit(self._generate, batch).result()
+
+    def _generate(self, batch: dict) -> dict:
         from moelight.memory import peak_rss_bytes
         from moelight.runner import generate_prepared, prepare_requests
 
