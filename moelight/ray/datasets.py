@@ -99,9 +99,12 @@ def _line_of(where: str) -> int:
     return int(m.group(1)) if m else 0
 
 
-def read_dataset(opts, finished: set[str]):
-    """(dataset of runnable requests, input format, skipped problems, request count) for a RunOptions.
+def read_dataset(opts, finished: set[str], driver_max: int = 0):
+    """(requests, input format, skipped problems, request count) for a RunOptions.
 
+    The requests are a lazy `ray.data.Dataset` of rows {id, request}, or the rows themselves when the
+    driver holds them anyway: with --num-requests (replication renames ids in request order) or when
+    the file has no more than `driver_max` records (a take would only add a Ray Data execution).
     Raises DatasetError for bad records (all of them, in file order) unless opts.skip_bad_lines;
     duplicate ids are problems as in a local run; ids in `finished` (a resumed output) are dropped.
     """
@@ -116,7 +119,8 @@ def read_dataset(opts, finished: set[str]):
     files = ray.data.read_binary_files(str(path.resolve()), include_paths=True)
     parsed = files.map(lambda row: row | {"path": label}).flat_map(
         parse_file, fn_kwargs={"fmt": fmt, "turn": opts.turn, "prompt_column": opts.prompt_column}).materialize()
-    index = parsed.select_columns(["id", "source", "problem"]).take_all()
+    in_driver = opts.num_requests is not None or parsed.count() <= driver_max
+    index = parsed.take_all() if in_driver else parsed.select_columns(["id", "source", "problem"]).take_all()
     fatal = [r["problem"] for r in index if r["problem"] and not r["source"]]
     if fatal:
         raise DatasetError(fatal[0])
@@ -137,14 +141,15 @@ def read_dataset(opts, finished: set[str]):
         raise DatasetError.from_problems(label, problems, SKIP_HINT)
     if not seen:
         raise DatasetError(f"{label}: no usable requests" + (" (all were skipped)" if problems else ""))
-    good = parsed.filter(lambda r: not r["problem"] and r["source"] not in duplicates)
     total = len(seen)
-    if opts.num_requests is not None:  # replication renames ids: done on the request list itself
-        requests = [request_from_json(r["request"]) for r in good.take_all()]
-        requests.sort(key=lambda r: _line_of(r.source))
-        requests = workloads.replicate(requests, opts.num_requests)
-        total = len(requests)
-        good = ray.data.from_items([_row(r) for r in requests if r.id not in finished])
-    elif finished:
+    if in_driver:
+        rows = [r for r in index if not r["problem"] and r["source"] not in duplicates]
+        if opts.num_requests is not None:
+            requests = workloads.replicate([request_from_json(r["request"]) for r in rows], opts.num_requests)
+            total = len(requests)
+            rows = [_row(r) for r in requests]
+        return [{"id": r["id"], "request": r["request"]} for r in rows if r["id"] not in finished], fmt, problems, total
+    good = parsed.filter(lambda r: not r["problem"] and r["source"] not in duplicates)
+    if finished:
         good = good.filter(lambda r: r["id"] not in finished)
     return good.select_columns(["id", "request"]), fmt, problems, total

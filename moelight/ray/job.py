@@ -119,17 +119,21 @@ def check_all_prompts(opts, ds, fields_: dict):
     return ds.filter(lambda r: r["id"] not in bad_ids), len(bad_ids)
 
 
-def checked_batches(opts, ds, fields_: dict, max_replicas: int):
-    """(dataset of one block per batch or None, requests in it, prompts dropped, batch size N).
+def checked_batches(opts, source, fields_: dict, max_replicas: int):
+    """(dataset of one block per batch or None, requests in it, prompts dropped, batch size N) for
+    the requests `read_dataset` gave (a lazy dataset, or the rows when the driver holds them).
 
     Bad prompts raise here, before any replica loads. One block per batch, in the object store
     before the engines start: the pool hands blocks to idle replicas, and an upstream task left to
     run beside them would wait for a CPU they hold. A job no bigger than the planner's sample is
     checked and split by the driver, which holds it already: Ray tasks would only add start-up.
     """
-    rows = ds.take(PLAN_SAMPLE + 1)
+    import ray
+
+    rows = source if isinstance(source, list) else source.take(PLAN_SAMPLE + 1)
     if len(rows) <= DRIVER_CHECK_MAX:
         return _driver_batches(opts, rows, max_replicas)
+    ds = ray.data.from_items(source) if isinstance(source, list) else source
     ds, bad_prompts = check_all_prompts(opts, ds, fields_)
     remaining = ds.count()
     if remaining == 0:
@@ -171,10 +175,10 @@ def run_ray_job(opts) -> RayRunReport:
         raise workloads.OutputExistsError(
             f"{opts.output}: output exists; pass --resume to continue it or --overwrite to replace it")
     finished = finished_ids(opts.output) if opts.resume and opts.output.exists() else set()
-    ds, fmt, problems, total = read_dataset(opts, finished)
+    source, fmt, problems, _ = read_dataset(opts, finished, driver_max=DRIVER_CHECK_MAX)
     out_format = workloads.output_format(opts.output, fmt)
     fields_ = opts_fields(opts)
-    ds, remaining, bad_prompts, batch = checked_batches(opts, ds, fields_, hi)
+    ds, remaining, bad_prompts, batch = checked_batches(opts, source, fields_, hi)
     report = RayRunReport(model=opts.model, dtype=opts.dtype, requests=remaining, batch_size=0, micro_batch_size=0,
                           skipped_requests=len(problems) + bad_prompts, ray_address=address)
     if remaining == 0:
