@@ -85,6 +85,17 @@ def test_two_replicas_share_the_job(cluster, job, tmp_path):
     assert all(r["threads"] == 1 for r in report.replicas)  # 2 CPUs shared by the pool
 
 
+def test_a_pool_the_cluster_cannot_hold_is_reported(cluster):
+    from moelight.ray.job import warn_if_pool_cannot_start
+
+    said: list[str] = []
+    assert warn_if_pool_cannot_start(2, 1.0, 0.0, said.append) is None
+    assert warn_if_pool_cannot_start(3, 1.0, 0.0, said.append) is not None
+    assert warn_if_pool_cannot_start(1, 1.0, 1.0, said.append) is not None
+    assert len(said) == 2 and "3 replica(s) of 1 CPU(s)" in said[0] and "(2 CPUs, 0 GPUs)" in said[0]
+    assert "--ray-replicas" in said[1]
+
+
 def _replica_pids() -> list[int]:
     pids = []
     for entry in Path("/proc").iterdir():

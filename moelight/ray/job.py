@@ -31,6 +31,7 @@ from workloads.resume import PARQUET_SUFFIXES, record_id
 PLAN_SAMPLE = 4096  # requests the driver plans the batch size N from
 DRIVER_CHECK_MAX = PLAN_SAMPLE  # a job this small is checked and split by the driver itself
 CHECK_BATCH = 1024  # requests per prompt-check task
+MIN_POOL_WAIT_S = 3600  # how long the pool may take to load its minimum of replicas (big models load slowly)
 
 
 def parse_replicas(text: str) -> tuple[int, int]:
@@ -61,11 +62,15 @@ def connect(address: str | None, log=None) -> str:
     return where
 
 
-def quiet_ray_data(progress: bool) -> None:
-    """Ray Data's progress bars when asked for, its warnings; not its per-dataset INFO lines."""
+def configure_ray_data(progress: bool) -> None:
+    """Ray Data's progress bars when asked for, its warnings, not its per-dataset INFO lines; and a
+    pool that deals no batch before its minimum of replicas has loaded, so a fixed pool of N shares
+    the job instead of the first replica up taking every batch while the others still load."""
     import ray
 
-    ray.data.DataContext.get_current().enable_progress_bars = progress
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = progress
+    ctx.wait_for_min_actors_s = max(ctx.wait_for_min_actors_s, MIN_POOL_WAIT_S)
     logging.getLogger("ray.data").setLevel(logging.WARNING)
     warnings.filterwarnings("ignore", message="Use 'expr' instead of 'fn'", category=UserWarning)
 
@@ -85,6 +90,25 @@ def per_replica_resources(opts, max_replicas: int) -> tuple[float, float]:
     if cpus is None:
         cpus = max(1.0, math.floor(ray.cluster_resources().get("CPU", 1) / max_replicas))
     return float(cpus), float(gpus)
+
+
+def warn_if_pool_cannot_start(replicas: int, cpus: float, gpus: float, log=None) -> str | None:
+    """Say so when the cluster, as it is now, cannot hold the pool's minimum: the job then waits for
+    it to grow (an autoscaling cluster) up to MIN_POOL_WAIT_S, and fails with Ray's timeout after."""
+    import ray
+
+    have = ray.cluster_resources()
+    if replicas * cpus <= have.get("CPU", 0) and replicas * gpus <= have.get("GPU", 0):
+        return None
+    message = (f"ray: {replicas} replica(s) of {cpus:g} CPU(s) and {gpus:g} GPU(s) need more than the cluster has "
+               f"now ({have.get('CPU', 0):g} CPUs, {have.get('GPU', 0):g} GPUs); the job waits up to "
+               f"{MIN_POOL_WAIT_S // 60} min for it to grow. Ask for fewer replicas (--ray-replicas), fewer CPUs or "
+               "GPUs each (--ray-cpus-per-replica, --ray-gpus-per-replica), or a range (1-4) to start with what fits")
+    if log:
+        log(message)
+    else:
+        warnings.warn(message, stacklevel=2)
+    return message
 
 
 def plan_batch_size(opts, rows: list[dict], remaining: int, max_replicas: int) -> int:
@@ -170,7 +194,7 @@ def run_ray_job(opts) -> RayRunReport:
     t_job = time.perf_counter()
     lo, hi = parse_replicas(opts.ray_replicas)
     address = connect(opts.ray, opts.log)
-    quiet_ray_data(opts.progress)
+    configure_ray_data(opts.progress)
     if opts.output.exists() and not (opts.resume or opts.overwrite):
         raise workloads.OutputExistsError(
             f"{opts.output}: output exists; pass --resume to continue it or --overwrite to replace it")
@@ -186,6 +210,7 @@ def run_ray_job(opts) -> RayRunReport:
         report.save(report_path(opts.output))
         return report
     cpus, gpus = per_replica_resources(opts, hi)
+    warn_if_pool_cannot_start(lo, cpus, gpus, opts.log)
     if opts.log:
         opts.log(f"ray: {remaining} requests in batches of {batch} over {lo if lo == hi else f'{lo}-{hi}'} "
                  f"replica(s) of {cpus:g} CPU(s), {gpus:g} GPU(s) each")
