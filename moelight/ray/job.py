@@ -111,18 +111,26 @@ def warn_if_pool_cannot_start(replicas: int, cpus: float, gpus: float, log=None)
     return message
 
 
-def plan_batch_size(opts, rows: list[dict], remaining: int, max_replicas: int) -> int:
-    """The planner's N for a sample of the requests (the replicas plan their own policy per batch),
-    no more than an even share of what is left, so every replica gets work."""
+def _driver_session(opts):
     from moelight.engine_session import EngineSession
+
+    return EngineSession(replace(opts, progress=False, log=None))  # tokenizer and config, no weights
+
+
+def _checked(session, opts, rows: list[dict]):
+    """check_prompts on request rows: (prompts, params, problems) as a local run finds them."""
     from moelight.runner import check_prompts
 
+    requests = [request_from_json(r["request"]) for r in rows]
+    return check_prompts(requests, session.tokenizer, session.config.max_position_embeddings, opts)
+
+
+def plan_batch_size(opts, session, prompts, params, remaining: int, max_replicas: int) -> int:
+    """The planner's N for checked prompts (the replicas plan their own policy per batch), no more
+    than an even share of what is left, so every replica gets work."""
     if opts.batch_size:
         n = opts.batch_size
     else:
-        session = EngineSession(replace(opts, progress=False, log=None))
-        sample = [request_from_json(r["request"]) for r in rows]
-        prompts, params, _ = check_prompts(sample, session.tokenizer, session.config.max_position_embeddings, opts)
         n = session.plan(prompts, params, opts.turn).batch_size if prompts else 1
     return max(1, min(n, math.ceil(remaining / max_replicas)))
 
@@ -162,26 +170,26 @@ def checked_batches(opts, source, fields_: dict, max_replicas: int):
     remaining = ds.count()
     if remaining == 0:
         return None, 0, bad_prompts, 0
-    batch = plan_batch_size(opts, rows[:PLAN_SAMPLE], remaining, max_replicas)
+    session = _driver_session(opts)
+    prompts, params, _ = _checked(session, opts, rows[:PLAN_SAMPLE])
+    batch = plan_batch_size(opts, session, prompts, params, remaining, max_replicas)
     return ds.repartition(math.ceil(remaining / batch)).materialize(), remaining, bad_prompts, batch
 
 
 def _driver_batches(opts, rows: list[dict], max_replicas: int):
     import ray
 
-    from moelight.engine_session import EngineSession
-    from moelight.runner import check_prompts, prompt_error
+    from moelight.runner import prompt_error
 
-    session = EngineSession(replace(opts, progress=False, log=None))  # tokenizer and config, no weights
-    requests = [request_from_json(r["request"]) for r in rows]
-    _, _, problems = check_prompts(requests, session.tokenizer, session.config.max_position_embeddings, opts)
+    session = _driver_session(opts)
+    prompts, params, problems = _checked(session, opts, rows)
     if problems and not opts.skip_bad_lines:
         raise prompt_error([m for _, m in problems])
     bad = {rid for rid, _ in problems}
     keep = [r for r in rows if r["id"] not in bad]
     if not keep:
         return None, 0, len(bad), 0
-    batch = plan_batch_size(opts, keep, len(keep), max_replicas)
+    batch = plan_batch_size(opts, session, prompts, params, len(keep), max_replicas)
     return ray.data.from_items(keep, override_num_blocks=math.ceil(len(keep) / batch)), len(keep), len(bad), batch
 
 

@@ -10,7 +10,7 @@ Every torch call of a replica runs on one thread of its own. Ray Data constructs
 actor's main thread and calls it from another; torch work on both would give the process two
 OpenMP teams, more threads than the CPUs Ray granted, and libgomp then stops spin-waiting between
 parallel regions: each region's threads sleep and wake (~10k context switches/s), which cost the
-engine ~40% of its decode rate in an actor on a 2-CPU host.
+engine ~30% of its decode rate in an actor on a 2-CPU host.
 """
 
 from __future__ import annotations
