@@ -1,6 +1,6 @@
 """Decode attention on a KV cache on 4 KiB pages against the same cache on 2 MiB huge pages.
 
-The engine allocates its KV cache with moelight.host_memory.empty_huge; this measures what
+The engine allocates its KV cache with moelight.runtime.host_memory.empty_huge; this measures what
 that buys. Same kernel, same bytes: each pair times the two caches in alternating order,
 each call after an L3-evicting read, and a read-bandwidth probe before each pair labels the
 host's state (its bandwidth jumps between ~40 and ~80 GB/s within seconds). Reports the
@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench_attention import HKV, HQ, D, decode_case, parse_case, probe_buffers, read_bw_now  # noqa: E402
 
 import cpu_kernels  # noqa: E402
-from moelight.host_memory import empty_huge  # noqa: E402
+from moelight.runtime.host_memory import empty_huge  # noqa: E402
 
 GB = 1e9
 HIGH_STATE_GBS = 58.0  # probes above this are the host's high-bandwidth state

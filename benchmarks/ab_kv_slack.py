@@ -1,6 +1,6 @@
 """Decode attention over a packed KV cache against the engine's layout, free slots after each block.
 
-The engine gives each sequence prompt + max-new-tokens slots (moelight.kv_cache, slot_pool),
+The engine gives each sequence prompt + max-new-tokens slots (moelight.runtime.kv_cache, slot_pool),
 so while it decodes, every (sequence, KV head) block is followed by the slots it has not yet
 filled; bench_attention.py times packed blocks. Same kernel, same keys and values:
 each pair times the two layouts in alternating order, each call after an L3-evicting read,
@@ -35,7 +35,7 @@ def engine_case(slack: int, layout: str = "head-major") -> dict:
     each pair is stored newest-first and ends where the next pair starts (decode attention does
     not depend on key order): half the gaps; "token-major" stores [T, Hkv, d] and passes the
     kernel its [Hkv, T, d] view (one gap per sequence, but each item reads strided rows)."""
-    from moelight.host_memory import empty_huge
+    from moelight.runtime.host_memory import empty_huge
 
     b, hq, hkv, d, generated = 256, 16, 4, 64, 32
     gen = torch.Generator().manual_seed(0)

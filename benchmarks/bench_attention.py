@@ -22,7 +22,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import cpu_kernels  # noqa: E402
-from moelight.host_memory import empty_huge  # noqa: E402
+from moelight.runtime.host_memory import empty_huge  # noqa: E402
 
 HQ, HKV, D = 32, 8, 128
 GB = 1e9
@@ -69,7 +69,7 @@ def hrm_time_fn(bandwidth: float):
 
 def make_cache(b: int, ctx: int, dtype: torch.dtype, alloc=empty_huge) -> torch.Tensor:
     """[B, Hkv, ctx, d] filled at memory speed (a random tile repeated); by default allocated
-    as the engine allocates its KV cache (moelight.kv_cache: huge pages where available)."""
+    as the engine allocates its KV cache (moelight.runtime.kv_cache: huge pages where available)."""
     kv = alloc((b, HKV, ctx, D), dtype)
     tile = torch.randn(1, 8192).to(dtype)
     kv.view(-1, 8192).copy_(tile.expand(kv.numel() // 8192, 8192))

@@ -17,14 +17,14 @@ import random
 import torch
 
 from hrm import WorkloadSpec, get_hardware, get_model
-from moelight.config import ModelConfig
-from moelight.engine import Engine, GenerationStats
+from moelight.engine.generation import Engine, GenerationStats
+from moelight.loading.weights import build_model
+from moelight.models.config import ModelConfig
 from moelight.pipeline.executor import PipelineExecutor
 from moelight.pipeline.gantt import draw_gantt, timeline_from_events
 from moelight.pipeline.schedule import SCHEDULES
-from moelight.pipeline.simulator import simulate_policy
-from moelight.sampling import SamplingParams
-from moelight.weights import build_model
+from moelight.pipeline.schedule_simulator import simulate_policy
+from moelight.sampling.params import SamplingParams
 from optimizer import plan
 
 

@@ -40,13 +40,13 @@ from train_small_moe import stdlib_files  # noqa: E402
 
 from hrm import WorkloadSpec, get_hardware, get_model  # noqa: E402
 from moelight import LLM, SamplingParams  # noqa: E402
+from moelight.expert_cache.cache_simulator import simulate_cache  # noqa: E402
 from moelight.expert_cache.eam import EAMCollection, eam_of  # noqa: E402
-from moelight.expert_cache.policies import make_policy  # noqa: E402
+from moelight.expert_cache.policy_registry import make_policy  # noqa: E402
 from moelight.expert_cache.predictor_training import train_predictors  # noqa: E402
-from moelight.expert_cache.simulator import simulate_cache  # noqa: E402
-from moelight.expert_cache.tracer import trace_requests  # noqa: E402
-from moelight.loader import load_model, resolve_model  # noqa: E402
-from moelight.tokenizer import load_tokenizer  # noqa: E402
+from moelight.jobs.trace_job import trace_requests  # noqa: E402
+from moelight.loading.model_source import load_model, resolve_model  # noqa: E402
+from moelight.tokenization.tokenizer import load_tokenizer  # noqa: E402
 from optimizer import fit_policy, plan, predict_job  # noqa: E402
 from optimizer.latency_mode import predict_latency_mode  # noqa: E402
 
@@ -198,7 +198,7 @@ def modes(model_dir: Path, texts: list[str], link_gbps: float, device_mb: int) -
 def coe(model_dir: Path, texts: list[str], requests: int, runs: int) -> None:
     """A CoE job over two checkpoints (the trained model and a dummy Mixtral of another shape) with
     requests alternating between them: CoServe's grouped schedule against first-come-first-served."""
-    from moelight.runner import RunOptions, run_job
+    from moelight.jobs.dataset_job import RunOptions, run_job
 
     print(f"\n### (d) a CoE job: {requests} requests alternating between two models, CPU executor, "
           f"{runs} runs (median [min-max])\n")

@@ -35,9 +35,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from moelight import LLM, SamplingParams  # noqa: E402
-from moelight.forward import attention_extras  # noqa: E402
-from moelight.kv_cache import RaggedKVCache  # noqa: E402
-from moelight.moe import expert_mix, route  # noqa: E402
+from moelight.models.moe import expert_mix, route  # noqa: E402
+from moelight.runtime.forward import attention_extras  # noqa: E402
+from moelight.runtime.kv_cache import RaggedKVCache  # noqa: E402
 
 PRESETS = ("bench-1b", "bench-qwen3-moe", "bench-gpt-oss")
 
@@ -121,7 +121,7 @@ def grouped_mm_experts(x, weights, experts, gate_up, down):
 
 
 def run_preset(name: str, n: int, gen: int) -> dict:
-    from moelight.weights import build_model
+    from moelight.loading.weights import build_model
 
     llm = LLM(name, load_format="dummy", dtype="bfloat16")
     cfg = llm.config

@@ -36,11 +36,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from cpu_kernels import kernel_backend  # noqa: E402
 from hrm import DEFAULT_PROFILE_PATH, HardwareSpec, WorkloadSpec, get_hardware, model_from_hf_config  # noqa: E402
-from moelight.cpu_linear import pack_model  # noqa: E402
-from moelight.engine import Engine, GenerationStats  # noqa: E402
-from moelight.presets import preset_config  # noqa: E402
-from moelight.sampling import SamplingParams  # noqa: E402
-from moelight.weights import build_model  # noqa: E402
+from moelight.engine.generation import Engine, GenerationStats  # noqa: E402
+from moelight.loading.presets import preset_config  # noqa: E402
+from moelight.loading.weights import build_model  # noqa: E402
+from moelight.runtime.cpu_linear import pack_model  # noqa: E402
+from moelight.sampling.params import SamplingParams  # noqa: E402
 from optimizer import fit_policy, plan, predict_job  # noqa: E402
 from workloads import synthetic_lengths  # noqa: E402
 
@@ -75,13 +75,13 @@ def load_hardware(arg: str | None, reprofile: bool = False,
     if arg:
         return get_hardware(arg), arg
     if threads:  # the cached profile is for the default thread count: measure this configuration
-        from moelight.hardware_profile import profile_machine
+        from moelight.profiling.machine_profile import profile_machine
 
         print(f"profiling this machine with {threads} thread(s) ...", flush=True)
         return profile_machine(), f"profiled in-process with {threads} thread(s)"
     path = DEFAULT_PROFILE_PATH.expanduser()
     if reprofile or not path.is_file():
-        from moelight.hardware_profile import profile_machine
+        from moelight.profiling.machine_profile import profile_machine
 
         print("profiling this machine (as `moelight profile`) ...", flush=True)
         profile_machine().save(path)
@@ -141,7 +141,7 @@ def diagnose(model, hw: HardwareSpec, mspec, mu: int, context: int) -> list[tupl
     """Measured vs HRM seconds of one decode layer's parts and the LM head at micro-batch mu."""
     from cpu_kernels import decode_attention
     from hrm import costs
-    from moelight.kv_cache import RaggedKVCache
+    from moelight.runtime.kv_cache import RaggedKVCache
 
     cfg = model.config
     cache = RaggedKVCache.allocate(cfg, [context + 1] * mu, model.embed_tokens.weight.dtype)

@@ -24,11 +24,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from moelight.cpu_linear import pack_model  # noqa: E402
-from moelight.engine import Engine, GenerationStats  # noqa: E402
-from moelight.presets import preset_config  # noqa: E402
-from moelight.sampling import SamplingParams  # noqa: E402
-from moelight.weights import build_model  # noqa: E402
+from moelight.engine.generation import Engine, GenerationStats  # noqa: E402
+from moelight.loading.presets import preset_config  # noqa: E402
+from moelight.loading.weights import build_model  # noqa: E402
+from moelight.runtime.cpu_linear import pack_model  # noqa: E402
+from moelight.sampling.params import SamplingParams  # noqa: E402
 from workloads import mtbench_like_lengths  # noqa: E402
 
 

@@ -21,7 +21,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hrm import WorkloadSpec, get_hardware, get_model  # noqa: E402
-from moelight.pipeline.simulator import simulate_policy  # noqa: E402
+from moelight.pipeline.schedule_simulator import simulate_policy  # noqa: E402
 from optimizer import InfeasibleError, plan  # noqa: E402
 
 GENS = (32, 64, 128, 256)

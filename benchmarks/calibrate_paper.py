@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hrm import WorkloadSpec, get_hardware, get_model  # noqa: E402
 from hrm.hardware_presets import datasheet_variant  # noqa: E402
-from moelight.pipeline.simulator import simulate_policy  # noqa: E402
+from moelight.pipeline.schedule_simulator import simulate_policy  # noqa: E402
 from optimizer import plan  # noqa: E402
 
 TOLERANCE = 0.25  # the target for Table 5

@@ -8,15 +8,15 @@ __all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
 
 def __getattr__(name: str):
     if name == "LLM":
-        from moelight.llm import LLM
+        from moelight.api.llm import LLM
 
         return LLM
     if name == "SamplingParams":
-        from moelight.sampling import SamplingParams
+        from moelight.sampling.params import SamplingParams
 
         return SamplingParams
     if name in ("RequestOutput", "CompletionOutput"):
-        from moelight import outputs
+        from moelight.api import outputs
 
         return getattr(outputs, name)
     raise AttributeError(f"module 'moelight' has no attribute {name!r}")

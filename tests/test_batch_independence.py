@@ -12,13 +12,13 @@ import pytest
 import torch
 
 from moelight import LLM
-from moelight.batching import balance_microbatches, split_batches
-from moelight.config import ModelConfig
-from moelight.cpu_linear import pack_model
-from moelight.engine import Engine
-from moelight.presets import preset_config
-from moelight.sampling import SamplingParams
-from moelight.weights import build_model
+from moelight.engine.batching import balance_microbatches, split_batches
+from moelight.engine.generation import Engine
+from moelight.loading.presets import preset_config
+from moelight.loading.weights import build_model
+from moelight.models.config import ModelConfig
+from moelight.runtime.cpu_linear import pack_model
+from moelight.sampling.params import SamplingParams
 from tests.checkpoints import random_prompts
 
 N_NEW = 12

@@ -16,7 +16,7 @@ import jinja2
 import pytest
 from tokenizers import AddedToken, Tokenizer
 
-from moelight.tokenizer import TokenizerError, load_tokenizer
+from moelight.tokenization.tokenizer import TokenizerError, load_tokenizer
 from tests.test_tokenizer import build_tokenizer
 
 transformers = pytest.importorskip("transformers")
@@ -555,7 +555,7 @@ def test_sandbox_refuses_namespace_internals(tmp_path):
 
 
 def test_byte_tokenizer_refuses_tools_and_templates():
-    from moelight.tokenizer import ByteTokenizer
+    from moelight.tokenization.tokenizer import ByteTokenizer
 
     with pytest.raises(TokenizerError, match="no place for tools"):
         ByteTokenizer().apply_chat_template(PLAIN, tools=[WEATHER])

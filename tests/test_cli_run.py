@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-import moelight.engine
+import moelight.engine.generation
 from moelight.cli import app
 from tests.cli_text import says
 
@@ -291,7 +291,7 @@ def test_no_tokenizer(tmp_path, model_copy):
 
 def interrupt_after(monkeypatch, n: int) -> list[int]:
     """Make Engine.generate raise KeyboardInterrupt right after the n-th finished result is handled."""
-    original = moelight.engine.Engine.generate
+    original = moelight.engine.generation.Engine.generate
     seen: list[int] = []
 
     def generate(self, prompts, params, seeds, batch_size, micro_batch_size, on_finish=None, stats=None):
@@ -304,7 +304,7 @@ def interrupt_after(monkeypatch, n: int) -> list[int]:
         return original(self, prompts, params, seeds, batch_size, micro_batch_size,
                         on_finish=wrapped, stats=stats)
 
-    monkeypatch.setattr(moelight.engine.Engine, "generate", generate)
+    monkeypatch.setattr(moelight.engine.generation.Engine, "generate", generate)
     return seen
 
 

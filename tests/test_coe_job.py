@@ -10,7 +10,7 @@ import pytest
 from typer.testing import CliRunner
 
 from moelight.cli import app
-from moelight.coe_job import CoEError, CoESpec, schedule
+from moelight.jobs.coe_job import CoEError, CoESpec, schedule
 from tests.cli_text import says
 from tests.test_cli_run import read_jsonl, report_of, write_jsonl
 from workloads.request import Request

@@ -13,7 +13,7 @@ import pytest
 from typer.testing import CliRunner
 
 from moelight.cli import app
-from moelight.expert_cache.trace import Trace, TraceError
+from moelight.expert_cache.routing_trace import Trace, TraceError
 from tests.cli_text import says
 from tests.test_cli_run import read_jsonl, report_of, write_jsonl
 

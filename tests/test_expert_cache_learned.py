@@ -11,7 +11,7 @@ from moelight.expert_cache.cache_state import ExpertCache
 from moelight.expert_cache.learned_policies import CoServe, DuoServe, ProMoE
 from moelight.expert_cache.predictor_training import train_predictors
 from moelight.expert_cache.predictors import MLP, PredictorError, Predictors, RoutingProfile, duoserve_features
-from moelight.expert_cache.trace import RequestTrace, Trace, TraceModel
+from moelight.expert_cache.routing_trace import RequestTrace, Trace, TraceModel
 
 
 def _trace(experts: np.ndarray, hidden: np.ndarray | None = None, prompt: int = 1) -> Trace:

@@ -7,11 +7,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from moelight.expert_cache.baseline_policies import LFU, LRU, OnDemand
+from moelight.expert_cache.cache_simulator import LinkQueue
 from moelight.expert_cache.cache_state import CacheConfigError, CacheStats, ExpertCache, Fetch
 from moelight.expert_cache.eam import EAMCollection, EAMError, eam_distances, eam_of
-from moelight.expert_cache.policies import EPSILON, LFU, LRU, POLICIES, MoEInfinity, OnDemand, make_policy
+from moelight.expert_cache.moe_infinity_policy import EPSILON, MoEInfinity
+from moelight.expert_cache.policy_registry import POLICIES, make_policy
 from moelight.expert_cache.predictors import MLP, Predictors, RoutingProfile
-from moelight.expert_cache.simulator import LinkQueue
 
 
 def test_eam_distance_is_one_minus_mean_row_cosine():

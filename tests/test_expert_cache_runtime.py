@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 
 from hrm import get_hardware, model_from_hf_config
-from moelight.engine import Engine
+from moelight.engine.generation import Engine
+from moelight.expert_cache.cache_simulator import PassTimer, simulate_cache
 from moelight.expert_cache.eam import EAMCollection, eam_of
 from moelight.expert_cache.executor import ExpertCacheExecutor
-from moelight.expert_cache.policies import NEEDS_PREDICTOR, POLICIES, make_policy
+from moelight.expert_cache.policy_registry import NEEDS_PREDICTOR, POLICIES, make_policy
 from moelight.expert_cache.predictor_training import train_predictors
-from moelight.expert_cache.simulator import PassTimer, simulate_cache
-from moelight.expert_cache.tracer import trace_requests
-from moelight.loader import load_model, resolve_model
-from moelight.sampling import SamplingParams
-from moelight.tokenizer import load_tokenizer
+from moelight.jobs.trace_job import trace_requests
+from moelight.loading.model_source import load_model, resolve_model
+from moelight.sampling.params import SamplingParams
+from moelight.tokenization.tokenizer import load_tokenizer
 
 CKPT = Path(__file__).parent / "data" / "stdlib-moe"  # benchmarks/train_small_moe.py --layers 4 --minutes 4
 SNIPPETS = ["def __init__(self, name, value=None):\n    ", "import os\nimport sys\n\n\ndef main(", "class Error(",

@@ -13,8 +13,8 @@ from hrm import operators as ops
 from hrm.model import ModelSpec
 from hrm.model_presets import MODEL_PRESETS
 from moelight.cli import app
-from moelight.memory import parameter_count
-from moelight.presets import PRESETS
+from moelight.loading.presets import PRESETS
+from moelight.planning.memory_check import parameter_count
 from tests.cli_text import says
 
 # published totals and active parameters per token, billions
@@ -87,9 +87,9 @@ def test_sliding_window_layers_read_their_window_by_hand():
 
 
 def test_a_real_shape_preset_that_does_not_fit_says_so_before_loading(tmp_path, monkeypatch):
-    import moelight.engine_session
+    import moelight.engine.session
 
-    monkeypatch.setattr(moelight.engine_session, "load_model", lambda *a, **k: pytest.fail("loaded"))
+    monkeypatch.setattr(moelight.engine.session, "load_model", lambda *a, **k: pytest.fail("loaded"))
     ds = tmp_path / "p.jsonl"
     ds.write_text('{"id": "a", "prompt": "hi"}\n')
     r = CliRunner().invoke(app, ["run", "--dataset", str(ds), "--model", "qwen3-30b-a3b", "--load-format", "dummy",

@@ -1,4 +1,4 @@
-"""moelight.host_memory: huge-page-backed host tensors behave like torch.empty and free their mapping."""
+"""moelight.runtime.host_memory: huge-page-backed host tensors behave like torch.empty and free their mapping."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from moelight import host_memory
-from moelight.config import ModelConfig
-from moelight.host_memory import HUGE_PAGE, empty_huge
-from moelight.kv_cache import RaggedKVCache
+from moelight.models.config import ModelConfig
+from moelight.runtime import host_memory
+from moelight.runtime.host_memory import HUGE_PAGE, empty_huge
+from moelight.runtime.kv_cache import RaggedKVCache
 
 LINUX_THP = sys.platform.startswith("linux") and host_memory.huge_pages_available()
 

@@ -82,7 +82,7 @@ def test_predict_job_sums_batches():
 
 def test_profile_gemm_curve_is_measured_with_the_engine_kernel():
     torch = pytest.importorskip("torch")
-    from moelight.hardware_profile import measure_gemm_curve
+    from moelight.profiling.machine_profile import measure_gemm_curve
 
     curve = measure_gemm_curve(torch.float32, rows=(1, 8), pool_bytes=2**20, repeat=1)
     assert [m for m, _ in curve] == [1.0, 8.0] and all(f > 0 for _, f in curve)
@@ -117,14 +117,14 @@ def test_elementwise_time_only_where_measured():
 
 def test_profile_measures_elementwise_rate_on_a_real_layer():
     torch = pytest.importorskip("torch")
-    from moelight.hardware_profile import measure_elementwise
+    from moelight.profiling.machine_profile import measure_elementwise
 
     rate = measure_elementwise(torch.bfloat16, quick=True)
     assert rate == 0.0 or 1e8 < rate < 1e13  # 0.0 only where packed bf16 matmuls are unsupported
 
 
 def test_copy_cost_fit_and_the_staging_rate_are_measured():
-    from moelight.gpu_profile import fit_copy_cost, measure_staging
+    from moelight.profiling.gpu_profile import fit_copy_cost, measure_staging
 
     sizes = [1e5, 1e6, 1e7, 1e8]
     fixed, rate = fit_copy_cost(sizes, [10e-6 + s / 12e9 for s in sizes])

@@ -13,7 +13,7 @@ from hrm.hardware import HardwareSpec, Level, Link
 from hrm.hardware_presets import HARDWARE_PRESETS
 from moelight.cli import app
 from moelight.pipeline.schedule import build_decode
-from moelight.pipeline.simulator import pass_roofs, shape_from_spec, simulate_policy, task_durations
+from moelight.pipeline.schedule_simulator import pass_roofs, shape_from_spec, simulate_policy, task_durations
 from optimizer import plan
 from optimizer.cost_model import build_point_model
 from tests.cli_text import says

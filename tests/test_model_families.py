@@ -14,9 +14,9 @@ from safetensors.torch import save_file
 pytest.importorskip("transformers")
 
 from moelight import LLM, SamplingParams  # noqa: E402
-from moelight.config import load_config  # noqa: E402
-from moelight.forward import PlainExecutor  # noqa: E402
-from moelight.kv_cache import RaggedKVCache  # noqa: E402
+from moelight.loading.hf_config import load_config  # noqa: E402
+from moelight.runtime.forward import PlainExecutor  # noqa: E402
+from moelight.runtime.kv_cache import RaggedKVCache  # noqa: E402
 from tests.checkpoints import random_prompts  # noqa: E402
 
 N_NEW = 8
@@ -135,7 +135,7 @@ def test_family_matches_transformers(family_ref):
     outs = llm.generate(PROMPTS, SamplingParams(max_tokens=N_NEW, temperature=0.0, ignore_eos=True))
     assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, p) for p in PROMPTS]
     # prefill logits of every prompt's last token, through the unpacked model as well
-    from moelight.weights import build_model
+    from moelight.loading.weights import build_model
 
     model = build_model(load_config(folder), torch.float32, folder)
     for p in PROMPTS[:3]:
@@ -188,7 +188,7 @@ def test_missing_and_misshapen_family_tensors_are_named(tmp_path):
     from safetensors import safe_open
 
     from moelight.errors import WeightsError
-    from moelight.weights import build_model
+    from moelight.loading.weights import build_model
 
     folder = _folder("dbrx-top3-clip", tmp_path)
     path = folder / "model.safetensors"

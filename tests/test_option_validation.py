@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-import moelight.engine_session
+import moelight.engine.session
 from moelight import LLM
 from moelight.cli import app
-from moelight.options import EngineOptions, OptionError
+from moelight.engine.options import EngineOptions, OptionError
 from moelight.pipeline.schedule import SCHEDULES
 from tests.cli_text import says
 
@@ -20,7 +20,7 @@ def no_loading(monkeypatch):
     def refuse(*_a, **_k):
         raise AssertionError("the model was loaded before the options were checked")
 
-    monkeypatch.setattr(moelight.engine_session, "load_model", refuse)
+    monkeypatch.setattr(moelight.engine.session, "load_model", refuse)
 
 
 # (CLI args, phrases the message must hold: the option, the bad value, the valid choices)
@@ -95,7 +95,7 @@ def test_every_cli_run_option_is_an_engine_option_or_a_job_option():
     import inspect
 
     from moelight.cli.run_cmd import run
-    from moelight.runner import RunOptions
+    from moelight.jobs.dataset_job import RunOptions
 
     cli = set(inspect.signature(run).parameters)
     assert set(EngineOptions.names()) <= cli

@@ -7,8 +7,9 @@ import threading
 import pytest
 import torch
 
-from moelight.pipeline.device_base import DependencyFailed, DeviceOutOfMemory, create_device
-from moelight.pipeline.device_emulated import Arena
+from moelight.devices.device_base import DependencyFailed, DeviceOutOfMemory
+from moelight.devices.emulated_device import Arena
+from moelight.devices.registry import create_device
 
 
 def test_arena_enforces_capacity_and_tracks_peak():

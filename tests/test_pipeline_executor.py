@@ -7,13 +7,13 @@ import random
 import pytest
 import torch
 
-from moelight.config import ModelConfig
-from moelight.engine import Engine, GenerationStats
-from moelight.pipeline.device_base import DeviceOutOfMemory
+from moelight.devices.device_base import DeviceOutOfMemory
+from moelight.engine.generation import Engine, GenerationStats
+from moelight.loading.weights import build_model
+from moelight.models.config import ModelConfig
 from moelight.pipeline.executor import PipelineExecutor
 from moelight.pipeline.schedule import SCHEDULES
-from moelight.sampling import SamplingParams
-from moelight.weights import build_model
+from moelight.sampling.params import SamplingParams
 
 CFG = ModelConfig(
     vocab_size=256,

@@ -8,7 +8,7 @@ import pytest
 
 from hrm import WorkloadSpec, get_hardware, get_model
 from moelight.pipeline.schedule import SCHEDULES, build_decode, build_prefill
-from moelight.pipeline.simulator import list_schedule, shape_from_spec, simulate, simulate_policy
+from moelight.pipeline.schedule_simulator import list_schedule, shape_from_spec, simulate, simulate_policy
 from optimizer import Policy, plan
 
 MIXTRAL = get_model("mixtral-8x7b")

@@ -20,9 +20,9 @@ import pytest
 ray = pytest.importorskip("ray")
 
 from moelight.cli import with_ray_default  # noqa: E402
+from moelight.engine.options import OptionError  # noqa: E402
 from moelight.errors import PromptError  # noqa: E402
-from moelight.options import OptionError  # noqa: E402
-from moelight.runner import RunOptions, report_path, run_job  # noqa: E402
+from moelight.jobs.dataset_job import RunOptions, report_path, run_job  # noqa: E402
 from workloads import DatasetError, load_dataset  # noqa: E402
 
 ENGINE = dict(model="tiny", load_format="dummy", dtype="float32", hardware="cpu-server", gen_len=12,
@@ -86,7 +86,7 @@ def test_two_replicas_share_the_job(cluster, job, tmp_path):
 
 
 def test_a_pool_the_cluster_cannot_hold_is_reported(cluster):
-    from moelight.ray.job import warn_if_pool_cannot_start
+    from moelight.jobs.ray.ray_job import warn_if_pool_cannot_start
 
     said: list[str] = []
     assert warn_if_pool_cannot_start(2, 1.0, 0.0, said.append) is None
@@ -177,7 +177,7 @@ def test_bad_records_are_reported_as_locally_before_any_model_loads(cluster, tmp
 @pytest.mark.parametrize("checked_by", ["driver", "ray tasks"])
 def test_a_prompt_too_long_is_reported_as_locally(cluster, tmp_path, monkeypatch, checked_by):
     if checked_by == "ray tasks":  # a job bigger than the planner's sample: PromptChecker actors check it
-        monkeypatch.setattr("moelight.ray.job.DRIVER_CHECK_MAX", 1)
+        monkeypatch.setattr("moelight.jobs.ray.ray_job.DRIVER_CHECK_MAX", 1)
     data = tmp_path / "long.jsonl"
     data.write_text(json.dumps({"id": "ok", "prompt": "short"}) + "\n"
                     + json.dumps({"id": "long", "prompt": "x " * 5000}) + "\n")
@@ -195,18 +195,18 @@ def test_a_prompt_too_long_is_reported_as_locally(cluster, tmp_path, monkeypatch
 def test_a_replica_runs_torch_on_one_thread_of_its_own(tmp_path, monkeypatch):
     """Ray Data builds the replica on the actor's main thread and calls it from another; torch work on
     both would make two OpenMP teams, more threads than CPUs, and libgomp would stop spin-waiting."""
-    import moelight.runner
-    from moelight.engine_session import EngineSession
-    from moelight.ray.datasets import request_to_json
-    from moelight.ray.job import opts_fields
-    from moelight.ray.replica import MoelightReplica
+    import moelight.jobs.dataset_job
+    from moelight.engine.session import EngineSession
+    from moelight.jobs.ray.ray_dataset import request_to_json
+    from moelight.jobs.ray.ray_job import opts_fields
+    from moelight.jobs.ray.replica import MoelightReplica
     from workloads.request import Request
 
     seen: dict[str, int] = {}
-    load, generate = EngineSession.load, moelight.runner.generate_prepared
+    load, generate = EngineSession.load, moelight.jobs.dataset_job.generate_prepared
     monkeypatch.setattr(EngineSession, "load", lambda self: (seen.setdefault("load", threading.get_ident()),
                                                              load(self))[1])
-    monkeypatch.setattr(moelight.runner, "generate_prepared", lambda *a, **k: (
+    monkeypatch.setattr(moelight.jobs.dataset_job, "generate_prepared", lambda *a, **k: (
         seen.setdefault("generate", threading.get_ident()), generate(*a, **k))[1])
     opts = RunOptions(dataset=tmp_path / "unused.jsonl", output=tmp_path / "o.jsonl", **ENGINE)
     replica = MoelightReplica(opts_fields(opts), num_cpus=1)

@@ -11,11 +11,11 @@ import random
 import pytest
 import torch
 
-from moelight.engine import Engine, GenerationStats
-from moelight.presets import preset_config
-from moelight.sampling import SamplingParams
-from moelight.slot_pool import SlotPool
-from moelight.weights import build_model
+from moelight.engine.generation import Engine, GenerationStats
+from moelight.engine.slot_pool import SlotPool
+from moelight.loading.presets import preset_config
+from moelight.loading.weights import build_model
+from moelight.sampling.params import SamplingParams
 from tests.checkpoints import random_prompts
 
 CFG = preset_config("tiny")

@@ -7,8 +7,8 @@ from typer.testing import CliRunner
 
 from hrm import HardwareSpec, Level
 from moelight.cli import app
-from moelight.job_plan import workload_of
-from moelight.sampling import SamplingParams
+from moelight.planning.job_plan import workload_of
+from moelight.sampling.params import SamplingParams
 from optimizer import Policy, fit_policy
 from tests.cli_text import says
 
@@ -150,7 +150,8 @@ def test_fit_policy_and_workload():
 
 def test_cached_profile_from_an_older_version_is_retaken(tmp_path, monkeypatch):
     from hrm import HardwareSpec, Level, hardware_presets
-    from moelight import hardware_profile, job_plan
+    from moelight.planning import job_plan
+    from moelight.profiling import machine_profile as hardware_profile
 
     cached = tmp_path / "hardware.json"
     old = Level("c", 1e10, 1e10, {"bfloat16": 1e11}, gemm_flops={"bfloat16": [[1, 1e9], [64, 5e10]]})

@@ -7,7 +7,8 @@ import math
 import pytest
 import torch
 
-from moelight.sampling import Sampler, SamplingParams
+from moelight.sampling.params import SamplingParams
+from moelight.sampling.sampler import Sampler
 
 DRAWS = 4000
 

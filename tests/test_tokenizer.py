@@ -1,4 +1,4 @@
-"""moelight.tokenizer against transformers on tokenizer.json folders built in-process."""
+"""moelight.tokenization.tokenizer against transformers on tokenizer.json folders built in-process."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from moelight.tokenizer import ByteTokenizer, HFTokenizer, TokenizerError, load_tokenizer
+from moelight.tokenization.tokenizer import ByteTokenizer, HFTokenizer, TokenizerError, load_tokenizer
 from workloads import Request
 
 CORPUS = ["Hello world, this is a small corpus.", "The quick brown fox jumps over the lazy dog!",

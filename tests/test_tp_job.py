@@ -130,8 +130,8 @@ def test_torchrun_starts_the_ranks(tmp_path, job):
 
 
 def test_torchrun_world_and_gpus_must_agree(monkeypatch):
-    from moelight.engine_session import tensor_parallel_degree
-    from moelight.options import EngineOptions
+    from moelight.engine.options import EngineOptions
+    from moelight.engine.session import tensor_parallel_degree
 
     monkeypatch.setenv("RANK", "0")
     monkeypatch.setenv("WORLD_SIZE", "2")
@@ -145,10 +145,10 @@ def test_torchrun_world_and_gpus_must_agree(monkeypatch):
 def test_ranks_load_their_shards_at_once_within_one_copy_of_the_model(job, monkeypatch):
     """Each rank reads only what its shard needs into memory: the host needs the model once, and
     a host that cannot hold it is told before any rank starts."""
-    import moelight.memory as memory
     import moelight.parallel.rank_group as rank_group
-    from moelight.loader import resolve_model
-    from moelight.memory import OutOfMemoryPlan, weight_bytes
+    import moelight.planning.memory_check as memory
+    from moelight.loading.model_source import resolve_model
+    from moelight.planning.memory_check import OutOfMemoryPlan, weight_bytes
 
     ckpt, _, _ = job
     src = resolve_model(str(ckpt), "auto", "float32")

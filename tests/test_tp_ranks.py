@@ -12,11 +12,11 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from moelight.engine import Engine
-from moelight.kv_cache import RaggedKVCache
+from moelight.engine.generation import Engine
 from moelight.pipeline.executor import PipelineExecutor
 from moelight.pipeline.schedule import SCHEDULES
-from moelight.sampling import SamplingParams
+from moelight.runtime.kv_cache import RaggedKVCache
+from moelight.sampling.params import SamplingParams
 from tests.checkpoints import random_prompts
 from tests.tp_helpers import family_config, random_model
 

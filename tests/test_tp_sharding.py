@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from moelight.config import ModelConfig
-from moelight.engine import Engine
-from moelight.forward import PlainExecutor
-from moelight.kv_cache import RaggedKVCache
+from moelight.engine.generation import Engine
+from moelight.models.config import ModelConfig
 from moelight.parallel import TensorParallelError, shard_config, shard_model, tensor_parallel_problems
-from moelight.sampling import SamplingParams
+from moelight.runtime.forward import PlainExecutor
+from moelight.runtime.kv_cache import RaggedKVCache
+from moelight.sampling.params import SamplingParams
 from tests.checkpoints import random_prompts
 from tests.tp_helpers import FAMILY_CONFIGS, ThreadAllReduce, family_config, random_model, run_ranks
 
@@ -84,7 +84,7 @@ def test_bfloat16_shards_stay_within_bfloat16s_own_rounding(name, n):
 def test_a_rank_loads_its_shard_straight_from_the_checkpoint(tmp_path, layout):
     """load_shard (what the ranks run) gives exactly shard_model of the whole loaded model, from a
     sharded checkpoint in either expert layout, with tied embeddings, and from the dummy init."""
-    from moelight.loader import load_model, resolve_model
+    from moelight.loading.model_source import load_model, resolve_model
     from moelight.parallel.shard_loader import load_shard
     from tests.checkpoints import make_hf_model, save_checkpoint
 

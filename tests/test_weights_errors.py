@@ -12,10 +12,11 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from moelight import LLM, SamplingParams
-from moelight.config import ModelConfig, load_config
 from moelight.errors import ConfigError, MoelightError, PromptError, WeightsError
-from moelight.loader import resolve_model
-from moelight.weights import build_model
+from moelight.loading.hf_config import load_config
+from moelight.loading.model_source import resolve_model
+from moelight.loading.weights import build_model
+from moelight.models.config import ModelConfig
 
 pytest.importorskip("transformers")
 

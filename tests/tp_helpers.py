@@ -8,8 +8,8 @@ import threading
 
 import torch
 
-from moelight.config import config_from_hf_dict
-from moelight.weights import build_model
+from moelight.loading.hf_config import config_from_hf_dict
+from moelight.loading.weights import build_model
 
 _MIXTRAL = {"model_type": "mixtral", "vocab_size": 300, "hidden_size": 64, "intermediate_size": 48,
             "num_hidden_layers": 3, "num_local_experts": 4, "num_experts_per_tok": 2, "num_attention_heads": 8,

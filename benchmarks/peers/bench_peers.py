@@ -44,7 +44,7 @@ README_JOB = ["moelight", "run", "--dataset", str(PROMPTS), "--model", "bench-1b
 
 def job_prompts(n: int) -> list[list[int]]:
     """The README job's token lists: the prompt file replicated to n, byte-tokenized as moelight does."""
-    from moelight.tokenizer import ByteTokenizer
+    from moelight.tokenization.tokenizer import ByteTokenizer
 
     tok = ByteTokenizer()
     texts = [json.loads(line)["prompt"] for line in PROMPTS.read_text().splitlines() if line.strip()]
@@ -80,8 +80,8 @@ def run_llama_cpp(binary: Path, gguf: Path, prompt_len: int, gen: int, npls: lis
 def run_transformers(prompts: list[list[int]], gen: int, batches: list[int]) -> dict:
     from bench_engine import hf_model_from, run_hf
 
-    from moelight.presets import preset_config
-    from moelight.weights import build_model
+    from moelight.loading.presets import preset_config
+    from moelight.loading.weights import build_model
 
     cfg = preset_config("bench-1b")
     ours = build_model(cfg, torch.bfloat16, None, 0)

@@ -59,8 +59,8 @@ def write_gguf(preset: str, out: Path, dtype: str, llama_dir: Path, seed: int = 
     sys.path.insert(0, str(llama_dir / "gguf-py"))
     import gguf
 
-    from moelight.presets import preset_config
-    from moelight.weights import build_model
+    from moelight.loading.presets import preset_config
+    from moelight.loading.weights import build_model
 
     cfg = preset_config(preset)
     if cfg.model_type != "mixtral":

@@ -23,7 +23,7 @@ def eamc(
     import numpy as np
 
     from moelight.expert_cache.eam import EAMCollection, eam_of
-    from moelight.expert_cache.trace import Trace
+    from moelight.expert_cache.routing_trace import Trace
 
     with user_errors():
         t = Trace.load(trace)
@@ -53,12 +53,12 @@ def simulate_cache(
 ) -> None:
     """Replay a routing trace against expert-cache policies (same policy code as `moelight run --mode latency`)."""
     from hrm import get_hardware, get_model
+    from moelight.engine.options import OptionError
+    from moelight.expert_cache.cache_simulator import simulate_cache as run
     from moelight.expert_cache.eam import EAMCollection
-    from moelight.expert_cache.policies import NEEDS_PREDICTOR, POLICIES, make_policy
+    from moelight.expert_cache.policy_registry import NEEDS_PREDICTOR, POLICIES, make_policy
     from moelight.expert_cache.predictors import Predictors
-    from moelight.expert_cache.simulator import simulate_cache as run
-    from moelight.expert_cache.trace import Trace
-    from moelight.options import OptionError
+    from moelight.expert_cache.routing_trace import Trace
 
     with user_errors():
         names = list(POLICIES) if policy == "all" else [p.strip() for p in policy.split(",")]
@@ -122,10 +122,10 @@ def train_predictor(
 ) -> None:
     """Train a policy's predictors (or profile, for CoServe) on nine tenths of a trace; report the accuracy
     on the other tenth (the share of a layer's chosen experts among the predicted top-k)."""
+    from moelight.engine.options import OptionError
     from moelight.expert_cache.predictor_training import train_predictors
     from moelight.expert_cache.predictors import KINDS
-    from moelight.expert_cache.trace import Trace
-    from moelight.options import OptionError
+    from moelight.expert_cache.routing_trace import Trace
 
     with user_errors():
         if kind not in KINDS:
@@ -145,7 +145,7 @@ def format_result(r, total: int) -> str:
 
 
 def _positive_int(option: str, text: str) -> int:
-    from moelight.options import OptionError
+    from moelight.engine.options import OptionError
 
     try:
         v = int(text)
@@ -158,7 +158,7 @@ def _positive_int(option: str, text: str) -> int:
 
 def _slots(text: str, total: int) -> int:
     """'0.25' -> a quarter of all experts; '40' -> 40 slots."""
-    from moelight.options import OptionError
+    from moelight.engine.options import OptionError
 
     try:
         v = float(text)

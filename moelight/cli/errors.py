@@ -9,7 +9,7 @@ import typer
 
 def user_error_types() -> tuple[type[BaseException], ...]:
     from moelight.errors import MoelightError
-    from moelight.tokenizer import TokenizerError
+    from moelight.tokenization.tokenizer import TokenizerError
     from workloads import DatasetError, OutputExistsError, OutputPathError
 
     return (MoelightError, DatasetError, OutputExistsError, OutputPathError, TokenizerError)

@@ -57,7 +57,7 @@ def register(app: typer.Typer) -> None:
         quick: bool = typer.Option(False, "--quick", help="smaller buffers: faster, noisier"),
     ) -> None:
         """Measure CPU bandwidth, the engine's GEMM / attention speeds and overheads (GPU, link with CUDA)."""
-        from moelight.hardware_profile import profile_machine
+        from moelight.profiling.machine_profile import profile_machine
 
         hw = profile_machine(quick=quick)
         try:

@@ -77,7 +77,7 @@ def run(
                        help="refill freed KV slots with waiting requests (default), or run static batches of N"),
 ) -> None:
     """Generate for every request of a dataset; stream results to --output; print a report."""
-    from moelight.runner import RunOptions, report_path, run_job
+    from moelight.jobs.dataset_job import RunOptions, report_path, run_job
 
     opts = RunOptions(**{k: v for k, v in locals().items() if k in RunOptions.__dataclass_fields__})
     opts.log = lambda line: typer.echo(line, err=True)

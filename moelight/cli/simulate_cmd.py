@@ -56,7 +56,7 @@ def register(app: typer.Typer) -> None:
         from hrm import WorkloadSpec, get_hardware, get_model
         from hrm.dtypes import canonical_dtype
         from moelight.pipeline.schedule import SCHEDULES
-        from moelight.pipeline.simulator import simulate_policy
+        from moelight.pipeline.schedule_simulator import simulate_policy
         from optimizer import InfeasibleError, Policy, plan
 
         names = list(SCHEDULES) if schedule == "all" else [schedule]

@@ -31,10 +31,10 @@ def trace(
     from tqdm import tqdm
 
     import workloads
-    from moelight.engine_session import EngineSession
-    from moelight.expert_cache.tracer import trace_requests
-    from moelight.options import OptionError
-    from moelight.runner import RunOptions, _prepare
+    from moelight.engine.options import OptionError
+    from moelight.engine.session import EngineSession
+    from moelight.jobs.dataset_job import RunOptions, _prepare
+    from moelight.jobs.trace_job import trace_requests
 
     with user_errors():
         if output.suffix.lower() != ".parquet":

@@ -26,7 +26,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from moelight.errors import MoelightError
-from moelight.expert_cache.policies import CachePolicy
+from moelight.expert_cache.cache_policy import CachePolicy
 
 
 class CacheConfigError(MoelightError):

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from moelight.expert_cache.policies import LFU
+from moelight.expert_cache.baseline_policies import LFU
 
 
 class Combined(LFU):

@@ -14,8 +14,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from moelight.devices.device_base import Device
 from moelight.expert_cache.cache_state import Fetch
-from moelight.pipeline.device_base import Device
 
 
 @dataclass

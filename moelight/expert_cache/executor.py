@@ -19,14 +19,15 @@ import torch
 import torch.nn.functional as F
 
 from cpu_kernels import prefill_attention
+from moelight.devices.device_attention import device_decode_attention
+from moelight.devices.device_base import Device, nbytes_of
+from moelight.devices.registry import create_device
+from moelight.expert_cache.cache_policy import CachePolicy
 from moelight.expert_cache.cache_state import CacheStats, ExpertCache, Fetch
 from moelight.expert_cache.copy_worker import CopyWorker
-from moelight.expert_cache.policies import CachePolicy
-from moelight.forward import attention_extras
-from moelight.kv_cache import RaggedKVCache
 from moelight.models.causal_lm import MoECausalLM
-from moelight.pipeline.device_attention import device_decode_attention
-from moelight.pipeline.device_base import Device, create_device, nbytes_of
+from moelight.runtime.forward import attention_extras
+from moelight.runtime.kv_cache import RaggedKVCache
 
 
 def expert_bytes(model: MoECausalLM) -> int:

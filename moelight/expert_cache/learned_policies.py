@@ -19,7 +19,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from moelight.expert_cache.policies import LRU, CachePolicy
+from moelight.expert_cache.baseline_policies import LRU
+from moelight.expert_cache.cache_policy import CachePolicy
 from moelight.expert_cache.predictors import Predictors, duoserve_features, sigmoid
 
 

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from moelight.expert_cache.predictors import MLP, Predictors, RoutingProfile, duoserve_features
-from moelight.expert_cache.trace import Trace, TraceError
+from moelight.expert_cache.routing_trace import Trace, TraceError
 
 
 def _split(trace: Trace, seed: int = 0) -> tuple[list, list]:

@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from moelight.errors import MoelightError
-from moelight.expert_cache.trace import Trace
+from moelight.expert_cache.routing_trace import Trace
 
 KINDS = ("promoe", "duoserve", "coserve")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from moelight.config import ModelConfig
+from moelight.models.config import ModelConfig
 from moelight.models.layers import make_norm
 from moelight.models.rope import rotary_cos_sin
 

@@ -11,8 +11,8 @@ import re
 
 import torch
 
-from moelight.config import ModelConfig, eos_ids_of, require
 from moelight.errors import ConfigError
+from moelight.models.config import ModelConfig, eos_ids_of, require
 from moelight.models.layers import Attention, DecoderLayerBase, LayerNorm, SparseMoE, apply_rotary
 from moelight.models.targets import Target
 

@@ -15,11 +15,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from moelight.config import ModelConfig, check_act, eos_ids_of, require, rope_theta_of
+from moelight.models.config import ModelConfig, check_act, eos_ids_of, require, rope_theta_of
 from moelight.models.layers import Attention, DecoderLayerBase, RMSNorm
+from moelight.models.moe import expert_mix
 from moelight.models.mxfp4 import dequantize_mxfp4
 from moelight.models.targets import Target, hf_style_targets, strip_model_prefix
-from moelight.moe import expert_mix
 
 
 class RMSNormF32Scale(RMSNorm):

@@ -11,8 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from moelight.config import ModelConfig
-from moelight.moe import expert_mix, route
+from moelight.models.config import ModelConfig
+from moelight.models.moe import expert_mix, route
 
 
 class RMSNorm(nn.Module):

@@ -4,8 +4,8 @@ gate beside the routed ones, optional top-k renormalisation, and dense layers wh
 
 from __future__ import annotations
 
-from moelight.config import ModelConfig, check_act, eos_ids_of, require, rope_theta_of
 from moelight.errors import ConfigError
+from moelight.models.config import ModelConfig, check_act, eos_ids_of, require, rope_theta_of
 from moelight.models.layers import Attention, DecoderLayerBase, RMSNorm, SparseMoE, SwiGLU
 from moelight.models.targets import Target, hf_style_targets
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 
-from moelight.config import ModelConfig
+from moelight.models.config import ModelConfig
 from moelight.models.layers import Attention, DecoderLayerBase, RMSNorm, SparseMoE, SwiGLU, apply_rotary
 from moelight.models.qwen2_moe import qwen_config
 from moelight.models.targets import Target, hf_style_targets

@@ -7,7 +7,7 @@ import math
 
 import torch
 
-from moelight.config import ModelConfig
+from moelight.models.config import ModelConfig
 
 
 def inverse_frequencies(cfg: ModelConfig) -> tuple[torch.Tensor, float]:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
-from moelight.config import ModelConfig
+from moelight.models.config import ModelConfig
 
 
 @dataclass(frozen=True)

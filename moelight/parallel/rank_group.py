@@ -32,7 +32,7 @@ from moelight.errors import MoelightError
 from moelight.parallel.sharding import TensorParallelError
 
 if TYPE_CHECKING:
-    from moelight.options import EngineOptions
+    from moelight.engine.options import EngineOptions
 
 # a rank may wait this long for a peer between calls (e.g. while a slower rank still loads its shard)
 _LOAD_TIMEOUT = timedelta(hours=2)
@@ -208,7 +208,7 @@ def follow_torchrun(options) -> bool:
     found = torchrun_rank()
     if found is None or found[0] == 0:
         return False
-    from moelight.job_plan import resolve_device
+    from moelight.planning.job_plan import resolve_device
 
     device = resolve_device(options.device)
     if device == "cpu":
@@ -226,7 +226,7 @@ def follow_torchrun(options) -> bool:
 
 def serve(group: RankGroup, options) -> None:
     """A follower's loop: the same session calls as rank 0, in the same order, until "stop"."""
-    from moelight.engine_session import EngineSession
+    from moelight.engine.session import EngineSession
 
     session = EngineSession(options, tensor_parallel=group)
     session.load()

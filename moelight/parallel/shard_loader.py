@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import torch
 
-from moelight.loader import ModelSource
+from moelight.loading.model_source import ModelSource
+from moelight.loading.weights import dummy_fill, empty_model, fill_parameters
 from moelight.models.causal_lm import MoECausalLM
 from moelight.parallel.sharding import finish_shard, shard_config, take_part
-from moelight.weights import dummy_fill, empty_model, fill_parameters
 
 
 class _Staging:

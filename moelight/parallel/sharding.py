@@ -19,10 +19,10 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from moelight.config import ModelConfig
 from moelight.errors import MoelightError
+from moelight.loading.weights import empty_model
 from moelight.models.causal_lm import MoECausalLM
-from moelight.weights import empty_model
+from moelight.models.config import ModelConfig
 
 
 class TensorParallelError(MoelightError):

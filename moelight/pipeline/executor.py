@@ -20,11 +20,10 @@ import torch
 import torch.nn.functional as F
 
 from cpu_kernels import decode_attention, prefill_attention
-from moelight.forward import attention_extras
-from moelight.kv_cache import RaggedKVCache
+from moelight.devices.device_attention import device_decode_attention
+from moelight.devices.device_base import Device
+from moelight.devices.registry import create_device
 from moelight.models.causal_lm import MoECausalLM
-from moelight.pipeline.device_attention import device_decode_attention
-from moelight.pipeline.device_base import Device, create_device
 from moelight.pipeline.held_tensors import HeldTensors, in_inference_mode
 from moelight.pipeline.schedule import (
     GraphShape,
@@ -40,6 +39,8 @@ from moelight.pipeline.weight_pager import (
     activation_bytes_per_token,
     prefill_attention_scratch,
 )
+from moelight.runtime.forward import attention_extras
+from moelight.runtime.kv_cache import RaggedKVCache
 
 
 class PipelineExecutor:

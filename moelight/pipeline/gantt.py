@@ -8,7 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from moelight.pipeline.schedule import LANES
-from moelight.pipeline.simulator import Timeline
+from moelight.pipeline.schedule_simulator import Timeline
 
 COLORS = {
     "pre_attn": "#4c72b0",

@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import torch
 
-from moelight.pipeline.device_base import Device
+from moelight.devices.device_base import Device
 
 
 def in_inference_mode(fn: Callable[[], None]) -> Callable[[], None]:

@@ -19,8 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from moelight.devices.device_base import Device
 from moelight.models.causal_lm import MoECausalLM
-from moelight.pipeline.device_base import Device
 
 
 def _elem(dtype: torch.dtype) -> int:

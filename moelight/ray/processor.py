@@ -24,9 +24,9 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from moelight.options import EngineOptions, OptionError
-from moelight.ray.datasets import request_to_json
-from moelight.ray.replica import MoelightReplica
+from moelight.engine.options import EngineOptions, OptionError
+from moelight.jobs.ray.ray_dataset import request_to_json
+from moelight.jobs.ray.replica import MoelightReplica
 
 SAMPLING_KEYS = ("gen_len", "temperature", "top_p", "top_k", "ignore_eos")
 
@@ -54,12 +54,12 @@ class ProcessorConfig:
             raise OptionError(f"ProcessorConfig.sampling: unknown {', '.join(bad)}; valid: {', '.join(SAMPLING_KEYS)}")
         from pathlib import Path
 
-        from moelight.runner import RunOptions
+        from moelight.jobs.dataset_job import RunOptions
 
         opts = RunOptions(model=self.model, dataset=Path("-"), output=Path("-.jsonl"), progress=False,
                           **self.engine_options, **self.sampling)
         EngineOptions.validate(opts)
-        from moelight.ray.job import opts_fields
+        from moelight.jobs.ray.ray_job import opts_fields
 
         return opts_fields(opts)
 

@@ -1,0 +1,188 @@
+"""Python API in the shape of vLLM's offline inference:
+
+    from moelight import LLM, SamplingParams
+    llm = LLM("tiny", load_format="dummy")
+    for out in llm.generate(["Hello"], SamplingParams(max_tokens=32, temperature=0)):
+        print(out.outputs[0].text)
+
+`LLM` takes every option `moelight run` takes (`EngineOptions`) and runs the same job path
+(`EngineSession`): plan -> memory check -> load -> generate; `last_report` holds the figures
+the CLI prints and saves.
+"""
+
+from __future__ import annotations
+
+import time
+import zlib
+from collections.abc import Sequence
+from dataclasses import replace
+
+from tqdm import tqdm
+
+from moelight.api.outputs import CompletionOutput, RequestOutput
+from moelight.engine.generation import GenerationStats, SequenceResult
+from moelight.engine.options import EngineOptions, OptionError
+from moelight.engine.session import EngineSession
+from moelight.errors import PromptError
+from moelight.jobs.report import RunReport
+from moelight.parallel.rank_group import follow_torchrun
+from moelight.planning.memory_check import peak_rss_bytes
+from moelight.sampling.params import SamplingParams
+
+PROMPT_KEYS = {"prompt", "prompt_token_ids"}  # vLLM's TextPrompt / TokensPrompt
+
+
+class LLM:
+    """Loads the model once; each `generate` plans its own job (batch, micro-batch, placement)."""
+
+    def __init__(self, model: str, **options) -> None:
+        """`options` are EngineOptions' fields: load_format, dtype, tokenizer, seed, policy, hardware,
+        gpus, device, schedule, refill, batch_size, micro_batch_size, max_prefill_tokens, mode, cache_policy,
+        cache_size, eamc, prefetch_per_layer."""
+        unknown = sorted(set(options) - set(EngineOptions.names()))
+        if unknown:
+            raise OptionError(f"LLM(): unknown option(s) {', '.join(unknown)}; valid: "
+                              f"{', '.join(n for n in EngineOptions.names() if n != 'model')}")
+        self.options = EngineOptions(model=model, **options)
+        self.options.validate()
+        if follow_torchrun(self.options):  # torchrun rank > 0: served rank 0's engine until it closed
+            raise SystemExit(0)
+        self.session = EngineSession(self.options)
+        self.session.load()
+        self.config = self.session.config
+        self.tokenizer = self.session.tokenizer
+        self.last_report: RunReport | None = None
+        self.last_stats: GenerationStats | None = None
+
+    @property
+    def model(self):
+        return self.session.model
+
+    def generate(
+        self,
+        prompts,
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+    ) -> list[RequestOutput]:
+        """Prompts: a str, a list of token ids, a {"prompt": str} or {"prompt_token_ids": [...]} dict,
+        or a list of any of these. Outputs come back in input order."""
+        texts, token_lists = [], []
+        for i, p in enumerate(_as_list(prompts)):
+            text, ids = self._one_prompt(i, p)
+            texts.append(text)
+            token_lists.append(ids)
+        return self._run(token_lists, texts, sampling_params, use_tqdm)
+
+    def chat(
+        self,
+        conversations: list[dict] | list[list[dict]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = False,
+        *,
+        tools: list[dict] | None = None,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict | None = None,
+        continue_final_message: bool = False,
+        chat_template: str | None = None,
+    ) -> list[RequestOutput]:
+        """A conversation (a list of {role, content} messages) or a list of conversations, each rendered by
+        the model's chat template as vLLM's `LLM.chat` has it rendered: with `tools` (JSON-schema dicts),
+        `add_generation_prompt`, `continue_final_message` (prefill: the model continues the last message;
+        needs add_generation_prompt=False), `chat_template` (a template, or the name of one of the model's)
+        and `chat_template_kwargs`, the template's own variables (e.g. {"enable_thinking": False},
+        {"reasoning_effort": "high"}), which, as in vLLM, may also set the arguments before them."""
+        if conversations and not isinstance(conversations[0], (list, tuple)):
+            conversations = [conversations]  # type: ignore[list-item]
+        render: dict = {"tools": tools, "add_generation_prompt": add_generation_prompt}
+        if continue_final_message:
+            render["continue_final_message"] = continue_final_message
+        if chat_template is not None:
+            render["chat_template"] = chat_template
+        render |= chat_template_kwargs or {}
+        token_lists = [self.tokenizer.apply_chat_template(c, **render) for c in conversations]
+        return self._run(token_lists, [None] * len(token_lists), sampling_params, use_tqdm)
+
+    def _one_prompt(self, i: int, p) -> tuple[str | None, list[int]]:
+        if isinstance(p, dict):
+            extra = sorted(set(p) - PROMPT_KEYS)
+            if extra or not (set(p) & PROMPT_KEYS):
+                raise PromptError(f"prompt {i}: a dict prompt holds 'prompt' (text) or 'prompt_token_ids'; "
+                                  f"got keys {sorted(p)}" + (" (multi-modal inputs are not supported)"
+                                                             if extra else ""))
+            text = p.get("prompt")
+            ids = p.get("prompt_token_ids")
+            if ids is None:
+                return self._one_prompt(i, text)
+            return (text if isinstance(text, str) else None), self._token_ids(i, ids)
+        if isinstance(p, str):
+            if not p.strip():
+                raise PromptError(f"prompt {i} is empty; every prompt needs some text")
+            return p, self.tokenizer.encode(p)
+        if isinstance(p, (list, tuple)):
+            return None, self._token_ids(i, p)
+        raise PromptError(f"prompt {i}: {type(p).__name__} is not a prompt; give a str, a list of token ids, "
+                          "or a {'prompt': ...} / {'prompt_token_ids': [...]} dict")
+
+    def _token_ids(self, i: int, ids) -> list[int]:
+        vocab = self.config.vocab_size
+        if not all(isinstance(t, int) and 0 <= t < vocab for t in ids):
+            raise PromptError(f"prompt {i}: prompt_token_ids must be ints in 0..{vocab - 1} (the model's vocabulary)")
+        return list(ids)
+
+    def _run(self, token_lists, texts, sampling_params, use_tqdm: bool) -> list[RequestOutput]:
+        n = len(token_lists)
+        if sampling_params is None:
+            sampling_params = SamplingParams()
+        params = list(sampling_params) if isinstance(sampling_params, Sequence) else [sampling_params] * n
+        if len(params) != n:
+            raise ValueError(f"{len(params)} SamplingParams for {n} prompts")
+        params = [self._fit_context(i, t, p) for i, (t, p) in enumerate(zip(token_lists, params, strict=True))]
+        ids = [str(i) for i in range(n)]
+        # as `moelight run` does: request r samples with seed + crc32(id), so a batch mix changes nothing
+        seeds = [self.options.seed + zlib.crc32(r.encode()) for r in ids]
+        plan = self.session.plan(token_lists, params)
+        report = self.session.new_report(plan, n)
+        t0 = time.perf_counter()
+        engine = self.session.engine(plan, token_lists, params)
+        report.load_seconds = self.session.load_seconds + time.perf_counter() - t0
+        stats = GenerationStats()
+        with tqdm(total=n, unit="req", disable=not use_tqdm, desc="generating") as bar:
+            def on_finish(_: SequenceResult) -> None:
+                bar.update(1)
+
+            results = engine.generate(token_lists, params, seeds, plan.batch_size, plan.micro_batch_size,
+                                      on_finish=on_finish, stats=stats)
+        report.add_stats(stats)
+        report.cache = self.session.cache_stats()
+        report.peak_memory_bytes = peak_rss_bytes()
+        self.last_stats, self.last_report = stats, report
+        return [
+            RequestOutput(ids[i], texts[i], token_lists[i],
+                          [CompletionOutput(0, self.tokenizer.decode(r.token_ids), r.token_ids, r.finish_reason)])
+            for i, r in enumerate(results)
+        ]
+
+    def _fit_context(self, i: int, tokens: list[int], p: SamplingParams) -> SamplingParams:
+        limit = self.config.max_position_embeddings
+        if not tokens:
+            raise PromptError(f"prompt {i} is empty")
+        if len(tokens) >= limit:
+            raise PromptError(f"prompt {i} has {len(tokens)} tokens; the model's context is {limit}")
+        if len(tokens) + p.max_tokens > limit:
+            return replace(p, max_tokens=limit - len(tokens))
+        return p
+
+    def close(self) -> None:
+        """Free the runtime's device (cuda / emulated); the LLM is not usable afterwards."""
+        self.session.close()
+
+
+def _as_list(prompts) -> list:
+    """One prompt or a list of them; a flat list of ints is one tokenized prompt."""
+    if isinstance(prompts, (str, dict)):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(t, int) for t in prompts):
+        return [prompts]
+    return prompts
+

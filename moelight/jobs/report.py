@@ -1,0 +1,94 @@
+"""The closing report of a run: throughput as DESIGN.md §9 defines it, memory, the policy."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from moelight.engine.generation import GenerationStats
+
+
+@dataclass
+class RunReport:
+    model: str
+    dtype: str
+    requests: int
+    batch_size: int
+    micro_batch_size: int
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    decode_tokens: int = 0
+    prefill_seconds: float = 0.0
+    decode_seconds: float = 0.0
+    generation_seconds: float = 0.0
+    load_seconds: float = 0.0
+    prefill_tokens_per_s: float = 0.0
+    decode_tokens_per_s: float = 0.0
+    end_to_end_tokens_per_s: float = 0.0
+    peak_memory_bytes: int = 0
+    attention_backend: str = ""
+    skipped_requests: int = 0
+    interrupted: bool = False
+    policy: dict = field(default_factory=dict)
+    prediction: dict = field(default_factory=dict)
+    tpot_ms: dict = field(default_factory=dict)  # time per output token: p50 / p90 / p99 of the decode steps
+    cache: dict = field(default_factory=dict)  # latency mode: the expert cache's hits, prefetches, bytes moved
+
+    def add_stats(self, s: GenerationStats) -> None:
+        """Fold in one generation round (multi-turn jobs have several)."""
+        steps = self.__dict__.setdefault("_steps", [])
+        steps.extend(s.step_seconds)
+        if steps:
+            ordered = sorted(steps)
+            self.tpot_ms = {f"p{q}": 1e3 * ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
+                            for q in (50, 90, 99)}
+        self.prompt_tokens += s.prompt_tokens
+        self.generated_tokens += s.generated_tokens
+        self.prefill_seconds += s.prefill_seconds
+        self.decode_seconds += s.decode_seconds
+        self.generation_seconds += s.wall_seconds
+        self.decode_tokens += s.decode_tokens
+        self.prefill_tokens_per_s = _rate(self.prompt_tokens, self.prefill_seconds)
+        self.decode_tokens_per_s = _rate(self.decode_tokens, self.decode_seconds)
+        self.end_to_end_tokens_per_s = _rate(self.generated_tokens, self.generation_seconds)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+
+    def summary(self) -> str:
+        gib = 2**30
+        lines = [
+            f"requests      {self.requests} ({self.skipped_requests} skipped)"
+            + ("  [interrupted]" if self.interrupted else ""),
+            f"model         {self.model} ({self.dtype}), batch {self.batch_size}, micro-batch {self.micro_batch_size}"
+            + (f", {self.policy['batching']} batching" if self.policy.get("batching") else "")
+            + (f", tensor parallel over {tp} ranks" if (tp := self.policy.get("tensor_parallel", 1)) > 1 else ""),
+            f"tokens        {self.prompt_tokens} prompt, {self.generated_tokens} generated",
+            f"prefill       {self.prefill_tokens_per_s:10.1f} tok/s  ({self.prefill_seconds:.2f} s)",
+            f"decode        {self.decode_tokens_per_s:10.1f} tok/s  ({self.decode_seconds:.2f} s)",
+            f"end-to-end    {self.end_to_end_tokens_per_s:10.1f} tok/s  ({self.generation_seconds:.2f} s generating,"
+            f" {self.load_seconds:.2f} s loading)",
+            f"peak memory   {self.peak_memory_bytes / gib:.2f} GiB  (attention: {self.attention_backend})",
+        ]
+        if self.tpot_ms:
+            t = self.tpot_ms
+            lines.append(f"per token     p50 {t['p50']:.1f} ms, p90 {t['p90']:.1f} ms, p99 {t['p99']:.1f} ms "
+                         "(time per decode step)")
+        if self.cache:
+            c = self.cache
+            lines.append(f"expert cache  {c['slots']} slots, {c['policy']}: hit rate {c['hit_rate']:.1%}, prefetch "
+                         f"recall {c['prefetch_recall']:.1%} ({c['prefetch_used']} used / {c['prefetch_issued']} "
+                         f"issued, {c['prefetch_late']} late, {c['prefetch_wasted']} wasted), "
+                         f"{c['fetched_bytes'] / 2**20:.1f} MiB moved")
+        if self.prediction:
+            p = self.prediction
+            lines.append(f"predicted     {p.get('end_to_end_tokens_per_s', 0):10.1f} tok/s end-to-end (HRM)")
+        return "\n".join(lines)
+
+
+def _rate(tokens: int, seconds: float) -> float:
+    return tokens / seconds if seconds > 0 else 0.0

@@ -1,0 +1,63 @@
+"""Resolving `--model DIR|PRESET`, `--load-format` and `--dtype` into a config and weights."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from moelight.errors import ConfigError
+from moelight.loading.hf_config import load_config
+from moelight.loading.presets import PRESETS, preset_config
+from moelight.loading.weights import build_model
+from moelight.models.config import ModelConfig
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+LOAD_FORMATS = ("auto", "safetensors", "dummy")
+
+
+@dataclass
+class ModelSource:
+    name: str
+    config: ModelConfig
+    model_dir: Path | None  # None for presets
+    load_format: str  # "safetensors" or "dummy"
+    dtype: torch.dtype
+
+
+def resolve_model(model: str, load_format: str = "auto", dtype: str = "auto") -> ModelSource:
+    """Decide what to load without loading it, so memory can be checked first."""
+    if load_format not in LOAD_FORMATS:
+        raise ConfigError(f"--load-format {load_format!r}: choose one of {', '.join(LOAD_FORMATS)}")
+    path = Path(model)
+    if path.is_dir():
+        cfg = load_config(path)
+        fmt = "safetensors" if load_format == "auto" else load_format
+        return ModelSource(model, cfg, path, fmt, _dtype(dtype, path))
+    if model in PRESETS:
+        if load_format == "safetensors":
+            raise ConfigError(f"--model {model} is a preset with no weight files; use --load-format dummy")
+        return ModelSource(model, preset_config(model), None, "dummy", _dtype(dtype, None))
+    if path.exists():
+        raise ConfigError(f"--model {model}: not a folder; give a Hugging Face model folder or a preset")
+    raise ConfigError(
+        f"--model {model}: no such folder and not a preset; presets: {', '.join(PRESETS)}"
+    )
+
+
+def _dtype(name: str, model_dir: Path | None) -> torch.dtype:
+    if name == "auto":
+        if model_dir is not None:
+            cfg = json.loads((model_dir / "config.json").read_text())
+            name = cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
+        else:
+            name = "bfloat16"  # dummy presets: the fast CPU dtype
+    if name not in DTYPES:
+        raise ConfigError(f"--dtype {name!r}: choose auto, {', '.join(DTYPES)}")
+    return DTYPES[name]
+
+
+def load_model(src: ModelSource, seed: int = 0):
+    return build_model(src.config, src.dtype, src.model_dir if src.load_format == "safetensors" else None, seed)

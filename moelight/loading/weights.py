@@ -1,0 +1,199 @@
+"""Loading weights from Hugging Face safetensors, or making dummy ones, for every family.
+
+Accepts a single `model.safetensors` or shards listed in `model.safetensors.index.json`. Each
+family's weight map (`tensor_targets` in moelight/models/<family>.py) says where a tensor goes,
+packed experts included (per-expert `experts.{e}.w1/w3/w2` or `gate_proj/up_proj/down_proj`,
+transformers 5's packed `gate_up_proj` / `down_proj`, DBRX's stacked `w1/v1/w2`). Every element
+of every parameter must be filled exactly once; the first one left empty is named.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from collections.abc import Callable
+from contextlib import ExitStack
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+
+from moelight.errors import WeightsError
+from moelight.models import family
+from moelight.models.causal_lm import MoECausalLM
+from moelight.models.config import ModelConfig
+from moelight.models.targets import Target
+
+
+def checkpoint_files(model_dir: Path) -> list[Path]:
+    """The safetensors files of a checkpoint folder, validated to exist."""
+    index = model_dir / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text())["weight_map"]
+        except (json.JSONDecodeError, KeyError) as e:
+            raise WeightsError(f"{index}: not a valid safetensors index ({e})") from e
+        files = sorted({model_dir / f for f in weight_map.values()})
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise WeightsError(f"{index} lists shard(s) that are missing: {', '.join(missing)}")
+        return files
+    single = model_dir / "model.safetensors"
+    if single.is_file():
+        return [single]
+    found = sorted(model_dir.glob("*.safetensors"))
+    if found:
+        return found
+    raise WeightsError(
+        f"{model_dir}: no model.safetensors or model.safetensors.index.json; "
+        "use a Hugging Face checkpoint folder, or --load-format dummy for random weights"
+    )
+
+
+def check_not_truncated(path: Path) -> None:
+    """Compare the header's data extent with the file size: a cut download fails here, clearly."""
+    size = path.stat().st_size
+    with path.open("rb") as f:
+        head = f.read(8)
+        if len(head) < 8:
+            raise WeightsError(f"{path}: truncated or not a safetensors file ({size} bytes)")
+        (header_len,) = struct.unpack("<Q", head)
+        if header_len > size - 8:
+            raise WeightsError(f"{path}: truncated or not a safetensors file (header length {header_len})")
+        try:
+            header = json.loads(f.read(header_len))
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise WeightsError(f"{path}: corrupt safetensors header ({e})") from e
+    end = max((v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"), default=0)
+    if 8 + header_len + end > size:
+        raise WeightsError(
+            f"{path}: truncated: header describes {8 + header_len + end} bytes, file has {size}; "
+            "download the file again"
+        )
+
+
+def load_weights(model: MoECausalLM, model_dir: Path) -> None:
+    """Fill `model` (already in its target dtype) from the checkpoint, checking every shape."""
+    params = dict(model.named_parameters())
+    fill_parameters(model.config, model_dir, {n: p.numel() for n, p in params.items()}, params.__getitem__)
+
+
+def fill_parameters(cfg: ModelConfig, model_dir: Path, numels: dict[str, int],
+                    dest: Callable[[str], torch.Tensor], on_filled: Callable[[str], None] | None = None) -> None:
+    """Copy every checkpoint tensor into `dest(parameter name)` (the parameter itself, or a staging
+    tensor of its shape), checking shapes and that each of the `numels` elements is filled;
+    `on_filled(name)` runs the moment a parameter's last element has arrived."""
+    targets_of = family(cfg.model_type).tensor_targets
+    filled: dict[str, int] = {}  # elements copied into each parameter
+    with ExitStack() as stack:
+        handles = {}  # tensor name -> (open file, path): a companion may live in another shard
+        for path in checkpoint_files(model_dir):
+            check_not_truncated(path)
+            f = stack.enter_context(_open(path))
+            handles.update({raw: (f, path) for raw in f.keys()})
+        for raw, (f, path) in handles.items():
+            for t in targets_of(raw, cfg) or ():
+                if t.param not in numels:
+                    _unknown(t.param, raw, path, cfg)
+                    continue
+                extra = ()
+                if t.companion is not None:
+                    if t.companion not in handles:
+                        raise WeightsError(f"{path}: {raw} needs {t.companion}, which the checkpoint lacks")
+                    extra = (_read(*handles[t.companion], t.companion),)
+                filled[t.param] = filled.get(t.param, 0) + _copy(dest(t.param), t, _read(f, path, raw), path,
+                                                                 raw, extra)
+                if on_filled is not None and filled[t.param] == numels[t.param]:
+                    on_filled(t.param)
+    if cfg.tie_word_embeddings:
+        filled["lm_head.weight"] = numels["lm_head.weight"]
+    missing = [n for n, k in numels.items() if filled.get(n, 0) < k]
+    if missing:
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        raise WeightsError(f"{model_dir}: checkpoint is missing weights for: {shown}")
+
+
+def _open(path: Path):
+    try:
+        return safe_open(str(path), framework="pt")
+    except Exception as e:  # safetensors raises its own types for corrupt files
+        raise WeightsError(f"{path}: cannot read ({e})") from e
+
+
+def _read(f, path: Path, name: str) -> torch.Tensor:
+    try:
+        return f.get_tensor(name)
+    except Exception as e:
+        raise WeightsError(f"{path}: cannot read {name} ({e})") from e
+
+
+def _unknown(param: str, raw: str, path: Path, cfg: ModelConfig) -> None:
+    """A tensor beyond the config's shape (an extra layer or expert) is an error; other names
+    (e.g. rotary inv_freq buffers of old checkpoints) are skipped."""
+    parts = param.split(".")
+    if parts[0] == "layers" and parts[1].isdigit() and int(parts[1]) >= cfg.num_layers:
+        raise WeightsError(f"{path}: {raw} but config.json has num_hidden_layers={cfg.num_layers}")
+
+
+def _copy(param: torch.Tensor, t: Target, tensor: torch.Tensor, path: Path, name: str, extra: tuple = ()) -> int:
+    if t.index and isinstance(t.index[0], int) and t.index[0] >= param.shape[0]:
+        raise WeightsError(f"{path}: {name} but config.json has num_local_experts={param.shape[0]} "
+                           "(the number of experts)")
+    target = param[t.index] if t.index else param
+    if t.transform is not None:
+        try:
+            tensor = t.transform(tensor, *extra)
+        except (RuntimeError, ValueError) as e:  # a reshape / split that the config's shape cannot take
+            raise WeightsError(f"{path}: tensor {name} of shape {tuple(tensor.shape)} does not fit "
+                               f"config.json's shape ({e})") from None
+    if tuple(target.shape) != tuple(tensor.shape):
+        raise WeightsError(
+            f"{path}: tensor {name} has shape {tuple(tensor.shape)}, config.json implies {tuple(target.shape)}"
+        )
+    with torch.no_grad():
+        target.copy_(tensor)
+    return target.numel()
+
+
+def init_dummy_weights(model: MoECausalLM, seed: int = 0) -> None:
+    """Random weights with the scale of a trained model, for benchmarking without files."""
+    gen = torch.Generator().manual_seed(seed)
+    for name, p in model.named_parameters():
+        dummy_fill(name, p, gen)
+
+
+@torch.no_grad()
+def dummy_fill(name: str, t: torch.Tensor, gen: torch.Generator) -> None:
+    """One parameter's dummy values; filling the parameters in model order with one generator
+    gives the same weights whether they land in a model or, one at a time, in a shard's staging."""
+    if name.endswith("norm.weight"):
+        t.fill_(1.0)
+    elif name.endswith(".bias"):
+        t.zero_()
+    else:
+        # uniform with std 0.02 (as HF initialises); uniform is much faster than normal
+        t.uniform_(-0.0346, 0.0346, generator=gen)
+
+
+def empty_model(cfg: ModelConfig, dtype: torch.dtype) -> MoECausalLM:
+    """The model's parameters allocated in `dtype` on the CPU, uninitialised (no init pass)."""
+    previous = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        with torch.device("meta"):
+            model = MoECausalLM(cfg)
+    finally:
+        torch.set_default_dtype(previous)
+    return model.to_empty(device="cpu")
+
+
+def build_model(cfg: ModelConfig, dtype: torch.dtype, model_dir: Path | None, seed: int = 0) -> MoECausalLM:
+    """Allocate the model in `dtype` without initialising, then load or randomise weights."""
+    model = empty_model(cfg, dtype)
+    if model_dir is None:
+        init_dummy_weights(model, seed)
+    else:
+        load_weights(model, model_dir)
+    if cfg.tie_word_embeddings:
+        model.lm_head.weight = model.embed_tokens.weight
+    return model.eval().requires_grad_(False)

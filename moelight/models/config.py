@@ -1,0 +1,137 @@
+"""Model configuration: the hyper-parameters the engine needs, for every supported family.
+
+`ModelConfig` is family-neutral: the fields beyond Mixtral's (norm type, QKV bias, q/k norms,
+shared experts, dense layers, ...) default to Mixtral's values. Each family file in
+`moelight/models/` reads its Hugging Face config.json into one (`config_from_hf`, through
+`moelight/loading/hf_config.py`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from moelight.errors import ConfigError
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    num_experts: int
+    top_k: int
+    head_dim: int = 0  # 0: hidden_size // num_heads
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 1e6
+    max_position_embeddings: int = 32768
+    tie_word_embeddings: bool = False
+    bos_token_id: int | None = 1
+    eos_token_ids: tuple[int, ...] = field(default=(2,))
+    model_type: str = "mixtral"
+    norm: str = "rms"  # "rms" or "layernorm" (no bias; DBRX)
+    qkv_bias: bool = False  # biases on the q/k/v projections (Qwen2-MoE)
+    o_bias: bool = False  # bias on the output projection
+    qk_norm: str = ""  # "" none, "head" RMSNorm per head (Qwen3-MoE), "full" over the projection (OLMoE)
+    clip_qkv: float | None = None  # clamp q, k, v to +-clip (DBRX, OLMoE)
+    norm_topk_prob: bool = True  # renormalise the top-k routing weights to sum 1
+    shared_expert_size: int = 0  # a shared SwiGLU expert with a sigmoid gate (Qwen2-MoE), 0: none
+    dense_layers: tuple[int, ...] = ()  # layers with a dense SwiGLU MLP instead of experts
+    dense_intermediate_size: int = 0  # that MLP's width
+    rope_scaling: tuple = ()  # sorted (key, value) items of a YaRN rope_parameters dict (GPT-OSS); (): plain RoPE
+    sliding_window: int = 0  # keys a sliding-window layer attends to (the query's own included)
+    sliding_layers: tuple[int, ...] = ()  # layers that attend through that window
+    attention_sinks: bool = False  # a learned per-head logit in every softmax's denominator (GPT-OSS)
+    swiglu_limit: float = 0.0  # clamp of GPT-OSS's SwiGLU (gate <= limit, |up| <= limit); 0: plain SwiGLU
+    swiglu_alpha: float = 1.702  # GPT-OSS's gate * sigmoid(alpha * gate)
+
+    def __post_init__(self) -> None:
+        if self.head_dim == 0:
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
+        if self.num_heads % self.num_kv_heads:
+            raise ConfigError(
+                f"num_attention_heads ({self.num_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_kv_heads})"
+            )
+        if not 1 <= self.top_k <= self.num_experts:
+            raise ConfigError(f"num_experts_per_tok ({self.top_k}) must be in 1..{self.num_experts}")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["eos_token_ids"] = list(self.eos_token_ids)
+        d["dense_layers"] = list(self.dense_layers)
+        d["sliding_layers"] = list(self.sliding_layers)
+        d["rope_scaling"] = dict(self.rope_scaling)
+        return d
+
+    def is_sparse(self, layer: int) -> bool:
+        return layer not in self.dense_layers
+
+    def window(self, layer: int) -> int | None:
+        """The sliding window of `layer`, None for full attention."""
+        return self.sliding_window if layer in self.sliding_layers else None
+
+    def to_hf_dict(self) -> dict:
+        """The Hugging Face config.json a checkpoint of this shape would carry."""
+        return {
+            "architectures": ["MixtralForCausalLM"],
+            "model_type": "mixtral",
+            "vocab_size": self.vocab_size,
+            "hidden_size": self.hidden_size,
+            "intermediate_size": self.intermediate_size,
+            "num_hidden_layers": self.num_layers,
+            "num_attention_heads": self.num_heads,
+            "num_key_value_heads": self.num_kv_heads,
+            "head_dim": self.head_dim,
+            "num_local_experts": self.num_experts,
+            "num_experts_per_tok": self.top_k,
+            "rms_norm_eps": self.rms_norm_eps,
+            "rope_theta": self.rope_theta,
+            "max_position_embeddings": self.max_position_embeddings,
+            "tie_word_embeddings": self.tie_word_embeddings,
+            "bos_token_id": self.bos_token_id,
+            "eos_token_id": list(self.eos_token_ids) if len(self.eos_token_ids) > 1 else self.eos_token_ids[0],
+            "hidden_act": "silu",
+            "sliding_window": None,
+        } | self._family_fields()
+
+    def _family_fields(self) -> dict:
+        """What the Mixtral dict cannot say (for the HRM's model spec), in Qwen's config names."""
+        if self.model_type == "mixtral":
+            return {}
+        return {"model_type": "moelight", "moe_intermediate_size": self.intermediate_size,
+                "intermediate_size": self.dense_intermediate_size or self.intermediate_size,
+                "shared_expert_intermediate_size": self.shared_expert_size,
+                "mlp_only_layers": list(self.dense_layers), "qkv_bias": self.qkv_bias, "qk_norm": self.qk_norm,
+                "o_bias": self.o_bias, "expert_bias": self.model_type == "gpt_oss",
+                "attention_sinks": self.attention_sinks, "sliding_window": self.sliding_window,
+                "sliding_layers": list(self.sliding_layers)}
+
+
+def require(cfg: dict, where: str, *keys: str) -> None:
+    """ConfigError naming every missing field."""
+    absent = [k for k in keys if cfg.get(k) is None]
+    if absent:
+        raise ConfigError(f"{where}: missing required field(s) {', '.join(absent)}")
+
+
+def rope_theta_of(cfg: dict, where: str, default: float, allow: tuple[str, ...] = ()) -> float:
+    """rope_theta, refusing rope scaling (YaRN, linear, ...) that the family does not implement."""
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default" and rope_type not in allow:
+        raise ConfigError(f"{where}: rope scaling ({rope_type}) is not supported")
+    return float(rope.get("rope_theta", cfg.get("rope_theta", default)))
+
+
+def eos_ids_of(cfg: dict, default: int | None = 2) -> tuple[int, ...]:
+    eos = cfg.get("eos_token_id", default)
+    return tuple(eos) if isinstance(eos, list) else ((eos,) if eos is not None else ())
+
+
+def check_act(cfg: dict, where: str, key: str = "hidden_act") -> None:
+    act = cfg.get(key, "silu")
+    if act != "silu":
+        raise ConfigError(f"{where}: {key} {act!r} is not supported (the experts are SwiGLU: 'silu')")

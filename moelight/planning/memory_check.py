@@ -1,0 +1,79 @@
+"""Memory checks made before anything is loaded: a job that cannot fit says so up front."""
+
+from __future__ import annotations
+
+import functools
+import os
+import resource
+
+import torch
+
+from moelight.errors import MoelightError
+from moelight.models.config import ModelConfig
+
+HEADROOM = 0.9  # leave 10% of available memory for activations, allocator slack and the OS
+
+
+class OutOfMemoryPlan(MoelightError):
+    pass
+
+
+def dtype_bytes(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def weight_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    return parameter_count(cfg) * dtype_bytes(dtype)
+
+
+@functools.lru_cache(maxsize=32)
+def parameter_count(cfg: ModelConfig) -> int:
+    """Every parameter of the family's model (shared experts, dense layers, biases, q/k norms
+    included), counted on the meta device: nothing is allocated."""
+    from moelight.models.causal_lm import MoECausalLM
+
+    with torch.device("meta"):
+        model = MoECausalLM(cfg)
+    return sum(p.numel() for name, p in model.named_parameters()
+               if not (cfg.tie_word_embeddings and name == "lm_head.weight"))
+
+
+def kv_bytes(cfg: ModelConfig, tokens: int, dtype: torch.dtype) -> int:
+    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * tokens * dtype_bytes(dtype)
+
+
+def available_bytes() -> int:
+    """MemAvailable from /proc/meminfo (what can be allocated without swapping)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+
+
+def peak_rss_bytes() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def check_fits(cfg: ModelConfig, dtype: torch.dtype, batch_kv_tokens: int, available: int | None = None) -> dict:
+    """Raise OutOfMemoryPlan naming the shortfall if weights + one batch's KV cache do not fit."""
+    available = available_bytes() if available is None else available
+    need_w = weight_bytes(cfg, dtype)
+    need_kv = kv_bytes(cfg, batch_kv_tokens, dtype)
+    budget = int(HEADROOM * available)
+    if need_w + need_kv > budget:
+        gib = 2**30
+        hint = (
+            "use a smaller --batch-size" if need_w < budget
+            else "use a machine with more memory, a smaller model or a lower-precision --dtype"
+        )
+        raise OutOfMemoryPlan(
+            f"does not fit in CPU memory: weights {need_w / gib:.2f} GiB + KV cache {need_kv / gib:.2f} GiB "
+            f"(batch of {batch_kv_tokens} token slots) > {budget / gib:.2f} GiB usable "
+            f"({HEADROOM:.0%} of {available / gib:.2f} GiB available), short by "
+            f"{(need_w + need_kv - budget) / gib:.2f} GiB; {hint}"
+        )
+    return {"weights_bytes": need_w, "kv_cache_bytes": need_kv, "budget_bytes": budget}

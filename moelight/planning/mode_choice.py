@@ -1,0 +1,85 @@
+"""Throughput mode (CGOPipe, big batches) or latency mode (a device expert cache, small batches):
+the HRM predicts both for the job and `--mode auto` takes the faster, saying why."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from moelight.errors import MoelightError
+
+
+class ModeError(MoelightError):
+    """A mode the job cannot run in (latency mode without a device, or over several ranks)."""
+
+
+def cache_slots_of(size: float | None, total: int, planned: int) -> int:
+    """--cache-size: a share of all experts (< 1), a slot count (>= 1), or None for the plan's."""
+    if size is None:
+        return planned
+    return max(1, round(size * total)) if size < 1 else min(int(size), total)
+
+
+def apply_mode(plan, opts, mspec, workload, requests: int, device: str, ranks: int = 1):
+    """The job plan in the mode `opts.mode` asks for (auto: the faster by the HRM)."""
+    from moelight.expert_cache.policy_registry import OFFLOADING
+    from optimizer.latency_mode import best_latency_batch, predict_latency_mode
+
+    info = plan.info
+    if opts.mode == "throughput":
+        info.update(mode="throughput", mode_reason="--mode throughput")
+        return plan
+    why_not = _no_latency_mode(device, plan.hardware, ranks)
+    if not why_not and opts.mode == "auto" and opts.policy != "auto":
+        why_not = f"--policy {opts.policy} is a throughput-mode policy"
+    if why_not:
+        if opts.mode == "latency":
+            raise ModeError(f"--mode latency: {why_not}")
+        info.update(mode="throughput", mode_reason=f"throughput mode: {why_not}")
+        return plan
+    dtype, offload = plan.policy.dtype, opts.cache_policy_name() in OFFLOADING
+    try:
+        lat = (predict_latency_mode(plan.hardware, mspec, workload, requests, opts.batch_size, dtype,
+                                    cpu_offload=offload) if opts.batch_size else
+               best_latency_batch(plan.hardware, mspec, workload, requests, dtype, cpu_offload=offload))
+    except ValueError as e:
+        lat, error = None, str(e)
+    else:
+        error = "one GPU cannot hold the non-expert weights, the KV cache and one layer's experts"
+    if lat is not None and opts.cache_size is not None:
+        total = (mspec.num_layers - mspec.num_dense_layers) * mspec.num_experts
+        slots = cache_slots_of(opts.cache_size, total, lat.slots)
+        lat = predict_latency_mode(plan.hardware, mspec, workload, requests, lat.batch_size, dtype, slots=slots,
+                                   cpu_offload=offload)
+    thr = plan.prediction["end_to_end_tokens_per_s"]
+    if lat is None:
+        if opts.mode == "latency":
+            raise ModeError(f"--mode latency: {error}")
+        info.update(mode="throughput", mode_reason=f"throughput mode: latency mode cannot run ({error})")
+        return plan
+    faster = lat.end_to_end_tokens_per_s > thr
+    reason = (f"predicted {lat.end_to_end_tokens_per_s:.1f} tok/s end-to-end in latency mode (batch {lat.batch_size}, "
+              f"{lat.slots} expert slots, hit rate {lat.hit_rate:.0%} assumed, {1e3 * lat.step_seconds:.1f} ms per "
+              f"token) against {thr:.1f} for throughput mode (CGOPipe, batch {plan.batch_size})")
+    info["latency_prediction"] = lat.to_dict()
+    if opts.mode == "auto" and not faster:
+        info.update(mode="throughput", mode_reason=f"throughput mode: {reason}")
+        return plan
+    info.update(mode="latency", mode_reason=("latency mode (asked): " if opts.mode == "latency" else "latency mode: ")
+                + reason, cache={"slots": lat.slots, "policy": opts.cache_policy_name()})
+    pred = dict(plan.prediction) | {
+        "prefill_tokens_per_s": lat.prefill_tokens_per_s, "decode_tokens_per_s": lat.decode_tokens_per_s,
+        "end_to_end_tokens_per_s": lat.end_to_end_tokens_per_s, "prefill_seconds": lat.prefill_seconds,
+        "decode_seconds": lat.step_seconds * (workload.gen_len - 1), "binding": "expert fetches" if
+        lat.fetch_seconds_per_layer > lat.compute_seconds_per_layer else "gpu", "tpot_ms": 1e3 * lat.step_seconds}
+    info.update(batch_size=lat.batch_size, micro_batch_size=lat.batch_size, num_micro_batches=1)
+    return replace(plan, batch_size=lat.batch_size, micro_batch_size=lat.batch_size, prediction=pred)
+
+
+def _no_latency_mode(device: str, hw, ranks: int) -> str:
+    if device == "cpu":
+        return "the CPU executor holds every expert in memory already (latency mode needs --device cuda or emulated)"
+    if not hw.has_gpu:
+        return f"hardware {hw.name!r} has no GPU for an expert cache"
+    if ranks > 1:
+        return "latency mode runs on one device, not over tensor-parallel ranks"
+    return ""

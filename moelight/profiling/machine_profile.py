@@ -1,0 +1,275 @@
+"""Measure this machine's HRM numbers with torch (`moelight profile`).
+
+Peaks are measured, not looked up, and on the CPU they are measured with the kernels
+the engine runs, so the HRM predicts the engine rather than an ideal machine:
+- read bandwidth (a sum over a large buffer),
+- GEMM FLOP/s of oneDNN pre-packed weights (moelight.runtime.cpu_linear.packed_linear) as a
+  function of the row count M, cycling through more weight bytes than the caches hold
+  (an expert's weights come from DRAM in every layer); small M is far below peak,
+- the decode attention kernel's KV read bandwidth and the prefill attention FLOP/s
+  (cpu_kernels),
+- the fixed cost per layer pass and per decode step (Python dispatch, small ops), from
+  decode steps of two toy models that differ only in depth (their compute is ~0),
+- the rate of the element-wise work between the GEMMs (norms, rotary, MoE glue): one
+  real decoder layer minus its GEMMs, at two token counts.
+The pageable -> pinned copy rate (the first paging hop) is measured on any host; with CUDA
+moelight/gpu_profile.py measures the GPU terms and the link.
+The result is an hrm.HardwareSpec (hrm itself never imports torch), cached as JSON and
+loaded with `--hardware profile`.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import replace
+
+from hrm.hardware import HardwareSpec, Level, Link
+from moelight.profiling.timing import best_time
+
+GEMM_ROWS = (1, 4, 16, 64, 256, 1024)
+GEMM_ROWS_QUICK = (1, 16, 128, 1024)
+_GEMM_K, _GEMM_N = 2048, 4096  # weight shape (in, out) of the probe GEMM
+
+
+def _cpu_memory_bytes() -> float:
+    try:
+        return float(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    except (ValueError, OSError, AttributeError):
+        return 16.0 * 2**30
+
+
+def measure_gemm_curve(dtype, rows=GEMM_ROWS, pool_bytes: float = 96 * 2**20,
+                       repeat: int = 3) -> list[list[float]]:
+    """[[M, FLOP/s], ...] of the engine's CPU GEMM (packed oneDNN weights; aten if unsupported)."""
+    import torch
+
+    from moelight.runtime.cpu_linear import pack_weight, packed_linear, packing_supported
+
+    elem = torch.empty((), dtype=dtype).element_size()
+    n_w = max(2, int(pool_bytes // (_GEMM_K * _GEMM_N * elem)))
+    dense = [torch.randn(_GEMM_N, _GEMM_K).to(dtype) for _ in range(n_w)]
+    if packing_supported(dtype):
+        weights, mm = [pack_weight(w) for w in dense], packed_linear
+    else:
+        weights, mm = dense, torch.nn.functional.linear
+    curve = []
+    for m in rows:
+        x = torch.randn(m, _GEMM_K).to(dtype)
+        pool = weights if m <= 64 else weights[:2]  # large M is compute-bound: caches do not matter
+
+        def one_pass(x=x, pool=pool) -> None:
+            # back to back through the pool, as a layer calls its experts: each weight was
+            # evicted from cache since its last use, and the fastest *single* call (a lucky
+            # one) would overstate the sustained rate at small M
+            for w in pool:
+                mm(x, w)
+
+        t = best_time(one_pass, repeat) / len(pool)
+        curve.append([float(m), 2.0 * m * _GEMM_K * _GEMM_N / t])
+    return curve
+
+
+def measure_attention(dtype, quick: bool = False) -> tuple[float, float]:
+    """(decode attention KV bytes/s, prefill attention FLOP/s) of cpu_kernels in `dtype`."""
+    import torch
+
+    from cpu_kernels import decode_attention, prefill_attention
+
+    hq, hkv, d = 16, 4, 128
+    seqs, ctx = (32, 256) if quick else (64, 512)
+    total = seqs * ctx
+    k = torch.randn(hkv, total, d).to(dtype)
+    v = torch.randn(hkv, total, d).to(dtype)
+    q = torch.randn(seqs, hq, d).to(dtype)
+    offsets = torch.arange(seqs, dtype=torch.int64) * ctx
+    lengths = torch.full((seqs,), ctx, dtype=torch.int64)
+    t = best_time(lambda: decode_attention(q, k, v, offsets, lengths, d**-0.5), 3)
+    kv_bw = 2.0 * total * hkv * d * k.element_size() / t
+    p_seqs, p_len = (2, 256) if quick else (4, 512)
+    tokens = p_seqs * p_len
+    qp = torch.randn(tokens, hq, d).to(dtype)
+    kp = torch.randn(tokens, hkv, d).to(dtype)
+    vp = torch.randn(tokens, hkv, d).to(dtype)
+    cu = torch.arange(p_seqs + 1, dtype=torch.int64) * p_len
+    t = best_time(lambda: prefill_attention(qp, kp, vp, cu, d**-0.5), 2)
+    flops = 2.0 * hq * d * p_len * p_len * p_seqs  # causal: half of 4 * Hq * d * p^2
+    return kv_bw, flops / t
+
+
+def measure_overheads(dtype, quick: bool = False) -> tuple[float, float]:
+    """(seconds per layer pass, seconds per micro-batch step outside the layers).
+
+    A toy model (hidden 64, 8 experts, 16 sequences so every expert is touched) has
+    negligible compute, so its times are dispatch cost (Python, kernel calls, threading).
+    The per-layer cost is the slope of a decode forward over depth (0 vs 4 layers); the
+    per-step cost is the 0-layer forward (embedding, rotary) plus LM head and sampling.
+    """
+    import torch
+    from torch import nn
+
+    from moelight.loading.presets import PRESETS
+    from moelight.loading.weights import build_model
+    from moelight.runtime.cpu_linear import pack_model
+    from moelight.runtime.forward import decode_step
+    from moelight.runtime.kv_cache import RaggedKVCache
+    from moelight.sampling.params import SamplingParams
+    from moelight.sampling.sampler import Sampler
+
+    samples, seqs, ctx, depth = (12 if quick else 30), 16, 32, 4
+    cfg = replace(PRESETS["tiny"], num_layers=depth, num_experts=8, top_k=2)
+    model = build_model(cfg, dtype, None, 0)
+    pack_model(model)
+    all_layers = model.layers
+    cache = RaggedKVCache.allocate(cfg, [ctx + 1] * seqs, dtype)
+    offsets = cache.offsets.clone()
+    tokens = torch.arange(seqs, dtype=torch.int64) + 3
+    pos = torch.full((seqs,), ctx, dtype=torch.int64)
+    rows = list(range(seqs))
+    sampler = Sampler([SamplingParams(max_tokens=2, temperature=0.0)] * seqs, [0] * seqs)
+
+    def step() -> None:
+        logits = model.logits(decode_step(model, cache, tokens, offsets, pos))
+        torch.tensor(sampler(logits, rows).tolist(), dtype=torch.int64)
+
+    try:
+        full = best_time(step, samples)
+        model.layers = nn.ModuleList()
+        bare = best_time(step, samples)
+    finally:
+        model.layers = all_layers
+    return max(0.0, (full - bare) / depth), bare
+
+
+def measure_elementwise(dtype, quick: bool = False) -> float:
+    """Bytes/s of the engine's element-wise work around the GEMMs, 0.0 if unmeasurable.
+
+    One decoder layer of a small MoE (bench-1b shapes; its 176 MB of experts stream from
+    DRAM as in a real layer) runs pre- and post-attention at 32 and 1024 tokens; the same
+    GEMMs (same shapes, same routing) are timed alone and subtracted. The rate is the
+    slope of the remainder over the bytes hrm.operators counts for that work; the
+    intercept is dispatch, which `measure_overheads` already charges per layer.
+    """
+    import torch
+
+    from hrm.dtypes import dtype_bytes
+    from hrm.model import model_from_hf_config
+    from hrm.operators import post_attention_elementwise, pre_attention_elementwise
+    from moelight.loading.presets import PRESETS
+    from moelight.loading.weights import build_model
+    from moelight.models.moe import route
+    from moelight.runtime.cpu_linear import pack_model, packed_linear
+
+    cfg = replace(PRESETS["bench-1b"], num_layers=1, vocab_size=256)
+    model = build_model(cfg, dtype, None, 0)
+    if not pack_model(model):
+        return 0.0
+    layer, samples = model.layers[0], (6 if quick else 20)
+    attn, moe = layer.self_attn, layer.mlp
+    spec = model_from_hf_config(cfg.to_hf_dict(), "profile")
+    b = dtype_bytes(str(dtype).removeprefix("torch."))
+    glue, nbytes = [], []
+    for t in (32, 1024):
+        x = torch.randn(t, cfg.hidden_size).to(dtype)
+        a = torch.randn(t, cfg.num_heads * cfg.head_dim).to(dtype)
+        cos, sin = model.rotary(torch.arange(t), dtype)
+        h = layer.post_attention_layernorm(x + attn.o_proj(a))
+        counts = torch.bincount(route(h, moe.gate.weight, cfg.top_k)[1].reshape(-1),
+                                minlength=cfg.num_experts).tolist()
+        xs = {n: torch.randn(n, cfg.hidden_size).to(dtype) for n in counts}
+        ys = {n: torch.randn(n, cfg.intermediate_size).to(dtype) for n in counts}
+
+        def whole(x=x, a=a, cos=cos, sin=sin) -> None:
+            layer.pre_attention(x, cos, sin)
+            layer.post_attention(x, a)
+
+        def gemms_only(x=x, a=a, h=h, counts=counts, xs=xs, ys=ys) -> None:
+            attn.q_proj(x), attn.k_proj(x), attn.v_proj(x), attn.o_proj(a)
+            torch.nn.functional.linear(h, moe.gate.weight)
+            for e, n in enumerate(counts):
+                if n:
+                    packed_linear(xs[n], moe.gate_up_proj[e])
+                    packed_linear(ys[n], moe.down_proj[e])
+
+        glue.append(best_time(whole, samples) - best_time(gemms_only, samples))
+        nbytes.append(float(pre_attention_elementwise(spec, t, b).bytes + post_attention_elementwise(spec, t, b).bytes))
+    slope_s = glue[1] - glue[0]
+    return (nbytes[1] - nbytes[0]) / slope_s if slope_s > 0 else 0.0
+
+
+def measure_cpu(quick: bool = False) -> Level:
+    """CPU read bandwidth, engine GEMM FLOP/s curves, attention kernels and dispatch overheads."""
+    import torch
+
+    n_bytes = (64 if quick else 256) * 2**20
+    buf = torch.ones(n_bytes // 4, dtype=torch.float32)
+    bw = n_bytes / best_time(buf.sum, 3 if quick else 5)
+    buf = None  # free it before the GEMM probes allocate theirs
+    rows = GEMM_ROWS_QUICK if quick else GEMM_ROWS
+    pool = (48 if quick else 96) * 2**20
+    curves = {name: measure_gemm_curve(dt, rows, pool) for name, dt in
+              (("float32", torch.float32), ("bfloat16", torch.bfloat16))}
+    flops = {name: max(f for _, f in c) for name, c in curves.items()}
+    flops["float16"] = flops["bfloat16"]  # CPU half kernels run at about the bf16 rate (no curve: aten)
+    att_bw, att_flops = 0.0, {}
+    try:
+        att_bw, att_flops["bfloat16"] = measure_attention(torch.bfloat16, quick)
+        att_flops["float32"] = measure_attention(torch.float32, quick)[1]
+    except (RuntimeError, ImportError):  # no attention kernels: the HRM falls back to the roofs
+        pass
+    layer_oh, step_oh = measure_overheads(torch.bfloat16, quick)
+    return Level(f"cpu-{os.cpu_count()}c-{platform.machine()}", _cpu_memory_bytes(), bw, flops,
+                 gemm_flops=curves, attention_bandwidth=att_bw, attention_flops=att_flops,
+                 layer_overhead_s=layer_oh, step_overhead_s=step_oh,
+                 elementwise_bandwidth=measure_elementwise(torch.bfloat16, quick))
+
+
+def measure_gpu(quick: bool = False) -> tuple[Level, Link, int] | None:
+    """GPU 0 and its link (moelight/gpu_profile.py); None without CUDA."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return None
+    from moelight.profiling import gpu_profile as gp
+
+    dev = torch.device("cuda:0")
+    sync = torch.cuda.synchronize
+    props = torch.cuda.get_device_properties(dev)
+    n_bytes = (128 if quick else 1024) * 2**20
+    src = torch.empty(n_bytes, dtype=torch.uint8, device=dev)
+    dst = torch.empty_like(src)
+    bw = 2.0 * n_bytes / best_time(lambda: dst.copy_(src), 5, sync)  # read + write
+    src = dst = None
+    flops = {}
+    size = 2048 if quick else 8192
+    for name, dt in (("float32", torch.float32), ("bfloat16", torch.bfloat16), ("float16", torch.float16)):
+        a = torch.randn(size, size, device=dev, dtype=dt)
+        b = torch.randn(size, size, device=dev, dtype=dt)
+        # repeated for ~a second so the clock settles under the board's power cap (T4, L4)
+        reps = max(1, int(1.0 / best_time(lambda a=a, b=b: torch.mm(a, b), 2, sync)))
+        flops[name] = 2.0 * size**3 * reps / best_time(
+            lambda a=a, b=b, r=reps: [torch.mm(a, b) for _ in range(r)], 3, sync)
+    fast = "float16" if flops["float16"] >= flops["bfloat16"] else "bfloat16"
+    dt = getattr(torch, fast)
+    gemm_bw, curve = gp.measure_expert_gemm(dt, quick)
+    att_bw, att_flops = gp.measure_gpu_attention(dt, quick)
+    level = Level(props.name, float(props.total_memory), bw, flops, gemm_flops={fast: curve},
+                  attention_bandwidth=att_bw, attention_flops={fast: att_flops},
+                  layer_overhead_s=gp.KERNELS_PER_LAYER * gp.measure_launch_overhead(quick),
+                  gemm_bandwidth=gemm_bw)
+    return level, gp.measure_link(quick), torch.cuda.device_count()
+
+
+def profile_machine(quick: bool = False) -> HardwareSpec:
+    """Measure CPU (and GPUs when CUDA is present) into a HardwareSpec."""
+    from moelight.profiling.gpu_profile import measure_staging
+
+    cpu = measure_cpu(quick)
+    staging = measure_staging(quick)
+    gpu = measure_gpu(quick)
+    if gpu is None:
+        return HardwareSpec("profiled", cpu, notes="measured by moelight profile (no CUDA)",
+                            staging_bandwidth=staging)
+    level, link, count = gpu
+    return HardwareSpec("profiled", cpu, level, count, link, staging_bandwidth=staging,
+                        notes="measured by moelight profile; GPU numbers from cuda:0, assumed identical")

@@ -1,0 +1,85 @@
+"""Whole-model passes for the plain (single-device) executor: prefill and one decode step.
+
+Both walk the layers as pre-attention -> KV write -> attention -> post-attention, the
+split CGOPipe pipelines across devices.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from cpu_kernels import decode_attention, prefill_attention
+from moelight.models.causal_lm import MoECausalLM
+from moelight.runtime.kv_cache import RaggedKVCache
+
+
+def attention_extras(model: MoECausalLM, layer: int) -> dict:
+    """A layer's sliding window and attention sinks, for the attention kernels (none for most families)."""
+    cfg = model.config
+    if not (cfg.sliding_layers or cfg.attention_sinks):
+        return {}
+    sinks = model.layers[layer].self_attn.sinks if cfg.attention_sinks else None
+    return {"window": cfg.window(layer), "sinks": sinks}
+
+
+@torch.inference_mode()
+def prefill(
+    model: MoECausalLM, cache: RaggedKVCache, tokens: torch.Tensor, seq_lens: torch.Tensor, offsets: torch.Tensor
+) -> torch.Tensor:
+    """Packed prompts tokens [T] (seq_lens [B], cache offsets [B]) -> last hidden state [B, h]."""
+    cu = torch.zeros(len(seq_lens) + 1, dtype=torch.int64)
+    torch.cumsum(seq_lens, 0, out=cu[1:])
+    starts = torch.repeat_interleave(cu[:-1], seq_lens)
+    positions = torch.arange(int(cu[-1]), dtype=torch.int64) - starts
+    slots = torch.repeat_interleave(offsets, seq_lens) + positions
+    last = cu[1:] - 1
+    scale = model.config.head_dim**-0.5
+    x = model.embed_tokens(tokens)
+    cos, sin = model.rotary(positions, x.dtype)
+    n_layers = len(model.layers)
+    for li, layer in enumerate(model.layers):
+        q, k, v = layer.pre_attention(x, cos, sin)
+        cache.write(li, k, v, slots)
+        attn = prefill_attention(q, k, v, cu, scale, **attention_extras(model, li)).flatten(1)
+        if li == n_layers - 1:  # only the last token of each prompt feeds the LM head
+            x, attn = x[last], attn[last]
+        x = layer.post_attention(x, attn)
+    return x
+
+
+@torch.inference_mode()
+def decode_step(
+    model: MoECausalLM, cache: RaggedKVCache, tokens: torch.Tensor, offsets: torch.Tensor, positions: torch.Tensor
+) -> torch.Tensor:
+    """One new token per sequence: tokens [B] at positions [B] -> hidden state [B, h]."""
+    slots = offsets + positions
+    lengths = positions + 1
+    scale = model.config.head_dim**-0.5
+    x = model.embed_tokens(tokens)
+    cos, sin = model.rotary(positions, x.dtype)
+    for li, layer in enumerate(model.layers):
+        q, k, v = layer.pre_attention(x, cos, sin)
+        cache.write(li, k, v, slots)
+        attn = decode_attention(q, cache.k[li], cache.v[li], offsets, lengths, scale,
+                                **attention_extras(model, li)).flatten(1)
+        x = layer.post_attention(x, attn)
+    return x
+
+
+class PlainExecutor:
+    """Runs every pass on the CPU, one micro-batch after another.
+
+    The engine talks to executors through `prefill` and `decode`; the CGOPipe runtime
+    provides the same two methods and walks the micro-batches layer by layer instead.
+    """
+
+    def __init__(self, model: MoECausalLM) -> None:
+        self.model = model
+
+    def prefill(self, cache: RaggedKVCache, tokens, seq_lens, offsets) -> torch.Tensor:
+        """Returns logits [B, vocab] (float32) of each prompt's last token."""
+        return self.model.logits(prefill(self.model, cache, tokens, seq_lens, offsets))
+
+    def decode(self, cache: RaggedKVCache, micro_batches: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]):
+        """micro_batches: (tokens, offsets, positions) each -> logits [B_i, vocab] each."""
+        return [self.model.logits(decode_step(self.model, cache, *mb)) for mb in micro_batches]

@@ -1,0 +1,54 @@
+"""Ragged KV cache in CPU memory: one [H_kv, T_total, d] tensor per layer for K and for V.
+
+Each sequence owns `capacity` consecutive token slots (prompt + max new tokens), so no
+slot is wasted on padding to the longest sequence and each (sequence, head) block is
+contiguous for the attention kernel (see cpu_kernels/__init__.py). The tensors sit on
+2 MiB huge pages where the OS offers them (moelight.runtime.host_memory): attention streams them
+every decode step, and 4 KiB pages cost it a TLB miss and a prefetcher restart every 4 KiB.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from moelight.models.config import ModelConfig
+from moelight.runtime.host_memory import empty_huge
+
+
+@dataclass
+class RaggedKVCache:
+    k: list[torch.Tensor]
+    v: list[torch.Tensor]
+    offsets: torch.Tensor  # int64 [S]: first slot of each sequence
+    capacity: torch.Tensor  # int64 [S]
+
+    @classmethod
+    def allocate(cls, cfg: ModelConfig, capacities: list[int], dtype: torch.dtype) -> RaggedKVCache:
+        caps = torch.tensor(capacities, dtype=torch.int64)
+        offsets = torch.cumsum(caps, 0) - caps
+        total = int(caps.sum())
+        shape = (cfg.num_kv_heads, total, cfg.head_dim)
+        k = [empty_huge(shape, dtype) for _ in range(cfg.num_layers)]
+        v = [empty_huge(shape, dtype) for _ in range(cfg.num_layers)]
+        return cls(k, v, offsets, caps)
+
+    @classmethod
+    def pool(cls, cfg: ModelConfig, total_tokens: int, dtype: torch.dtype) -> RaggedKVCache:
+        """Cache of `total_tokens` slots whose regions the caller assigns (moelight.engine.slot_pool)."""
+        shape = (cfg.num_kv_heads, total_tokens, cfg.head_dim)
+        k = [empty_huge(shape, dtype) for _ in range(cfg.num_layers)]
+        v = [empty_huge(shape, dtype) for _ in range(cfg.num_layers)]
+        empty = torch.zeros(0, dtype=torch.int64)
+        return cls(k, v, empty, empty)
+
+    @staticmethod
+    def bytes_needed(cfg: ModelConfig, total_tokens: int, dtype: torch.dtype) -> int:
+        elem = torch.empty((), dtype=dtype).element_size()
+        return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * total_tokens * elem
+
+    def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
+        """Store k/v [T, H_kv, d] of T tokens at absolute cache slots [T]."""
+        self.k[layer].index_copy_(1, slots, k.transpose(0, 1))
+        self.v[layer].index_copy_(1, slots, v.transpose(0, 1))
