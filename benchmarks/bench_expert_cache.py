@@ -198,7 +198,8 @@ def modes(model_dir: Path, texts: list[str], link_gbps: float, device_mb: int) -
 def coe(model_dir: Path, texts: list[str], requests: int, runs: int) -> None:
     """A CoE job over two checkpoints (the trained model and a dummy Mixtral of another shape) with
     requests alternating between them: CoServe's grouped schedule against first-come-first-served."""
-    from moelight.jobs.dataset_job import RunOptions, run_job
+    from moelight.jobs.dataset_job import run_job
+    from moelight.jobs.run_options import RunOptions
 
     print(f"\n### (d) a CoE job: {requests} requests alternating between two models, CPU executor, "
           f"{runs} runs (median [min-max])\n")

@@ -21,8 +21,8 @@ from moelight.engine.generation import Engine, GenerationStats  # noqa: E402
 from moelight.loading.hf_config import load_config  # noqa: E402
 from moelight.loading.weights import build_model  # noqa: E402
 from moelight.runtime.cpu_linear import PackedLinear, pack_model, packing_supported  # noqa: E402
-from moelight.runtime.forward import PlainExecutor  # noqa: E402
 from moelight.runtime.kv_cache import RaggedKVCache  # noqa: E402
+from moelight.runtime.plain_executor import PlainExecutor  # noqa: E402
 from tests.checkpoints import make_hf_model, random_prompts, save_checkpoint, tensor_names  # noqa: E402
 
 N_NEW = 10

@@ -59,7 +59,7 @@ def _run(model, prompts, params, policy, slots, batch, budget=2):
     try:
         out = Engine(model, (2,), 256, executor=ex).generate(prompts, params, [0] * len(prompts), batch, batch)
         assert ex.device.memory_peak <= ex.device.memory_capacity
-        return [r.token_ids for r in out], ex.stats
+        return [r.token_ids for r in out], ex.cache_stats
     finally:
         ex.close()
 

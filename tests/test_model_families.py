@@ -15,8 +15,8 @@ pytest.importorskip("transformers")
 
 from moelight import LLM, SamplingParams  # noqa: E402
 from moelight.loading.hf_config import load_config  # noqa: E402
-from moelight.runtime.forward import PlainExecutor  # noqa: E402
 from moelight.runtime.kv_cache import RaggedKVCache  # noqa: E402
+from moelight.runtime.plain_executor import PlainExecutor  # noqa: E402
 from tests.checkpoints import random_prompts  # noqa: E402
 
 N_NEW = 8

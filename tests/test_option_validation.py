@@ -95,7 +95,7 @@ def test_every_cli_run_option_is_an_engine_option_or_a_job_option():
     import inspect
 
     from moelight.cli.run_cmd import run
-    from moelight.jobs.dataset_job import RunOptions
+    from moelight.jobs.run_options import RunOptions
 
     cli = set(inspect.signature(run).parameters)
     assert set(EngineOptions.names()) <= cli

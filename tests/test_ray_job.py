@@ -22,7 +22,9 @@ ray = pytest.importorskip("ray")
 from moelight.cli import with_ray_default  # noqa: E402
 from moelight.engine.options import OptionError  # noqa: E402
 from moelight.errors import PromptError  # noqa: E402
-from moelight.jobs.dataset_job import RunOptions, report_path, run_job  # noqa: E402
+from moelight.jobs.dataset_job import run_job  # noqa: E402
+from moelight.jobs.output_file import report_path  # noqa: E402
+from moelight.jobs.run_options import RunOptions  # noqa: E402
 from workloads import DatasetError, load_dataset  # noqa: E402
 
 ENGINE = dict(model="tiny", load_format="dummy", dtype="float32", hardware="cpu-server", gen_len=12,
@@ -195,24 +197,23 @@ def test_a_prompt_too_long_is_reported_as_locally(cluster, tmp_path, monkeypatch
 def test_a_replica_runs_torch_on_one_thread_of_its_own(tmp_path, monkeypatch):
     """Ray Data builds the replica on the actor's main thread and calls it from another; torch work on
     both would make two OpenMP teams, more threads than CPUs, and libgomp would stop spin-waiting."""
-    import moelight.jobs.dataset_job
+    import moelight.jobs.serving
     from moelight.engine.session import EngineSession
-    from moelight.jobs.ray.ray_dataset import request_to_json
     from moelight.jobs.ray.ray_job import opts_fields
     from moelight.jobs.ray.replica import MoelightReplica
     from workloads.request import Request
 
     seen: dict[str, int] = {}
-    load, generate = EngineSession.load, moelight.jobs.dataset_job.generate_prepared
+    load, generate = EngineSession.load, moelight.jobs.serving.generate_prepared
     monkeypatch.setattr(EngineSession, "load", lambda self: (seen.setdefault("load", threading.get_ident()),
                                                              load(self))[1])
-    monkeypatch.setattr(moelight.jobs.dataset_job, "generate_prepared", lambda *a, **k: (
+    monkeypatch.setattr(moelight.jobs.serving, "generate_prepared", lambda *a, **k: (
         seen.setdefault("generate", threading.get_ident()), generate(*a, **k))[1])
     opts = RunOptions(dataset=tmp_path / "unused.jsonl", output=tmp_path / "o.jsonl", **ENGINE)
     replica = MoelightReplica(opts_fields(opts), num_cpus=1)
-    requests = [request_to_json(Request(id=f"r{i}", prompt=f"hello {i}", source=f"x:{i}")) for i in range(3)]
+    rows = [Request(id=f"r{i}", prompt=f"hello {i}", source=f"x:{i}").to_row() for i in range(3)]
     out: dict = {}
-    caller = threading.Thread(target=lambda: out.update(replica({"request": requests})))
+    caller = threading.Thread(target=lambda: out.update(replica({k: [r[k] for r in rows] for k in rows[0]})))
     caller.start()
     caller.join(120)
     assert out["id"] == ["r0", "r1", "r2"]

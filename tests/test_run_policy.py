@@ -150,7 +150,7 @@ def test_fit_policy_and_workload():
 
 def test_cached_profile_from_an_older_version_is_retaken(tmp_path, monkeypatch):
     from hrm import HardwareSpec, Level, hardware_presets
-    from moelight.planning import job_plan
+    from moelight.planning import hardware_choice
     from moelight.profiling import machine_profile as hardware_profile
 
     cached = tmp_path / "hardware.json"
@@ -161,7 +161,7 @@ def test_cached_profile_from_an_older_version_is_retaken(tmp_path, monkeypatch):
     monkeypatch.setattr(hardware_presets, "DEFAULT_PROFILE_PATH", cached)
     monkeypatch.setattr(hardware_profile, "profile_machine", lambda quick: fresh)
     notes = []
-    assert job_plan.resolve_hardware(None, notes.append) == fresh
+    assert hardware_choice.resolve_hardware(None, notes.append) == fresh
     assert "older moelight" in notes[0] and HardwareSpec.load(cached) == fresh
     notes.clear()
-    assert job_plan.resolve_hardware(None, notes.append) == fresh and notes == []  # up to date: used as is
+    assert hardware_choice.resolve_hardware(None, notes.append) == fresh and notes == []  # up to date: used as is

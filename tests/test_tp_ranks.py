@@ -56,10 +56,10 @@ def _run(model, schedule: str, r_w: float, compute_in_order: bool = False):
 def _rank_main(rank: int, n: int, port: int, cases, dtype, results) -> None:
     """One rank: join the group, then every case over its shard; rank 0 reports."""
     from moelight.parallel import shard_model
-    from moelight.parallel.rank_group import _join
+    from moelight.parallel.rank_group import join_group
 
     torch.set_num_threads(1)
-    group = _join("emulated", rank, n, f"tcp://127.0.0.1:{port}")
+    group = join_group("emulated", rank, n, f"tcp://127.0.0.1:{port}")
     out = []
     for name, schedule, r_w in cases:
         full = random_model(family_config(name), dtype, seed=5)

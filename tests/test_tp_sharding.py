@@ -11,8 +11,8 @@ import torch
 from moelight.engine.generation import Engine
 from moelight.models.config import ModelConfig
 from moelight.parallel import TensorParallelError, shard_config, shard_model, tensor_parallel_problems
-from moelight.runtime.forward import PlainExecutor
 from moelight.runtime.kv_cache import RaggedKVCache
+from moelight.runtime.plain_executor import PlainExecutor
 from moelight.sampling.params import SamplingParams
 from tests.checkpoints import random_prompts
 from tests.tp_helpers import FAMILY_CONFIGS, ThreadAllReduce, family_config, random_model, run_ranks

@@ -1,7 +1,21 @@
 """Datasets in, results out: readers (MT-Bench, jsonl, OpenAI Batch, parquet), synthetic
 workloads, and streaming result writers with resume. No torch, no moelight imports."""
 
-from .dataset import FORMATS, LoadedDataset, load_dataset, read_dataset, replicate
+from .dataset import (
+    FORMATS,
+    PARSERS,
+    SKIP_HINT,
+    LoadedDataset,
+    check_dataset_file,
+    check_duplicates,
+    detect_jsonl_format,
+    line_of,
+    load_dataset,
+    normalize_format,
+    parse_dataset,
+    read_dataset,
+    replicate,
+)
 from .errors import DatasetError, OutputExistsError, OutputPathError, Problem
 from .request import Request
 from .results import TurnOutput, build_error_result, build_result, to_openai_batch
@@ -19,6 +33,8 @@ from .writer import OUTPUT_FORMATS, ResultWriter, output_format
 
 __all__ = [
     "FORMATS",
+    "PARSERS",
+    "SKIP_HINT",
     "MTBENCH_MAX_LEN",
     "MTBENCH_MEAN_LEN",
     "OUTPUT_FORMATS",
@@ -32,6 +48,12 @@ __all__ = [
     "TurnOutput",
     "build_error_result",
     "build_result",
+    "check_dataset_file",
+    "check_duplicates",
+    "detect_jsonl_format",
+    "line_of",
+    "normalize_format",
+    "parse_dataset",
     "finished_ids",
     "load_dataset",
     "mtbench_like_lengths",

@@ -12,8 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+import pyarrow as pa
+
 from .errors import DatasetError, Problem, format_problems
 from .readers import (
+    iter_json_lines,
     looks_like_mtbench,
     looks_like_openai_batch,
     looks_like_prompt_jsonl,
@@ -58,14 +61,50 @@ def normalize_format(fmt: str | None) -> str | None:
     return key
 
 
-def _is_parquet(path: Path) -> bool:
-    if path.suffix.lower() in (".parquet", ".pq"):
+def _is_parquet(source: Path | bytes) -> bool:
+    if isinstance(source, bytes):
+        return source[:4] == b"PAR1"
+    if source.suffix.lower() in (".parquet", ".pq"):
         return True
-    with open(path, "rb") as f:
+    with open(source, "rb") as f:
         return f.read(4) == b"PAR1"
 
 
-def _detect_jsonl_format(label: str, records: list[tuple[int, dict]]) -> str:
+def parse_dataset(source: Path | bytes, label: str, fmt: str | None = None, turn: int = 1,
+                  prompt_column: str = "prompt", id_column: str = "id") -> tuple[list[Request], list[Problem], str]:
+    """(requests, problems, format) of one dataset, from its path or its bytes (a file Ray read):
+    the one parse every reader of a dataset runs, so ids and messages are the same everywhere.
+    Problems of single records are returned; a file that cannot be read at all raises DatasetError."""
+    if fmt == "parquet" or (fmt is None and _is_parquet(source)):
+        table = pa.BufferReader(source) if isinstance(source, bytes) else source
+        requests, problems = read_parquet(table, label, prompt_column, id_column)
+        fmt = "parquet"
+    else:
+        if isinstance(source, bytes):
+            records, problems = iter_json_lines(source.splitlines(keepends=True), label)
+        else:
+            records, problems = read_json_lines(source, label)
+        if not records and not problems:
+            raise DatasetError(f"{label}: file is empty (no records)")
+        if not records:
+            raise DatasetError.from_problems(label, problems, "No line could be read.")
+        fmt = fmt or detect_jsonl_format(label, records)
+        if turn != 1 and fmt != "mtbench":
+            raise DatasetError(f"turn={turn} applies to MT-Bench datasets only ({label} is {fmt})")
+        parse = PARSERS[fmt]
+        requests = []
+        for lineno, obj in records:
+            where = f"{label}:{lineno}"
+            try:
+                requests.append(parse(obj, where, lineno, turn))
+            except RecordError as e:
+                problems.append(Problem(where, str(e)))
+    for r in requests:
+        r.meta.setdefault("input_format", fmt)
+    return requests, problems, fmt
+
+
+def detect_jsonl_format(label: str, records: list[tuple[int, dict]]) -> str:
     lineno, obj = records[0]
     if looks_like_openai_batch(obj):
         return "openai"
@@ -81,7 +120,7 @@ def _detect_jsonl_format(label: str, records: list[tuple[int, dict]]) -> str:
     )
 
 
-def _check_duplicates(requests: list[Request], problems: list[Problem]) -> list[Request]:
+def check_duplicates(requests: list[Request], problems: list[Problem]) -> list[Request]:
     seen: dict[str, str] = {}
     kept = []
     for r in requests:
@@ -93,7 +132,7 @@ def _check_duplicates(requests: list[Request], problems: list[Problem]) -> list[
     return kept
 
 
-def _line_of(p: Problem) -> int:
+def line_of(p: Problem) -> int:
     """Line (or row) number at the end of ``file:17`` / ``file:row 17``, to list problems in file order."""
     m = re.search(r"(\d+)$", p.where)
     return int(m.group(1)) if m else 0
@@ -122,34 +161,9 @@ def load_dataset(path: str | Path, format: str | None = None, turn: int = 1,
         raise DatasetError(f"num_requests must be a positive integer, got {num_requests!r}")
     check_dataset_file(path, label)
 
-    if fmt is None and _is_parquet(path):
-        fmt = "parquet"
-    if turn != 1 and fmt not in (None, "mtbench"):
-        raise DatasetError(f"turn={turn} applies to MT-Bench datasets only (format is {fmt})")
-
-    if fmt == "parquet":
-        requests, problems = read_parquet(path, label, prompt_column, id_column)
-    else:
-        records, problems = read_json_lines(path, label)
-        if not records and not problems:
-            raise DatasetError(f"{label}: file is empty (no records)")
-        if not records:
-            raise DatasetError.from_problems(label, problems, "No line could be read.")
-        fmt = fmt or _detect_jsonl_format(label, records)
-        if turn != 1 and fmt != "mtbench":
-            raise DatasetError(f"turn={turn} applies to MT-Bench datasets only ({label} is {fmt})")
-        parse = PARSERS[fmt]
-        requests = []
-        for lineno, obj in records:
-            where = f"{label}:{lineno}"
-            try:
-                requests.append(parse(obj, where, lineno, turn))
-            except RecordError as e:
-                problems.append(Problem(where, str(e)))
-    requests = _check_duplicates(requests, problems)
-    problems.sort(key=_line_of)
-    for r in requests:
-        r.meta.setdefault("input_format", fmt)
+    requests, problems, fmt = parse_dataset(path, label, fmt, turn, prompt_column, id_column)
+    requests = check_duplicates(requests, problems)
+    problems.sort(key=line_of)
 
     if problems and not skip_bad_lines:
         raise DatasetError.from_problems(label, problems, SKIP_HINT)

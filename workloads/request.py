@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import json
+from dataclasses import asdict, dataclass, field, fields
+
+JSON_FIELDS = ("messages", "tools", "meta")  # free-form values: JSON text in a row, so a schema cannot bend them
 
 
 @dataclass
@@ -46,3 +49,27 @@ class Request:
             if m.get("role") == "user":
                 return m.get("content", "")
         return self.messages[-1].get("content", "")
+
+    def to_row(self) -> dict:
+        """The request as an Arrow-friendly row (Ray Data): typed scalars and lists, free-form nested
+        fields (messages, tools, meta) as JSON text, so a batch of rows makes one columnar table."""
+        row = asdict(self)
+        for name in JSON_FIELDS:
+            row[name] = None if row[name] is None else json.dumps(row[name])
+        return row
+
+    @classmethod
+    def from_row(cls, row: dict) -> Request:
+        """`to_row` undone, from a row of Python or numpy values (a Ray Data batch)."""
+        values = {f.name: _plain(row.get(f.name)) for f in fields(cls)}
+        for name in JSON_FIELDS:
+            if values[name] is not None:
+                values[name] = json.loads(values[name])
+        values["meta"] = values["meta"] or {}
+        values["followups"] = list(values["followups"] or [])
+        return cls(**values)
+
+
+def _plain(v):
+    """numpy scalars and arrays (a Ray Data batch's values) as plain Python values."""
+    return v.tolist() if hasattr(v, "tolist") else v

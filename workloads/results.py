@@ -6,6 +6,7 @@ care which output format the user asked for.
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -111,3 +112,23 @@ def to_openai_batch(result: dict, default_model: str = "moelight") -> dict:
     return {"id": line_id, "custom_id": custom_id,
             "response": {"status_code": 200, "request_id": uuid.uuid4().hex, "body": body},
             "error": None}
+
+
+RESULT_COLUMNS = (*REQUIRED_KEYS, "details")
+
+
+def result_to_row(result: dict) -> dict:
+    """A result as an Arrow-friendly row: the required keys typed, everything else (prompt, messages,
+    turns, model, meta) in `details`, JSON text that also keeps the record's key order."""
+    row = {k: result[k] for k in REQUIRED_KEYS}
+    row["details"] = json.dumps({k: (None if k in REQUIRED_KEYS else v) for k, v in result.items()})
+    return row
+
+
+def result_from_row(row: dict) -> dict:
+    """`result_to_row` undone (row values may be numpy's, from a Ray Data batch)."""
+    result = json.loads(row["details"])
+    for k in REQUIRED_KEYS:
+        v = row[k]
+        result[k] = v.tolist() if hasattr(v, "tolist") else v
+    return result

@@ -12,21 +12,18 @@ the CLI prints and saves.
 
 from __future__ import annotations
 
-import time
-import zlib
 from collections.abc import Sequence
-from dataclasses import replace
 
 from tqdm import tqdm
 
 from moelight.api.outputs import CompletionOutput, RequestOutput
-from moelight.engine.generation import GenerationStats, SequenceResult
+from moelight.engine.generation import GenerationStats
 from moelight.engine.options import EngineOptions, OptionError
-from moelight.engine.session import EngineSession
+from moelight.engine.session import open_session
 from moelight.errors import PromptError
+from moelight.jobs.prompts import fit_to_context, seeded
 from moelight.jobs.report import RunReport
-from moelight.parallel.rank_group import follow_torchrun
-from moelight.planning.memory_check import peak_rss_bytes
+from moelight.jobs.serving import generate_planned
 from moelight.sampling.params import SamplingParams
 
 PROMPT_KEYS = {"prompt", "prompt_token_ids"}  # vLLM's TextPrompt / TokensPrompt
@@ -44,10 +41,10 @@ class LLM:
             raise OptionError(f"LLM(): unknown option(s) {', '.join(unknown)}; valid: "
                               f"{', '.join(n for n in EngineOptions.names() if n != 'model')}")
         self.options = EngineOptions(model=model, **options)
-        self.options.validate()
-        if follow_torchrun(self.options):  # torchrun rank > 0: served rank 0's engine until it closed
+        session = open_session(self.options)
+        if session is None:  # torchrun rank > 0: served rank 0's engine until it closed
             raise SystemExit(0)
-        self.session = EngineSession(self.options)
+        self.session = session
         self.session.load()
         self.config = self.session.config
         self.tokenizer = self.session.tokenizer
@@ -136,41 +133,25 @@ class LLM:
         params = list(sampling_params) if isinstance(sampling_params, Sequence) else [sampling_params] * n
         if len(params) != n:
             raise ValueError(f"{len(params)} SamplingParams for {n} prompts")
-        params = [self._fit_context(i, t, p) for i, (t, p) in enumerate(zip(token_lists, params, strict=True))]
+        # as `moelight run` does: request r is fitted to the context and samples with seed + crc32(id)
         ids = [str(i) for i in range(n)]
-        # as `moelight run` does: request r samples with seed + crc32(id), so a batch mix changes nothing
-        seeds = [self.options.seed + zlib.crc32(r.encode()) for r in ids]
+        context = self.config.max_position_embeddings
+        params = [seeded(fit_to_context(f"prompt {i}", t, p, context), self.options.seed, ids[i])
+                  for i, (t, p) in enumerate(zip(token_lists, params, strict=True))]
         plan = self.session.plan(token_lists, params)
-        report = self.session.new_report(plan, n)
-        t0 = time.perf_counter()
-        engine = self.session.engine(plan, token_lists, params)
-        report.load_seconds = self.session.load_seconds + time.perf_counter() - t0
+        report = RunReport.for_plan(self.options.model, self.session.dtype_name, plan, n)
+        report.load_seconds = self.session.load_seconds  # the model loaded with the LLM
         stats = GenerationStats()
         with tqdm(total=n, unit="req", disable=not use_tqdm, desc="generating") as bar:
-            def on_finish(_: SequenceResult) -> None:
-                bar.update(1)
-
-            results = engine.generate(token_lists, params, seeds, plan.batch_size, plan.micro_batch_size,
-                                      on_finish=on_finish, stats=stats)
-        report.add_stats(stats)
-        report.cache = self.session.cache_stats()
-        report.peak_memory_bytes = peak_rss_bytes()
+            results = generate_planned(self.session, plan, token_lists, params, report,
+                                       on_finish=lambda _: bar.update(1), stats=stats)
+        report.close(self.session)
         self.last_stats, self.last_report = stats, report
         return [
             RequestOutput(ids[i], texts[i], token_lists[i],
                           [CompletionOutput(0, self.tokenizer.decode(r.token_ids), r.token_ids, r.finish_reason)])
             for i, r in enumerate(results)
         ]
-
-    def _fit_context(self, i: int, tokens: list[int], p: SamplingParams) -> SamplingParams:
-        limit = self.config.max_position_embeddings
-        if not tokens:
-            raise PromptError(f"prompt {i} is empty")
-        if len(tokens) >= limit:
-            raise PromptError(f"prompt {i} has {len(tokens)} tokens; the model's context is {limit}")
-        if len(tokens) + p.max_tokens > limit:
-            return replace(p, max_tokens=limit - len(tokens))
-        return p
 
     def close(self) -> None:
         """Free the runtime's device (cuda / emulated); the LLM is not usable afterwards."""

@@ -77,7 +77,9 @@ def run(
                        help="refill freed KV slots with waiting requests (default), or run static batches of N"),
 ) -> None:
     """Generate for every request of a dataset; stream results to --output; print a report."""
-    from moelight.jobs.dataset_job import RunOptions, report_path, run_job
+    from moelight.jobs.dataset_job import run_job
+    from moelight.jobs.output_file import report_path
+    from moelight.jobs.run_options import RunOptions
 
     opts = RunOptions(**{k: v for k, v in locals().items() if k in RunOptions.__dataclass_fields__})
     opts.log = lambda line: typer.echo(line, err=True)

@@ -28,13 +28,9 @@ def trace(
     progress: bool = Opt(True, "--progress/--no-progress"),
 ) -> None:
     """Run every request alone on the CPU executor and write its routing, token by token and layer by layer."""
-    from tqdm import tqdm
-
-    import workloads
     from moelight.engine.options import OptionError
-    from moelight.engine.session import EngineSession
-    from moelight.jobs.dataset_job import RunOptions, _prepare
-    from moelight.jobs.trace_job import trace_requests
+    from moelight.jobs.run_options import RunOptions
+    from moelight.jobs.trace_job import run_trace_job
 
     with user_errors():
         if output.suffix.lower() != ".parquet":
@@ -44,20 +40,7 @@ def trace(
         opts = RunOptions(model=model, dataset=dataset, output=output, gen_len=gen_len, num_requests=num_requests,
                           dtype=dtype, load_format=load_format, dataset_format=dataset_format,
                           temperature=temperature, ignore_eos=ignore_eos, seed=seed, device="cpu", overwrite=True)
-        opts.validate()
-        loaded = workloads.load_dataset(dataset, dataset_format, num_requests=num_requests)
-        session = EngineSession(opts)
-        prompts, params, skipped = _prepare(loaded.requests, session.tokenizer,
-                                            session.config.max_position_embeddings, opts)
-        ids = [r.id for r in loaded.requests if r.id not in skipped]
-        session.load()
-        bar = tqdm(total=len(ids), unit="req", disable=not progress, desc="tracing")
-        try:
-            result = trace_requests(session.model, session.eos, ids, prompts, params, [0] * len(ids), model,
-                                    hidden=hidden, on_request=lambda _: bar.update(1))
-        finally:
-            bar.close()
-        result.save(output)
+        result = run_trace_job(opts, hidden=hidden, progress=progress)
     rows = sum(r.tokens for r in result.requests) * len(result.model.moe_layers)
     typer.echo(f"traced {len(result.requests)} requests, {rows} (token, layer) rows: {output}")
 

@@ -1,37 +1,31 @@
-"""The generation loop: batches, balanced micro-batches, prefill, decode, stopping.
+"""The generation loop: admit, prefill, decode, sample, finish, one step after another.
 
-Requests are token lists with their SamplingParams. Up to N sequences share one ragged
-KV-cache pool (each owns a contiguous region, see slot_pool.py); they are prefilled in
-micro-batches of at most `max_prefill_tokens` tokens, then decoded one token per
-sequence per step, micro-batch by micro-batch. Finished sequences leave their
-micro-batch at once, free their region for a waiting request, and are reported through
-`on_finish`, so the caller can write them to disk before anything else can fail.
+Requests are token lists with their SamplingParams. The scheduler (engine/scheduler.py) decides
+which sequences run and where their KV lives; an executor (runtime/executor.py: plain CPU, the
+CGOPipe runtime, or latency mode's expert cache) runs the passes; the sampler draws each
+sequence's next token. Finished sequences are reported through `on_finish` at once, so the
+caller can write them to disk before anything else can fail.
 """
 
 from __future__ import annotations
 
-import math
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from moelight.engine.batching import balance_microbatches, split_batches
-from moelight.engine.slot_pool import SlotPool
+from moelight.engine.batching import split_batches
+from moelight.engine.scheduler import Scheduler
+from moelight.engine.sequence import Sequence, SequenceResult
 from moelight.models.causal_lm import MoECausalLM
-from moelight.runtime import forward
+from moelight.runtime.executor import Executor
 from moelight.runtime.kv_cache import RaggedKVCache
+from moelight.runtime.plain_executor import PlainExecutor
 from moelight.sampling.params import SamplingParams
 from moelight.sampling.sampler import Sampler
 
-
-@dataclass
-class SequenceResult:
-    index: int
-    token_ids: list[int]
-    finish_reason: str  # "stop" (EOS or a stop token) or "length"
+__all__ = ["Engine", "GenerationStats", "SequenceResult"]
 
 
 @dataclass
@@ -46,17 +40,8 @@ class GenerationStats:
     batches: list[dict] = field(default_factory=list)
 
 
-@dataclass
-class _Seq:
-    index: int
-    prompt_len: int
-    params: SamplingParams
-    out: list[int] = field(default_factory=list)
-    finish: str | None = None
-
-
 class Engine:
-    """Runs requests through an executor (plain CPU, or the CGOPipe runtime).
+    """Runs requests through an executor (plain CPU, the CGOPipe runtime, or an expert cache).
 
     refill=True (default): a rolling batch of at most N sequences; when at least N/8
     slots are free, waiting requests are prefilled into them, so a long answer does not
@@ -67,9 +52,9 @@ class Engine:
     """
 
     def __init__(self, model: MoECausalLM, eos_token_ids: tuple[int, ...], max_prefill_tokens: int = 4096,
-                 executor=None, refill: bool = True) -> None:
+                 executor: Executor | None = None, refill: bool = True) -> None:
         self.model = model
-        self.executor = executor or forward.PlainExecutor(model)
+        self.executor = executor or PlainExecutor(model)
         self.eos = set(eos_token_ids)
         self.max_prefill_tokens = max_prefill_tokens
         self.refill = refill
@@ -96,69 +81,37 @@ class Engine:
         stats.wall_seconds += time.perf_counter() - t0
         return results  # type: ignore[return-value]
 
-    def _prefill_chunks(self, micro_batches: list[list[int]], prompts: list[list[int]]) -> list[list[int]]:
-        """Each micro-batch, cut further so a prefill pass holds at most max_prefill_tokens
-        (a pass never mixes micro-batches: the executors size their buffers by micro-batch)."""
-        chunks = []
-        for mb in micro_batches:
-            cur, tokens = [], 0
-            for j in mb:
-                n = len(prompts[j])
-                if cur and tokens + n > self.max_prefill_tokens:
-                    chunks.append(cur)
-                    cur, tokens = [], 0
-                cur.append(j)
-                tokens += n
-            if cur:
-                chunks.append(cur)
-        return chunks
-
 
 class _Run:
-    """One generation over a list of sequences sharing one KV-cache pool.
-
-    Sized for the N largest sequences (prompt + max new tokens), the pool holds any N of
-    them at once; static batching is the case where everything is admitted at the start.
-    """
+    """One generation over a list of sequences sharing one KV-cache pool: the loop of steps."""
 
     def __init__(self, engine: Engine, prompts, indices, params, sampler, stats, on_finish) -> None:
         self.engine, self.prompts, self.sampler = engine, prompts, sampler
+        self.executor = engine.executor
         self.stats, self.on_finish = stats, on_finish
-        self.seqs = [_Seq(i, len(p), params[i]) for i, p in zip(indices, prompts, strict=True)]
-        self.sizes = [len(p) + s.params.max_tokens for p, s in zip(prompts, self.seqs, strict=True)]
-        self.offsets = torch.zeros(len(prompts), dtype=torch.int64)
+        self.seqs = [Sequence(i, len(p), params[i]) for i, p in zip(indices, prompts, strict=True)]
         self.finished: list[SequenceResult] = []
 
     def generate(self, batch_size: int, micro_batch_size: int) -> list[SequenceResult]:
-        n = max(1, min(batch_size, len(self.seqs)))
-        capacity = sum(sorted(self.sizes, reverse=True)[:n])
+        sched = self.sched = Scheduler(self.seqs, batch_size, micro_batch_size)
         model = self.engine.model
-        self.cache = RaggedKVCache.pool(model.config, capacity, model.embed_tokens.weight.dtype)
-        self.pool = SlotPool(capacity)
-        n_mb = math.ceil(n / max(1, micro_batch_size))
-        mbs: list[list[int]] = [[] for _ in range(n_mb)]
-        pending = deque(range(len(self.seqs)))
-        refill_at = max(1, n // 8)
+        self.cache = RaggedKVCache.pool(model.config, sched.capacity, model.embed_tokens.weight.dtype)
         wave = None
         while True:
-            active = sum(len(mb) for mb in mbs)
-            if pending and (active == 0 or n - active >= refill_at):
-                new = self._admit(pending, n - active)
-                if new:
-                    wave = {"sequences": len(new), "prefill_s": 0.0, "decode_s": 0.0, "decode_steps": 0}
-                    self.stats.batches.append(wave)
-                    self._place(new, mbs, micro_batch_size, n_mb)
-                    wave["micro_batches"] = sum(1 for mb in mbs if mb)
-                    t0 = time.perf_counter()
-                    self._prefill(new, mbs)
-                    wave["prefill_s"] = time.perf_counter() - t0
-                    self.stats.prefill_seconds += wave["prefill_s"]
-            if not any(mbs):
-                if pending:
-                    raise RuntimeError("KV pool cannot hold the next request (engine bug: pool too small)")
+            new = sched.admit()
+            if new:
+                wave = {"sequences": len(new), "prefill_s": 0.0, "decode_s": 0.0, "decode_steps": 0,
+                        "micro_batches": len(sched.decode_batches())}
+                self.stats.batches.append(wave)
+                t0 = time.perf_counter()
+                self._prefill(new)
+                wave["prefill_s"] = time.perf_counter() - t0
+                self.stats.prefill_seconds += wave["prefill_s"]
+            batches = sched.decode_batches()
+            if not batches:
                 break
             t0 = time.perf_counter()
-            self._decode_step(mbs)
+            self._decode_step(batches)
             dt = time.perf_counter() - t0
             self.stats.step_seconds.append(dt)
             wave["decode_s"] += dt
@@ -168,68 +121,31 @@ class _Run:
         self.stats.generated_tokens += sum(len(s.out) for s in self.seqs)
         return self.finished
 
-    def _admit(self, pending: deque, room: int) -> list[int]:
-        """Waiting sequences, in order, while slots and a contiguous region are free."""
-        new = []
-        while pending and len(new) < room:
-            start = self.pool.take(self.sizes[pending[0]])
-            if start is None:  # wait for a region to free up; keep the request order
-                break
-            j = pending.popleft()
-            self.offsets[j] = start
-            new.append(j)
-        return new
-
-    def _place(self, new: list[int], mbs: list[list[int]], mu: int, n_mb: int) -> None:
-        """Into an empty run: balanced micro-batches (Alg. 2); else the least-filled ones."""
-        if not any(mbs):
-            groups = balance_microbatches([len(self.prompts[j]) for j in new], math.ceil(len(new) / max(1, mu)))
-            for k, g in enumerate(groups):
-                mbs[k] = [new[i] for i in g]
-            return
-        for j in new:
-            min(mbs, key=len).append(j)
-
-    def _prefill(self, new: list[int], mbs: list[list[int]]) -> None:
-        fresh = set(new)
-        groups = [[j for j in mb if j in fresh] for mb in mbs]
-        for chunk in self.engine._prefill_chunks([g for g in groups if g], self.prompts):
+    def _prefill(self, new: list[int]) -> None:
+        for chunk in self.sched.prefill_chunks(new, self.engine.max_prefill_tokens):
             lens = torch.tensor([len(self.prompts[j]) for j in chunk], dtype=torch.int64)
             tokens = torch.tensor([t for j in chunk for t in self.prompts[j]], dtype=torch.int64)
-            self._accept(chunk, self.engine.executor.prefill(self.cache, tokens, lens, self.offsets[chunk]), mbs)
+            self._accept(chunk, self.executor.prefill(self.cache, tokens, lens, self.sched.offsets[chunk]))
 
-    def _decode_step(self, mbs: list[list[int]]) -> None:
-        live = [list(mb) for mb in mbs if mb]
+    def _decode_step(self, batches: list[list[int]]) -> None:
         inputs = []
-        for mb in live:
+        for mb in batches:
             tokens = torch.tensor([self.seqs[j].out[-1] for j in mb], dtype=torch.int64)
-            positions = torch.tensor([self.seqs[j].prompt_len + len(self.seqs[j].out) - 1 for j in mb],
-                                     dtype=torch.int64)
-            inputs.append((tokens, self.offsets[mb], positions))
-        for mb, logits in zip(live, self.engine.executor.decode(self.cache, inputs), strict=True):
-            self._accept(mb, logits, mbs)
+            positions = torch.tensor([self.seqs[j].position for j in mb], dtype=torch.int64)
+            inputs.append((tokens, self.sched.offsets[mb], positions))
+        for mb, logits in zip(batches, self.executor.decode(self.cache, inputs), strict=True):
+            self._accept(mb, logits)
             self.stats.decode_tokens += len(mb)
 
-    def _accept(self, local: list[int], logits: torch.Tensor, mbs: list[list[int]]) -> None:
-        """Sample one token per sequence; finished ones leave their micro-batch and free
-        their slots, and are reported at once (so the caller can write them to disk)."""
+    def _accept(self, local: list[int], logits: torch.Tensor) -> None:
+        """Sample one token per sequence; finished ones leave the scheduler and free their slots,
+        and are reported at once (so the caller can write them to disk)."""
         tokens = self.sampler(logits, [self.seqs[j].index for j in local]).tolist()
         for j, tok in zip(local, tokens, strict=True):
             s = self.seqs[j]
-            s.out.append(tok)
-            if not s.params.ignore_eos and (tok in self.engine.eos or tok in s.params.stop_token_ids):
-                s.finish = "stop"
-            elif len(s.out) >= s.params.max_tokens:
-                s.finish = "length"
-            if s.finish:
-                for mb in mbs:
-                    if j in mb:
-                        mb.remove(j)
-                self.pool.give(int(self.offsets[j]), self.sizes[j])
-                release = getattr(self.engine.executor, "release_sequence", None)  # per-sequence executor state
-                if release is not None:
-                    release(int(self.offsets[j]))
-                res = SequenceResult(s.index, s.out, s.finish)
+            if s.append(tok, self.engine.eos):
+                self.executor.release_sequence(self.sched.finish(j))
+                res = s.result()
                 self.finished.append(res)
                 if self.on_finish is not None:
                     self.on_finish(res)

@@ -26,6 +26,7 @@ from moelight.expert_cache.cache_policy import CachePolicy
 from moelight.expert_cache.cache_state import CacheStats, ExpertCache, Fetch
 from moelight.expert_cache.copy_worker import CopyWorker
 from moelight.models.causal_lm import MoECausalLM
+from moelight.runtime.executor import Executor, MicroBatch
 from moelight.runtime.forward import attention_extras
 from moelight.runtime.kv_cache import RaggedKVCache
 
@@ -41,7 +42,7 @@ def non_expert_bytes(model: MoECausalLM) -> int:
                if not n.endswith(("mlp.gate_up_proj", "mlp.down_proj")))
 
 
-class ExpertCacheExecutor:
+class ExpertCacheExecutor(Executor):
     def __init__(self, model: MoECausalLM, slots: int, policy: CachePolicy, device: str | Device = "emulated",
                  prefetch_per_layer: int = 0, device_memory: int | None = None, cpu_max_tokens: int = 0,
                  **device_kwargs) -> None:
@@ -78,9 +79,14 @@ class ExpertCacheExecutor:
         self._streams = itertools.count()
 
     @property
-    def stats(self) -> CacheStats:
+    def cache_stats(self) -> CacheStats:
         self.cache.stats.fetched_bytes = float(self.worker.copied_bytes)
         return self.cache.stats
+
+    def stats(self) -> dict:
+        """The cache's figures for the job's report: hits, prefetches, bytes moved, its size and policy."""
+        return self.cache_stats.to_dict() | {"slots": self.cache.slots, "policy": self.cache.policy.name,
+                                             "prefetch_per_layer": self.cache.prefetch_per_layer}
 
     # ---- the cache ----
     def _chunks(self, f: Fetch) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
@@ -208,7 +214,7 @@ class ExpertCacheExecutor:
         return self._to_host(m.logits(x))
 
     @torch.inference_mode()
-    def decode(self, cache: RaggedKVCache, micro_batches: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]):
+    def decode(self, cache: RaggedKVCache, micro_batches: list[MicroBatch]) -> list[torch.Tensor]:
         m, dev = self.model, self.device.torch_device
         self._prefill = False
         kv = self._kv_of(cache)

@@ -96,8 +96,10 @@ def schedule(models: list[str], order: str) -> list[tuple[str, list[int]]]:
 def run_coe_job(opts):
     """Route, schedule and serve every request; one output, one report (per-model figures inside)."""
     from moelight.engine.session import EngineSession
-    from moelight.jobs.dataset_job import LazyResultWriter, read_requests, report_path, serve_requests
+    from moelight.jobs.dataset_input import read_requests
+    from moelight.jobs.output_file import LazyResultWriter, report_path
     from moelight.jobs.report import RunReport
+    from moelight.jobs.serving import serve_requests
 
     spec = CoESpec.load(opts.model)
     if opts.coe_order not in ORDERS:
@@ -120,7 +122,8 @@ def run_coe_job(opts):
             sub = replace(opts, model=spec.models[name], output=opts.output)
             part = serve_requests(EngineSession(sub, opts.log), sub, [requests[i] for i in idx], 0, writer,
                                   on_result=lambda req, res, name=name: res | {"model": name})
-            _fold(total, part)
+            total.absorb(part)
+            total.update_rates(wall_seconds=total.generation_seconds + total.load_seconds)
             fig = per_model.setdefault(name, {"requests": 0, "loads": 0, "load_seconds": 0.0,
                                               "generated_tokens": 0, "generation_seconds": 0.0})
             fig["requests"] += part.requests
@@ -134,16 +137,3 @@ def run_coe_job(opts):
                             "usage_probability": {m: routed.count(m) / max(1, len(routed)) for m in spec.models}}}
     total.save(report_path(opts.output))
     return total
-
-
-def _fold(total, part) -> None:
-    """Add one model's run to the job's report (throughputs recomputed from the sums)."""
-    for f in ("prompt_tokens", "generated_tokens", "decode_tokens", "prefill_seconds", "decode_seconds",
-              "generation_seconds", "load_seconds", "skipped_requests"):
-        setattr(total, f, getattr(total, f) + getattr(part, f))
-    total.interrupted = total.interrupted or part.interrupted
-    total.peak_memory_bytes = max(total.peak_memory_bytes, part.peak_memory_bytes)
-    rate = lambda n, s: n / s if s > 0 else 0.0  # noqa: E731
-    total.prefill_tokens_per_s = rate(total.prompt_tokens, total.prefill_seconds)
-    total.decode_tokens_per_s = rate(total.decode_tokens, total.decode_seconds)
-    total.end_to_end_tokens_per_s = rate(total.generated_tokens, total.generation_seconds + total.load_seconds)

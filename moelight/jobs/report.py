@@ -1,4 +1,9 @@
-"""The closing report of a run: throughput as DESIGN.md §9 defines it, memory, the policy."""
+"""The closing report of a job: throughput as DESIGN.md §9 defines it, memory, the policy.
+
+One report type for every job: a local run, each model of a CoE job and each replica of a Ray job
+fold their parts with `absorb`, generation rounds with `add_stats`; `close` takes what the session
+knows at the end (the executor's figures, peak memory).
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,12 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from cpu_kernels import kernel_backend
 from moelight.engine.generation import GenerationStats
+from moelight.planning.memory_check import peak_rss_bytes
+
+_SUMMED = ("prompt_tokens", "generated_tokens", "decode_tokens", "prefill_seconds", "decode_seconds",
+           "generation_seconds", "load_seconds", "skipped_requests")
 
 
 @dataclass
@@ -35,6 +45,16 @@ class RunReport:
     tpot_ms: dict = field(default_factory=dict)  # time per output token: p50 / p90 / p99 of the decode steps
     cache: dict = field(default_factory=dict)  # latency mode: the expert cache's hits, prefetches, bytes moved
 
+    @classmethod
+    def for_plan(cls, model: str, dtype: str, plan, requests: int, skipped: int = 0) -> RunReport:
+        """The report of a planned job (plan None: nothing left to generate)."""
+        if plan is None:
+            return cls(model=model, dtype=dtype, requests=requests, batch_size=0, micro_batch_size=0,
+                       skipped_requests=skipped)
+        return cls(model=model, dtype=dtype, requests=requests, batch_size=plan.batch_size,
+                   micro_batch_size=plan.micro_batch_size, skipped_requests=skipped, policy=dict(plan.info),
+                   prediction=dict(plan.prediction), attention_backend=kernel_backend())
+
     def add_stats(self, s: GenerationStats) -> None:
         """Fold in one generation round (multi-turn jobs have several)."""
         steps = self.__dict__.setdefault("_steps", [])
@@ -49,9 +69,29 @@ class RunReport:
         self.decode_seconds += s.decode_seconds
         self.generation_seconds += s.wall_seconds
         self.decode_tokens += s.decode_tokens
-        self.prefill_tokens_per_s = _rate(self.prompt_tokens, self.prefill_seconds)
-        self.decode_tokens_per_s = _rate(self.decode_tokens, self.decode_seconds)
-        self.end_to_end_tokens_per_s = _rate(self.generated_tokens, self.generation_seconds)
+        self.update_rates()
+
+    def absorb(self, part: RunReport) -> None:
+        """Add another part of the same job (a CoE model's run, a Ray batch): counts and seconds add,
+        peak memory is the larger, rates are recomputed from the sums."""
+        for name in _SUMMED:
+            setattr(self, name, getattr(self, name) + getattr(part, name))
+        self.interrupted = self.interrupted or part.interrupted
+        self.peak_memory_bytes = max(self.peak_memory_bytes, part.peak_memory_bytes)
+        self.update_rates()
+
+    def update_rates(self, wall_seconds: float | None = None) -> None:
+        """Rates from the sums; end-to-end over `wall_seconds` when given (a job's whole wall time),
+        else over the generation time."""
+        self.prefill_tokens_per_s = rate(self.prompt_tokens, self.prefill_seconds)
+        self.decode_tokens_per_s = rate(self.decode_tokens, self.decode_seconds)
+        self.end_to_end_tokens_per_s = rate(self.generated_tokens, self.generation_seconds
+                                            if wall_seconds is None else wall_seconds)
+
+    def close(self, session) -> None:
+        """What the session knows once the job has ended: the executor's figures and peak memory."""
+        self.cache = session.executor_stats()
+        self.peak_memory_bytes = max(self.peak_memory_bytes, peak_rss_bytes())
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -90,5 +130,5 @@ class RunReport:
         return "\n".join(lines)
 
 
-def _rate(tokens: int, seconds: float) -> float:
+def rate(tokens: int, seconds: float) -> float:
     return tokens / seconds if seconds > 0 else 0.0

@@ -82,3 +82,29 @@ def trace_requests(model, eos: tuple[int, ...], ids: list[str], prompts: list[li
     finally:
         rec.close()
     return trace
+
+
+def run_trace_job(opts, hidden: bool = False, progress: bool = True) -> Trace:
+    """`moelight trace`: every request of the dataset alone on the CPU executor; the trace is saved
+    to opts.output (a .parquet file) and returned."""
+    from tqdm import tqdm
+
+    import workloads
+    from moelight.engine.session import EngineSession
+    from moelight.jobs.prompts import prepare_prompts
+
+    opts.validate()
+    loaded = workloads.load_dataset(opts.dataset, opts.dataset_format, num_requests=opts.num_requests)
+    session = EngineSession(opts)
+    prompts, params, skipped = prepare_prompts(loaded.requests, session.tokenizer,
+                                               session.config.max_position_embeddings, opts)
+    ids = [r.id for r in loaded.requests if r.id not in skipped]
+    session.load()
+    bar = tqdm(total=len(ids), unit="req", disable=not progress, desc="tracing")
+    try:
+        result = trace_requests(session.model, session.eos, ids, prompts, params, [0] * len(ids), opts.model,
+                                hidden=hidden, on_request=lambda _: bar.update(1))
+    finally:
+        bar.close()
+    result.save(opts.output)
+    return result

@@ -20,9 +20,9 @@ from __future__ import annotations
 import os
 import socket
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
-from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -31,14 +31,11 @@ import torch.multiprocessing as mp
 from moelight.errors import MoelightError
 from moelight.parallel.sharding import TensorParallelError
 
-if TYPE_CHECKING:
-    from moelight.engine.options import EngineOptions
-
 # a rank may wait this long for a peer between calls (e.g. while a slower rank still loads its shard)
 _LOAD_TIMEOUT = timedelta(hours=2)
 # the layers' all-reduces: a peer that has not answered in this long is gone (NCCL cannot see a dead peer)
 _COMM_TIMEOUT_ENV = "MOELIGHT_TP_TIMEOUT"  # seconds, default 600
-_FAULT_ENV = "MOELIGHT_TP_FAULT"  # "rank:command": a follower raises there (failure-path tests)
+FAULT_ENV = "MOELIGHT_TP_FAULT"  # "rank:command": a follower raises there (failure-path tests)
 
 
 def backend_for(device: str) -> str:
@@ -139,12 +136,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _threads_per_rank(world: int) -> int:
+def threads_per_rank(world: int) -> int:
     """The host's cores split between the ranks: each rank's CPU attention runs its own heads."""
     return max(1, (os.cpu_count() or 1) // world)
 
 
-def _join(device: str, rank: int, world: int, init_method: str | None = None) -> RankGroup:
+def join_group(device: str, rank: int, world: int, init_method: str | None = None) -> RankGroup:
+    """This process's place in the group (torchrun's environment when no init_method is given)."""
     if device == "cuda":  # NCCL's collectives (and the barriers between them) run on this rank's GPU
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
     dist.init_process_group(backend_for(device), init_method=init_method, rank=rank, world_size=world,
@@ -153,29 +151,31 @@ def _join(device: str, rank: int, world: int, init_method: str | None = None) ->
     return RankGroup(rank, world, device, comm=comm)
 
 
-def start_group(world: int, device: str, options) -> RankGroup:
-    """Rank 0 here; spawn followers 1..world-1, each an EngineSession over `options`
-    (under torchrun: join the group torchrun's processes form)."""
+def start_group(world: int, device: str, options, follower_main: Callable[[RankGroup, object], None]) -> RankGroup:
+    """Rank 0 here; spawn followers 1..world-1, each running `follower_main(group, options)` once it
+    has joined (a module-level function, so spawn can pickle it: moelight/engine/tp_follower.py's
+    `serve`); under torchrun, join the group torchrun's processes form."""
     found = torchrun_rank()
     if found is not None:
         rank, size = found
         if size != world:
             raise TensorParallelError(f"torchrun started {size} ranks but the job asks for {world} GPUs; "
                                       f"pass --gpus {size} or start torchrun with --nproc-per-node {world}")
-        group = _join(device, rank, world)
+        group = join_group(device, rank, world)
         group.threads_before = torch.get_num_threads()
-        torch.set_num_threads(_threads_per_rank(world))
+        torch.set_num_threads(threads_per_rank(world))
         return group
     _comm_timeout()  # a bad value is an error here, not in a follower
     port = _free_port()
     ctx = mp.get_context("spawn")
     errors = ctx.Queue()
-    procs = [ctx.Process(target=_follower_main, args=(r, world, port, device, options, errors), daemon=True)
+    procs = [ctx.Process(target=_follower_main, args=(r, world, port, device, options, errors, follower_main),
+                         daemon=True)
              for r in range(1, world)]
     for p in procs:
         p.start()
     try:
-        group = _join(device, 0, world, f"tcp://127.0.0.1:{port}")
+        group = join_group(device, 0, world, f"tcp://127.0.0.1:{port}")
     except BaseException as e:
         spawned = RankGroup(0, world, device, procs, errors, failed=True)
         error = spawned.failure(e)
@@ -183,15 +183,16 @@ def start_group(world: int, device: str, options) -> RankGroup:
         raise error from None
     group.processes, group.errors = procs, errors
     group.threads_before = torch.get_num_threads()
-    torch.set_num_threads(_threads_per_rank(world))
+    torch.set_num_threads(threads_per_rank(world))
     return group
 
 
-def _follower_main(rank: int, world: int, port: int, device: str, options, errors) -> None:
-    """A spawned rank: join the group, load its shard, then replay rank 0's engine calls."""
-    torch.set_num_threads(_threads_per_rank(world))
+def _follower_main(rank: int, world: int, port: int, device: str, options, errors, follower_main) -> None:
+    """A spawned rank: join the group, then run the follower's entry point (load its shard, replay
+    rank 0's engine calls)."""
+    torch.set_num_threads(threads_per_rank(world))
     try:
-        serve(_join(device, rank, world, f"tcp://127.0.0.1:{port}"), options)
+        follower_main(join_group(device, rank, world, f"tcp://127.0.0.1:{port}"), options)
     except BaseException as e:  # report, then exit non-zero: rank 0's next collective fails
         errors.put((rank, f"{type(e).__name__}: {e}"))
         if not isinstance(e, MoelightError):  # a bug: its traceback; a user error is rank 0's one line
@@ -200,70 +201,6 @@ def _follower_main(rank: int, world: int, port: int, device: str, options, error
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
-
-
-def follow_torchrun(options) -> bool:
-    """Under torchrun, on a rank other than 0: serve rank 0's job, then return True (the caller
-    stops: rank 0 owns the dataset and the output). False everywhere else."""
-    found = torchrun_rank()
-    if found is None or found[0] == 0:
-        return False
-    from moelight.planning.job_plan import resolve_device
-
-    device = resolve_device(options.device)
-    if device == "cpu":
-        raise TensorParallelError("tensor parallelism under torchrun runs on --device cuda or emulated, "
-                                  "not the plain CPU executor")
-    group = _join(device, found[0], found[1])
-    torch.set_num_threads(_threads_per_rank(found[1]))
-    try:
-        serve(group, options)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-    return True
-
-
-def serve(group: RankGroup, options) -> None:
-    """A follower's loop: the same session calls as rank 0, in the same order, until "stop"."""
-    from moelight.engine.session import EngineSession
-
-    session = EngineSession(options, tensor_parallel=group)
-    session.load()
-    engine = None
-    while True:
-        command, args = group.receive()
-        _inject_fault(group.rank, command, engine)
-        if command == "engine":
-            engine = session.engine(*args)
-        elif command == "generate":
-            engine.generate(*args)
-        elif command == "stop":
-            session.close_executor()
-            return
-        else:
-            raise TensorParallelError(f"unknown command {command!r} from rank 0")
-
-
-def _inject_fault(rank: int, command: str, engine) -> None:
-    """MOELIGHT_TP_FAULT="rank:command" raises on that command; "rank:decode:K" in the K-th decode
-    pass of the next generate (a rank dying mid-job, after results were written)."""
-    spec = os.environ.get(_FAULT_ENV, "").split(":")
-    if len(spec) < 2 or spec[0] != str(rank):
-        return
-    if spec[1] == command:
-        raise RuntimeError(f"fault injected by {_FAULT_ENV}")
-    if spec[1] == "decode" and command == "generate":
-        executor, calls = engine.executor, [0]
-        decode = executor.decode
-
-        def failing_decode(*args, **kwargs):
-            calls[0] += 1
-            if calls[0] >= int(spec[2]):
-                raise RuntimeError(f"fault injected by {_FAULT_ENV} in decode pass {calls[0]}")
-            return decode(*args, **kwargs)
-
-        executor.decode = failing_decode
 
 
 def load_together(group: RankGroup, load_shard):
@@ -283,7 +220,7 @@ def load_together(group: RankGroup, load_shard):
         raise
 
 
-def tensor_parallel_degree(opts: EngineOptions, device: str) -> int:
+def tensor_parallel_degree(opts, device: str) -> int:
     """Ranks a job runs on: torchrun's world, --gpus, else the GPU count of a preset or profile
     JSON; 1 on the CPU executor, and 1 for the measured profile (its GPUs run only when --gpus
     asks for them). A count the host cannot run is an error here, before anything loads."""

@@ -1,6 +1,6 @@
 """The real executor: launches a schedule's task graph on a device (the engine's executor).
 
-`PipelineExecutor` has the PlainExecutor interface (`prefill`, `decode`), so
+`PipelineExecutor` implements the executor interface (runtime/executor.py), so
 `Engine(model, eos, executor=PipelineExecutor(model, ...))` runs the CGOPipe runtime
 (or one of the comparison schedules). Every pass builds its graph with the same
 builders the simulator times, binds each task to a closure over the model, the page
@@ -39,11 +39,12 @@ from moelight.pipeline.weight_pager import (
     activation_bytes_per_token,
     prefill_attention_scratch,
 )
+from moelight.runtime.executor import Executor, MicroBatch
 from moelight.runtime.forward import attention_extras
 from moelight.runtime.kv_cache import RaggedKVCache
 
 
-class PipelineExecutor:
+class PipelineExecutor(Executor):
     """CGOPipe runtime (and the comparison schedules) over a Device."""
 
     def __init__(
@@ -275,9 +276,7 @@ class PipelineExecutor:
 
     # ---- decode ----
     @torch.inference_mode()
-    def decode(
-        self, cache: RaggedKVCache, micro_batches: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-    ):
+    def decode(self, cache: RaggedKVCache, micro_batches: list[MicroBatch]) -> list[torch.Tensor]:
         """One token for every sequence of every micro-batch -> logits [B_i, vocab] each."""
         m, dev, L = self.model, self.device.torch_device, self.cfg.num_layers
         mbs = [(tok, off, pos, off + pos, pos + 1) for tok, off, pos in micro_batches]

@@ -10,15 +10,14 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TYPE_CHECKING
 
-from moelight.engine.options import EngineOptions
-from moelight.errors import MoelightError
+from moelight.planning.hardware_choice import PlanError, resolve_hardware
 from moelight.planning.mode_choice import ModeError, apply_mode
 from moelight.sampling.params import SamplingParams
 
-
-class PlanError(MoelightError):
-    """The policy cannot run: it does not fit, it cannot be read, or it needs a missing GPU."""
+if TYPE_CHECKING:  # the engine's options type the argument; planning runs below the engine
+    from moelight.engine.options import EngineOptions
 
 
 @dataclass
@@ -31,68 +30,7 @@ class JobPlan:
     hardware: object  # hrm.HardwareSpec
     info: dict  # report.policy
     prediction: dict  # report.prediction
-
-
-def resolve_hardware(name: str | None, log: Callable[[str], None] | None = None):
-    """The HardwareSpec to plan with: a preset, a profile JSON, or the cached profile.
-
-    With no cached profile, or one from an older moelight that lacks a measurement the HRM
-    now uses, a quick profile (a few seconds) is taken now and cached, so the plan always
-    describes this machine and the next run starts at once.
-    """
-    from hrm import hardware_presets
-
-    key = name or "profile"
-    cached = hardware_presets.DEFAULT_PROFILE_PATH.expanduser()
-    if key.lower() == "profile" and (not cached.is_file() or _profile_is_stale(cached)):
-        from moelight.profiling.machine_profile import profile_machine
-
-        why = "an older moelight's profile" if cached.is_file() else "no hardware profile yet"
-        t0 = time.perf_counter()
-        hw = profile_machine(quick=True)
-        try:
-            path = hw.save(cached)
-            where = f"cached in {path}"
-        except OSError as e:
-            where = f"not cached: {e}"
-        if log:
-            log(f"{why}: took a quick one in {time.perf_counter() - t0:.1f} s ({where}; "
-                "`moelight profile` takes a fuller one)")
-        return hw
-    try:
-        return hardware_presets.get_hardware(key)
-    except KeyError as e:
-        raise PlanError(f"--hardware: {e.args[0]}") from None
-    except (FileNotFoundError, ValueError) as e:
-        raise PlanError(f"--hardware {key}: {e}") from None
-
-
-def _profile_is_stale(path) -> bool:
-    """A measured CPU level (it has a GEMM curve) without the element-wise rate (written before
-    the HRM charged element-wise work: plans ~25% optimistic), or a measured GPU without its
-    expert-GEMM rate (written before the HRM used achieved GPU rates: plans 2-3x optimistic)."""
-    import json
-
-    try:
-        d = json.loads(path.read_text())
-        cpu, gpu = d.get("cpu", {}), d.get("gpu") or {}
-    except (OSError, ValueError, AttributeError):
-        return False  # let the normal load report what is wrong with it
-    return (bool(cpu.get("gemm_flops")) and not cpu.get("elementwise_bandwidth")) or (
-        bool(gpu) and not gpu.get("gemm_bandwidth"))
-
-
-def resolve_device(name: str) -> str:
-    """auto: the CGOPipe runtime on CUDA when there is a GPU, else the plain CPU executor."""
-    import torch
-
-    if name == "auto":
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    if name not in ("cpu", "cuda", "emulated"):
-        raise PlanError(f"--device {name!r}: choose auto, cpu, cuda or emulated")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise PlanError("--device cuda: this torch build or host has no CUDA; use --device cpu or emulated")
-    return name
+    solved: object = None  # the policy as solved for the job's hardware, before it was fitted to the job
 
 
 def workload_of(prompts: list[list[int]], params: list[SamplingParams], prefill_chunk: int | None = None):
@@ -106,10 +44,11 @@ def workload_of(prompts: list[list[int]], params: list[SamplingParams], prefill_
 
 
 def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
-             log: Callable[[str], None] | None = None, ranks: int = 1) -> JobPlan:
-    """The policy for this job: planned (auto) or read from a file, capped to the number of
+             log: Callable[[str], None] | None = None, ranks: int = 1, solved=None) -> JobPlan:
+    """The policy for this job: planned (auto), read from a file, or `solved` already for the same
+    model, hardware and workload (a Ray replica reuses its driver's), capped to the number of
     requests; explicit batch / micro-batch sizes win; then the mode (throughput or latency,
-    moelight/mode_plan.py); the prediction is for what runs."""
+    planning/mode_choice.py); the prediction is for what runs."""
     from hrm import model_from_hf_config
     from optimizer import InfeasibleError, Policy, fit_policy, plan, predict_job
 
@@ -123,7 +62,9 @@ def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
     mspec = model_from_hf_config(cfg.to_hf_dict(), name=opts.model)
     workload = workload_of(prompts, params, opts.max_prefill_tokens)
     t0 = time.perf_counter()
-    if opts.policy == "auto":
+    if solved is not None:
+        planned, source = replace(solved, dtype=dtype), "auto"  # solved once for the job (a Ray driver)
+    elif opts.policy == "auto":
         try:
             planned = plan(hw, mspec, workload, dtype).policy
         except InfeasibleError as e:
@@ -152,11 +93,14 @@ def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
                   "batching": "refill" if opts.refill else "static"}
     if device != "cpu":
         info["schedule"] = opts.schedule
+    if solved is not None:
+        info["solved_once"] = True  # the policy came solved for this hardware, not solved again
     if ran["batch_size"] != planned.batch_size or ran["micro_batch_size"] != planned.micro_batch_size:
         info["planned"] = planned.to_dict()
     pred = predict_job(hw, mspec, workload, policy, n_req, batch, micro)
     try:
-        plan = apply_mode(JobPlan(batch, micro, policy, hw, info, pred), opts, mspec, workload, n_req, device, ranks)
+        plan = apply_mode(JobPlan(batch, micro, policy, hw, info, pred, planned), opts, mspec, workload, n_req,
+                          device, ranks)
     except ModeError as e:
         raise PlanError(str(e)) from None
     if log:

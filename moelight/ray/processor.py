@@ -13,19 +13,19 @@
 A row (after `preprocess`) is a request in moelight's jsonl shape: `prompt` or `messages`, and
 optionally `id`, `max_tokens`, `temperature`, `top_p`, `top_k`, `seed`, `tools`, `followups`.
 Rows without an id get one (a uuid). The output rows hold `id`, `generated_text`,
-`output_token_ids`, `finish_reason`, `prompt_tokens`, `completion_tokens`, `replica` and `result`
-(the local run's output record as JSON), then whatever `postprocess` makes of them.
+`output_token_ids`, `finish_reason`, `prompt_tokens`, `completion_tokens`, `replica` and `details`
+(the rest of the local run's output record — prompt, messages, turns, meta — as JSON), then
+whatever `postprocess` makes of them. Requests and results travel as Arrow rows, as in
+`moelight run --ray` (moelight/jobs/ray/).
 """
 
 from __future__ import annotations
 
-import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from moelight.engine.options import EngineOptions, OptionError
-from moelight.jobs.ray.ray_dataset import request_to_json
 from moelight.jobs.ray.replica import MoelightReplica
 
 SAMPLING_KEYS = ("gen_len", "temperature", "top_p", "top_k", "ignore_eos")
@@ -54,7 +54,7 @@ class ProcessorConfig:
             raise OptionError(f"ProcessorConfig.sampling: unknown {', '.join(bad)}; valid: {', '.join(SAMPLING_KEYS)}")
         from pathlib import Path
 
-        from moelight.jobs.dataset_job import RunOptions
+        from moelight.jobs.run_options import RunOptions
 
         opts = RunOptions(model=self.model, dataset=Path("-"), output=Path("-.jsonl"), progress=False,
                           **self.engine_options, **self.sampling)
@@ -65,20 +65,18 @@ class ProcessorConfig:
 
 
 def _to_request_rows(batch: dict) -> dict:
-    """Rows in moelight's jsonl shape -> serialized requests, parsed by the local jsonl parser."""
+    """Rows in moelight's jsonl shape -> request rows, parsed by the local jsonl parser."""
     from workloads.readers import parse_prompt_record
 
     keys = list(batch)
     n = len(batch[keys[0]]) if keys else 0
-    ids, requests = [], []
+    rows = []
     for i in range(n):
         obj = {k: _plain(batch[k][i]) for k in keys}
         obj = {k: v for k, v in obj.items() if v is not None}
         obj.setdefault("id", uuid.uuid4().hex)
-        r = parse_prompt_record(obj, f"row id {obj['id']}", i + 1)
-        ids.append(r.id)
-        requests.append(request_to_json(r))
-    return {"id": ids, "request": requests}
+        rows.append(parse_prompt_record(obj, f"row id {obj['id']}", i + 1).to_row())
+    return {k: [r[k] for r in rows] for k in (rows[0] if rows else ())}
 
 
 def _plain(v):
@@ -89,17 +87,10 @@ def _plain(v):
 
 
 def _to_output_rows(batch: dict) -> dict:
-    results = [json.loads(r) for r in batch["result"]]
-    return {
-        "id": list(batch["id"]),
-        "generated_text": [r["output"] for r in results],
-        "output_token_ids": [r["output_token_ids"] for r in results],
-        "finish_reason": [r["finish_reason"] for r in results],
-        "prompt_tokens": [r["prompt_tokens"] for r in results],
-        "completion_tokens": [r["completion_tokens"] for r in results],
-        "replica": list(batch["replica"]),
-        "result": list(batch["result"]),
-    }
+    return {"id": batch["id"], "generated_text": batch["output"], "output_token_ids": batch["output_token_ids"],
+            "finish_reason": batch["finish_reason"], "prompt_tokens": batch["prompt_tokens"],
+            "completion_tokens": batch["completion_tokens"], "replica": batch["replica"],
+            "details": batch["details"]}
 
 
 class Processor:
@@ -121,7 +112,7 @@ class Processor:
         ds = ds.map_batches(_to_request_rows, batch_format="numpy", num_cpus=0)
         out = ds.map_batches(MoelightReplica, fn_constructor_kwargs={"opts_fields": self.fields,
                                                                      "num_cpus": c.num_cpus},
-                             batch_size=c.batch_size,
+                             batch_size=c.batch_size, batch_format="pyarrow",
                              compute=ActorPoolStrategy(min_size=lo, max_size=hi, max_tasks_in_flight_per_actor=1),
                              num_cpus=c.num_cpus, num_gpus=c.num_gpus)
         out = out.map_batches(_to_output_rows, batch_format="numpy", num_cpus=0)

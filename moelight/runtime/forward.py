@@ -64,22 +64,3 @@ def decode_step(
                                 **attention_extras(model, li)).flatten(1)
         x = layer.post_attention(x, attn)
     return x
-
-
-class PlainExecutor:
-    """Runs every pass on the CPU, one micro-batch after another.
-
-    The engine talks to executors through `prefill` and `decode`; the CGOPipe runtime
-    provides the same two methods and walks the micro-batches layer by layer instead.
-    """
-
-    def __init__(self, model: MoECausalLM) -> None:
-        self.model = model
-
-    def prefill(self, cache: RaggedKVCache, tokens, seq_lens, offsets) -> torch.Tensor:
-        """Returns logits [B, vocab] (float32) of each prompt's last token."""
-        return self.model.logits(prefill(self.model, cache, tokens, seq_lens, offsets))
-
-    def decode(self, cache: RaggedKVCache, micro_batches: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]):
-        """micro_batches: (tokens, offsets, positions) each -> logits [B_i, vocab] each."""
-        return [self.model.logits(decode_step(self.model, cache, *mb)) for mb in micro_batches]

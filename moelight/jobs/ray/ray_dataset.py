@@ -1,130 +1,71 @@
-"""A dataset file as a `ray.data.Dataset` of requests, checked the way a local run checks it.
+"""A dataset file as requests for a Ray job, checked the way a local run checks it.
 
-Ray reads the bytes (`read_binary_files`: one task per file, files in parallel, on whichever node
-holds them); our readers parse them inside those tasks, so ids (the line or row number where a
-record has none), formats and every error message are those of a local run. The parse is
-materialized and its problems raised in the driver before any replica is created: a bad record
-costs no model load. Rows carry the request as JSON (`request`), its `id` and its `source`.
+A file of up to DRIVER_PARSE_MAX_BYTES (or any job with --num-requests, whose replication renames
+ids in request order) is parsed by the driver with the local run's reader: the driver holds the
+requests anyway, and a Ray Data execution would only add start-up. A larger file is read by Ray
+(`read_binary_files`: one task per file, on whichever node holds it) and parsed inside those tasks
+by the same parser (`workloads.parse_dataset`), so ids (the line or row number where a record has
+none), formats and every error message are those of a local run. Either way every problem is
+raised in the driver before any replica is created: a bad record costs no model load. Requests
+travel as Arrow rows (`Request.to_row`): typed columns, free-form nested fields as JSON text.
 """
 
 from __future__ import annotations
 
 import json
-import re
-from dataclasses import asdict
+from dataclasses import fields
 from pathlib import Path
 
-import pyarrow as pa
-
 import workloads
-from workloads.dataset import PARSERS, SKIP_HINT, _detect_jsonl_format, check_dataset_file, normalize_format
-from workloads.errors import DatasetError, Problem
-from workloads.readers import iter_json_lines, read_parquet
-from workloads.readers.fields import RecordError
-from workloads.request import Request
+from workloads import DatasetError, Problem, Request
 
-REQUEST_COLUMNS = ("id", "request", "source", "problem")
+DRIVER_PARSE_MAX_BYTES = 64 << 20  # a dataset file this small is parsed by the driver itself
+_EMPTY_ROW = {f.name: None for f in fields(Request)} | {"meta": "{}", "followups": []}
 
 
-def request_to_json(r: Request) -> str:
-    return json.dumps(asdict(r))
-
-
-def request_from_json(text: str) -> Request:
-    return Request(**json.loads(text))
-
-
-def _row(r: Request | None, where: str = "", problem: str = "") -> dict:
-    if r is None:
-        return {"id": "", "request": "", "source": where, "problem": problem}
-    return {"id": r.id, "request": request_to_json(r), "source": r.source, "problem": ""}
+def _problem_row(where: str, message: str) -> dict:
+    return _EMPTY_ROW | {"id": "", "source": where, "problem": message}
 
 
 def parse_file(row: dict, fmt: str | None, turn: int, prompt_column: str) -> list[dict]:
-    """One file's bytes -> one row per record (a request, or the problem that record has); a problem
-    of the whole file is one row with no source, raised by the driver."""
+    """One file's bytes (a Ray task) -> one row per record: a request, or the problem that record has;
+    a problem of the whole file is one row with no source, raised by the driver."""
     try:
-        return _parse_file(row["path"], row["bytes"], fmt, turn, prompt_column)
+        requests, problems, _ = workloads.parse_dataset(row["bytes"], row["path"], fmt, turn, prompt_column)
     except DatasetError as e:
-        return [_row(None, "", str(e))]
+        return [_problem_row("", str(e))]
+    return [r.to_row() | {"problem": ""} for r in requests] + [_problem_row(p.where, p.message) for p in problems]
 
 
-def _parse_file(label: str, data: bytes, fmt: str | None, turn: int, prompt_column: str) -> list[dict]:
-    if fmt == "parquet" or (fmt is None and data[:4] == b"PAR1"):
-        requests, problems = read_parquet(pa.BufferReader(data), label, prompt_column)
-        fmt = "parquet"
-    else:
-        records, problems = iter_json_lines(data.splitlines(keepends=True), label)
-        if not records:
-            raise DatasetError.from_problems(label, problems, "No line could be read.") if problems else \
-                DatasetError(f"{label}: file is empty (no records)")
-        fmt = fmt or _detect_jsonl_format(label, records)
-        if turn != 1 and fmt != "mtbench":
-            raise DatasetError(f"turn={turn} applies to MT-Bench datasets only ({label} is {fmt})")
-        requests = []
-        for lineno, obj in records:
-            where = f"{label}:{lineno}"
-            try:
-                requests.append(PARSERS[fmt](obj, where, lineno, turn))
-            except RecordError as e:
-                problems.append(Problem(where, str(e)))
-    for r in requests:
-        r.meta.setdefault("input_format", fmt)
-    return [_row(r) for r in requests] + [_row(None, p.where, p.message) for p in problems]
-
-
-def detect_format(path: Path, fmt: str | None) -> str:
-    """The dataset's format from its first record, read in the driver (a few bytes) as a local run does."""
-    fmt = normalize_format(fmt)
-    if fmt is not None:
-        return fmt
-    with open(path, "rb") as f:
-        head = f.read(4)
-        if head == b"PAR1" or path.suffix.lower() in (".parquet", ".pq"):
-            return "parquet"
-        f.seek(0)
-        lines = []
-        for raw in f:
-            lines.append(raw)
-            if raw.strip():
-                break
-    records, _ = iter_json_lines(lines, str(path))
-    if not records:
-        return "jsonl"  # the parse reports what is wrong with the file
-    return _detect_jsonl_format(str(path), records)
-
-
-def _line_of(where: str) -> int:
-    m = re.search(r"(\d+)$", where)
-    return int(m.group(1)) if m else 0
-
-
-def read_dataset(opts, finished: set[str], driver_max: int = 0):
-    """(requests, input format, skipped problems, request count) for a RunOptions.
-
-    The requests are a lazy `ray.data.Dataset` of rows {id, request}, or the rows themselves when the
-    driver holds them anyway: with --num-requests (replication renames ids in request order) or when
-    the file has no more than `driver_max` records (a take would only add a Ray Data execution).
+def read_dataset(opts, finished: set[str]):
+    """(requests, input format, skipped problems, request count) for a RunOptions: the requests are
+    Request objects when the driver parsed the file, else a lazy `ray.data.Dataset` of request rows.
     Raises DatasetError for bad records (all of them, in file order) unless opts.skip_bad_lines;
-    duplicate ids are problems as in a local run; ids in `finished` (a resumed output) are dropped.
-    """
+    duplicate ids are problems as in a local run; ids in `finished` (a resumed output) are dropped."""
+    path = Path(opts.dataset)
+    workloads.check_dataset_file(path, str(opts.dataset))
+    if opts.num_requests is not None or path.stat().st_size <= DRIVER_PARSE_MAX_BYTES:
+        loaded = workloads.load_dataset(opts.dataset, opts.dataset_format, turn=opts.turn,
+                                        num_requests=opts.num_requests, skip_bad_lines=opts.skip_bad_lines,
+                                        prompt_column=opts.prompt_column)
+        return [r for r in loaded.requests if r.id not in finished], loaded.format, loaded.skipped, \
+            len(loaded.requests)
+    return _read_with_ray(opts, path, finished)
+
+
+def _read_with_ray(opts, path: Path, finished: set[str]):
     import ray
 
-    path = Path(opts.dataset)
     label = str(opts.dataset)
-    check_dataset_file(path, label)
-    fmt = detect_format(path, opts.dataset_format)
-    if opts.turn != 1 and fmt != "mtbench":
-        raise DatasetError(f"turn={opts.turn} applies to MT-Bench datasets only ({label} is {fmt})")
+    fmt = workloads.normalize_format(opts.dataset_format)
     files = ray.data.read_binary_files(str(path.resolve()), include_paths=True)
     parsed = files.map(lambda row: row | {"path": label}).flat_map(
         parse_file, fn_kwargs={"fmt": fmt, "turn": opts.turn, "prompt_column": opts.prompt_column}).materialize()
-    in_driver = opts.num_requests is not None or parsed.count() <= driver_max
-    index = parsed.take_all() if in_driver else parsed.select_columns(["id", "source", "problem"]).take_all()
+    index = parsed.select_columns(["id", "source", "problem", "meta"]).take_all()
     fatal = [r["problem"] for r in index if r["problem"] and not r["source"]]
     if fatal:
         raise DatasetError(fatal[0])
-    index.sort(key=lambda r: _line_of(r["source"]))
+    index.sort(key=lambda r: workloads.line_of(Problem(r["source"], "")))
     problems = [Problem(r["source"], r["problem"]) for r in index if r["problem"]]
     seen: dict[str, str] = {}
     duplicates: set[str] = set()  # sources of the second and later records of an id
@@ -136,20 +77,12 @@ def read_dataset(opts, finished: set[str], driver_max: int = 0):
             duplicates.add(r["source"])
         else:
             seen[r["id"]] = r["source"]
-    problems.sort(key=lambda p: _line_of(p.where))
+    problems.sort(key=workloads.line_of)
     if problems and not opts.skip_bad_lines:
-        raise DatasetError.from_problems(label, problems, SKIP_HINT)
+        raise DatasetError.from_problems(label, problems, workloads.SKIP_HINT)
     if not seen:
         raise DatasetError(f"{label}: no usable requests" + (" (all were skipped)" if problems else ""))
-    total = len(seen)
-    if in_driver:
-        rows = [r for r in index if not r["problem"] and r["source"] not in duplicates]
-        if opts.num_requests is not None:
-            requests = workloads.replicate([request_from_json(r["request"]) for r in rows], opts.num_requests)
-            total = len(requests)
-            rows = [_row(r) for r in requests]
-        return [{"id": r["id"], "request": r["request"]} for r in rows if r["id"] not in finished], fmt, problems, total
-    good = parsed.filter(lambda r: not r["problem"] and r["source"] not in duplicates)
-    if finished:
-        good = good.filter(lambda r: r["id"] not in finished)
-    return good.select_columns(["id", "request"]), fmt, problems, total
+    first = next(r for r in index if not r["problem"])
+    fmt = json.loads(first["meta"]).get("input_format", fmt or "jsonl")
+    good = parsed.filter(lambda r: not r["problem"] and r["source"] not in duplicates and r["id"] not in finished)
+    return good.drop_columns(["problem"]), fmt, problems, len(seen)

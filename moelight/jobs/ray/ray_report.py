@@ -1,7 +1,7 @@
 """The closing report of a Ray job: the local run's figures for the whole job, and per replica.
 
-Each replica reports every batch it ran (tokens, prefill / decode seconds, the plan it used); the
-job's prefill and decode rates are the sum of the replicas' rates (they run side by side), and
+Each replica's batches fold into a RunReport of its own (`absorb`, as a CoE job folds its models);
+the job's prefill and decode rates are the sum of the replicas' rates (they run side by side), and
 end-to-end is the generated tokens over the wall time of the generation stage (replica start-up,
 model loads included: on a cluster that is what a job costs).
 """
@@ -10,46 +10,42 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from moelight.jobs.report import RunReport, _rate
+from moelight.jobs.report import RunReport
 
 
 @dataclass
 class ReplicaFigures:
     replica: str
     batches: int = 0
-    requests: int = 0
-    prompt_tokens: int = 0
-    generated_tokens: int = 0
-    prefill_seconds: float = 0.0
-    decode_seconds: float = 0.0
-    decode_tokens: int = 0
-    load_seconds: float = 0.0
     threads: int = 0
-    attention_backend: str = ""
-    peak_memory_bytes: int = 0
-    batch_size: int = 0
-    micro_batch_size: int = 0
-    policy: dict = field(default_factory=dict)
-    prediction: dict = field(default_factory=dict)
+    report: RunReport | None = None  # its batches folded together; the latest batch's plan
 
     def add(self, batch: dict) -> None:
+        part = RunReport(**{k: v for k, v in batch.items() if k in RunReport.__dataclass_fields__})
+        part.load_seconds = 0.0  # a replica loads once; its load time rides on every batch's report
+        if self.report is None:
+            self.report = part
+        else:
+            self.report.absorb(part)
+            if part.batch_size:
+                self.report.batch_size, self.report.micro_batch_size = part.batch_size, part.micro_batch_size
+                self.report.policy, self.report.prediction = part.policy, part.prediction
+            self.report.requests += part.requests
+        self.report.load_seconds = batch.get("load_seconds", 0.0)
+        self.report.attention_backend = self.report.attention_backend or part.attention_backend
         self.batches += 1
-        for name in ("requests", "prompt_tokens", "generated_tokens", "decode_tokens"):
-            setattr(self, name, getattr(self, name) + int(batch.get(name, 0)))
-        self.prefill_seconds += batch.get("prefill_seconds", 0.0)
-        self.decode_seconds += batch.get("decode_seconds", 0.0)
-        self.load_seconds = batch.get("load_seconds", self.load_seconds)
         self.threads = batch.get("threads", self.threads)
-        self.attention_backend = batch.get("attention_backend") or self.attention_backend
-        self.peak_memory_bytes = max(self.peak_memory_bytes, batch.get("peak_memory_bytes", 0))
-        if batch.get("batch_size"):
-            self.batch_size, self.micro_batch_size = batch["batch_size"], batch["micro_batch_size"]
-            self.policy = batch.get("policy", {})
-            self.prediction = batch.get("prediction", {})
 
     def to_dict(self) -> dict:
-        return {**self.__dict__, "prefill_tokens_per_s": _rate(self.prompt_tokens, self.prefill_seconds),
-                "decode_tokens_per_s": _rate(self.decode_tokens, self.decode_seconds)}
+        r = self.report
+        return {"replica": self.replica, "batches": self.batches, "threads": self.threads, "requests": r.requests,
+                "prompt_tokens": r.prompt_tokens, "generated_tokens": r.generated_tokens,
+                "decode_tokens": r.decode_tokens, "prefill_seconds": r.prefill_seconds,
+                "decode_seconds": r.decode_seconds, "load_seconds": r.load_seconds,
+                "attention_backend": r.attention_backend, "peak_memory_bytes": r.peak_memory_bytes,
+                "batch_size": r.batch_size, "micro_batch_size": r.micro_batch_size, "policy": r.policy,
+                "prediction": r.prediction, "prefill_tokens_per_s": r.prefill_tokens_per_s,
+                "decode_tokens_per_s": r.decode_tokens_per_s}
 
 
 @dataclass
@@ -59,25 +55,23 @@ class RayRunReport(RunReport):
     replicas: list = field(default_factory=list)  # ReplicaFigures.to_dict() per replica
 
     def fold(self, figures: dict[str, ReplicaFigures], stage_seconds: float) -> None:
-        """Totals from the replicas' figures; the stage's wall time for end-to-end."""
-        reps = list(figures.values())
+        """Totals from the replicas' reports; the replicas' rates summed; the stage's wall time for end-to-end."""
+        reps = [f for f in figures.values() if f.report is not None]
         self.replicas = [r.to_dict() for r in reps]
-        self.prompt_tokens = sum(r.prompt_tokens for r in reps)
-        self.generated_tokens = sum(r.generated_tokens for r in reps)
-        self.decode_tokens = sum(r.decode_tokens for r in reps)
-        self.prefill_seconds = sum(r.prefill_seconds for r in reps)
-        self.decode_seconds = sum(r.decode_seconds for r in reps)
+        requests, skipped = self.requests, self.skipped_requests
+        for r in reps:
+            self.absorb(r.report)
+        self.requests, self.skipped_requests = requests, skipped  # the driver counted them
         self.generation_seconds = stage_seconds
-        self.load_seconds = max((r.load_seconds for r in reps), default=0.0)
-        self.peak_memory_bytes = max((r.peak_memory_bytes for r in reps), default=0)
-        self.prefill_tokens_per_s = sum(_rate(r.prompt_tokens, r.prefill_seconds) for r in reps)
-        self.decode_tokens_per_s = sum(_rate(r.decode_tokens, r.decode_seconds) for r in reps)
-        self.end_to_end_tokens_per_s = _rate(self.generated_tokens, stage_seconds)
+        self.load_seconds = max((r.report.load_seconds for r in reps), default=0.0)
+        self.update_rates()
+        self.prefill_tokens_per_s = sum(r.report.prefill_tokens_per_s for r in reps)
+        self.decode_tokens_per_s = sum(r.report.decode_tokens_per_s for r in reps)
         if reps:
-            self.batch_size, self.micro_batch_size = reps[0].batch_size, reps[0].micro_batch_size
-            self.policy = dict(reps[0].policy)
-            self.attention_backend = reps[0].attention_backend
-            self.prediction = dict(reps[0].prediction)
+            first = reps[0].report
+            self.batch_size, self.micro_batch_size = first.batch_size, first.micro_batch_size
+            self.policy, self.prediction = dict(first.policy), dict(first.prediction)
+            self.attention_backend = first.attention_backend
 
     def summary(self) -> str:
         lines = [super().summary().replace(" s loading)", " s loading, on the slowest replica)"),

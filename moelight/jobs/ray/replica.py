@@ -1,10 +1,11 @@
 """One moelight engine per Ray actor: the model loads once, every batch Ray hands it is one job.
 
 `map_batches(MoelightReplica, ...)` builds one per pool slot. A batch (the planner's N requests,
-or --batch-size) is planned for the resources Ray gave the actor (its CPUs set torch's threads on
-a CPU-only actor; a GPU actor plans for the device it sees), generated with the same code as a
-local run (`runner.prepare_requests` / `generate_prepared`), and returned as result rows; the
-batch's report rides on its first row so the driver can report per replica.
+or --batch-size) arrives as Arrow request rows, is generated with the same code as a local run
+(`jobs.serving.prepare_requests` / `generate_prepared`) and returns as result rows; the batch's
+report rides on its first row so the driver can report per replica. The driver's solved policy
+is reused when this replica plans for the same hardware spec and device (the MILP would only
+solve the same problem again); otherwise the replica plans its own.
 
 Every torch call of a replica runs on one thread of its own. Ray Data constructs the class on the
 actor's main thread and calls it from another; torch work on both would give the process two
@@ -22,15 +23,20 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
-from moelight.jobs.ray.ray_dataset import request_from_json
+from moelight.jobs import serving
+from moelight.jobs.prompts import check_prompts
+from moelight.jobs.run_options import RunOptions
+from workloads import Request
+from workloads.results import result_to_row
 
-RESULT_COLUMNS = ("id", "result", "replica", "batch_report")
 
-
-def _options(opts_fields: dict):
-    from moelight.jobs.dataset_job import RunOptions
-
-    return RunOptions(**opts_fields)
+def request_rows(batch) -> list[Request]:
+    """A batch of request rows (a pyarrow Table from Ray Data, or a dict of columns) -> Requests."""
+    if hasattr(batch, "to_pylist"):
+        return [Request.from_row(row) for row in batch.to_pylist()]
+    names = list(batch)
+    n = len(batch[names[0]]) if names else 0
+    return [Request.from_row({k: batch[k][i] for k in names}) for i in range(n)]
 
 
 class _Collect:
@@ -46,12 +52,12 @@ class _Collect:
 class MoelightReplica:
     """A Ray Data actor: `__init__` resolves the model and loads its weights, `__call__` runs a batch."""
 
-    def __init__(self, opts_fields: dict, num_cpus: float | None = None) -> None:
+    def __init__(self, opts_fields: dict, num_cpus: float | None = None, driver_plan: dict | None = None) -> None:
         self.engine_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moelight-engine")
-        self.opts = replace(_options(opts_fields), progress=False, log=None)
-        self.engine_thread.submit(self._load, num_cpus).result()
+        self.opts = replace(RunOptions(**opts_fields), progress=False, log=None)
+        self.engine_thread.submit(self._load, num_cpus, driver_plan).result()
 
-    def _load(self, num_cpus: float | None) -> None:
+    def _load(self, num_cpus: float | None, driver_plan: dict | None) -> None:
         import torch
 
         from moelight.engine.session import EngineSession
@@ -59,29 +65,45 @@ class MoelightReplica:
         if num_cpus:
             torch.set_num_threads(max(1, int(num_cpus)))
         self.session = EngineSession(self.opts)
+        self.solved = _reusable(driver_plan, self.opts, self.session.device)
         self.session.load()
         self.replica = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
         self.threads = torch.get_num_threads()
 
-    def __call__(self, batch: dict) -> dict:
+    def __call__(self, batch) -> dict:
         return self.engine_thread.submit(self._generate, batch).result()
 
-    def _generate(self, batch: dict) -> dict:
-        from moelight.jobs.dataset_job import generate_prepared, prepare_requests
-        from moelight.planning.memory_check import peak_rss_bytes
-
-        requests = [request_from_json(text) for text in batch["request"]]
-        job = prepare_requests(self.session, self.opts, requests)
+    def _generate(self, batch) -> dict:
+        job = serving.prepare_requests(self.session, self.opts, request_rows(batch), solved=self.solved)
         out = _Collect()
         if job.plan is not None:
-            generate_prepared(self.session, self.opts, job, out)
-        report = job.report
-        report.cache = self.session.cache_stats()
-        report.peak_memory_bytes = peak_rss_bytes()
-        summary = json.dumps(report.to_dict() | {"threads": self.threads, "load_seconds": self.session.load_seconds})
-        n = len(out.results)
-        return {"id": [r["id"] for r in out.results], "result": [json.dumps(r) for r in out.results],
-                "replica": [self.replica] * n, "batch_report": [summary] + [""] * (n - 1)}
+            serving.generate_prepared(self.session, self.opts, job, out)
+        job.report.close(self.session)
+        summary = json.dumps(job.report.to_dict() | {"threads": self.threads,
+                                                     "load_seconds": self.session.load_seconds})
+        rows = [result_to_row(r) for r in out.results]
+        n = len(rows)
+        columns = {k: [r[k] for r in rows] for k in (rows[0] if rows else result_to_row(_EMPTY))}
+        return columns | {"replica": [self.replica] * n, "batch_report": [summary] + [""] * (n - 1)}
+
+
+_EMPTY = {"id": "", "output": "", "output_token_ids": [], "finish_reason": "stop", "prompt_tokens": 0,
+          "completion_tokens": 0}
+
+
+def _reusable(driver_plan: dict | None, opts, device: str):
+    """The driver's solved policy when this replica would plan for the same hardware and device."""
+    if not driver_plan:
+        return None
+    from moelight.planning.hardware_choice import resolve_hardware
+    from optimizer import Policy
+
+    mine = resolve_hardware(opts.hardware)
+    if opts.gpus is not None:
+        mine = mine.with_gpus(opts.gpus)
+    if device != driver_plan["device"] or mine.to_dict() != driver_plan["hardware"]:
+        return None
+    return Policy.from_dict(driver_plan["policy"])
 
 
 class PromptChecker:
@@ -89,15 +111,12 @@ class PromptChecker:
     prompt that cannot run is reported before any replica loads a model."""
 
     def __init__(self, opts_fields: dict) -> None:
-        from moelight.engine.session import EngineSession
+        from moelight.loading.resolved_model import resolve
 
-        self.opts = replace(_options(opts_fields), progress=False, log=None)
-        session = EngineSession(self.opts)  # resolves config and tokenizer, loads nothing
-        self.tokenizer, self.context = session.tokenizer, session.config.max_position_embeddings
+        self.opts = replace(RunOptions(**opts_fields), progress=False, log=None)
+        resolved = resolve(self.opts.model, self.opts.load_format, self.opts.dtype, self.opts.tokenizer)
+        self.tokenizer, self.context = resolved.tokenizer, resolved.config.max_position_embeddings
 
-    def __call__(self, batch: dict) -> dict:
-        from moelight.jobs.dataset_job import check_prompts
-
-        requests = [request_from_json(text) for text in batch["request"]]
-        _, _, problems = check_prompts(requests, self.tokenizer, self.context, self.opts)
+    def __call__(self, batch) -> dict:
+        _, _, problems = check_prompts(request_rows(batch), self.tokenizer, self.context, self.opts)
         return {"id": [rid for rid, _ in problems], "problem": [m for _, m in problems]}

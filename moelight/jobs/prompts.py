@@ -1,0 +1,71 @@
+"""A request's prompt made ready to generate: tokenized, checked against the model's context, and
+given its SamplingParams. One rule for every front end (`moelight run`, `LLM`, a Ray replica)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from moelight.errors import PromptError
+from moelight.sampling.params import SamplingParams, request_seed
+
+
+def fit_to_context(where: str, ids: list[int], params: SamplingParams, context: int) -> SamplingParams:
+    """`params` with max_tokens cut to what the context leaves after the prompt; PromptError for an
+    empty prompt or one that fills the context. `where` names the prompt in the message."""
+    if not ids:
+        raise PromptError(f"{where} is empty; every prompt needs some text")
+    if len(ids) >= context:
+        raise PromptError(f"{where} has {len(ids)} tokens, the model's context is {context}")
+    if len(ids) + params.max_tokens > context:
+        return replace(params, max_tokens=context - len(ids))
+    return params
+
+
+def seeded(params: SamplingParams, base_seed: int, request_id: str) -> SamplingParams:
+    """`params` with its own seed, or the request's (base + crc32(id)): a request's draws then do not
+    depend on its batch, its position in the job, or the front end that ran it."""
+    return params if params.seed is not None else replace(params, seed=request_seed(base_seed, request_id))
+
+
+def request_params(r, opts) -> SamplingParams:
+    """A dataset request's sampling: its own fields over the job's defaults (RunOptions)."""
+    return SamplingParams(
+        max_tokens=r.max_new_tokens or opts.gen_len,
+        temperature=opts.temperature if r.temperature is None else r.temperature,
+        top_p=opts.top_p if r.top_p is None else r.top_p,
+        top_k=opts.top_k if r.top_k is None else r.top_k,
+        seed=r.seed if r.seed is not None else request_seed(opts.seed, r.id),
+        ignore_eos=opts.ignore_eos,
+    )
+
+
+def check_prompts(requests, tokenizer, context: int, opts):
+    """Tokenize every first turn and build its SamplingParams: (prompts, params, problems) where
+    problems are (request id, message) for the requests that cannot be generated."""
+    prompts, params, problems = [], [], []
+    for r in requests:
+        ids = tokenizer.encode_request(r) if (r.prompt or r.messages) else []
+        try:
+            p = fit_to_context(f"{r.source or r.id}: prompt", ids, request_params(r, opts), context)
+        except PromptError as e:
+            problems.append((r.id, str(e)))
+            continue
+        prompts.append(ids)
+        params.append(p)
+    return prompts, params, problems
+
+
+def prompt_error(problems: list[str]) -> PromptError:
+    """Every bad prompt in one error (the first 20 listed), as a local run and a Ray run report them."""
+    more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
+    shown = "\n  ".join(problems[:20]) + more
+    return PromptError(f"{len(problems)} request(s) cannot be generated:\n  {shown}\n"
+                       "fix them, or pass --skip-bad-lines to go on without them")
+
+
+def prepare_prompts(requests, tokenizer, context: int, opts):
+    """check_prompts, raising for bad prompts unless --skip-bad-lines; (prompts, params, skipped ids)."""
+    prompts, params, problems = check_prompts(requests, tokenizer, context, opts)
+    if problems and not opts.skip_bad_lines:
+        raise prompt_error([m for _, m in problems])
+    return prompts, params, {rid for rid, _ in problems}

@@ -1,0 +1,78 @@
+"""The options of a dataset job: the engine's, plus the requests' source, their sampling defaults,
+the output and how to run (locally, as a CoE job, on Ray)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import workloads
+from moelight.engine.options import EngineOptions, OptionError
+
+
+@dataclass(kw_only=True)
+class RunOptions(EngineOptions):
+    """A dataset job: the engine's options plus the requests' source, their sampling and the output."""
+
+    dataset: Path
+    output: Path
+    gen_len: int = 128
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    ignore_eos: bool = False
+    turn: int = 1
+    num_requests: int | None = None
+    dataset_format: str | None = None
+    prompt_column: str = "prompt"
+    skip_bad_lines: bool = False
+    resume: bool = False
+    overwrite: bool = False
+    progress: bool = True
+    coe_order: str = "grouped"  # a CoE job (--model coe.json): grouped by model (CoServe) or fcfs
+    ray: str | None = None  # run on Ray (moelight/jobs/ray): "local" starts a cluster, "auto" / an address connects
+    ray_replicas: str = "1"  # engines (actors): a count, or MIN-MAX for an autoscaling pool
+    ray_cpus_per_replica: float | None = None  # None: the cluster's CPUs shared by the pool's maximum
+    ray_gpus_per_replica: float = 0.0
+    log: Callable[[str], None] | None = None  # one-line notes (the plan, a fresh profile)
+
+    def validate(self) -> None:
+        """Every option, the output's extension and the dataset format included, before any reading."""
+        super().validate()
+        if self.resume and self.overwrite:
+            raise OptionError("--resume and --overwrite contradict each other: choose one")
+        if self.dataset_format is not None and self.dataset_format not in workloads.FORMATS:
+            raise OptionError(f"--format {self.dataset_format!r} is not one of the valid choices: "
+                              f"{', '.join(workloads.FORMATS)}")
+        try:
+            workloads.output_format(self.output)
+        except workloads.OutputPathError as e:
+            raise OptionError(f"--output {e}") from None
+        if self.ray is not None:
+            self._check_ray()
+        from moelight.jobs.coe_job import is_coe_spec
+        from moelight.parallel.rank_group import torchrun_rank
+
+        if torchrun_rank() is not None and (self.ray is not None or is_coe_spec(self.model)):
+            raise OptionError("torchrun starts the ranks of one tensor-parallel model: run a CoE spec or --ray "
+                              "without torchrun")
+
+    def _check_ray(self) -> None:
+        import importlib.util
+
+        from moelight.jobs.coe_job import is_coe_spec
+        from moelight.jobs.ray.resources import parse_replicas
+
+        if importlib.util.find_spec("ray") is None:
+            raise OptionError('--ray needs Ray Data: pip install -e ".[ray]" (or pip install "ray[data]")')
+        parse_replicas(self.ray_replicas)
+        if is_coe_spec(self.model):
+            raise OptionError("--ray runs one model per replica; a CoE spec (--model coe.json) runs locally only")
+        if (self.gpus or 0) > 1:
+            raise OptionError(f"--ray with --gpus {self.gpus}: a replica runs on one device; give each replica "
+                              "one GPU (--ray-gpus-per-replica 1) and more replicas instead")
+        for option, value in (("--ray-cpus-per-replica", self.ray_cpus_per_replica),
+                              ("--ray-gpus-per-replica", self.ray_gpus_per_replica)):
+            if value is not None and value < 0:
+                raise OptionError(f"{option} {value}: must be >= 0")

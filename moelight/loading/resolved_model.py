@@ -1,0 +1,39 @@
+"""A model resolved but not loaded: its source (config, weights' whereabouts, dtype), tokenizer and
+stop ids. Cheap (no weights), so a job can check prompts and memory before anything heavy, and a
+process that only tokenizes (a Ray prompt checker, the Ray driver) needs nothing more.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from moelight.loading.model_source import ModelSource, resolve_model
+from moelight.models.config import ModelConfig
+from moelight.tokenization.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
+
+
+@dataclass
+class ResolvedModel:
+    source: ModelSource
+    tokenizer: Tokenizer
+    eos: tuple[int, ...]  # the config's end ids and the tokenizer's (end-of-turn ids of chat models)
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.source.config
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.source.dtype).replace("torch.", "")
+
+
+def resolve(model: str, load_format: str = "auto", dtype: str = "auto", tokenizer: str = "auto") -> ResolvedModel:
+    """`--model`, `--load-format`, `--dtype` and `--tokenizer` made concrete, without loading weights."""
+    source = resolve_model(model, load_format, dtype)
+    tok_dir = source.model_dir if tokenizer != "byte" else None
+    tok = load_tokenizer(tok_dir, kind="byte" if tok_dir is None else tokenizer,
+                         model_vocab_size=source.config.vocab_size)
+    # a real tokenizer may add end-of-turn ids; the byte fallback's ids mean nothing to a checkpoint
+    tok_eos = () if isinstance(tok, ByteTokenizer) and source.model_dir else tok.eos_ids
+    eos = tuple(dict.fromkeys(tuple(source.config.eos_token_ids) + tuple(sorted(tok_eos))))
+    return ResolvedModel(source, tok, eos)

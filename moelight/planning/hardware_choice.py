@@ -1,0 +1,75 @@
+"""What a job is planned for: the hardware spec (a preset, a profile JSON, this machine's cached
+profile) and the device the engine runs on."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from moelight.errors import MoelightError
+
+
+class PlanError(MoelightError):
+    """The policy cannot run: it does not fit, it cannot be read, or it needs a missing GPU."""
+
+
+def resolve_hardware(name: str | None, log: Callable[[str], None] | None = None):
+    """The HardwareSpec to plan with: a preset, a profile JSON, or the cached profile.
+
+    With no cached profile, or one from an older moelight that lacks a measurement the HRM
+    now uses, a quick profile (a few seconds) is taken now and cached, so the plan always
+    describes this machine and the next run starts at once.
+    """
+    from hrm import hardware_presets
+
+    key = name or "profile"
+    cached = hardware_presets.DEFAULT_PROFILE_PATH.expanduser()
+    if key.lower() == "profile" and (not cached.is_file() or _profile_is_stale(cached)):
+        from moelight.profiling.machine_profile import profile_machine
+
+        why = "an older moelight's profile" if cached.is_file() else "no hardware profile yet"
+        t0 = time.perf_counter()
+        hw = profile_machine(quick=True)
+        try:
+            path = hw.save(cached)
+            where = f"cached in {path}"
+        except OSError as e:
+            where = f"not cached: {e}"
+        if log:
+            log(f"{why}: took a quick one in {time.perf_counter() - t0:.1f} s ({where}; "
+                "`moelight profile` takes a fuller one)")
+        return hw
+    try:
+        return hardware_presets.get_hardware(key)
+    except KeyError as e:
+        raise PlanError(f"--hardware: {e.args[0]}") from None
+    except (FileNotFoundError, ValueError) as e:
+        raise PlanError(f"--hardware {key}: {e}") from None
+
+
+def _profile_is_stale(path) -> bool:
+    """A measured CPU level (it has a GEMM curve) without the element-wise rate (written before
+    the HRM charged element-wise work: plans ~25% optimistic), or a measured GPU without its
+    expert-GEMM rate (written before the HRM used achieved GPU rates: plans 2-3x optimistic)."""
+    import json
+
+    try:
+        d = json.loads(path.read_text())
+        cpu, gpu = d.get("cpu", {}), d.get("gpu") or {}
+    except (OSError, ValueError, AttributeError):
+        return False  # let the normal load report what is wrong with it
+    return (bool(cpu.get("gemm_flops")) and not cpu.get("elementwise_bandwidth")) or (
+        bool(gpu) and not gpu.get("gemm_bandwidth"))
+
+
+def resolve_device(name: str) -> str:
+    """auto: the CGOPipe runtime on CUDA when there is a GPU, else the plain CPU executor."""
+    import torch
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name not in ("cpu", "cuda", "emulated"):
+        raise PlanError(f"--device {name!r}: choose auto, cpu, cuda or emulated")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise PlanError("--device cuda: this torch build or host has no CUDA; use --device cpu or emulated")
+    return name

@@ -1,0 +1,42 @@
+"""The executor interface: what the generation loop asks of whatever runs the model's passes.
+
+Three executors implement it: `PlainExecutor` (every pass on the CPU, runtime/plain_executor.py),
+the CGOPipe runtime (`pipeline.executor.PipelineExecutor`, a schedule's task graph on a device)
+and latency mode's `expert_cache.executor.ExpertCacheExecutor` (a device expert cache). The
+engine (engine/generation.py) sees only this: prefill packed prompts, decode micro-batches,
+release a finished sequence, report stats, close. Adding an executor is implementing these five.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+
+from moelight.runtime.kv_cache import RaggedKVCache
+
+# one decode micro-batch: next tokens [B], each sequence's KV-cache offset [B], positions [B]
+MicroBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
+
+
+class Executor(ABC):
+    """Runs the model's passes over a KV cache the engine owns; returns float32 logits."""
+
+    @abstractmethod
+    def prefill(self, cache: RaggedKVCache, tokens: torch.Tensor, seq_lens: torch.Tensor,
+                offsets: torch.Tensor) -> torch.Tensor:
+        """Packed prompts tokens [T] (seq_lens [B], cache offsets [B]) -> last-token logits [B, vocab]."""
+
+    @abstractmethod
+    def decode(self, cache: RaggedKVCache, micro_batches: list[MicroBatch]) -> list[torch.Tensor]:
+        """One token per sequence of every micro-batch -> logits [B_i, vocab] per micro-batch."""
+
+    def release_sequence(self, offset: int) -> None:  # noqa: B027 - most executors keep nothing per sequence
+        """The sequence at KV offset `offset` finished; forget what was kept for it."""
+
+    def stats(self) -> dict:
+        """Figures for the job's report (the expert cache's hits and fetches); {} where there are none."""
+        return {}
+
+    def close(self) -> None:  # noqa: B027 - nothing to free on the CPU
+        """Free the device and stop worker threads; the executor is unusable after."""
