@@ -75,7 +75,7 @@ setup(
         "tqdm",
     ],
     extras_require={
-        "test": ["pytest", "transformers", "matplotlib", "ruff"],
+        "test": ["pytest", "transformers", "matplotlib", "ruff", "import-linter"],
         "plot": ["matplotlib"],
         "ray": ["ray[data]>=2.50"],
     },

@@ -20,8 +20,8 @@ from hrm import WorkloadSpec, get_hardware, get_model
 from moelight.engine.generation import Engine, GenerationStats
 from moelight.loading.weights import build_model
 from moelight.models.config import ModelConfig
-from moelight.pipeline.executor import PipelineExecutor
 from moelight.pipeline.gantt import draw_gantt, timeline_from_events
+from moelight.pipeline.pipeline_executor import PipelineExecutor
 from moelight.pipeline.schedule import SCHEDULES
 from moelight.pipeline.schedule_simulator import simulate_policy
 from moelight.sampling.params import SamplingParams

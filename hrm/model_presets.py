@@ -15,7 +15,7 @@ def _mixtral(vocab, hidden, f, layers, experts, top_k, heads, kv, head_dim, max_
 
 
 # Each preset is the config.json of its model (at the real shape, from the published checkpoints),
-# so the engine (moelight/presets.py, through its family adapters) and the HRM read the same numbers.
+# so the engine (moelight/loading/presets.py, through its family adapters) and the HRM read the same numbers.
 PRESET_CONFIGS: dict[str, dict] = {
     "tiny": _mixtral(512, 64, 128, 2, 4, 2, 4, 2, 16, 2048),
     "bench-1b": _mixtral(32000, 1024, 3584, 8, 8, 2, 16, 4, 64, 4096),

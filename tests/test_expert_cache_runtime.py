@@ -11,9 +11,9 @@ import pytest
 
 from hrm import get_hardware, model_from_hf_config
 from moelight.engine.generation import Engine
+from moelight.expert_cache.cache_executor import ExpertCacheExecutor
 from moelight.expert_cache.cache_simulator import PassTimer, simulate_cache
 from moelight.expert_cache.eam import EAMCollection, eam_of
-from moelight.expert_cache.executor import ExpertCacheExecutor
 from moelight.expert_cache.policy_registry import NEEDS_PREDICTOR, POLICIES, make_policy
 from moelight.expert_cache.predictor_training import train_predictors
 from moelight.jobs.trace_job import trace_requests

@@ -66,3 +66,41 @@ def test_check_can_fail():
     r = subprocess.run([sys.executable, "-c", CHECK, "cpu_kernels", "torch"], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "pulled in" in r.stderr
+
+
+def _lint_imports(*config: Path) -> subprocess.CompletedProcess:
+    code = "import sys; from importlinter.cli import lint_imports_command; sys.exit(lint_imports_command())"
+    return subprocess.run([sys.executable, "-c", code, "--no-cache", "--no-logo", *map(str, config)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+
+
+def test_import_contracts_hold():
+    """pyproject.toml's import-linter contracts: the layers of ARCHITECTURE.md import one way only,
+    hrm / optimizer / workloads import neither torch nor the engine, and no package has an import circle."""
+    r = _lint_imports()
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert "0 broken" in r.stdout and "kept" in r.stdout
+
+
+def test_the_contracts_can_fail(tmp_path):
+    """The same check, given the jobs layer below the engine and workloads allowed nothing, breaks."""
+    import tomllib
+
+    cfg = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    layers = next(c for c in cfg["contracts"] if c["type"] == "layers")["layers"]
+    swapped = [*layers]
+    i, j = swapped.index("moelight.jobs"), swapped.index("moelight.engine")
+    swapped[i], swapped[j] = swapped[j], swapped[i]
+    body = "\n".join([
+        "[tool.importlinter]",
+        f"root_packages = {cfg['root_packages']!r}".replace("'", '"'),
+        "include_external_packages = true",
+        "[[tool.importlinter.contracts]]",
+        'name = "swapped"',
+        'type = "layers"',
+        "layers = [" + ", ".join(f'"{x}"' for x in swapped) + "]",
+    ])
+    bad = tmp_path / "swapped.toml"
+    bad.write_text(body + "\n")
+    r = _lint_imports(bad)
+    assert r.returncode != 0 and "BROKEN" in r.stdout and "moelight.jobs" in r.stdout

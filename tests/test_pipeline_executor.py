@@ -11,7 +11,7 @@ from moelight.devices.device_base import DeviceOutOfMemory
 from moelight.engine.generation import Engine, GenerationStats
 from moelight.loading.weights import build_model
 from moelight.models.config import ModelConfig
-from moelight.pipeline.executor import PipelineExecutor
+from moelight.pipeline.pipeline_executor import PipelineExecutor
 from moelight.pipeline.schedule import SCHEDULES
 from moelight.sampling.params import SamplingParams
 

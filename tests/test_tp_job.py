@@ -18,7 +18,7 @@ pytest.importorskip("transformers")
 from moelight import LLM, SamplingParams  # noqa: E402
 from moelight.cli import app  # noqa: E402
 from moelight.parallel import TensorParallelError  # noqa: E402
-from moelight.pipeline.executor import PipelineExecutor  # noqa: E402
+from moelight.pipeline.pipeline_executor import PipelineExecutor  # noqa: E402
 from tests.checkpoints import make_hf_model, save_checkpoint  # noqa: E402
 from tests.cli_text import says  # noqa: E402
 from tests.test_cli_run import read_jsonl, report_of, write_jsonl  # noqa: E402

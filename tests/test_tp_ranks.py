@@ -13,7 +13,7 @@ import torch
 import torch.multiprocessing as mp
 
 from moelight.engine.generation import Engine
-from moelight.pipeline.executor import PipelineExecutor
+from moelight.pipeline.pipeline_executor import PipelineExecutor
 from moelight.pipeline.schedule import SCHEDULES
 from moelight.runtime.kv_cache import RaggedKVCache
 from moelight.sampling.params import SamplingParams

@@ -19,7 +19,7 @@ from tqdm import tqdm
 from moelight.api.outputs import CompletionOutput, RequestOutput
 from moelight.engine.generation import GenerationStats
 from moelight.engine.options import EngineOptions, OptionError
-from moelight.engine.session import open_session
+from moelight.engine.session_start import open_session
 from moelight.errors import PromptError
 from moelight.jobs.prompts import fit_to_context, seeded
 from moelight.jobs.report import RunReport

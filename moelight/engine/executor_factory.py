@@ -25,7 +25,7 @@ def fits(have: tuple | None, want: tuple) -> bool:
 
 def pipeline_executor(model, opts, plan: JobPlan, size: tuple, device: str, ranks: int = 1, group=None) -> Executor:
     """The CGOPipe runtime for this plan; the emulated device takes the planned GPU's memory and link."""
-    from moelight.pipeline.executor import PipelineExecutor
+    from moelight.pipeline.pipeline_executor import PipelineExecutor
 
     hw, micro = plan.hardware, plan.micro_batch_size
     kwargs: dict = {}
@@ -45,9 +45,9 @@ def pipeline_executor(model, opts, plan: JobPlan, size: tuple, device: str, rank
 def cache_executor(model, opts, plan: JobPlan, device: str) -> Executor:
     """Latency mode's executor: a fresh expert cache for every job, on one device."""
     from hrm import model_from_hf_config
+    from moelight.expert_cache.cache_executor import ExpertCacheExecutor
     from moelight.expert_cache.cache_simulator import PassTimer, default_prefetch_budget
     from moelight.expert_cache.eam import EAMCollection
-    from moelight.expert_cache.executor import ExpertCacheExecutor
     from moelight.expert_cache.policy_registry import NEEDS_PREDICTOR, make_policy
     from moelight.expert_cache.predictors import Predictors
 

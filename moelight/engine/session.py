@@ -10,7 +10,7 @@ larger buffers (engine/executor_factory.py). The job's report is the job's (moel
 With N > 1 GPUs on cuda / emulated the session is rank 0 of a tensor-parallel group
 (moelight/parallel): it spawns the other ranks when it loads, every rank loads its own shard
 straight from the checkpoint, and each engine call is replayed on every rank (engine/lockstep.py,
-engine/tp_follower.py).
+engine/tp_follower.py); front ends open a session with engine/session_start.py.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from dataclasses import replace
 from moelight.engine import executor_factory
 from moelight.engine.generation import Engine
 from moelight.engine.options import EngineOptions
-from moelight.engine.tp_follower import follow_torchrun, serve
 from moelight.loading.model_source import load_model
 from moelight.loading.resolved_model import ResolvedModel, resolve
 from moelight.parallel import shard_config
@@ -34,16 +33,10 @@ from moelight.runtime.cpu_linear import pack_model
 from moelight.runtime.executor import Executor
 from moelight.sampling.params import SamplingParams
 
-__all__ = ["EngineSession", "open_session", "tensor_parallel_degree"]
+# a spawned rank's entry point, by name: the launcher imports it in the new process (engine/tp_follower.py)
+FOLLOWER_MAIN = "moelight.engine.tp_follower:serve"
 
-
-def open_session(opts: EngineOptions, log: Callable[[str], None] | None = None) -> EngineSession | None:
-    """The session a front end runs its jobs on; None on a torchrun rank other than 0, which has
-    served rank 0's session until it closed (rank 0 owns the dataset, the output and the report)."""
-    opts.validate()
-    if follow_torchrun(opts):
-        return None
-    return EngineSession(opts, log)
+__all__ = ["EngineSession", "tensor_parallel_degree"]
 
 
 class EngineSession:
@@ -102,7 +95,7 @@ class EngineSession:
 
         if self.group is None:
             engine_opts = EngineOptions(**{n: getattr(self.opts, n) for n in EngineOptions.names()})
-            self.group = start_group(self.ranks, self.device, engine_opts, serve)
+            self.group = start_group(self.ranks, self.device, engine_opts, FOLLOWER_MAIN)
         g = self.group
         self.model = load_together(g, lambda: load_shard(self.source, g.rank, g.world, g.all_reduce, self.opts.seed))
 

@@ -5,7 +5,7 @@ A policy sees the routing of every MoE layer pass (`observe`) and every access (
 `loaded`), and answers two questions with arrays over all L x E experts (key = layer * E +
 expert): `scores()`, the keep-worthiness of each (the cache evicts the lowest), and
 `prefetch(layer)`, a priority for fetching each ahead of its use (0: do not). Pure numpy, no
-torch: the runtime (executor.py) and the trace simulator (cache_simulator.py) drive the same
+torch: the runtime (cache_executor.py) and the trace simulator (cache_simulator.py) drive the same
 objects. The policies themselves: baseline_policies.py, moe_infinity_policy.py,
 learned_policies.py, combined_policy.py; by name: policy_registry.py.
 """

@@ -30,11 +30,6 @@ class CoEError(MoelightError):
     """A CoE spec or a routing that cannot work; the message names the file or the request."""
 
 
-def is_coe_spec(model: str) -> bool:
-    path = Path(model)
-    return path.suffix.lower() == ".json" and path.is_file()
-
-
 @dataclass
 class CoESpec:
     models: dict[str, str]

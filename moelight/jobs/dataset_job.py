@@ -9,7 +9,7 @@ runs in coe_job.py, a job on a Ray cluster in ray/; both serve their requests as
 
 from __future__ import annotations
 
-from moelight.engine.session import open_session
+from moelight.engine.session_start import open_session
 from moelight.jobs.dataset_input import read_requests
 from moelight.jobs.output_file import LazyResultWriter
 from moelight.jobs.report import RunReport
@@ -20,7 +20,8 @@ from moelight.jobs.serving import serve_requests
 def run_job(opts: RunOptions) -> RunReport | None:
     """The job; None on a torchrun rank other than 0, which serves rank 0's job and writes nothing."""
     opts.validate()
-    from moelight.jobs.coe_job import is_coe_spec, run_coe_job
+    from moelight.jobs.coe_job import run_coe_job
+    from moelight.jobs.run_options import is_coe_spec
 
     if is_coe_spec(opts.model):  # several checkpoints, one device: moelight/jobs/coe_job.py
         return run_coe_job(opts)

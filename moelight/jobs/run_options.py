@@ -51,7 +51,6 @@ class RunOptions(EngineOptions):
             raise OptionError(f"--output {e}") from None
         if self.ray is not None:
             self._check_ray()
-        from moelight.jobs.coe_job import is_coe_spec
         from moelight.parallel.rank_group import torchrun_rank
 
         if torchrun_rank() is not None and (self.ray is not None or is_coe_spec(self.model)):
@@ -60,9 +59,6 @@ class RunOptions(EngineOptions):
 
     def _check_ray(self) -> None:
         import importlib.util
-
-        from moelight.jobs.coe_job import is_coe_spec
-        from moelight.jobs.ray.resources import parse_replicas
 
         if importlib.util.find_spec("ray") is None:
             raise OptionError('--ray needs Ray Data: pip install -e ".[ray]" (or pip install "ray[data]")')
@@ -76,3 +72,20 @@ class RunOptions(EngineOptions):
                               ("--ray-gpus-per-replica", self.ray_gpus_per_replica)):
             if value is not None and value < 0:
                 raise OptionError(f"{option} {value}: must be >= 0")
+
+
+def is_coe_spec(model: str) -> bool:
+    path = Path(model)
+    return path.suffix.lower() == ".json" and path.is_file()
+
+
+def parse_replicas(text: str) -> tuple[int, int]:
+    """'N' (a fixed pool) or 'MIN-MAX' (an autoscaling pool) -> (min, max)."""
+    try:
+        lo, _, hi = str(text).partition("-")
+        bounds = (int(lo), int(hi or lo))
+    except ValueError:
+        raise OptionError(f"--ray-replicas {text!r}: give a count (2) or bounds for autoscaling (1-4)") from None
+    if bounds[0] < 1 or bounds[1] < bounds[0]:
+        raise OptionError(f"--ray-replicas {text!r}: need 1 <= MIN <= MAX")
+    return bounds

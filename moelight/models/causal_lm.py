@@ -1,6 +1,6 @@
 """The model around the decoder layers, common to every family: embedding, layers, final norm,
 LM head. Tokens are packed ([T, hidden], no padding); the attention itself runs outside the
-layers, next to the KV cache (moelight/forward.py, the CGOPipe executor)."""
+layers, next to the KV cache (moelight/runtime/forward.py, the CGOPipe executor)."""
 
 from __future__ import annotations
 

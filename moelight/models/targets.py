@@ -1,6 +1,6 @@
 """Where a checkpoint tensor goes: a moelight parameter and the part of it the tensor fills.
 
-Family weight maps return `Target`s; the loader (moelight/weights.py) copies, checks shapes and
+Family weight maps return `Target`s; the loader (moelight/loading/weights.py) copies, checks shapes and
 counts coverage, so a checkpoint that misses part of a packed expert tensor is caught too.
 """
 

@@ -1,8 +1,9 @@
-"""Tensor parallelism over the devices of one node: shards, ranks and the lockstep engine.
+"""Tensor parallelism over the devices of one node: shards and ranks.
 
-`sharding.py` splits a loaded model Megatron-style; `rank_group.py` starts and joins the
-ranks (spawned followers, or torchrun's); `lockstep.py` is rank 0's engine, which hands each
-call to the followers before running it. The model code only sees `layer.tp_reduce`.
+`sharding.py` splits a model Megatron-style; `shard_loader.py` loads one rank's shard straight
+from the checkpoint; `rank_group.py` starts and joins the ranks (spawned followers running the
+entry point they are handed, or torchrun's). The engine's side (rank 0's lockstep engine, the
+followers' loop) is in moelight/engine/. The model code only sees `layer.tp_reduce`.
 """
 
 from moelight.parallel.sharding import TensorParallelError, shard_config, shard_model, tensor_parallel_problems

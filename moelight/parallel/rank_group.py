@@ -17,10 +17,10 @@ to stop: one may be blocked in a collective that will never be matched.
 
 from __future__ import annotations
 
+import importlib
 import os
 import socket
 import traceback
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
 
@@ -151,10 +151,10 @@ def join_group(device: str, rank: int, world: int, init_method: str | None = Non
     return RankGroup(rank, world, device, comm=comm)
 
 
-def start_group(world: int, device: str, options, follower_main: Callable[[RankGroup, object], None]) -> RankGroup:
+def start_group(world: int, device: str, options, follower_main: str) -> RankGroup:
     """Rank 0 here; spawn followers 1..world-1, each running `follower_main(group, options)` once it
-    has joined (a module-level function, so spawn can pickle it: moelight/engine/tp_follower.py's
-    `serve`); under torchrun, join the group torchrun's processes form."""
+    has joined ("module:function", imported in the new process: the engine's follower loop, which
+    this launcher does not import); under torchrun, join the group torchrun's processes form."""
     found = torchrun_rank()
     if found is not None:
         rank, size = found
@@ -187,12 +187,14 @@ def start_group(world: int, device: str, options, follower_main: Callable[[RankG
     return group
 
 
-def _follower_main(rank: int, world: int, port: int, device: str, options, errors, follower_main) -> None:
+def _follower_main(rank: int, world: int, port: int, device: str, options, errors, follower_main: str) -> None:
     """A spawned rank: join the group, then run the follower's entry point (load its shard, replay
     rank 0's engine calls)."""
     torch.set_num_threads(threads_per_rank(world))
     try:
-        follower_main(join_group(device, rank, world, f"tcp://127.0.0.1:{port}"), options)
+        module, _, name = follower_main.partition(":")
+        main = getattr(importlib.import_module(module), name)
+        main(join_group(device, rank, world, f"tcp://127.0.0.1:{port}"), options)
     except BaseException as e:  # report, then exit non-zero: rank 0's next collective fails
         errors.put((rank, f"{type(e).__name__}: {e}"))
         if not isinstance(e, MoelightError):  # a bug: its traceback; a user error is rank 0's one line

@@ -13,7 +13,7 @@ the engine runs, so the HRM predicts the engine rather than an ideal machine:
 - the rate of the element-wise work between the GEMMs (norms, rotary, MoE glue): one
   real decoder layer minus its GEMMs, at two token counts.
 The pageable -> pinned copy rate (the first paging hop) is measured on any host; with CUDA
-moelight/gpu_profile.py measures the GPU terms and the link.
+moelight/profiling/gpu_profile.py measures the GPU terms and the link.
 The result is an hrm.HardwareSpec (hrm itself never imports torch), cached as JSON and
 loaded with `--hardware profile`.
 """
@@ -225,7 +225,7 @@ def measure_cpu(quick: bool = False) -> Level:
 
 
 def measure_gpu(quick: bool = False) -> tuple[Level, Link, int] | None:
-    """GPU 0 and its link (moelight/gpu_profile.py); None without CUDA."""
+    """GPU 0 and its link (moelight/profiling/gpu_profile.py); None without CUDA."""
     import torch
 
     if not torch.cuda.is_available():

@@ -1,4 +1,4 @@
-"""moelight on Ray: `moelight run --ray` (moelight/ray/job.py) and a Ray Data processor for Python.
+"""moelight as a Ray Data stage, for Python (the CLI's `moelight run --ray` is moelight/jobs/ray/).
 
     from moelight.ray import ProcessorConfig, build_processor
 

@@ -6,21 +6,7 @@ import logging
 import math
 import warnings
 
-from moelight.engine.options import OptionError
-
 MIN_POOL_WAIT_S = 3600  # how long the pool may take to load its minimum of replicas (big models load slowly)
-
-
-def parse_replicas(text: str) -> tuple[int, int]:
-    """'N' (a fixed pool) or 'MIN-MAX' (an autoscaling pool) -> (min, max)."""
-    try:
-        lo, _, hi = str(text).partition("-")
-        bounds = (int(lo), int(hi or lo))
-    except ValueError:
-        raise OptionError(f"--ray-replicas {text!r}: give a count (2) or bounds for autoscaling (1-4)") from None
-    if bounds[0] < 1 or bounds[1] < bounds[0]:
-        raise OptionError(f"--ray-replicas {text!r}: need 1 <= MIN <= MAX")
-    return bounds
 
 
 def connect(address: str | None, log=None) -> str:
