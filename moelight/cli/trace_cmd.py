@@ -14,7 +14,8 @@ Opt = typer.Option
 def trace(
     model: str = Opt(..., "--model", help="Hugging Face model folder or preset"),
     dataset: Path = Opt(..., "--dataset", help="MT-Bench question.jsonl, jsonl with 'prompt', OpenAI batch, parquet"),
-    output: Path = Opt(..., "--output", help="the trace: a .parquet file (format: moelight/expert_cache/routing_trace.py)"),
+    output: Path = Opt(..., "--output",
+                       help="the trace: a .parquet file (format: moelight/expert_cache/routing_trace.py)"),
     gen_len: int = Opt(64, "--gen-len", min=1, help="new tokens per request (a request's own max_tokens wins)"),
     num_requests: int = Opt(None, "--num-requests", min=1, help="replicate/truncate the dataset to K requests"),
     hidden: bool = Opt(False, "--hidden", help="also record each MoE block's input hidden state"),

@@ -30,10 +30,10 @@ from moelight.jobs.ray.replica import MoelightReplica, PromptChecker
 from moelight.jobs.ray.resources import (
     configure_ray_data,
     connect,
-    parse_replicas,
     per_replica_resources,
     warn_if_pool_cannot_start,
 )
+from moelight.jobs.run_options import parse_replicas
 from moelight.loading.resolved_model import resolve
 from workloads.results import result_from_row
 
