@@ -5,7 +5,9 @@ start-up) with 1 and 2 replicas; `--ray auto` with 1 replica against a cluster s
 with `ray start --head` (the case of a real cluster, whose start-up no job pays). Each runs as its
 own `moelight run` process, alternating, so a change of host state hits all of them; the figure is
 the whole command's wall time (start-up, load, generation, writing) and the report's end-to-end
-tok/s. Ray's overhead = a Ray configuration's wall time / local's - 1.
+tok/s. Ray's overhead = a Ray configuration's wall time / local's - 1. With two job sizes, each
+configuration's wall time is split into a fixed part and a part per request (a line through the two
+medians), and Ray's overhead into what it adds once per job and what it adds per request.
 
     python benchmarks/bench_ray.py [--runs 2] [--requests 256 1024] [--output benchmarks/results/ray.md]
 """
@@ -50,7 +52,8 @@ def run_once(extra: list[str], requests: int, gen: int, out: Path) -> tuple[floa
     return wall, json.loads(out.with_name(out.name + ".report.json").read_text())
 
 
-def measure(requests: int, gen: int, runs: int, names: tuple[str, ...], tmp: Path) -> list[str]:
+def measure(requests: int, gen: int, runs: int, names: tuple[str, ...], tmp: Path,
+            medians: dict) -> list[str]:
     walls: dict[str, list[float]] = {k: [] for k in names}
     e2e: dict[str, list[float]] = {k: [] for k in names}
     for _ in range(runs):
@@ -61,6 +64,8 @@ def measure(requests: int, gen: int, runs: int, names: tuple[str, ...], tmp: Pat
             print(f"{requests} requests, {name}: {wall:.1f} s wall, "
                   f"{report['end_to_end_tokens_per_s']:.1f} tok/s end-to-end", flush=True)
     base = statistics.median(walls["local"])
+    for name in names:
+        medians.setdefault(name, {})[requests] = statistics.median(walls[name])
     lines = [f"{requests} requests x {gen} tokens, bench-1b bf16 (the README job's shape), {runs} runs, "
              "median [min-max]:", "",
              "| configuration | wall s | end-to-end tok/s (report) | tokens / wall s | wall vs local |",
@@ -73,6 +78,24 @@ def measure(requests: int, gen: int, runs: int, names: tuple[str, ...], tmp: Pat
     return lines
 
 
+def split_overhead(medians: dict[str, dict[int, float]], small: int, large: int) -> list[str]:
+    """Wall = fixed + per request x n through the two sizes' medians; Ray's part of each."""
+    fit = {}
+    for name, w in medians.items():
+        if large in w:
+            per = (w[large] - w[small]) / (large - small)
+            fit[name] = (w[small] - per * small, per)
+    base_fixed, base_per = fit["local"]
+    lines = [f"Wall time as fixed + per request (through the medians at {small} and {large} requests):", "",
+             "| configuration | fixed s | ms per request | Ray's fixed part s | Ray's per-request part |",
+             "|---|---|---|---|---|"]
+    for name, (fixed, per) in fit.items():
+        ray = "–" if name == "local" else f"{fixed - base_fixed:+.1f}"
+        ratio = "–" if name == "local" else f"{per / base_per - 1:+.1%}"
+        lines.append(f"| {name} | {fixed:.1f} | {1e3 * per:.1f} | {ray} | {ratio} |")
+    return lines
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--runs", type=int, default=2)
@@ -82,10 +105,13 @@ def main() -> None:
     args = ap.parse_args()
     ray_cli("stop", "--force")  # no cluster left over: `--ray local` must start its own
     sections = []
+    medians: dict[str, dict[int, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
         for i, requests in enumerate(args.requests):
             names = tuple(CONFIGS) if i == 0 else LARGE_JOB_CONFIGS
-            sections.append("\n".join(measure(requests, args.gen, args.runs, names, Path(tmp))))
+            sections.append("\n".join(measure(requests, args.gen, args.runs, names, Path(tmp), medians)))
+    if len(args.requests) >= 2:
+        sections.append("\n".join(split_overhead(medians, min(args.requests), max(args.requests))))
     text = "\n\n".join(sections)
     print(text)
     if args.output:

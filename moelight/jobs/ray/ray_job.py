@@ -125,6 +125,20 @@ def checked_batches(opts, source, driver: DriverPlan, fields_: dict, max_replica
     return ds.repartition(math.ceil(remaining / batch)).materialize(), remaining, bad_prompts, batch
 
 
+def warm_up_ray_data():
+    """Start Ray Data's helper actors (stats, autoscaling coordinator, usage) now, beside the driver's
+    parse and plan, which leave a core idle: each is a Python process that spends ~1 s of CPU importing
+    Ray Data, and started with the pipeline they would take it from the replicas' load and prefill."""
+    import threading
+
+    import ray
+
+    t = threading.Thread(target=lambda: ray.data.range(1).map_batches(lambda b: b).materialize(), daemon=True,
+                         name="moelight-ray-warm-up")
+    t.start()
+    return t
+
+
 def run_ray_job(opts) -> RayRunReport:
     """The job on Ray; the report is saved beside the output whatever happens after generation starts."""
     from ray.data import ActorPoolStrategy
@@ -135,6 +149,7 @@ def run_ray_job(opts) -> RayRunReport:
     finished = finished_ids(opts)  # the driver is the one writer: the output is on its disk
     address = connect(opts.ray, opts.log)
     configure_ray_data(opts.progress)
+    warm = warm_up_ray_data()
     source, fmt, problems, _ = read_dataset(opts, finished)
     out_format = workloads.output_format(opts.output, fmt)
     fields_ = opts_fields(opts)
@@ -146,6 +161,7 @@ def run_ray_job(opts) -> RayRunReport:
         report.wall_seconds = time.perf_counter() - t_job
         report.save(report_path(opts.output))
         return report
+    warm.join()
     cpus, gpus = per_replica_resources(opts, hi)
     warn_if_pool_cannot_start(lo, cpus, gpus, opts.log)
     if opts.log:
