@@ -22,8 +22,8 @@ from moelight.devices.device_base import (
     Device,
     DeviceOutOfMemory,
     Event,
+    LaneItem,
     LaneSet,
-    _Item,
     nbytes_of,
 )
 
@@ -108,7 +108,7 @@ class CudaDevice(Device):
             return True
         return getattr(ev, "lane", None) == lane or ev.cuda_event.query()
 
-    def _run(self, lane: str, item: _Item) -> None:
+    def _run(self, lane: str, item: LaneItem) -> None:
         if lane not in self.streams:
             for d in item.deps:  # host work reads device results: wait for them to complete
                 if d.cuda_event is not None:

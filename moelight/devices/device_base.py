@@ -44,7 +44,7 @@ class Event:
 
 
 @dataclass
-class _Item:
+class LaneItem:
     seq: int
     fn: Callable[[], None]
     deps: tuple[Event, ...]
@@ -56,14 +56,14 @@ class _Item:
 class LaneSet:
     """Worker threads, one per lane, sharing one condition variable for readiness."""
 
-    run_item: Callable[[str, _Item], None]
+    run_item: Callable[[str, LaneItem], None]
     is_ready: Callable[[str, Event], bool]
     lanes: Sequence[str] = DEVICE_LANES
     poll_s: float = 0.0005  # CUDA events cannot notify the condition: poll while waiting on them
     cond: threading.Condition = field(default_factory=threading.Condition)
 
     def __post_init__(self) -> None:
-        self.queues: dict[str, list[_Item]] = {lane: [] for lane in self.lanes}
+        self.queues: dict[str, list[LaneItem]] = {lane: [] for lane in self.lanes}
         self.pending = 0
         self.seq = 0
         self.first_error: BaseException | None = None
@@ -82,13 +82,13 @@ class LaneSet:
             raise ValueError(f"unknown lane {lane!r}; lanes: {', '.join(self.lanes)}")
         ev = Event(name)
         with self.cond:
-            self.queues[lane].append(_Item(self.seq, fn, tuple(deps), ev, nbytes))
+            self.queues[lane].append(LaneItem(self.seq, fn, tuple(deps), ev, nbytes))
             self.seq += 1
             self.pending += 1
             self.cond.notify_all()
         return ev
 
-    def _pick(self, lane: str) -> _Item | None:
+    def _pick(self, lane: str) -> LaneItem | None:
         for k, it in enumerate(self.queues[lane]):
             if all(d.error is not None or self.is_ready(lane, d) for d in it.deps):
                 return self.queues[lane].pop(k)

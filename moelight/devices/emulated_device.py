@@ -23,8 +23,8 @@ from moelight.devices.device_base import (
     Device,
     DeviceOutOfMemory,
     Event,
+    LaneItem,
     LaneSet,
-    _Item,
     nbytes_of,
 )
 
@@ -143,7 +143,7 @@ class EmulatedDevice(Device):
         return self.arena.capacity
 
     # ---- work ----
-    def _run(self, lane: str, item: _Item) -> None:
+    def _run(self, lane: str, item: LaneItem) -> None:
         t0 = time.perf_counter()
         item.fn()
         if lane in self.bandwidth:
