@@ -15,6 +15,7 @@ from .dataset import (
     parse_dataset,
     read_dataset,
     replicate,
+    skip_hint,
 )
 from .errors import DatasetError, OutputExistsError, OutputPathError, Problem
 from .request import Request
@@ -63,6 +64,7 @@ __all__ = [
     "read_results",
     "replicate",
     "sidecar_path",
+    "skip_hint",
     "synthetic_lengths",
     "synthetic_prompts",
     "synthetic_requests",

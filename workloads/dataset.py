@@ -39,7 +39,16 @@ PARSERS: dict[str, Callable[..., Request]] = {
     "jsonl": parse_prompt_record,
     "openai": parse_openai_record,
 }
+# how an error tells the user what to pass: the Python keyword, or the `moelight run` option
+HINTS = {
+    "python": {"skip": "skip_bad_lines=True", "format": "format=", "prompt_column": "prompt_column="},
+    "cli": {"skip": "--skip-bad-lines", "format": "--format", "prompt_column": "--prompt-column"},
+}
 SKIP_HINT = "Fix these records, or pass skip_bad_lines=True (--skip-bad-lines) to go on without them."
+
+
+def skip_hint(style: str = "python") -> str:
+    return f"Fix these records, or pass {HINTS[style]['skip']} to go on without them."
 
 
 @dataclass
@@ -71,13 +80,15 @@ def _is_parquet(source: Path | bytes) -> bool:
 
 
 def parse_dataset(source: Path | bytes, label: str, fmt: str | None = None, turn: int = 1,
-                  prompt_column: str = "prompt", id_column: str = "id") -> tuple[list[Request], list[Problem], str]:
+                  prompt_column: str = "prompt", id_column: str = "id",
+                  hint_style: str = "python") -> tuple[list[Request], list[Problem], str]:
     """(requests, problems, format) of one dataset, from its path or its bytes (a file Ray read):
     the one parse every reader of a dataset runs, so ids and messages are the same everywhere.
     Problems of single records are returned; a file that cannot be read at all raises DatasetError."""
     if fmt == "parquet" or (fmt is None and _is_parquet(source)):
         table = pa.BufferReader(source) if isinstance(source, bytes) else source
-        requests, problems = read_parquet(table, label, prompt_column, id_column)
+        requests, problems = read_parquet(table, label, prompt_column, id_column,
+                                          hint=HINTS[hint_style]["prompt_column"])
         fmt = "parquet"
     else:
         if isinstance(source, bytes):
@@ -88,7 +99,7 @@ def parse_dataset(source: Path | bytes, label: str, fmt: str | None = None, turn
             raise DatasetError(f"{label}: file is empty (no records)")
         if not records:
             raise DatasetError.from_problems(label, problems, "No line could be read.")
-        fmt = fmt or detect_jsonl_format(label, records)
+        fmt = fmt or detect_jsonl_format(label, records, hint_style)
         if turn != 1 and fmt != "mtbench":
             raise DatasetError(f"turn={turn} applies to MT-Bench datasets only ({label} is {fmt})")
         parse = PARSERS[fmt]
@@ -104,7 +115,7 @@ def parse_dataset(source: Path | bytes, label: str, fmt: str | None = None, turn
     return requests, problems, fmt
 
 
-def detect_jsonl_format(label: str, records: list[tuple[int, dict]]) -> str:
+def detect_jsonl_format(label: str, records: list[tuple[int, dict]], hint_style: str = "python") -> str:
     lineno, obj = records[0]
     if looks_like_openai_batch(obj):
         return "openai"
@@ -116,7 +127,7 @@ def detect_jsonl_format(label: str, records: list[tuple[int, dict]]) -> str:
     raise DatasetError(
         f"{label}:{lineno}: cannot tell the dataset format from this record (keys: {keys}); "
         f"expected 'prompt'/'messages' (jsonl), 'turns' (mtbench) or 'custom_id'+'body' (openai), "
-        f"or pass format= one of {', '.join(FORMATS)}"
+        f"or pass {HINTS[hint_style]['format']} one of {', '.join(FORMATS)}"
     )
 
 
@@ -150,8 +161,9 @@ def check_dataset_file(path: Path, label: str) -> None:
 
 def load_dataset(path: str | Path, format: str | None = None, turn: int = 1,
                  num_requests: int | None = None, skip_bad_lines: bool = False,
-                 prompt_column: str = "prompt", id_column: str = "id") -> LoadedDataset:
-    """Like ``read_dataset`` but also returns the detected format and the skipped records."""
+                 prompt_column: str = "prompt", id_column: str = "id", hint_style: str = "python") -> LoadedDataset:
+    """Like ``read_dataset`` but also returns the detected format and the skipped records.
+    ``hint_style``: "python" (errors name keyword arguments) or "cli" (they name `moelight run` options)."""
     label = str(path)
     path = Path(path)
     fmt = normalize_format(format)
@@ -161,12 +173,12 @@ def load_dataset(path: str | Path, format: str | None = None, turn: int = 1,
         raise DatasetError(f"num_requests must be a positive integer, got {num_requests!r}")
     check_dataset_file(path, label)
 
-    requests, problems, fmt = parse_dataset(path, label, fmt, turn, prompt_column, id_column)
+    requests, problems, fmt = parse_dataset(path, label, fmt, turn, prompt_column, id_column, hint_style)
     requests = check_duplicates(requests, problems)
     problems.sort(key=line_of)
 
     if problems and not skip_bad_lines:
-        raise DatasetError.from_problems(label, problems, SKIP_HINT)
+        raise DatasetError.from_problems(label, problems, skip_hint(hint_style))
     if problems:
         log.warning("%s: skipped %d bad record(s):\n%s", label, len(problems), format_problems(problems))
     if not requests:

@@ -83,8 +83,12 @@ def run(
 
     opts = RunOptions(**{k: v for k, v in locals().items() if k in RunOptions.__dataclass_fields__})
     opts.log = lambda line: typer.echo(line, err=True)
-    with user_errors():
-        report = run_job(opts)
+    try:
+        with user_errors():
+            report = run_job(opts)
+    except KeyboardInterrupt:  # before the job could report (reading, planning): nothing was generated
+        typer.echo(f"interrupted before any result was written: {output} was not touched", err=True)
+        raise typer.Exit(130) from None
     if report is None:  # a torchrun rank other than 0: rank 0 prints and writes
         return
     typer.echo(report.summary())
@@ -95,8 +99,11 @@ def run(
                    f"policy {report.policy.get('source', '?')})")
     typer.echo(f"results: {output}   report: {report_path(output)}")
     if report.interrupted:
-        typer.echo("interrupted: every finished result is in the output; rerun with --resume to continue",
-                   err=True)
+        if report.written or report.already_in_output:
+            typer.echo(f"interrupted: the {report.written} result(s) finished in this run are in the output "
+                       f"(with {report.already_in_output} from before); rerun with --resume to continue", err=True)
+        else:
+            typer.echo(f"interrupted before any result was written: nothing was written to {output}", err=True)
         raise typer.Exit(130)
 
 

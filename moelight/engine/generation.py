@@ -37,6 +37,7 @@ class GenerationStats:
     decode_tokens: int = 0  # tokens produced by decode steps (all but each sequence's first)
     wall_seconds: float = 0.0
     step_seconds: list[float] = field(default_factory=list)  # each decode step: a token for every active sequence
+    # prompt_tokens / generated_tokens count finished sequences only, as they finish: what was reported
     batches: list[dict] = field(default_factory=list)
 
 
@@ -74,11 +75,13 @@ class Engine:
         sampler = Sampler(params, seeds)
         t0 = time.perf_counter()
         batches = [range(len(prompts))] if self.refill else split_batches(len(prompts), batch_size)
-        for batch in batches:
-            run = _Run(self, [prompts[i] for i in batch], list(batch), params, sampler, stats, on_finish)
-            for r in run.generate(batch_size, micro_batch_size):
-                results[r.index] = r
-        stats.wall_seconds += time.perf_counter() - t0
+        try:
+            for batch in batches:
+                run = _Run(self, [prompts[i] for i in batch], list(batch), params, sampler, stats, on_finish)
+                for r in run.generate(batch_size, micro_batch_size):
+                    results[r.index] = r
+        finally:  # an interrupted generation still says how long it ran and what it finished
+            stats.wall_seconds += time.perf_counter() - t0
         return results  # type: ignore[return-value]
 
 
@@ -117,8 +120,6 @@ class _Run:
             wave["decode_s"] += dt
             wave["decode_steps"] += 1
             self.stats.decode_seconds += dt
-        self.stats.prompt_tokens += sum(map(len, self.prompts))
-        self.stats.generated_tokens += sum(len(s.out) for s in self.seqs)
         return self.finished
 
     def _prefill(self, new: list[int]) -> None:
@@ -145,6 +146,8 @@ class _Run:
             s = self.seqs[j]
             if s.append(tok, self.engine.eos):
                 self.executor.release_sequence(self.sched.finish(j))
+                self.stats.prompt_tokens += s.prompt_len
+                self.stats.generated_tokens += len(s.out)
                 res = s.result()
                 self.finished.append(res)
                 if self.on_finish is not None:

@@ -21,7 +21,13 @@ import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from moelight.engine.session import EngineSession
 from moelight.errors import MoelightError
+from moelight.jobs.dataset_input import read_requests
+from moelight.jobs.output_file import LazyResultWriter, save_report
+from moelight.jobs.report import RunReport
+from moelight.jobs.serving import describe_output, serve_requests
+from moelight.loading.presets import PRESETS
 
 ORDERS = ("grouped", "fcfs")
 
@@ -49,6 +55,11 @@ class CoESpec:
         router = d.get("router") or {}
         keywords = list((router.get("keywords") or {}).items())
         default = router.get("default")
+        missing = [f"{name!r}: {where}" for name, where in models.items()
+                   if where not in PRESETS and not Path(where).expanduser().is_dir()]
+        if missing:
+            raise CoEError(f"{path}: model(s) {'; '.join(missing)} are neither a model folder nor a preset "
+                           f"(presets: {', '.join(PRESETS)}); fix the entry in \"models\"")
         unknown = sorted(({m for _, m in keywords} | ({default} if default else set())) - set(models))
         if unknown:
             raise CoEError(f"{path}: the router names unknown model(s) {', '.join(unknown)}; models: "
@@ -90,16 +101,11 @@ def schedule(models: list[str], order: str) -> list[tuple[str, list[int]]]:
 
 def run_coe_job(opts):
     """Route, schedule and serve every request; one output, one report (per-model figures inside)."""
-    from moelight.engine.session import EngineSession
-    from moelight.jobs.dataset_input import read_requests
-    from moelight.jobs.output_file import LazyResultWriter, report_path
-    from moelight.jobs.report import RunReport
-    from moelight.jobs.serving import serve_requests
-
     spec = CoESpec.load(opts.model)
     if opts.coe_order not in ORDERS:
         raise CoEError(f"--coe-order {opts.coe_order!r} is not one of {', '.join(ORDERS)}")
-    loaded, requests, out_format = read_requests(opts)
+    job = read_requests(opts)
+    requests = job.requests
     problems, routed = [], []
     for r in requests:
         try:
@@ -110,25 +116,37 @@ def run_coe_job(opts):
         raise CoEError(f"{len(problems)} request(s) cannot be routed:\n  " + "\n  ".join(problems[:20]))
     runs = schedule(routed, opts.coe_order)
     total = RunReport(model=str(opts.model), dtype=opts.dtype, requests=len(requests), batch_size=0,
-                      micro_batch_size=0, skipped_requests=len(loaded.skipped))
+                      micro_batch_size=0, skipped_requests=job.skipped)
+    describe_output(total, opts, job.output)
     per_model: dict[str, dict] = {}
-    with LazyResultWriter(opts, out_format) as writer:
-        for name, idx in runs:
-            sub = replace(opts, model=spec.models[name], output=opts.output)
-            part = serve_requests(EngineSession(sub, opts.log), sub, [requests[i] for i in idx], 0, writer,
-                                  on_result=lambda req, res, name=name: res | {"model": name})
-            total.absorb(part)
-            total.update_rates(wall_seconds=total.generation_seconds + total.load_seconds)
-            fig = per_model.setdefault(name, {"requests": 0, "loads": 0, "load_seconds": 0.0,
-                                              "generated_tokens": 0, "generation_seconds": 0.0})
-            fig["requests"] += part.requests
-            fig["loads"] += 1
-            fig["load_seconds"] += part.load_seconds
-            fig["generated_tokens"] += part.generated_tokens
-            fig["generation_seconds"] += part.generation_seconds
-            if part.interrupted:
-                break
-    total.policy = {"coe": {"order": opts.coe_order, "switches": len(runs), "models": per_model,
-                            "usage_probability": {m: routed.count(m) / max(1, len(routed)) for m in spec.models}}}
-    total.save(report_path(opts.output))
+    failing: BaseException | None = None
+    try:
+        with LazyResultWriter(opts, job.out_format, job.output.record) as writer:
+            for name, idx in runs:
+                part = _serve_model(opts, spec, name, [requests[i] for i in idx], writer)
+                total.absorb(part)
+                total.update_rates(wall_seconds=total.generation_seconds + total.load_seconds)
+                fig = per_model.setdefault(name, {"requests": 0, "loads": 0, "load_seconds": 0.0,
+                                                  "generated_tokens": 0, "generation_seconds": 0.0})
+                fig["requests"] += part.requests
+                fig["loads"] += 1
+                fig["load_seconds"] += part.load_seconds
+                fig["generated_tokens"] += part.generated_tokens
+                fig["generation_seconds"] += part.generation_seconds
+                if part.interrupted:
+                    break
+    except BaseException as e:
+        failing = e
+        raise
+    finally:
+        total.policy = {"coe": {"order": opts.coe_order, "switches": len(runs), "models": per_model,
+                                "usage_probability": {m: routed.count(m) / max(1, len(routed)) for m in spec.models}}}
+        save_report(total, opts.output, failing, opts.log)
     return total
+
+
+def _serve_model(opts, spec: CoESpec, name: str, requests, writer) -> RunReport:
+    """One model's run of a CoE job: its results tagged with its name, its report folded by the caller."""
+    sub = replace(opts, model=spec.models[name], output=opts.output)
+    return serve_requests(EngineSession(sub, opts.log), sub, requests, 0, writer,
+                          on_result=lambda req, res: res | {"model": name}, save=False)

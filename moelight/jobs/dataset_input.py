@@ -1,20 +1,29 @@
 """A job's requests: the dataset read and checked (every bad record with file:line, before any
-model loads), less what a resumed output already holds."""
+model loads), less what a resumed output already holds, and the state of the output it goes to."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import workloads
-from moelight.jobs.output_file import check_output, finished_ids
+from moelight.jobs.output_file import OutputState, prepare_output
 from moelight.jobs.run_options import RunOptions
 
 
-def read_requests(opts: RunOptions):
-    """The dataset's requests less those a resumed output already holds; the output format."""
+@dataclass
+class JobInput:
+    requests: list  # what is left to generate
+    skipped: int  # bad records skipped (--skip-bad-lines)
+    out_format: str
+    output: OutputState
+
+
+def read_requests(opts: RunOptions) -> JobInput:
+    """The dataset's requests less those a resumed output already holds; the output's state."""
     loaded = workloads.load_dataset(
         opts.dataset, opts.dataset_format, turn=opts.turn, num_requests=opts.num_requests,
-        skip_bad_lines=opts.skip_bad_lines, prompt_column=opts.prompt_column,
+        skip_bad_lines=opts.skip_bad_lines, prompt_column=opts.prompt_column, hint_style="cli",
     )
     out_format = workloads.output_format(opts.output, loaded.format)
-    check_output(opts)
-    done = finished_ids(opts)
-    return loaded, [r for r in loaded.requests if r.id not in done], out_format
+    state = prepare_output(opts, out_format, loaded.requests)
+    return JobInput([r for r in loaded.requests if r.id not in state.done], len(loaded.skipped), out_format, state)

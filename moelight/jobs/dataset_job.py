@@ -29,9 +29,9 @@ def run_job(opts: RunOptions) -> RunReport | None:
         from moelight.jobs.ray.ray_job import run_ray_job
 
         return run_ray_job(opts)
-    loaded, requests, out_format = read_requests(opts)
+    job = read_requests(opts)
     session = open_session(opts, opts.log)
     if session is None:
         return None
-    with LazyResultWriter(opts, out_format) as writer:
-        return serve_requests(session, opts, requests, len(loaded.skipped), writer)
+    with LazyResultWriter(opts, job.out_format, job.output.record) as writer:
+        return serve_requests(session, opts, job.requests, job.skipped, writer, output=job.output)

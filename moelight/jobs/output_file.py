@@ -4,39 +4,97 @@ it was)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import workloads
+from moelight.jobs.job_record import JobRecord, check_resume, output_shape, record_path
 
 
 def report_path(output: Path) -> Path:
     return output.with_name(output.name + ".report.json")
 
 
-def check_output(opts) -> None:
-    """An existing output needs --resume (continue it) or --overwrite (replace it)."""
-    if opts.output.exists() and not (opts.resume or opts.overwrite):
+def output_companions(output: Path) -> list[Path]:
+    """The files a job writes beside its output: the report, the job record, a parquet output's stream."""
+    return [report_path(output), record_path(output), workloads.sidecar_path(output)]
+
+
+def save_report(report, output: Path, failing: BaseException | None = None, log=None) -> None:
+    """Save the report beside the output (its folder created if need be). While another error is on its
+    way out, a report that cannot be written is said in one line and never replaces that error."""
+    path = report_path(output)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        report.save(path)
+    except OSError as e:
+        if failing is None:
+            raise
+        message = f"note: the report could not be saved to {path} ({e})"
+        (log or _stderr)(message)
+
+
+def _stderr(line: str) -> None:
+    import sys
+
+    print(line, file=sys.stderr)
+
+
+def output_present(output: Path) -> bool:
+    """The output exists, or a parquet output's stream of a job that stopped before closing it."""
+    return output.exists() or workloads.sidecar_path(output).exists()
+
+
+@dataclass
+class OutputState:
+    """What the output holds before the job runs, and the record of the job it will belong to."""
+
+    record: JobRecord
+    done: set[str] = field(default_factory=set)  # ids already written (a resumed output)
+    notes: list[str] = field(default_factory=list)  # warnings for the summary and the report
+
+
+def prepare_output(opts, out_format: str, requests=None) -> OutputState:
+    """Before any model loads: an existing output needs --resume (continue it) or --overwrite (replace
+    it); a resumed one must be this job's (job_record.check_resume), and its finished ids are read."""
+    record = JobRecord.of_job(opts, out_format, requests)
+    if not output_present(opts.output):
+        return OutputState(record)
+    if not (opts.resume or opts.overwrite):
         raise workloads.OutputExistsError(
             f"{opts.output}: output exists; pass --resume to continue it or --overwrite to replace it")
-
-
-def finished_ids(opts) -> set[str]:
-    """Ids a resumed output already holds (none unless --resume)."""
-    return workloads.finished_ids(opts.output) if opts.resume and opts.output.exists() else set()
+    if not opts.resume:
+        return OutputState(record)
+    done = workloads.finished_ids(opts.output)
+    return OutputState(record, done, check_resume(opts.output, record, done, output_shape(opts.output)))
 
 
 class LazyResultWriter:
-    """The output's ResultWriter, opened at the first finished result."""
+    """The output's ResultWriter, opened at the first finished result, just after the job's record is
+    written beside it (merged with the record already there when the job resumes)."""
 
-    def __init__(self, opts, out_format: str) -> None:
-        self.opts, self.format, self.writer = opts, out_format, None
+    def __init__(self, opts, out_format: str, record: JobRecord | None = None) -> None:
+        self.opts, self.format, self.record, self.writer = opts, out_format, record, None
+        self.written = 0
 
     def write(self, result: dict) -> None:
         if self.writer is None:
+            self._write_record()
             self.writer = workloads.ResultWriter(self.opts.output, self.format, resume=self.opts.resume,
                                                  overwrite=self.opts.overwrite, model_name=self.opts.model)
             self.writer.__enter__()
         self.writer.write(result)
+        self.written += 1
+
+    def _write_record(self) -> None:
+        if self.record is None:
+            return
+        path = record_path(self.opts.output)
+        record = self.record
+        if self.opts.resume and path.exists():
+            record = JobRecord.load(path).merged(record)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        record.save(path)
 
     def __enter__(self):
         return self

@@ -6,17 +6,22 @@ from __future__ import annotations
 from dataclasses import replace
 
 from moelight.errors import PromptError
+from moelight.jobs.job_warnings import JobWarnings
 from moelight.sampling.params import SamplingParams, request_seed
 
 
-def fit_to_context(where: str, ids: list[int], params: SamplingParams, context: int) -> SamplingParams:
-    """`params` with max_tokens cut to what the context leaves after the prompt; PromptError for an
-    empty prompt or one that fills the context. `where` names the prompt in the message."""
+def fit_to_context(where: str, ids: list[int], params: SamplingParams, context: int,
+                   warnings: JobWarnings | None = None) -> SamplingParams:
+    """`params` with max_tokens cut to what the context leaves after the prompt (counted in `warnings`);
+    PromptError for an empty prompt or one that fills the context. `where` names the prompt."""
     if not ids:
         raise PromptError(f"{where} is empty; every prompt needs some text")
     if len(ids) >= context:
         raise PromptError(f"{where} has {len(ids)} tokens, the model's context is {context}")
     if len(ids) + params.max_tokens > context:
+        if warnings is not None:
+            warnings.add("max_tokens_cut", f"{where}: {len(ids)} tokens + max_tokens {params.max_tokens} > "
+                                           f"context {context}, gets {context - len(ids)}")
         return replace(params, max_tokens=context - len(ids))
     return params
 
@@ -39,14 +44,17 @@ def request_params(r, opts) -> SamplingParams:
     )
 
 
-def check_prompts(requests, tokenizer, context: int, opts):
+def check_prompts(requests, tokenizer, context: int, opts, warnings: JobWarnings | None = None):
     """Tokenize every first turn and build its SamplingParams: (prompts, params, problems) where
-    problems are (request id, message) for the requests that cannot be generated."""
+    problems are (request id, message) for the requests that cannot be generated; what was changed
+    to make a request fit (or to format it) goes to `warnings`."""
     prompts, params, problems = [], [], []
     for r in requests:
         ids = tokenizer.encode_request(r) if (r.prompt or r.messages) else []
+        if r.messages and warnings is not None and not getattr(tokenizer, "has_chat_template", False):
+            warnings.add("chat_without_template", f"{r.source or r.id}: {len(r.messages)} message(s)")
         try:
-            p = fit_to_context(f"{r.source or r.id}: prompt", ids, request_params(r, opts), context)
+            p = fit_to_context(f"{r.source or r.id}: prompt", ids, request_params(r, opts), context, warnings)
         except PromptError as e:
             problems.append((r.id, str(e)))
             continue
@@ -63,9 +71,9 @@ def prompt_error(problems: list[str]) -> PromptError:
                        "fix them, or pass --skip-bad-lines to go on without them")
 
 
-def prepare_prompts(requests, tokenizer, context: int, opts):
+def prepare_prompts(requests, tokenizer, context: int, opts, warnings: JobWarnings | None = None):
     """check_prompts, raising for bad prompts unless --skip-bad-lines; (prompts, params, skipped ids)."""
-    prompts, params, problems = check_prompts(requests, tokenizer, context, opts)
+    prompts, params, problems = check_prompts(requests, tokenizer, context, opts, warnings)
     if problems and not opts.skip_bad_lines:
         raise prompt_error([m for _, m in problems])
     return prompts, params, {rid for rid, _ in problems}

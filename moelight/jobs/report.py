@@ -13,10 +13,11 @@ from pathlib import Path
 
 from cpu_kernels import kernel_backend
 from moelight.engine.generation import GenerationStats
+from moelight.jobs.job_warnings import JobWarnings
 from moelight.planning.memory_check import peak_rss_bytes
 
 _SUMMED = ("prompt_tokens", "generated_tokens", "decode_tokens", "prefill_seconds", "decode_seconds",
-           "generation_seconds", "load_seconds", "skipped_requests")
+           "generation_seconds", "load_seconds", "skipped_requests", "written")
 
 
 @dataclass
@@ -44,6 +45,11 @@ class RunReport:
     prediction: dict = field(default_factory=dict)
     tpot_ms: dict = field(default_factory=dict)  # time per output token: p50 / p90 / p99 of the decode steps
     cache: dict = field(default_factory=dict)  # latency mode: the expert cache's hits, prefetches, bytes moved
+    written: int = 0  # results this run wrote to the output
+    already_in_output: int = 0  # results a resumed output held before this run
+    warnings: dict = field(default_factory=dict)  # JobWarnings.to_dict(): what was changed to make requests run
+    notes: list = field(default_factory=list)  # what the user should know (e.g. an output without a job record)
+    previous_runs: list = field(default_factory=list)  # a resumed output's earlier reports, oldest first
 
     @classmethod
     def for_plan(cls, model: str, dtype: str, plan, requests: int, skipped: int = 0) -> RunReport:
@@ -73,9 +79,13 @@ class RunReport:
 
     def absorb(self, part: RunReport) -> None:
         """Add another part of the same job (a CoE model's run, a Ray batch): counts and seconds add,
-        peak memory is the larger, rates are recomputed from the sums."""
+        peak memory is the larger, warnings add up, rates are recomputed from the sums."""
         for name in _SUMMED:
             setattr(self, name, getattr(self, name) + getattr(part, name))
+        if part.warnings:
+            merged = JobWarnings(**self.warnings) if self.warnings else JobWarnings()
+            merged.absorb(part.warnings)
+            self.warnings = merged.to_dict()
         self.interrupted = self.interrupted or part.interrupted
         self.peak_memory_bytes = max(self.peak_memory_bytes, part.peak_memory_bytes)
         self.update_rates()
@@ -99,11 +109,23 @@ class RunReport:
     def save(self, path: Path) -> None:
         path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
 
+    def previous(self) -> dict:
+        """What a later, resumed run keeps of this one."""
+        keep = ("requests", "written", "generated_tokens", "generation_seconds", "end_to_end_tokens_per_s",
+                "interrupted", "model", "dtype")
+        return {k: getattr(self, k) for k in keep}
+
+    def written_line(self) -> str:
+        total = self.already_in_output + self.written
+        held = f" (+{self.already_in_output} already in the output = {total})" if self.already_in_output else ""
+        return f"written       {self.written} of {self.requests} results{held}"
+
     def summary(self) -> str:
         gib = 2**30
         lines = [
             f"requests      {self.requests} ({self.skipped_requests} skipped)"
             + ("  [interrupted]" if self.interrupted else ""),
+            self.written_line(),
             f"model         {self.model} ({self.dtype}), batch {self.batch_size}, micro-batch {self.micro_batch_size}"
             + (f", {self.policy['batching']} batching" if self.policy.get("batching") else "")
             + (f", tensor parallel over {tp} ranks" if (tp := self.policy.get("tensor_parallel", 1)) > 1 else ""),
@@ -127,6 +149,11 @@ class RunReport:
         if self.prediction:
             p = self.prediction
             lines.append(f"predicted     {p.get('end_to_end_tokens_per_s', 0):10.1f} tok/s end-to-end (HRM)")
+        lines += [f"warning       {line}" for line in JobWarnings(**self.warnings).lines()] if self.warnings else []
+        lines += [f"note          {note}" for note in self.notes]
+        if self.previous_runs:
+            lines.append(f"earlier runs  {len(self.previous_runs)} on this output wrote "
+                         f"{sum(r.get('written', 0) for r in self.previous_runs)} results")
         return "\n".join(lines)
 
 

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import workloads
 from moelight.engine.options import EngineOptions, OptionError
+from moelight.jobs.output_file import output_companions
+from moelight.jobs.path_checks import check_output_file
 
 
 @dataclass(kw_only=True)
@@ -49,6 +51,7 @@ class RunOptions(EngineOptions):
             workloads.output_format(self.output)
         except workloads.OutputPathError as e:
             raise OptionError(f"--output {e}") from None
+        check_output_file(self.output, "--output", self.inputs(), companions=output_companions(self.output))
         if self.ray is not None:
             self._check_ray()
         from moelight.parallel.rank_group import torchrun_rank
@@ -56,6 +59,23 @@ class RunOptions(EngineOptions):
         if torchrun_rank() is not None and (self.ray is not None or is_coe_spec(self.model)):
             raise OptionError("torchrun starts the ranks of one tensor-parallel model: run a CoE spec or --ray "
                               "without torchrun")
+
+    def inputs(self) -> list[tuple[str, Path]]:
+        """Everything the job reads, by what it is: an output may be none of them, nor inside one."""
+        reads: list[tuple[str, Path]] = [("dataset", Path(self.dataset))]
+        model = Path(self.model).expanduser()
+        if is_coe_spec(self.model):
+            reads.append(("CoE spec", model))
+            reads += [(f"model folder of CoE entry {name!r}", Path(m).expanduser())
+                      for name, m in coe_model_paths(model).items() if Path(m).expanduser().exists()]
+        elif model.exists():
+            reads.append(("model folder", model))
+        for what, value in (("policy file", self.policy if self.policy != "auto" else None),
+                            ("hardware profile", self.hardware), ("EAM collection", self.eamc),
+                            ("predictor file", self.predictor)):
+            if value is not None and Path(value).expanduser().exists():
+                reads.append((what, Path(value).expanduser()))
+        return reads
 
     def _check_ray(self) -> None:
         import importlib.util
@@ -89,3 +109,14 @@ def parse_replicas(text: str) -> tuple[int, int]:
     if bounds[0] < 1 or bounds[1] < bounds[0]:
         raise OptionError(f"--ray-replicas {text!r}: need 1 <= MIN <= MAX")
     return bounds
+
+
+def coe_model_paths(spec: Path) -> dict[str, str]:
+    """A CoE spec's models by name, read leniently (coe_job.CoESpec.load says what is wrong with it)."""
+    import json
+
+    try:
+        models = json.loads(spec.read_text()).get("models")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return {k: v for k, v in models.items() if isinstance(v, str)} if isinstance(models, dict) else {}

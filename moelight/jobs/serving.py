@@ -5,17 +5,19 @@ job and each batch of a Ray replica run this; `LLM.generate` runs `generate_plan
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from tqdm import tqdm
 
 import workloads
 from moelight.engine.generation import GenerationStats, SequenceResult
 from moelight.errors import PromptError
-from moelight.jobs.output_file import report_path
-from moelight.jobs.prompts import prepare_prompts
+from moelight.jobs.job_warnings import JobWarnings
+from moelight.jobs.output_file import OutputState, report_path, save_report
+from moelight.jobs.prompts import fit_to_context, prepare_prompts
 from moelight.jobs.report import RunReport
 from moelight.sampling.params import SamplingParams
 
@@ -34,14 +36,15 @@ class PreparedJob:
 def prepare_requests(session, opts, requests, skipped_before: int = 0, solved=None) -> PreparedJob:
     """Tokenize and plan `requests` on `session` (weights not loaded yet); bad prompts raise unless
     skipped. `solved`: a policy solved already for this job (see EngineSession.plan)."""
+    warnings = JobWarnings()
     prompts, params, skipped = prepare_prompts(requests, session.tokenizer, session.config.max_position_embeddings,
-                                               opts)
+                                               opts, warnings)
     requests = [r for r in requests if r.id not in skipped]
     n_skipped = skipped_before + len(skipped)
-    if not requests:  # e.g. --resume on a finished output: nothing to plan, load or write
-        return PreparedJob([], [], [], None, RunReport.for_plan(opts.model, session.dtype_name, None, 0, n_skipped))
-    plan = session.plan(prompts, params, opts.turn, solved=solved)
+    # nothing left (e.g. --resume on a finished output): nothing to plan, load or write
+    plan = session.plan(prompts, params, opts.turn, solved=solved) if requests else None
     report = RunReport.for_plan(opts.model, session.dtype_name, plan, len(requests), n_skipped)
+    report.warnings = warnings.to_dict() if warnings.counts else {}
     return PreparedJob(requests, prompts, params, plan, report)
 
 
@@ -54,71 +57,107 @@ def generate_planned(session, plan, prompts, params, report: RunReport, turn: in
     engine = session.engine(plan, prompts, params, turn)
     report.load_seconds += time.perf_counter() - t0
     stats = stats if stats is not None else GenerationStats()
-    results = engine.generate(prompts, params, [0] * len(prompts), plan.batch_size, plan.micro_batch_size,
-                              on_finish=on_finish, stats=stats)
-    report.add_stats(stats)
-    return results
+    try:
+        return engine.generate(prompts, params, [0] * len(prompts), plan.batch_size, plan.micro_batch_size,
+                               on_finish=on_finish, stats=stats)
+    finally:  # an interrupted round's finished sequences are in the report too
+        report.add_stats(stats)
 
 
 def generate_prepared(session, opts, job: PreparedJob, writer, bar=None, on_result=None) -> None:
     """Generate every turn of a prepared job, writing each request's result when its last turn ends.
     Round k answers the k-th user turn of every request that has one."""
     requests, params, tokenizer = job.requests, list(job.params), session.tokenizer
+    warnings = JobWarnings(**job.report.warnings) if job.report.warnings else JobWarnings()
+
+    def write(i: int) -> None:
+        result = workloads.build_result(requests[i], turns[i], model=opts.model)
+        writer.write(on_result(requests[i], result) if on_result else result)
+
     turns: list[list[workloads.TurnOutput]] = [[] for _ in requests]
     messages = [list(r.messages) if r.messages is not None else None for r in requests]
     active = list(range(len(requests)))
     round_prompts = job.prompts
-    for k in range(1 + max((len(r.followups) for r in requests), default=0)):
-        last_round = {i for i in active if len(requests[i].followups) == k}
+    try:
+        for k in range(1 + max((len(r.followups) for r in requests), default=0)):
+            last_round = {i for i in active if len(requests[i].followups) == k}
 
-        def on_finish(res: SequenceResult, active=active, last_round=last_round, round_prompts=round_prompts,
-                      k=k):
-            i = active[res.index]
-            req = requests[i]
-            user = req.followups[k - 1] if k else None
-            turns[i].append(workloads.TurnOutput(tokenizer.decode(res.token_ids), res.token_ids,
-                                                 res.finish_reason, len(round_prompts[res.index]), user=user))
-            if i in last_round:
-                result = workloads.build_result(req, turns[i], model=opts.model)
-                writer.write(on_result(req, result) if on_result else result)
-            if bar is not None:
-                bar.update(1)
+            def on_finish(res: SequenceResult, active=active, last_round=last_round, round_prompts=round_prompts,
+                          k=k):
+                i = active[res.index]
+                req = requests[i]
+                user = req.followups[k - 1] if k else None
+                turns[i].append(workloads.TurnOutput(tokenizer.decode(res.token_ids), res.token_ids,
+                                                     res.finish_reason, len(round_prompts[res.index]), user=user))
+                if i in last_round:
+                    write(i)
+                if bar is not None:
+                    bar.update(1)
 
-        generate_planned(session, job.plan, round_prompts, [params[i] for i in active], job.report, opts.turn,
-                         on_finish)
-        active = [i for i in active if i not in last_round]
-        round_prompts = []
-        for i in active:
-            req = requests[i]
-            history = messages[i] if messages[i] is not None else [{"role": "user", "content": req.prompt}]
-            history = history + [{"role": "assistant", "content": turns[i][-1].text},
-                                 {"role": "user", "content": req.followups[k]}]
-            messages[i] = history
-            round_prompts.append(tokenizer.apply_chat_template(history, tools=req.tools))
-            room = session.config.max_position_embeddings - len(round_prompts[-1])
-            if room < 1:
-                raise PromptError(f"{req.source or req.id}: turn {k + 2} exceeds the model's context")
-            params[i] = replace(params[i], max_tokens=min(params[i].max_tokens, room))
+            generate_planned(session, job.plan, round_prompts, [params[i] for i in active], job.report, opts.turn,
+                             on_finish)
+            active = [i for i in active if i not in last_round]
+            round_prompts, going_on = [], []
+            for i in active:
+                req = requests[i]
+                history = messages[i] if messages[i] is not None else [{"role": "user", "content": req.prompt}]
+                history = history + [{"role": "assistant", "content": turns[i][-1].text},
+                                     {"role": "user", "content": req.followups[k]}]
+                messages[i] = history
+                ids = tokenizer.apply_chat_template(history, tools=req.tools)
+                try:
+                    params[i] = fit_to_context(f"{req.source or req.id}: turn {k + 2}", ids, params[i],
+                                               session.config.max_position_embeddings, warnings)
+                except PromptError as e:  # the conversation ends with the turns it has: written, and said
+                    warnings.add("turn_does_not_fit", str(e))
+                    write(i)
+                    continue
+                round_prompts.append(ids)
+                going_on.append(i)
+            active = going_on
+    finally:  # what was changed to make requests run, even when the job stops early
+        if warnings.counts:
+            job.report.warnings = warnings.to_dict()
 
 
-def serve_requests(session, opts, requests, skipped_before: int, writer, on_result=None) -> RunReport:
+def serve_requests(session, opts, requests, skipped_before: int, writer, on_result=None,
+                   output: OutputState | None = None, save: bool = True) -> RunReport:
     """Tokenize, plan, load, generate and write `requests` on `session`; the report is saved beside
-    the output (and returned) whatever happens, the session closed."""
+    the output (and returned) whatever happens, the session closed. `output`: what the output held
+    before (a resumed job's report says so and keeps the earlier runs' reports)."""
     job = prepare_requests(session, opts, requests, skipped_before)
     report = job.report
-    if job.plan is None:
-        report.save(report_path(opts.output))
-        session.close()
-        return report
-    total = sum(1 + len(r.followups) for r in job.requests)
-    bar = tqdm(total=total, unit="req", disable=not opts.progress, desc="generating")
+    if output is not None:
+        describe_output(report, opts, output)
+    written_before = getattr(writer, "written", 0)
+    failing: BaseException | None = None
     try:
-        generate_prepared(session, opts, job, writer, bar, on_result)
+        if job.plan is not None:
+            total = sum(1 + len(r.followups) for r in job.requests)
+            with tqdm(total=total, unit="req", disable=not opts.progress, desc="generating") as bar:
+                generate_prepared(session, opts, job, writer, bar, on_result)
     except KeyboardInterrupt:
         report.interrupted = True
+    except BaseException as e:
+        failing = e
+        raise
     finally:
-        bar.close()
+        report.written = getattr(writer, "written", 0) - written_before
         report.close(session)
         session.close()
-        report.save(report_path(opts.output))
+        if save:
+            save_report(report, opts.output, failing, opts.log)
     return report
+
+
+def describe_output(report: RunReport, opts, output: OutputState) -> None:
+    """A report that says what the output held before this run, and keeps the earlier runs' reports."""
+    report.already_in_output = len(output.done)
+    report.notes += output.notes
+    if output.done and report_path(opts.output).exists():
+        try:
+            earlier = json.loads(report_path(opts.output).read_text())
+        except (OSError, ValueError):
+            return
+        report.previous_runs = list(earlier.get("previous_runs", [])) + [
+            {k: earlier.get(k) for k in RunReport("", "", 0, 0, 0).previous()}]

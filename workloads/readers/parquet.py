@@ -17,8 +17,8 @@ from .fields import RecordError, get_id, get_text, opt_int, sampling_fields
 OPTIONAL_COLUMNS = ("max_tokens", "max_new_tokens", "temperature", "top_p", "top_k", "seed")
 
 
-def read_parquet(path: Path, label: str, prompt_column: str = "prompt",
-                 id_column: str = "id") -> tuple[list[Request], list[Problem]]:
+def read_parquet(path: Path, label: str, prompt_column: str = "prompt", id_column: str = "id",
+                 hint: str = "prompt_column=... / --prompt-column") -> tuple[list[Request], list[Problem]]:
     try:
         table = pq.read_table(path)
     except (pa.ArrowInvalid, OSError) as e:
@@ -27,7 +27,7 @@ def read_parquet(path: Path, label: str, prompt_column: str = "prompt",
     if prompt_column not in names:
         raise DatasetError(
             f"{label}: no column '{prompt_column}' (columns: {', '.join(names) or 'none'}); "
-            f"pass the prompt column name (prompt_column=... / --prompt-column)"
+            f"pass the prompt column's name ({hint})"
         )
     if table.num_rows == 0:
         raise DatasetError(f"{label}: file is empty (0 rows)")

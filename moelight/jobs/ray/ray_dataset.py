@@ -31,7 +31,8 @@ def parse_file(row: dict, fmt: str | None, turn: int, prompt_column: str) -> lis
     """One file's bytes (a Ray task) -> one row per record: a request, or the problem that record has;
     a problem of the whole file is one row with no source, raised by the driver."""
     try:
-        requests, problems, _ = workloads.parse_dataset(row["bytes"], row["path"], fmt, turn, prompt_column)
+        requests, problems, _ = workloads.parse_dataset(row["bytes"], row["path"], fmt, turn, prompt_column,
+                                                        hint_style="cli")
     except DatasetError as e:
         return [_problem_row("", str(e))]
     return [r.to_row() | {"problem": ""} for r in requests] + [_problem_row(p.where, p.message) for p in problems]
@@ -39,17 +40,18 @@ def parse_file(row: dict, fmt: str | None, turn: int, prompt_column: str) -> lis
 
 def read_dataset(opts, finished: set[str]):
     """(requests, input format, skipped problems, request count) for a RunOptions: the requests are
-    Request objects when the driver parsed the file, else a lazy `ray.data.Dataset` of request rows.
+    Request objects when the driver parsed the file (all of them: the caller drops the finished ones
+    after checking the output is this job's), else a lazy `ray.data.Dataset` of request rows.
     Raises DatasetError for bad records (all of them, in file order) unless opts.skip_bad_lines;
-    duplicate ids are problems as in a local run; ids in `finished` (a resumed output) are dropped."""
+    duplicate ids are problems as in a local run; ids in `finished` (a resumed output) are dropped from a
+    lazy dataset."""
     path = Path(opts.dataset)
     workloads.check_dataset_file(path, str(opts.dataset))
     if opts.num_requests is not None or path.stat().st_size <= DRIVER_PARSE_MAX_BYTES:
         loaded = workloads.load_dataset(opts.dataset, opts.dataset_format, turn=opts.turn,
                                         num_requests=opts.num_requests, skip_bad_lines=opts.skip_bad_lines,
-                                        prompt_column=opts.prompt_column)
-        return [r for r in loaded.requests if r.id not in finished], loaded.format, loaded.skipped, \
-            len(loaded.requests)
+                                        prompt_column=opts.prompt_column, hint_style="cli")
+        return loaded.requests, loaded.format, loaded.skipped, len(loaded.requests)
     return _read_with_ray(opts, path, finished)
 
 
@@ -79,7 +81,7 @@ def _read_with_ray(opts, path: Path, finished: set[str]):
             seen[r["id"]] = r["source"]
     problems.sort(key=workloads.line_of)
     if problems and not opts.skip_bad_lines:
-        raise DatasetError.from_problems(label, problems, workloads.SKIP_HINT)
+        raise DatasetError.from_problems(label, problems, workloads.skip_hint("cli"))
     if not seen:
         raise DatasetError(f"{label}: no usable requests" + (" (all were skipped)" if problems else ""))
     first = next(r for r in index if not r["problem"])

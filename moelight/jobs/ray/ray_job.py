@@ -22,7 +22,7 @@ from tqdm import tqdm
 
 import workloads
 from moelight.engine.session import EngineSession
-from moelight.jobs.output_file import LazyResultWriter, check_output, finished_ids, report_path
+from moelight.jobs.output_file import LazyResultWriter, output_present, prepare_output, save_report
 from moelight.jobs.prompts import check_prompts, prompt_error
 from moelight.jobs.ray.ray_dataset import read_dataset
 from moelight.jobs.ray.ray_report import RayRunReport, ReplicaFigures
@@ -34,6 +34,7 @@ from moelight.jobs.ray.resources import (
     warn_if_pool_cannot_start,
 )
 from moelight.jobs.run_options import parse_replicas
+from moelight.jobs.serving import describe_output
 from moelight.loading.resolved_model import resolve
 from workloads.results import result_from_row
 
@@ -145,21 +146,27 @@ def run_ray_job(opts) -> RayRunReport:
 
     t_job = time.perf_counter()
     lo, hi = parse_replicas(opts.ray_replicas)
-    check_output(opts)
-    finished = finished_ids(opts)  # the driver is the one writer: the output is on its disk
+    if output_present(opts.output) and not (opts.resume or opts.overwrite):
+        prepare_output(opts, workloads.output_format(opts.output))  # says what to pass, before Ray starts
+    # the driver is the one writer: the output is on its disk; which ids it holds is read now
+    finished = workloads.finished_ids(opts.output) if opts.resume and output_present(opts.output) else set()
     address = connect(opts.ray, opts.log)
     configure_ray_data(opts.progress)
     warm = warm_up_ray_data()
     source, fmt, problems, _ = read_dataset(opts, finished)
     out_format = workloads.output_format(opts.output, fmt)
+    output = prepare_output(opts, out_format, source if isinstance(source, list) else None)
+    if isinstance(source, list):
+        source = [r for r in source if r.id not in output.done]
     fields_ = opts_fields(opts)
     driver = DriverPlan(opts)
     ds, remaining, bad_prompts, batch = checked_batches(opts, source, driver, fields_, hi)
     report = RayRunReport(model=opts.model, dtype=opts.dtype, requests=remaining, batch_size=0, micro_batch_size=0,
                           skipped_requests=len(problems) + bad_prompts, ray_address=address)
+    describe_output(report, opts, output)
     if remaining == 0:
         report.wall_seconds = time.perf_counter() - t_job
-        report.save(report_path(opts.output))
+        save_report(report, opts.output)
         return report
     warm.join()
     cpus, gpus = per_replica_resources(opts, hi)
@@ -177,19 +184,25 @@ def run_ray_job(opts) -> RayRunReport:
     written: set[str] = set(finished)
     bar = tqdm(total=remaining, unit="req", disable=not opts.progress, desc="written")
     t0 = time.perf_counter()
+    failing: BaseException | None = None
+    writer = LazyResultWriter(opts, out_format, output.record)
     try:
-        with LazyResultWriter(opts, out_format) as writer:
+        with writer:
             for rows in results.iter_batches(batch_size=None, batch_format="pyarrow"):
                 _write_rows(rows.to_pylist(), writer, written, figures, bar)
     except KeyboardInterrupt:
         report.interrupted = True
+    except BaseException as e:
+        failing = e
+        raise
     finally:
         bar.close()
         report.fold(figures, time.perf_counter() - t0)
+        report.written = writer.written
         report.dtype = next((r.report.policy.get("dtype", opts.dtype) for r in figures.values() if r.report),
                             opts.dtype)
         report.wall_seconds = time.perf_counter() - t_job
-        report.save(report_path(opts.output))
+        save_report(report, opts.output, failing, opts.log)
     return report
 
 

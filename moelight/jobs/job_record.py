@@ -1,0 +1,158 @@
+"""The record of the job an output belongs to (`OUTPUT.job.json`), so `--resume` continues only its
+own job: the dataset, the output's format, the options that change results, and one short hash per
+request (its prompt, turns and sampling fields).
+
+The record is written (atomically) just before the output's first result, and again with every
+new request when a resumed job adds to it. `--resume` compares it with the job at hand before any
+model loads and refuses another job's output, saying what differs; requests whose prompt changed
+under an id the output already holds are named. An output without a record (an older moelight's,
+or another tool's) is resumed only when its records have the output's shape, with a warning that
+its options and prompts could not be checked.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from moelight.errors import MoelightError
+
+VERSION = 1
+# RunOptions fields that change what a request generates (batching and placement do not, in float32)
+# (which requests a job holds is the requests' business: each is checked by its hash)
+RESULT_OPTIONS = ("model", "load_format", "dtype", "tokenizer", "seed", "gen_len", "temperature", "top_p", "top_k",
+                  "ignore_eos", "turn")
+_REQUEST_FIELDS = ("prompt", "messages", "followups", "tools", "max_new_tokens", "temperature", "top_p", "top_k",
+                   "seed")
+
+
+class ResumeError(MoelightError):
+    """An output that `--resume` must not continue: another job's, or one whose prompts changed."""
+
+
+def record_path(output: Path) -> Path:
+    return output.with_name(output.name + ".job.json")
+
+
+def request_hash(request) -> str:
+    """What a request asks, in 16 hex digits: its prompt or messages, later turns, tools and sampling."""
+    body = json.dumps({k: getattr(request, k) for k in _REQUEST_FIELDS}, sort_keys=True, default=str)
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def _model_identity(model: str) -> str:
+    """A model folder by its path and config.json's content; a preset or CoE spec by its name / content."""
+    path = Path(model).expanduser()
+    target = path / "config.json" if path.is_dir() else path
+    if target.is_file():
+        digest = hashlib.sha256(target.read_bytes()).hexdigest()[:16]
+        return f"{os.path.abspath(path)} ({target.name} {digest})"
+    return model
+
+
+@dataclass
+class JobRecord:
+    dataset: str
+    output_format: str
+    settings: dict
+    requests: dict[str, str] | None = None  # id -> request_hash; None where the driver never saw them all
+    version: int = VERSION
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def of_job(cls, opts, output_format: str, requests=None) -> JobRecord:
+        settings = {k: getattr(opts, k) for k in RESULT_OPTIONS}
+        settings["model"] = _model_identity(opts.model)
+        hashes = None if requests is None else {r.id: request_hash(r) for r in requests}
+        return cls(os.path.abspath(Path(opts.dataset).expanduser()), output_format, settings, hashes)
+
+    @classmethod
+    def load(cls, path: Path) -> JobRecord:
+        try:
+            d = json.loads(path.read_text())
+            return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+        except (OSError, ValueError, TypeError, KeyError) as e:
+            raise ResumeError(f"{path}: not a moelight job record ({e}); remove it to resume without the "
+                              "checks, or pass --overwrite to start the output again") from None
+
+    def save(self, path: Path) -> None:
+        """Atomically, so a killed job never leaves half a record."""
+        tmp = path.with_name(path.name + ".tmp")
+        tmp.write_text(json.dumps(asdict(self), indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, path)
+
+    def merged(self, other: JobRecord) -> JobRecord:
+        """This record with `other`'s requests added (a resumed job that brings new ones)."""
+        if self.requests is None or other.requests is None:
+            return self
+        return JobRecord(self.dataset, self.output_format, self.settings, self.requests | other.requests)
+
+    def differences(self, now: JobRecord) -> list[str]:
+        """What makes `now` another job than the one this record belongs to."""
+        out = []
+        if self.output_format != now.output_format:
+            out.append(f"output format: the output holds {self.output_format} records, this job writes "
+                       f"{now.output_format}")
+        for k, was in self.settings.items():
+            if now.settings.get(k) != was:
+                out.append(f"--{k.replace('_', '-')}: was {was!r}, now {now.settings.get(k)!r}")
+        return out
+
+    def changed(self, now: JobRecord, ids: set[str]) -> tuple[list[str], list[str]]:
+        """(ids whose request changed, ids the output holds that the job no longer has), among `ids`."""
+        if self.requests is None or now.requests is None:
+            return [], []
+        changed = sorted(i for i in ids if i in self.requests and i in now.requests
+                         and self.requests[i] != now.requests[i])
+        gone = sorted(i for i in ids if i not in now.requests)
+        return changed, gone
+
+
+def check_resume(output: Path, now: JobRecord, done: set[str], output_shape: str | None) -> list[str]:
+    """Raise ResumeError if the output at `output` belongs to another job; return warnings to report.
+    `output_shape`: the format of the output's first record ("openai" or "jsonl"; None: empty)."""
+    path = record_path(output)
+    if not path.exists():
+        if output_shape is not None and now.output_format != "parquet" and output_shape != now.output_format:
+            raise ResumeError(f"--resume {output}: its records are in the {output_shape} shape and this job writes "
+                              f"{now.output_format}: it is another job's output. Name another --output, or "
+                              "pass --overwrite to replace it")
+        return [f"{output} has no job record ({path.name}): the output was written by an older moelight or "
+                "another tool, so its options and prompts could not be checked against this job"]
+    record = JobRecord.load(path)
+    problems = record.differences(now)
+    changed, gone = record.changed(now, done)
+    if changed:
+        problems.append(f"{len(changed)} request(s) the output holds changed under the same id: "
+                        + ", ".join(changed[:10]) + (" ..." if len(changed) > 10 else ""))
+    if gone:
+        problems.append(f"{len(gone)} id(s) in the output are not in this job: "
+                        + ", ".join(gone[:10]) + (" ..." if len(gone) > 10 else ""))
+    if problems:
+        raise ResumeError(f"--resume {output}: the output belongs to another job ({path.name}):\n  "
+                          + "\n  ".join(problems)
+                          + "\nname another --output for this job, or pass --overwrite to replace that output")
+    notes = []
+    if record.dataset != now.dataset:
+        notes.append(f"the dataset moved: the output was started from {record.dataset}, this job reads "
+                     f"{now.dataset} (its requests match)")
+    return notes
+
+
+def output_shape(output: Path) -> str | None:
+    """The shape of an existing output's records: "openai" (OpenAI batch lines), "jsonl", "parquet"; None
+    when it holds none."""
+    if output.suffix.lower() in (".parquet", ".pq"):
+        return "parquet"
+    try:
+        with open(output, "rb") as f:
+            for raw in f:
+                if raw.strip():
+                    obj = json.loads(raw)
+                    return "openai" if isinstance(obj, dict) and "custom_id" in obj and "response" in obj else "jsonl"
+    except (OSError, ValueError):
+        return None
+    return None

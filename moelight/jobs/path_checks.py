@@ -1,0 +1,98 @@
+"""Every path a job writes, checked before anything heavy runs: a typo in an output path costs a
+second, not a model load, and no output ever lands on (or inside) something the job reads.
+
+An output file's folder must exist or be creatable, be a folder and be writable; the file itself
+(and its report beside it) must not be a folder; and it must be none of the job's inputs (same file
+by any spelling of its path, or by inode through a link) nor inside an input folder (a model folder,
+a dataset folder). An output folder (plots) must be a folder or creatable.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+from moelight.errors import MoelightError
+
+IMAGE_SUFFIXES = (".png", ".svg", ".pdf", ".jpg", ".jpeg")
+
+
+class OutputPathError(MoelightError):
+    """An output path the job cannot or must not write; the message names the option and the path."""
+
+
+def _resolved(path: Path) -> Path:
+    return Path(os.path.abspath(os.path.expanduser(path)))
+
+
+def _existing_ancestor(path: Path) -> Path:
+    p = path
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p
+
+
+def input_conflict(out: Path, read: Path) -> str | None:
+    """How `out` collides with the input `read`: "itself" (the same file by any spelling, a symbolic or
+    hard link), "inside" (a file inside the folder `read`), or None."""
+    out_r, read_r = os.path.realpath(_resolved(out)), os.path.realpath(_resolved(read))
+    try:
+        same = os.path.exists(out_r) and os.path.exists(read_r) and os.path.samefile(out_r, read_r)
+    except OSError:
+        same = False
+    if same or out_r == read_r:
+        return "itself"
+    if os.path.isdir(read_r) and Path(read_r) in Path(out_r).parents:
+        return "inside"
+    return None
+
+
+def check_not_an_input(path: Path, option: str, inputs: Iterable[tuple[str, Path | None]]) -> None:
+    """Refuse an output that is (or lies inside) one of the job's inputs, whatever the other flags say."""
+    for what, read in inputs:
+        conflict = None if read is None else input_conflict(path, read)
+        if conflict == "itself":
+            raise OutputPathError(f"{option} {path}: is the {what} {read} itself; moelight never writes over what "
+                                  f"a job reads: name another {option} file")
+        if conflict == "inside":
+            raise OutputPathError(f"{option} {path}: is inside the {what} {read}; moelight never writes into what "
+                                  f"a job reads: name a {option} file elsewhere")
+
+
+def check_output_file(path: Path, option: str, inputs: Iterable[tuple[str, Path]] = (),
+                      companions: Iterable[Path] = ()) -> None:
+    """`path` (and `companions`, files written beside it: a report, a sidecar) can be written as files."""
+    check_not_an_input(path, option, list(inputs))
+    for p in (path, *companions):
+        if p.is_dir():
+            raise OutputPathError(f"{option} {path}: {p} is a folder; name a file")
+        if p.exists() and not os.access(p, os.W_OK):
+            raise OutputPathError(f"{option} {path}: {p} exists and is not writable")
+    check_output_dir(Path(os.path.dirname(_resolved(path))), option, label=path)
+
+
+def check_output_dir(path: Path, option: str, label: Path | None = None) -> None:
+    """`path` is a writable folder, or can be created: its nearest existing ancestor is a writable folder."""
+    shown = label if label is not None else path
+    target = _resolved(path)
+    if target.exists():
+        if not target.is_dir():
+            raise OutputPathError(f"{option} {shown}: {path} is a file, not a folder"
+                                  + ("" if label is not None else "; name a folder (it is created if missing)"))
+        if not os.access(target, os.W_OK | os.X_OK):
+            raise OutputPathError(f"{option} {shown}: the folder {path} is not writable")
+        return
+    base = _existing_ancestor(target)
+    if not base.is_dir():
+        raise OutputPathError(f"{option} {shown}: cannot create the folder {path}: {base} is a file")
+    if not os.access(base, os.W_OK | os.X_OK):
+        raise OutputPathError(f"{option} {shown}: cannot create the folder {path}: {base} is not writable")
+
+
+def check_image_file(path: Path, option: str) -> None:
+    """A chart's path: a writable file whose suffix names an image format matplotlib writes."""
+    if path.suffix.lower() not in IMAGE_SUFFIXES:
+        raise OutputPathError(f"{option} {path}: a chart is written as {', '.join(IMAGE_SUFFIXES)}; "
+                              f"name the file with one of these suffixes (e.g. {path.with_suffix('.png')})")
+    check_output_file(path, option)
