@@ -57,7 +57,21 @@ class Policy:
 
     @classmethod
     def from_dict(cls, d: dict) -> Policy:
-        return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+        """A policy from its JSON fields; ValueError naming every field that is missing, unknown or of
+        the wrong type (not just the first)."""
+        if not isinstance(d, dict):
+            raise ValueError(f"a policy is a JSON object of {', '.join(cls.__dataclass_fields__)}; got "
+                             f"{type(d).__name__}")
+        kinds = {"batch_size": int, "micro_batch_size": int, "num_micro_batches": int, "attn_on_gpu": bool,
+                 "ffn_on_gpu": bool, "r_w": (int, float), "r_c": (int, float), "dtype": str}
+        problems = [f"missing {k!r}" for k in kinds if k not in d and k != "dtype"]
+        problems += [f"unknown field {k!r}" for k in d if k not in kinds]
+        problems += [f"{k!r} must be {_kind_name(t)}, got {d[k]!r}" for k, t in kinds.items()
+                     if k in d and (not isinstance(d[k], t) or (t is int and isinstance(d[k], bool)))]
+        if problems:
+            raise ValueError("; ".join(problems) + f" (fields: {', '.join(kinds)}; `moelight plan --save-policy` "
+                             "writes one)")
+        return cls(**d)
 
     def save(self, path: str | Path) -> Path:
         p = Path(path)
@@ -68,6 +82,11 @@ class Policy:
     @classmethod
     def load(cls, path: str | Path) -> Policy:
         return cls.from_dict(json.loads(Path(path).read_text()))
+
+
+def _kind_name(t) -> str:
+    names = {int: "an integer", bool: "true or false", str: "a string"}
+    return "a number" if isinstance(t, tuple) else names[t]
 
 
 @dataclass
@@ -95,6 +114,19 @@ class PlanResult:
     placements: dict[str, float | None] = field(default_factory=dict)
     solve_seconds: float = 0.0
     grid_points: int = 0
+
+    def memory_problems(self) -> list[str]:
+        """What does not fit in this plan's memory model, by level and by how much (empty: it fits)."""
+        gib = 2.0**30
+        out = []
+        for level, parts, cap in (("GPU", self.gpu_memory, self.gpu_capacity), ("CPU", self.cpu_memory,
+                                                                                 self.cpu_capacity)):
+            need = sum(parts.values())
+            if parts and need > cap * (1 + 1e-6):
+                top = ", ".join(f"{k} {v / gib:.2f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])[:4])
+                out.append(f"{level} memory: needs {need / gib:.2f} GiB of {cap / gib:.2f} GiB usable, short by "
+                           f"{(need - cap) / gib:.2f} GiB ({top})")
+        return out
 
     def to_dict(self) -> dict:
         d = asdict(self)

@@ -46,7 +46,7 @@ def test_simulate_policy_file_and_errors(tmp_path):
                 "num_micro_batches": 8,
                 "attn_on_gpu": False,
                 "ffn_on_gpu": True,
-                "r_w": 0.1,
+                "r_w": 0.0,  # 0.1 of Mixtral's experts resident does not fit a T4 beside N=512 (refused)
                 "r_c": 0.0,
             }
         )

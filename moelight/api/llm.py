@@ -25,6 +25,7 @@ from moelight.jobs.prompts import fit_to_context, seeded
 from moelight.jobs.report import RunReport
 from moelight.jobs.serving import generate_planned
 from moelight.sampling.params import SamplingParams
+from workloads.readers.fields import CHAT_ROLES
 
 PROMPT_KEYS = {"prompt", "prompt_token_ids"}  # vLLM's TextPrompt / TokensPrompt
 
@@ -62,7 +63,10 @@ class LLM:
         use_tqdm: bool = False,
     ) -> list[RequestOutput]:
         """Prompts: a str, a list of token ids, a {"prompt": str} or {"prompt_token_ids": [...]} dict,
-        or a list of any of these. Outputs come back in input order."""
+        or a list of any of these. Outputs come back in input order ([] for no prompts)."""
+        if not isinstance(prompts, (str, dict, list, tuple)):
+            raise TypeError("prompts must be a str, a list of token ids, a {'prompt': ...} or "
+                            f"{{'prompt_token_ids': [...]}} dict, or a list of these; got {type(prompts).__name__}")
         texts, token_lists = [], []
         for i, p in enumerate(_as_list(prompts)):
             text, ids = self._one_prompt(i, p)
@@ -88,8 +92,13 @@ class LLM:
         needs add_generation_prompt=False), `chat_template` (a template, or the name of one of the model's)
         and `chat_template_kwargs`, the template's own variables (e.g. {"enable_thinking": False},
         {"reasoning_effort": "high"}), which, as in vLLM, may also set the arguments before them."""
+        if not isinstance(conversations, (list, tuple)):
+            raise TypeError("conversations must be a list of {'role': ..., 'content': ...} messages, or a list of "
+                            f"such lists; got {type(conversations).__name__}")
         if conversations and not isinstance(conversations[0], (list, tuple)):
             conversations = [conversations]  # type: ignore[list-item]
+        for i, conversation in enumerate(conversations):
+            _check_conversation(i, conversation)
         render: dict = {"tools": tools, "add_generation_prompt": add_generation_prompt}
         if continue_final_message:
             render["continue_final_message"] = continue_final_message
@@ -128,9 +137,14 @@ class LLM:
 
     def _run(self, token_lists, texts, sampling_params, use_tqdm: bool) -> list[RequestOutput]:
         n = len(token_lists)
+        if n == 0:
+            return []
         if sampling_params is None:
             sampling_params = SamplingParams()
         params = list(sampling_params) if isinstance(sampling_params, Sequence) else [sampling_params] * n
+        bad = next((p for p in params if not isinstance(p, SamplingParams)), None)
+        if bad is not None:
+            raise TypeError(f"sampling_params must be a SamplingParams or a list of them, got {type(bad).__name__}")
         if len(params) != n:
             raise ValueError(f"{len(params)} SamplingParams for {n} prompts")
         # as `moelight run` does: request r is fitted to the context and samples with seed + crc32(id)
@@ -156,6 +170,19 @@ class LLM:
     def close(self) -> None:
         """Free the runtime's device (cuda / emulated); the LLM is not usable afterwards."""
         self.session.close()
+
+
+def _check_conversation(i: int, conversation) -> None:
+    """The roles and shapes `moelight run` accepts for a dataset's messages (workloads' CHAT_ROLES)."""
+    if not isinstance(conversation, (list, tuple)) or not conversation:
+        raise ValueError(f"conversation {i} must be a non-empty list of messages, got {conversation!r:.60}")
+    for j, m in enumerate(conversation):
+        if not isinstance(m, dict):
+            raise TypeError(f"conversation {i}, message {j}: a message is a dict with 'role' and 'content', "
+                            f"got {type(m).__name__}")
+        if m.get("role") not in CHAT_ROLES:
+            raise ValueError(f"conversation {i}, message {j}: role {m.get('role')!r} is not one of "
+                             f"{', '.join(CHAT_ROLES)}")
 
 
 def _as_list(prompts) -> list:

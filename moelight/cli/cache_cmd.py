@@ -9,8 +9,10 @@ from pathlib import Path
 import typer
 
 from moelight.cli.errors import user_errors
+from moelight.jobs.path_checks import check_output_dir, check_output_file
 
 Opt = typer.Option
+DEFAULT_CACHE_SIZES = "0.1,0.25,0.5,0.75"
 
 
 def eamc(
@@ -26,6 +28,7 @@ def eamc(
     from moelight.expert_cache.routing_trace import Trace
 
     with user_errors():
+        check_output_file(output, "--output", [("trace", trace)])
         t = Trace.load(trace)
         eams = np.stack([eam_of(r.experts, t.model.num_experts) for r in t.requests])
         col = EAMCollection.build(eams, capacity, seed=seed, model=t.model.name)
@@ -39,8 +42,9 @@ def simulate_cache(
     model: str = Opt(None, "--model", help="model whose costs to use (preset or folder); default: the trace's"),
     hardware: str = Opt("t4", "--hardware", help="GPU preset or profile JSON (link and GPU costs)"),
     policy: str = Opt("all", "--policy", help="on-demand, lru, lfu, moe-infinity, or all"),
-    cache_size: str = Opt("0.1,0.25,0.5,0.75", "--cache-size",
-                          help="comma-separated: a share of all experts (< 1) or a slot count"),
+    cache_size: str = Opt(None, "--cache-size",
+                          help="comma-separated: a share of all experts (< 1) or a slot count (default: "
+                               f"{DEFAULT_CACHE_SIZES}, those the model allows: at least one layer's experts)"),
     batch: str = Opt("1", "--batch", help="comma-separated sequences decoding together"),
     eamc_path: Path = Opt(None, "--eamc", help="EAM collection for moe-infinity (`moelight eamc`)"),
     predictor: list[Path] = Opt(None, "--predictor", help="promoe / duoserve / coserve file "
@@ -61,6 +65,10 @@ def simulate_cache(
     from moelight.expert_cache.routing_trace import Trace
 
     with user_errors():
+        if as_json is not None:
+            check_output_file(as_json, "--json", [("trace", trace)])
+        if plot is not None:
+            check_output_dir(plot, "--plot")
         names = list(POLICIES) if policy == "all" else [p.strip() for p in policy.split(",")]
         if any(n not in POLICIES for n in names):
             raise OptionError(f"--policy {policy!r}: choose from {', '.join(POLICIES)} or all")
@@ -72,7 +80,7 @@ def simulate_cache(
         except (KeyError, FileNotFoundError, ValueError) as e:
             raise OptionError(str(e.args[0] if isinstance(e, KeyError) else e)) from None
         L, E = len(t.model.moe_layers), t.model.num_experts
-        sizes = [_slots(s, L * E) for s in cache_size.split(",")]
+        sizes = cache_sizes(cache_size, L, E)
         batches = [_positive_int("--batch", b) for b in batch.split(",")]
         eamc = EAMCollection.load(eamc_path, L, E) if eamc_path is not None else None
         preds = {k: Predictors.load(p, k, L, E, t.model.hidden_size) for k, p in files.items()}
@@ -130,6 +138,7 @@ def train_predictor(
     with user_errors():
         if kind not in KINDS:
             raise OptionError(f"--kind {kind!r} is not one of the valid choices: {', '.join(KINDS)}")
+        check_output_file(output, "--output", [("trace", trace)])
         t = Trace.load(trace, hidden=kind == "promoe")
         pred = train_predictors(t, kind, stride, epochs, seed)
         pred.save(output)
@@ -154,6 +163,23 @@ def _positive_int(option: str, text: str) -> int:
     if v < 1:
         raise OptionError(f"{option} {v}: must be >= 1")
     return v
+
+
+def cache_sizes(text: str | None, layers: int, experts: int) -> list[int]:
+    """--cache-size as slot counts. A cache holds at least one layer's experts: the default sizes below
+    that are raised to it (duplicates dropped); a size the user gave below it is an error that says so."""
+    total = layers * experts
+    sizes = [_slots(s, total) for s in (text or DEFAULT_CACHE_SIZES).split(",")]
+    if text is None:
+        return sorted({max(s, experts) for s in sizes})
+    small = [s for s in sizes if s < experts]
+    if small:
+        from moelight.engine.options import OptionError
+
+        raise OptionError(f"--cache-size {text}: {', '.join(map(str, small))} slot(s) cannot hold one layer's "
+                          f"{experts} experts; give sizes of at least {experts} slots ({experts / total:.2f} of "
+                          f"the {total} experts)")
+    return sizes
 
 
 def _slots(text: str, total: int) -> int:

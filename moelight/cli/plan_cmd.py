@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 
+from moelight.cli.errors import user_errors
+
 GiB = 2.0**30
 
 
@@ -98,6 +100,13 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Search the HRM policy (batch, micro-batch, placement, r_w, r_c) and explain it."""
         from hrm import WorkloadSpec, get_hardware, get_model
+        from moelight.jobs.path_checks import check_output_dir, check_output_file
+
+        with user_errors():
+            if plot is not None:
+                check_output_dir(plot, "--plot")
+            if save_policy is not None:
+                check_output_file(save_policy, "--save-policy")
         from hrm.dtypes import canonical_dtype
         from optimizer import InfeasibleError
         from optimizer import plan as run_plan

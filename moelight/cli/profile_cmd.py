@@ -57,8 +57,12 @@ def register(app: typer.Typer) -> None:
         quick: bool = typer.Option(False, "--quick", help="smaller buffers: faster, noisier"),
     ) -> None:
         """Measure CPU bandwidth, the engine's GEMM / attention speeds and overheads (GPU, link with CUDA)."""
+        from moelight.cli.errors import user_errors
+        from moelight.jobs.path_checks import check_output_file
         from moelight.profiling.machine_profile import profile_machine
 
+        with user_errors():
+            check_output_file(output, "--output")
         hw = profile_machine(quick=quick)
         try:
             path = hw.save(output)

@@ -7,6 +7,8 @@ from pathlib import Path
 
 import typer
 
+from moelight.cli.errors import user_errors
+
 SCHEDULE_HELP = "cgopipe | flexgen | flexgen-cpu | overlap-unpaged | all"
 BOUNDS = {"schedule": "the task graph's critical path", "link": "the host links (transfers and all-reduce traffic)",
           "host": "host memory bandwidth (staging copies, the links' DMA, CPU attention)"}
@@ -54,6 +56,12 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Simulate one batch: prefill, then decode steps, with the schedule's task graph."""
         from hrm import WorkloadSpec, get_hardware, get_model
+        from moelight.jobs.path_checks import check_image_file
+        from moelight.planning.job_plan import check_policy_fits
+
+        if gantt is not None:
+            with user_errors():
+                check_image_file(gantt, "--gantt")
         from hrm.dtypes import canonical_dtype
         from moelight.pipeline.schedule import SCHEDULES
         from moelight.pipeline.schedule_simulator import simulate_policy
@@ -97,6 +105,8 @@ def register(app: typer.Typer) -> None:
                 pol = Policy.load(path)
             except (ValueError, TypeError, KeyError) as e:
                 raise typer.BadParameter(f"{path}: not a policy JSON ({e})", param_hint="--policy") from None
+            with user_errors():
+                check_policy_fits(pol, hw, mspec, work, f"--policy {path}")
         if pol.attn_on_gpu or not pol.ffn_on_gpu:
             typer.echo(
                 "note: the schedules place attention by themselves and the MoE FFN on the GPU; "

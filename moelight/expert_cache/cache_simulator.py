@@ -99,8 +99,9 @@ def simulate_cache(trace: Trace, make_policy: Callable[[], CachePolicy], slots: 
     tm = trace.model
     L = len(tm.moe_layers)
     if (L, tm.num_experts) != (model.num_layers - model.num_dense_layers, model.num_experts):
-        raise TraceError(f"the trace routes {L} MoE layers x {tm.num_experts} experts, {model.name} has "
-                         f"{model.num_layers - model.num_dense_layers} x {model.num_experts}")
+        raise TraceError(f"the trace routes {L} MoE layers x {tm.num_experts} experts ({tm.name}), {model.name} has "
+                         f"{model.num_layers - model.num_dense_layers} x {model.num_experts}: leave --model out to "
+                         "use the trace's own model, or trace the model you want to simulate")
     timer = PassTimer(hw, model, dtype)
     policy = make_policy()
     if policy.wants_hidden and any(r.hidden is None for r in trace.requests):

@@ -13,6 +13,23 @@ class PlanError(MoelightError):
     """The policy cannot run: it does not fit, it cannot be read, or it needs a missing GPU."""
 
 
+EMULATED_GPU = "t4"  # what --device emulated emulates when neither --hardware nor this machine names a GPU
+
+
+def hardware_for_device(name: str | None, device: str, log: Callable[[str], None] | None = None):
+    """resolve_hardware, except that `--device emulated` without `--hardware` on a host with no GPU
+    emulates a named GPU preset (and says which) instead of planning for a machine without one."""
+    hw = resolve_hardware(name, log)
+    if device == "emulated" and name is None and not hw.has_gpu:
+        from hrm import hardware_presets
+
+        hw = hardware_presets.get_hardware(EMULATED_GPU)
+        if log:
+            log(f"--device emulated without --hardware on a host with no GPU: emulating the {EMULATED_GPU} preset "
+                f"({hw.gpu.name}); pass --hardware PRESET to emulate another")
+    return hw
+
+
 def resolve_hardware(name: str | None, log: Callable[[str], None] | None = None):
     """The HardwareSpec to plan with: a preset, a profile JSON, or the cached profile.
 

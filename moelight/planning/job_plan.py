@@ -12,7 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from moelight.planning.hardware_choice import PlanError, resolve_hardware
+from moelight.planning.hardware_choice import PlanError, hardware_for_device
 from moelight.planning.mode_choice import ModeError, apply_mode
 from moelight.sampling.params import SamplingParams
 
@@ -53,7 +53,7 @@ def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
     from optimizer import InfeasibleError, Policy, fit_policy, plan, predict_job
 
     n_req = len(prompts)
-    hw = resolve_hardware(opts.hardware, log)
+    hw = hardware_for_device(opts.hardware, device, log)
     if opts.gpus is not None:
         try:
             hw = hw.with_gpus(opts.gpus)
@@ -84,6 +84,8 @@ def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
     if (planned.attn_on_gpu or planned.ffn_on_gpu) and device == "cpu":
         _no_gpu_runtime(planned, opts.device)
     policy = fit_policy(planned, n_req)
+    if source not in ("auto",):  # a policy from a file: it must fit the same memory model the planner obeys
+        check_policy_fits(policy, hw, mspec, workload, f"--policy {opts.policy}")
     batch = opts.batch_size or policy.batch_size
     micro = min(opts.micro_batch_size or policy.micro_batch_size, batch)
     ran = policy.to_dict() | {"batch_size": batch, "micro_batch_size": micro,
@@ -111,6 +113,17 @@ def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
             f"{plan.micro_batch_size}, {where}; predicted {p['end_to_end_tokens_per_s']:.1f} tok/s end-to-end, "
             f"bound by {p['binding']}; {plan.info['mode_reason']}")
     return plan
+
+
+def check_policy_fits(policy, hw, mspec, workload, what: str) -> None:
+    """PlanError naming what does not fit, and by how much, when `policy` breaks the HRM's memory model on `hw`."""
+    from optimizer import evaluate_policy
+
+    problems = evaluate_policy(hw, mspec, workload, policy).memory_problems()
+    if problems:
+        raise PlanError(f"{what} does not fit {hw.name} (N={policy.batch_size}, r_w={policy.r_w:.3f}, "
+                        f"r_c={policy.r_c:.3f}):\n  " + "\n  ".join(problems)
+                        + "\nplan one that fits with `moelight plan`, or lower its batch size or r_w")
 
 
 def _placement(policy) -> str:

@@ -202,7 +202,12 @@ class HFTokenizer(Tokenizer):
 
     def __init__(self, model_dir: str | Path):
         self.model_dir = Path(model_dir)
-        self.backend = HFBackend.from_file(str(self.model_dir / "tokenizer.json"))
+        path = self.model_dir / "tokenizer.json"
+        try:
+            self.backend = HFBackend.from_file(str(path))
+        except Exception as e:  # noqa: BLE001 - the tokenizers library raises a bare Exception for bad files
+            raise TokenizerError(f"{path}: not a readable tokenizer.json ({e}); replace it with the model's own "
+                                 "file, or pass --tokenizer byte to run without it") from None
         cfg_path = self.model_dir / "tokenizer_config.json"
         cfg = _read_json(cfg_path) if cfg_path.exists() else {}
         stm = self.model_dir / "special_tokens_map.json"

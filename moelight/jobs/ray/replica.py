@@ -95,10 +95,10 @@ def _reusable(driver_plan: dict | None, opts, device: str):
     """The driver's solved policy when this replica would plan for the same hardware and device."""
     if not driver_plan:
         return None
-    from moelight.planning.hardware_choice import resolve_hardware
+    from moelight.planning.hardware_choice import hardware_for_device
     from optimizer import Policy
 
-    mine = resolve_hardware(opts.hardware)
+    mine = hardware_for_device(opts.hardware, device)
     if opts.gpus is not None:
         mine = mine.with_gpus(opts.gpus)
     if device != driver_plan["device"] or mine.to_dict() != driver_plan["hardware"]:
