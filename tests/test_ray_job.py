@@ -167,7 +167,7 @@ def test_bad_records_are_reported_as_locally_before_any_model_loads(cluster, tmp
     data.write_text('{"id": "a", "prompt": "fine"}\n{"id": "b", "prompt": \n{"id": "a", "prompt": "again"}\n'
                     '{"id": "c"}\n')
     with pytest.raises(DatasetError) as local:
-        load_dataset(data)
+        load_dataset(data, hint_style="cli")  # as `moelight run` reads it
     out = tmp_path / "out.jsonl"
     with pytest.raises(DatasetError) as remote:
         run_job(RunOptions(dataset=data, output=out, ray="local", model="no-such-model-dir", load_format="dummy",
