@@ -136,7 +136,7 @@ def test_openai_batch_bad_records(tmp_path):
         {"custom_id": "ok", "body": {"messages": [{"role": "user", "content": "Hi"}]}},
         {"custom_id": "x", "method": "GET", "url": "/v1/chat/completions", "body": {"prompt": "a"}},
         {"custom_id": "y", "url": "/v1/embeddings", "body": {"input": "a"}},
-        {"custom_id": "z", "body": {"messages": [{"role": "user", "content": "a"}], "n": 2}},
+        {"custom_id": "z", "body": {"messages": [{"role": "user", "content": "a"}], "n": 0}},  # n >= 1
         {"custom_id": "w", "body": {"messages": [{"role": "user", "content": "a"}], "max_tokens": "10"}},
         {"custom_id": "v", "body": {}},
         {"custom_id": "ok", "body": {"prompt": "dup"}},
@@ -144,7 +144,7 @@ def test_openai_batch_bad_records(tmp_path):
     with pytest.raises(DatasetError) as e:
         read_dataset(p)
     msg = str(e.value)
-    for line, text in [(2, "'method'"), (3, "'url'"), (4, "n=2"), (5, "max_tokens"), (6, "body.messages"),
+    for line, text in [(2, "'method'"), (3, "'url'"), (4, "'n' must be in [1"), (5, "max_tokens"), (6, "body.messages"),
                        (7, "duplicate id 'ok'")]:
         assert f"{p}:{line}: " in msg and text in msg, (line, msg)
     assert f"{p}:1:" not in msg

@@ -31,10 +31,29 @@ def _column_type(values: list) -> pa.DataType | None:
     if all(isinstance(v, list) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
            for v in vals):
         return pa.list_(pa.int64())
+    if all(isinstance(v, list) and all(isinstance(x, str) for x in v) for v in vals):
+        return pa.list_(pa.string())
+    if all(isinstance(v, list) and all(isinstance(x, list) and all(isinstance(t, int) and not isinstance(t, bool)
+                                                                   for t in x) for x in v) for v in vals):
+        return pa.list_(pa.list_(pa.int64()))
     return None
 
 
+SAMPLE_COLUMNS = {"output": "outputs_text", "output_token_ids": "outputs_token_ids",
+                  "finish_reason": "outputs_finish_reason"}
+
+
+def with_sample_columns(record: dict) -> dict:
+    """A record with `n` samples gets each sample field as a list column too (outputs_text, ...), so a
+    parquet reader sees every sample without parsing the `outputs` JSON."""
+    samples = record.get("outputs")
+    if not isinstance(samples, list):
+        return record
+    return record | {col: [o.get(key) for o in samples] for key, col in SAMPLE_COLUMNS.items()}
+
+
 def records_to_table(records: list[dict]) -> pa.Table:
+    records = [with_sample_columns(r) for r in records]
     keys: list[str] = []
     for r in records:
         keys.extend(k for k in r if k not in keys)

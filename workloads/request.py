@@ -5,7 +5,8 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, dataclass, field, fields
 
-JSON_FIELDS = ("messages", "tools", "meta")  # free-form values: JSON text in a row, so a schema cannot bend them
+# free-form values: JSON text in a row, so a schema cannot bend them
+JSON_FIELDS = ("messages", "tools", "meta", "sampling")
 
 
 @dataclass
@@ -30,6 +31,7 @@ class Request:
     source: str = ""
     meta: dict = field(default_factory=dict)
     tools: list[dict] | None = None  # JSON-schema tools for the chat template (OpenAI `tools`)
+    sampling: dict = field(default_factory=dict)  # more vLLM SamplingParams fields (n, stop, logprobs, ...)
 
     def __post_init__(self) -> None:
         if self.messages is None and self.prompt is None:
@@ -66,6 +68,7 @@ class Request:
             if values[name] is not None:
                 values[name] = json.loads(values[name])
         values["meta"] = values["meta"] or {}
+        values["sampling"] = values["sampling"] or {}
         values["followups"] = list(values["followups"] or [])
         return cls(**values)
 

@@ -26,15 +26,23 @@ class TurnOutput:
     finish_reason: str
     prompt_tokens: int
     user: str | None = None  # the user turn that was answered (for multi-turn records)
-    extra: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)  # per sample: stop_reason, logprobs, cumulative_logprob (when asked)
 
 
-def build_result(request: Request, turns: list[TurnOutput], model: str | None = None) -> dict:
+def sample_record(index: int, t: TurnOutput) -> dict:
+    """One of a request's `n` samples, as the output's `outputs` list holds it."""
+    return {"index": index, "output": t.text, "output_token_ids": list(t.token_ids),
+            "finish_reason": t.finish_reason, "completion_tokens": len(t.token_ids), **t.extra}
+
+
+def build_result(request: Request, turns: list[TurnOutput], model: str | None = None,
+                 samples: list[TurnOutput] | None = None, prompt_logprobs: list | None = None) -> dict:
     """The dict ``ResultWriter.write`` expects, from a request and its per-turn outputs.
 
-    Top-level output fields describe the last turn; token counts are summed over turns
-    (each turn's prompt includes the conversation so far). ``turns`` is present only
-    for multi-turn requests.
+    Top-level output fields describe the last turn (with `n` samples: the first); token counts are
+    summed over turns and samples (each turn's prompt includes the conversation so far). ``turns``
+    is present only for multi-turn requests, ``outputs`` (every sample) only for n > 1; a sample's
+    logprobs, stop_reason and cumulative_logprob, and the prompt's logprobs, only when asked for.
     """
     if not turns:
         raise ValueError(f"request {request.id!r}: no outputs")
@@ -47,8 +55,13 @@ def build_result(request: Request, turns: list[TurnOutput], model: str | None = 
         "output_token_ids": list(last.token_ids),
         "finish_reason": last.finish_reason,
         "prompt_tokens": sum(t.prompt_tokens for t in turns),
-        "completion_tokens": sum(len(t.token_ids) for t in turns),
+        "completion_tokens": sum(len(t.token_ids) for t in (samples or turns)),
+        **last.extra,
     }
+    if samples is not None and len(samples) > 1:
+        result["outputs"] = [sample_record(k, t) for k, t in enumerate(samples)]
+    if prompt_logprobs is not None:
+        result["prompt_logprobs"] = prompt_logprobs
     if len(turns) > 1:
         result["turns"] = [
             {"user": t.user, "output": t.text, "output_token_ids": list(t.token_ids),
@@ -97,21 +110,49 @@ def to_openai_batch(result: dict, default_model: str = "moelight") -> dict:
     created = int(result.get("created") or time.time())
     usage = {"prompt_tokens": result["prompt_tokens"], "completion_tokens": result["completion_tokens"],
              "total_tokens": result["prompt_tokens"] + result["completion_tokens"]}
+    samples = result.get("outputs") or [{"index": 0, **result}]
     if meta.get("url") == "/v1/completions":
         body = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": created,
                 "model": model,
-                "choices": [{"index": 0, "text": result["output"], "logprobs": None,
-                             "finish_reason": result["finish_reason"]}],
+                "choices": [{"index": o["index"], "text": o["output"], "logprobs": _completion_logprobs(o),
+                             "finish_reason": o["finish_reason"]} for o in samples],
                 "usage": usage}
     else:
         body = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": created,
                 "model": model,
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": result["output"]},
-                             "logprobs": None, "finish_reason": result["finish_reason"]}],
+                "choices": [{"index": o["index"], "message": {"role": "assistant", "content": o["output"]},
+                             "logprobs": _chat_logprobs(o), "finish_reason": o["finish_reason"]} for o in samples],
                 "usage": usage}
     return {"id": line_id, "custom_id": custom_id,
             "response": {"status_code": 200, "request_id": uuid.uuid4().hex, "body": body},
             "error": None}
+
+
+def _chat_logprobs(sample: dict) -> dict | None:
+    """OpenAI chat's `logprobs.content[]`: each token with its logprob, bytes and top_logprobs."""
+    if sample.get("logprobs") is None:
+        return None
+    content = []
+    for pos in sample["logprobs"]:
+        token = pos["token"] or ""
+        content.append({"token": token, "logprob": pos["logprob"], "bytes": list(token.encode()),
+                        "top_logprobs": [{"token": t["token"] or "", "logprob": t["logprob"],
+                                          "bytes": list((t["token"] or "").encode())} for t in pos["top"]]})
+    return {"content": content}
+
+
+def _completion_logprobs(sample: dict) -> dict | None:
+    """OpenAI completions' logprobs: tokens, token_logprobs, top_logprobs (token -> logprob), text_offset."""
+    if sample.get("logprobs") is None:
+        return None
+    tokens, offsets, at = [], [], 0
+    for pos in sample["logprobs"]:
+        tokens.append(pos["token"] or "")
+        offsets.append(at)
+        at += len(tokens[-1])
+    return {"tokens": tokens, "token_logprobs": [pos["logprob"] for pos in sample["logprobs"]],
+            "top_logprobs": [{t["token"] or "": t["logprob"] for t in pos["top"]} for pos in sample["logprobs"]],
+            "text_offset": offsets}
 
 
 RESULT_COLUMNS = (*REQUIRED_KEYS, "details")

@@ -21,7 +21,7 @@ from moelight.engine.generation import GenerationStats
 from moelight.engine.options import EngineOptions, OptionError
 from moelight.engine.session_start import open_session
 from moelight.errors import PromptError
-from moelight.jobs.prompts import fit_to_context, seeded
+from moelight.jobs.prompts import expand_samples, fit_to_context, seeded
 from moelight.jobs.report import RunReport
 from moelight.jobs.serving import generate_planned
 from moelight.sampling.params import SamplingParams
@@ -33,14 +33,17 @@ PROMPT_KEYS = {"prompt", "prompt_token_ids"}  # vLLM's TextPrompt / TokensPrompt
 class LLM:
     """Loads the model once; each `generate` plans its own job (batch, micro-batch, placement)."""
 
-    def __init__(self, model: str, **options) -> None:
+    def __init__(self, model: str, skip_tokenizer_init: bool = False, **options) -> None:
         """`options` are EngineOptions' fields: load_format, dtype, tokenizer, seed, policy, hardware,
         gpus, device, schedule, refill, batch_size, micro_batch_size, max_prefill_tokens, mode, cache_policy,
-        cache_size, eamc, prefetch_per_layer."""
+        cache_size, eamc, prefetch_per_layer. `skip_tokenizer_init` (vLLM's): no tokenizer at all (a folder
+        without one): prompts are token ids, outputs carry token ids and empty text."""
         unknown = sorted(set(options) - set(EngineOptions.names()))
         if unknown:
-            raise OptionError(f"LLM(): unknown option(s) {', '.join(unknown)}; valid: "
+            raise OptionError(f"LLM(): unknown option(s) {', '.join(unknown)}; valid: skip_tokenizer_init, "
                               f"{', '.join(n for n in EngineOptions.names() if n != 'model')}")
+        if skip_tokenizer_init:
+            options["tokenizer"] = "none"
         self.options = EngineOptions(model=model, **options)
         session = open_session(self.options)
         if session is None:  # torchrun rank > 0: served rank 0's engine until it closed
@@ -105,6 +108,9 @@ class LLM:
         if chat_template is not None:
             render["chat_template"] = chat_template
         render |= chat_template_kwargs or {}
+        if self.tokenizer is None:
+            raise ValueError("chat needs a tokenizer (its chat template); this LLM was built with "
+                             "skip_tokenizer_init=True: give prompt_token_ids to generate() instead")
         token_lists = [self.tokenizer.apply_chat_template(c, **render) for c in conversations]
         return self._run(token_lists, [None] * len(token_lists), sampling_params, use_tqdm)
 
@@ -123,6 +129,9 @@ class LLM:
         if isinstance(p, str):
             if not p.strip():
                 raise PromptError(f"prompt {i} is empty; every prompt needs some text")
+            if self.tokenizer is None:
+                raise ValueError(f"prompt {i} is text, but this LLM was built with skip_tokenizer_init=True: give "
+                                 "token ids ({'prompt_token_ids': [...]} or a list of ints)")
             return p, self.tokenizer.encode(p)
         if isinstance(p, (list, tuple)):
             return None, self._token_ids(i, p)
@@ -152,20 +161,35 @@ class LLM:
         context = self.config.max_position_embeddings
         params = [seeded(fit_to_context(f"prompt {i}", t, p, context), self.options.seed, ids[i])
                   for i, (t, p) in enumerate(zip(token_lists, params, strict=True))]
-        plan = self.session.plan(token_lists, params)
+        seq_prompts, seq_params, owners = expand_samples(token_lists, params)  # n samples: n sequences
+        self.session.check_sampling(seq_params)
+        plan = self.session.plan(seq_prompts, seq_params)
         report = RunReport.for_plan(self.options.model, self.session.dtype_name, plan, n)
         report.load_seconds = self.session.load_seconds  # the model loaded with the LLM
         stats = GenerationStats()
-        with tqdm(total=n, unit="req", disable=not use_tqdm, desc="generating") as bar:
-            results = generate_planned(self.session, plan, token_lists, params, report,
+        with tqdm(total=len(seq_prompts), unit="seq", disable=not use_tqdm, desc="generating") as bar:
+            results = generate_planned(self.session, plan, seq_prompts, seq_params, report,
                                        on_finish=lambda _: bar.update(1), stats=stats)
         report.close(self.session)
         self.last_stats, self.last_report = stats, report
-        return [
-            RequestOutput(ids[i], texts[i], token_lists[i],
-                          [CompletionOutput(0, self.tokenizer.decode(r.token_ids), r.token_ids, r.finish_reason)])
-            for i, r in enumerate(results)
-        ]
+        outputs: list[RequestOutput] = [RequestOutput(ids[i], texts[i], token_lists[i], []) for i in range(n)]
+        for (i, k), r, p in zip(owners, results, seq_params, strict=True):
+            outputs[i].outputs.append(self._completion(k, r, p))
+            if k == 0:
+                outputs[i].prompt_logprobs = r.prompt_logprobs
+        return outputs
+
+    def _completion(self, k: int, r, p: SamplingParams) -> CompletionOutput:
+        text = r.text if r.text is not None else self._decode(r.token_ids, p.skip_special_tokens)
+        return CompletionOutput(k, text, r.token_ids, r.finish_reason, r.cumulative_logprob, r.logprobs,
+                                r.stop_reason)
+
+    def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
+        if self.tokenizer is None:  # skip_tokenizer_init: token ids in, token ids out
+            return ""
+        if skip_special_tokens or not hasattr(self.tokenizer, "backend"):
+            return self.tokenizer.decode(ids)
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def close(self) -> None:
         """Free the runtime's device (cuda / emulated); the LLM is not usable afterwards."""

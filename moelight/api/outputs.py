@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from moelight.sampling.logprobs import Logprob  # noqa: F401 - vLLM's name, importable from here
 
 
 @dataclass
@@ -11,6 +13,9 @@ class CompletionOutput:
     text: str
     token_ids: list[int]
     finish_reason: str  # "stop" or "length"
+    cumulative_logprob: float | None = None  # with logprobs: the sum of the chosen tokens' logprobs
+    logprobs: list[dict] | None = None  # with logprobs=k: per token {token_id: Logprob}
+    stop_reason: int | str | None = None  # the stop string or stop token that ended it (None: EOS, length)
 
 
 @dataclass
@@ -19,6 +24,7 @@ class RequestOutput:
     prompt: str | None
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput]
+    prompt_logprobs: list | None = field(default=None)  # with prompt_logprobs=k: None, then a dict per token
 
     @property
     def finished(self) -> bool:

@@ -22,6 +22,8 @@ from moelight.models.causal_lm import MoECausalLM
 from moelight.runtime.executor import Executor
 from moelight.runtime.kv_cache import RaggedKVCache
 from moelight.runtime.plain_executor import PlainExecutor
+from moelight.sampling.logits_processors import RowState, bad_word_ids
+from moelight.sampling.logprobs import position_logprobs, prompt_logprobs
 from moelight.sampling.params import SamplingParams
 from moelight.sampling.sampler import Sampler
 
@@ -53,12 +55,35 @@ class Engine:
     """
 
     def __init__(self, model: MoECausalLM, eos_token_ids: tuple[int, ...], max_prefill_tokens: int = 4096,
-                 executor: Executor | None = None, refill: bool = True) -> None:
+                 executor: Executor | None = None, refill: bool = True, tokenizer=None, grammars=None) -> None:
+        """`tokenizer`: for stop strings, bad words and decoded logprob tokens; `grammars`: a
+        sampling.structured.GrammarCache for structured outputs (both needed only when asked for)."""
         self.model = model
         self.executor = executor or PlainExecutor(model)
         self.eos = set(eos_token_ids)
         self.max_prefill_tokens = max_prefill_tokens
         self.refill = refill
+        self.tokenizer, self.grammars = tokenizer, grammars
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        if skip_special_tokens or not hasattr(self.tokenizer, "backend"):
+            return self.tokenizer.decode(ids)
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def row_state(self, prompt: list[int], params: SamplingParams, out: list[int]) -> RowState | None:
+        """What the logits processors need for one sequence (None when it asks for none of them)."""
+        if not params.has_processors:
+            return None
+        if (params.bad_words or params.stop) and self.tokenizer is None:
+            raise ValueError("bad_words and stop strings need the model's tokenizer")
+        constraint = None
+        if params.structured_outputs is not None:
+            if self.grammars is None:
+                raise ValueError("structured outputs need a grammar cache (the engine's tokenizer)")
+            constraint = self.grammars.constraint(params.structured_outputs)
+        encode = (lambda text: self.tokenizer.encode(text, add_bos=False)) if self.tokenizer else None
+        return RowState(params, prompt, out, frozenset(self.eos) | frozenset(params.stop_token_ids),
+                        bad_word_ids(params.bad_words, encode), constraint)
 
     def generate(
         self,
@@ -93,7 +118,10 @@ class _Run:
         self.executor = engine.executor
         self.stats, self.on_finish = stats, on_finish
         self.seqs = [Sequence(i, len(p), params[i]) for i, p in zip(indices, prompts, strict=True)]
+        for s, prompt in zip(self.seqs, prompts, strict=True):
+            s.state = engine.row_state(prompt, s.params, s.out)
         self.finished: list[SequenceResult] = []
+        self.decode = engine.decode if engine.tokenizer is not None else None
 
     def generate(self, batch_size: int, micro_batch_size: int) -> list[SequenceResult]:
         sched = self.sched = Scheduler(self.seqs, batch_size, micro_batch_size)
@@ -126,7 +154,34 @@ class _Run:
         for chunk in self.sched.prefill_chunks(new, self.engine.max_prefill_tokens):
             lens = torch.tensor([len(self.prompts[j]) for j in chunk], dtype=torch.int64)
             tokens = torch.tensor([t for j in chunk for t in self.prompts[j]], dtype=torch.int64)
-            self._accept(chunk, self.executor.prefill(self.cache, tokens, lens, self.sched.offsets[chunk]))
+            offsets = self.sched.offsets[chunk]
+            if not any(self.seqs[j].params.prompt_logprobs is not None for j in chunk):
+                self._accept(chunk, self.executor.prefill(self.cache, tokens, lens, offsets))
+                continue
+            # every position of the prompts that ask for prompt_logprobs, the last one of the others
+            rows, spans, at = [], [], 0
+            for j, n in zip(chunk, lens.tolist(), strict=True):
+                wants = self.seqs[j].params.prompt_logprobs is not None
+                spans.append((len(rows), len(rows) + (n if wants else 1)))
+                rows += list(range(at, at + n)) if wants else [at + n - 1]
+                at += n
+            logits = self.executor.prefill(self.cache, tokens, lens, offsets, rows=torch.tensor(rows))
+            for j, (a, b) in zip(chunk, spans, strict=True):
+                s = self.seqs[j]
+                if s.params.prompt_logprobs is not None:
+                    s.prompt_logprobs = prompt_logprobs(logits[a:b], self.prompts[j],
+                                                        s.params.prompt_logprobs, self._token_text)
+            self._accept(chunk, logits[torch.tensor([b - 1 for _, b in spans])])
+
+    def _logprobs(self, seqs: list[Sequence], logits: torch.Tensor, tokens: torch.Tensor) -> None:
+        """The sampled tokens' logprobs (and the top-k) from the raw logits, for the rows that ask."""
+        for row, s in enumerate(seqs):
+            k = s.params.logprobs
+            if k is None:
+                continue
+            entry, chosen = position_logprobs(logits[row:row + 1], tokens[row:row + 1], k, self._token_text)
+            s.logprobs = (s.logprobs or []) + entry
+            s.cumulative_logprob = (s.cumulative_logprob or 0.0) + chosen[0]
 
     def _decode_step(self, batches: list[list[int]]) -> None:
         inputs = []
@@ -138,13 +193,19 @@ class _Run:
             self._accept(mb, logits)
             self.stats.decode_tokens += len(mb)
 
+    def _token_text(self, token: int) -> str:
+        return self.engine.decode([token], False) if self.decode is not None else None
+
     def _accept(self, local: list[int], logits: torch.Tensor) -> None:
         """Sample one token per sequence; finished ones leave the scheduler and free their slots,
         and are reported at once (so the caller can write them to disk)."""
-        tokens = self.sampler(logits, [self.seqs[j].index for j in local]).tolist()
-        for j, tok in zip(local, tokens, strict=True):
+        seqs = [self.seqs[j] for j in local]
+        states = [s.state or RowState(s.params, [], s.out) for s in seqs] if any(s.state for s in seqs) else None
+        tokens = self.sampler(logits, [s.index for s in seqs], states)
+        self._logprobs(seqs, logits, tokens)
+        for j, tok in zip(local, tokens.tolist(), strict=True):
             s = self.seqs[j]
-            if s.append(tok, self.engine.eos):
+            if s.append(tok, self.engine.eos, self.decode):
                 self.executor.release_sequence(self.sched.finish(j))
                 self.stats.prompt_tokens += s.prompt_len
                 self.stats.generated_tokens += len(s.out)

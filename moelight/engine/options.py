@@ -18,7 +18,7 @@ from moelight.pipeline.schedule import SCHEDULES
 DEVICES = ("auto", "cpu", "cuda", "emulated")
 LOAD_FORMATS = ("auto", "safetensors", "dummy")
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
-TOKENIZERS = ("auto", "hf", "byte")
+TOKENIZERS = ("auto", "hf", "byte", "none")  # none: LLM(skip_tokenizer_init=True), token ids only
 MODES = ("auto", "throughput", "latency")
 
 

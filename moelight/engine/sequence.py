@@ -1,9 +1,17 @@
-"""One sequence being generated: its prompt length, sampling parameters, tokens and why it ended."""
+"""One sequence being generated: its prompt length, sampling parameters, tokens, and why it ended.
+
+It ends (vLLM's rules) at a stop token (EOS or `stop_token_ids`, not before `min_tokens`, never with
+`ignore_eos`), at a `stop` string found in its detokenized text (the text is cut before it unless
+`include_stop_str_in_output`), when its grammar is complete, or at `max_tokens`. `stop_reason` says
+which stop string or stop token ended it (None for EOS and length).
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from moelight.sampling.logits_processors import RowState
 from moelight.sampling.params import SamplingParams
 
 
@@ -11,7 +19,12 @@ from moelight.sampling.params import SamplingParams
 class SequenceResult:
     index: int
     token_ids: list[int]
-    finish_reason: str  # "stop" (EOS or a stop token) or "length"
+    finish_reason: str  # "stop" (EOS, a stop token or string, a complete grammar) or "length"
+    stop_reason: int | str | None = None
+    text: str | None = None  # the detokenized text, when the engine needed it (stop strings)
+    logprobs: list[dict] | None = None  # per generated token: {token_id: Logprob}
+    cumulative_logprob: float | None = None
+    prompt_logprobs: list | None = None
 
 
 @dataclass
@@ -21,6 +34,12 @@ class Sequence:
     params: SamplingParams
     out: list[int] = field(default_factory=list)
     finish: str | None = None
+    state: RowState | None = None  # what logits processors and the grammar need (None: nothing to do)
+    stop_reason: int | str | None = None
+    text: str | None = None
+    logprobs: list[dict] | None = None
+    cumulative_logprob: float | None = None
+    prompt_logprobs: list | None = None
 
     @property
     def position(self) -> int:
@@ -32,14 +51,42 @@ class Sequence:
         """KV-cache slots the sequence may fill: its prompt and every token it may generate."""
         return self.prompt_len + self.params.max_tokens
 
-    def append(self, token: int, eos: set[int]) -> bool:
-        """Add a sampled token; True when the sequence has ended (EOS, a stop token, or max_tokens)."""
+    def append(self, token: int, eos: set[int], decode: Callable[[list[int], bool], str] | None = None) -> bool:
+        """Add a sampled token; True when the sequence has ended."""
+        p = self.params
         self.out.append(token)
-        if not self.params.ignore_eos and (token in eos or token in self.params.stop_token_ids):
+        constraint = self.state.constraint if self.state is not None else None
+        if constraint is not None:
+            constraint.accept(token)
+        if not p.ignore_eos and len(self.out) > p.min_tokens - 1 and (token in eos or token in p.stop_token_ids):
             self.finish = "stop"
-        elif len(self.out) >= self.params.max_tokens:
+            self.stop_reason = token if token in p.stop_token_ids else None
+        elif p.stop and decode is not None and self._stop_string(decode):
+            self.finish = "stop"
+        elif constraint is not None and constraint.done:
+            self.finish = "stop"
+        elif len(self.out) >= p.max_tokens:
             self.finish = "length"
         return self.finish is not None
 
+    def _stop_string(self, decode) -> bool:
+        """Search the text grown by this token for a stop string (one may span the new and old text)."""
+        before = len(self.text or "")
+        text = decode(self.out, self.params.skip_special_tokens)
+        found = None
+        for s in self.params.stop:
+            at = text.find(s, max(0, before - len(s) + 1))
+            if at >= 0 and (found is None or at < found[0]):
+                found = (at, s)
+        if found is None:
+            self.text = text
+            return False
+        at, s = found
+        self.text = text[: at + len(s)] if self.params.include_stop_str_in_output else text[:at]
+        self.stop_reason = s
+        return True
+
     def result(self) -> SequenceResult:
-        return SequenceResult(self.index, self.out, self.finish or "length")
+        return SequenceResult(self.index, self.out, self.finish or "length", self.stop_reason,
+                              self.text if self.params.stop else None, self.logprobs, self.cumulative_logprob,
+                              self.prompt_logprobs)

@@ -31,6 +31,7 @@ from moelight.planning.job_plan import JobPlan, plan_job
 from moelight.planning.memory_check import available_bytes, check_fits, weight_bytes
 from moelight.runtime.cpu_linear import pack_model
 from moelight.runtime.executor import Executor
+from moelight.sampling.checks import SamplingChecker
 from moelight.sampling.params import SamplingParams
 
 # a spawned rank's entry point, by name: the launcher imports it in the new process (engine/tp_follower.py)
@@ -60,6 +61,7 @@ class EngineSession:
         self.load_seconds = 0.0
         self._executor: Executor | None = None
         self._executor_size: tuple | None = None  # what a reusable CGOPipe runtime was built for
+        self.sampling = SamplingChecker(self.tokenizer, self.config.vocab_size, self.eos)
 
     # ---- plan -> memory check -> load -> generate ----
     def plan(self, prompts: list[list[int]], params: list[SamplingParams], turn: int = 1,
@@ -107,7 +109,8 @@ class EngineSession:
         if lead:
             self._send("engine", plan, prompts, params, turn)
         engine = Engine(self.model, self.eos, self.opts.max_prefill_tokens, executor=self._executor_for(
-            plan, prompts, params, turn), refill=self.opts.refill)
+            plan, prompts, params, turn), refill=self.opts.refill, tokenizer=self.tokenizer,
+            grammars=self.sampling.grammars if any(p.structured_outputs for p in params) else None)
         if lead:
             from moelight.engine.lockstep import LockstepEngine
 
@@ -140,6 +143,14 @@ class EngineSession:
             if error is e:
                 raise
             raise error from e
+
+    def check_sampling(self, params: list[SamplingParams]) -> None:
+        """Every request's sampling checked against this model before anything loads (sampling/checks.py)."""
+        for i, p in enumerate(params):
+            try:
+                self.sampling.check(p)
+            except ValueError as e:
+                raise ValueError(f"request {i}: {e}") from None
 
     def executor_stats(self) -> dict:
         """The executor's figures for the job's report (latency mode's expert cache; {} otherwise)."""

@@ -33,7 +33,8 @@ def seeded(params: SamplingParams, base_seed: int, request_id: str) -> SamplingP
 
 
 def request_params(r, opts) -> SamplingParams:
-    """A dataset request's sampling: its own fields over the job's defaults (RunOptions)."""
+    """A dataset request's sampling: its own fields over the job's defaults (RunOptions); ValueError or
+    TypeError for a combination SamplingParams refuses."""
     return SamplingParams(
         max_tokens=r.max_new_tokens or opts.gen_len,
         temperature=opts.temperature if r.temperature is None else r.temperature,
@@ -41,20 +42,29 @@ def request_params(r, opts) -> SamplingParams:
         top_k=opts.top_k if r.top_k is None else r.top_k,
         seed=r.seed if r.seed is not None else request_seed(opts.seed, r.id),
         ignore_eos=opts.ignore_eos,
+        **getattr(r, "sampling", {}),
     )
 
 
-def check_prompts(requests, tokenizer, context: int, opts, warnings: JobWarnings | None = None):
+def check_prompts(requests, tokenizer, context: int, opts, warnings: JobWarnings | None = None, checker=None):
     """Tokenize every first turn and build its SamplingParams: (prompts, params, problems) where
-    problems are (request id, message) for the requests that cannot be generated; what was changed
-    to make a request fit (or to format it) goes to `warnings`."""
+    problems are (request id, message) for the requests that cannot be generated (a prompt too long,
+    sampling the model cannot do: `checker`, a sampling.checks.SamplingChecker); what was changed to
+    make a request fit (or to format it) goes to `warnings`."""
     prompts, params, problems = [], [], []
     for r in requests:
+        try:
+            wanted = request_params(r, opts)
+            if checker is not None:
+                checker.check(wanted)
+        except (ValueError, TypeError) as e:
+            problems.append((r.id, f"{r.source or r.id}: {e}"))
+            continue
         ids = tokenizer.encode_request(r) if (r.prompt or r.messages) else []
         if r.messages and warnings is not None and not getattr(tokenizer, "has_chat_template", False):
             warnings.add("chat_without_template", f"{r.source or r.id}: {len(r.messages)} message(s)")
         try:
-            p = fit_to_context(f"{r.source or r.id}: prompt", ids, request_params(r, opts), context, warnings)
+            p = fit_to_context(f"{r.source or r.id}: prompt", ids, wanted, context, warnings)
         except PromptError as e:
             problems.append((r.id, str(e)))
             continue
@@ -71,9 +81,23 @@ def prompt_error(problems: list[str]) -> PromptError:
                        "fix them, or pass --skip-bad-lines to go on without them")
 
 
-def prepare_prompts(requests, tokenizer, context: int, opts, warnings: JobWarnings | None = None):
+def prepare_prompts(requests, tokenizer, context: int, opts, warnings: JobWarnings | None = None, checker=None):
     """check_prompts, raising for bad prompts unless --skip-bad-lines; (prompts, params, skipped ids)."""
-    prompts, params, problems = check_prompts(requests, tokenizer, context, opts, warnings)
+    prompts, params, problems = check_prompts(requests, tokenizer, context, opts, warnings, checker)
     if problems and not opts.skip_bad_lines:
         raise prompt_error([m for _, m in problems])
     return prompts, params, {rid for rid, _ in problems}
+
+
+def expand_samples(prompts: list[list[int]], params: list[SamplingParams]):
+    """Each request's `n` samples as engine sequences of one sample each: (prompts, params, owners)
+    where owners[i] = (request, sample). Sample k of a seeded request draws with seed + k, so the
+    samples differ and each is reproducible (a greedy request's samples are equal, as in vLLM)."""
+    out_prompts, out_params, owners = [], [], []
+    for r, (prompt, p) in enumerate(zip(prompts, params, strict=True)):
+        for k in range(p.n):
+            seed = None if p.seed is None else p.seed + k
+            out_prompts.append(prompt)
+            out_params.append(replace(p, n=1, seed=seed, prompt_logprobs=p.prompt_logprobs if k == 0 else None))
+            owners.append((r, k))
+    return out_prompts, out_params, owners

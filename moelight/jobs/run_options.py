@@ -42,6 +42,8 @@ class RunOptions(EngineOptions):
     def validate(self) -> None:
         """Every option, the output's extension and the dataset format included, before any reading."""
         super().validate()
+        if self.tokenizer == "none":
+            raise OptionError("--tokenizer none: a dataset job reads and writes text; use auto, hf or byte")
         if self.resume and self.overwrite:
             raise OptionError("--resume and --overwrite contradict each other: choose one")
         if self.dataset_format is not None and self.dataset_format not in workloads.FORMATS:

@@ -17,7 +17,7 @@ from moelight.engine.generation import GenerationStats, SequenceResult
 from moelight.errors import PromptError
 from moelight.jobs.job_warnings import JobWarnings
 from moelight.jobs.output_file import OutputState, report_path, save_report
-from moelight.jobs.prompts import fit_to_context, prepare_prompts
+from moelight.jobs.prompts import expand_samples, fit_to_context, prepare_prompts
 from moelight.jobs.report import RunReport
 from moelight.sampling.params import SamplingParams
 
@@ -38,11 +38,12 @@ def prepare_requests(session, opts, requests, skipped_before: int = 0, solved=No
     skipped. `solved`: a policy solved already for this job (see EngineSession.plan)."""
     warnings = JobWarnings()
     prompts, params, skipped = prepare_prompts(requests, session.tokenizer, session.config.max_position_embeddings,
-                                               opts, warnings)
+                                               opts, warnings, session.sampling)
     requests = [r for r in requests if r.id not in skipped]
     n_skipped = skipped_before + len(skipped)
     # nothing left (e.g. --resume on a finished output): nothing to plan, load or write
-    plan = session.plan(prompts, params, opts.turn, solved=solved) if requests else None
+    seq_prompts, seq_params, _ = expand_samples(prompts, params)  # the plan holds every sample
+    plan = session.plan(seq_prompts, seq_params, opts.turn, solved=solved) if requests else None
     report = RunReport.for_plan(opts.model, session.dtype_name, plan, len(requests), n_skipped)
     report.warnings = warnings.to_dict() if warnings.counts else {}
     return PreparedJob(requests, prompts, params, plan, report)
@@ -65,37 +66,47 @@ def generate_planned(session, plan, prompts, params, report: RunReport, turn: in
 
 
 def generate_prepared(session, opts, job: PreparedJob, writer, bar=None, on_result=None) -> None:
-    """Generate every turn of a prepared job, writing each request's result when its last turn ends.
-    Round k answers the k-th user turn of every request that has one."""
+    """Generate every turn of a prepared job, writing each request's result when its last turn (and, with
+    n samples, its last sample) ends. Round k answers the k-th user turn of every request that has one;
+    round 0 runs every sample of a request as a sequence of its own."""
     requests, params, tokenizer = job.requests, list(job.params), session.tokenizer
     warnings = JobWarnings(**job.report.warnings) if job.report.warnings else JobWarnings()
+    turns: list[list[workloads.TurnOutput]] = [[] for _ in requests]
+    samples: list[list[workloads.TurnOutput | None]] = [[None] * p.n for p in params]
+    prompt_lps: list[list | None] = [None] * len(requests)
 
     def write(i: int) -> None:
-        result = workloads.build_result(requests[i], turns[i], model=opts.model)
+        many = samples[i] if params[i].n > 1 else None
+        result = workloads.build_result(requests[i], turns[i], model=opts.model, samples=many,
+                                        prompt_logprobs=prompt_lps[i])
         writer.write(on_result(requests[i], result) if on_result else result)
 
-    turns: list[list[workloads.TurnOutput]] = [[] for _ in requests]
     messages = [list(r.messages) if r.messages is not None else None for r in requests]
     active = list(range(len(requests)))
-    round_prompts = job.prompts
+    round_prompts, round_params, owners = expand_samples(job.prompts, params)
     try:
         for k in range(1 + max((len(r.followups) for r in requests), default=0)):
             last_round = {i for i in active if len(requests[i].followups) == k}
 
-            def on_finish(res: SequenceResult, active=active, last_round=last_round, round_prompts=round_prompts,
-                          k=k):
-                i = active[res.index]
+            def on_finish(res: SequenceResult, owners=owners, last_round=last_round, round_prompts=round_prompts,
+                          round_params=round_params, k=k):
+                i, sample = owners[res.index]
                 req = requests[i]
-                user = req.followups[k - 1] if k else None
-                turns[i].append(workloads.TurnOutput(tokenizer.decode(res.token_ids), res.token_ids,
-                                                     res.finish_reason, len(round_prompts[res.index]), user=user))
-                if i in last_round:
-                    write(i)
+                out = turn_output(res, round_params[res.index], len(round_prompts[res.index]), tokenizer,
+                                  user=req.followups[k - 1] if k else None)
+                if res.prompt_logprobs is not None:
+                    prompt_lps[i] = prompt_logprobs_json(res.prompt_logprobs, round_prompts[res.index],
+                                                         round_params[res.index].prompt_logprobs)
+                samples[i][sample] = out
                 if bar is not None:
                     bar.update(1)
+                if any(s is None for s in samples[i]):
+                    return  # its other samples are still running
+                turns[i].append(samples[i][0])
+                if i in last_round:
+                    write(i)
 
-            generate_planned(session, job.plan, round_prompts, [params[i] for i in active], job.report, opts.turn,
-                             on_finish)
+            generate_planned(session, job.plan, round_prompts, round_params, job.report, opts.turn, on_finish)
             active = [i for i in active if i not in last_round]
             round_prompts, going_on = [], []
             for i in active:
@@ -114,10 +125,47 @@ def generate_prepared(session, opts, job: PreparedJob, writer, bar=None, on_resu
                     continue
                 round_prompts.append(ids)
                 going_on.append(i)
+                samples[i] = [None]  # later turns: one sample (n > 1 has no followups)
             active = going_on
+            round_params, owners = [params[i] for i in active], [(i, 0) for i in active]
     finally:  # what was changed to make requests run, even when the job stops early
         if warnings.counts:
             job.report.warnings = warnings.to_dict()
+
+
+def turn_output(res: SequenceResult, p, prompt_tokens: int, tokenizer, user: str | None = None):
+    """A finished sequence as the output record holds it: text (cut at a stop string by the engine),
+    tokens, finish and stop reasons, and its logprobs when asked for."""
+    if res.text is not None:
+        text = res.text
+    elif p.skip_special_tokens or not hasattr(tokenizer, "backend"):
+        text = tokenizer.decode(res.token_ids)
+    else:
+        text = tokenizer.decode(res.token_ids, skip_special_tokens=False)
+    extra: dict = {}
+    if res.stop_reason is not None:
+        extra["stop_reason"] = res.stop_reason
+    if res.logprobs is not None:
+        extra["logprobs"] = logprobs_json(res.logprobs, res.token_ids, p.logprobs)
+        extra["cumulative_logprob"] = res.cumulative_logprob
+    return workloads.TurnOutput(text, res.token_ids, res.finish_reason, prompt_tokens, user=user, extra=extra)
+
+
+def _entry(token: int, lp) -> dict:
+    return {"token_id": token, "token": lp.decoded_token, "logprob": lp.logprob, "rank": lp.rank}
+
+
+def logprobs_json(positions: list[dict], chosen: list[int], k: int) -> list[dict]:
+    """{token_id: Logprob} per position as JSON: the chosen token's entry with the top-k (`top`, by rank)."""
+    out = []
+    for pos, token in zip(positions, chosen, strict=False):
+        top = sorted((_entry(t, lp) for t, lp in pos.items() if lp.rank <= k), key=lambda e: e["rank"])[:k]
+        out.append(_entry(token, pos[token]) | {"top": top})
+    return out
+
+
+def prompt_logprobs_json(positions: list, prompt: list[int], k: int) -> list:
+    return [None] + logprobs_json(positions[1:], prompt[1:], k)
 
 
 def serve_requests(session, opts, requests, skipped_before: int, writer, on_result=None,

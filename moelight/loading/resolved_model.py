@@ -15,7 +15,7 @@ from moelight.tokenization.tokenizer import ByteTokenizer, Tokenizer, load_token
 @dataclass
 class ResolvedModel:
     source: ModelSource
-    tokenizer: Tokenizer
+    tokenizer: Tokenizer | None  # None: skip_tokenizer_init (token ids only)
     eos: tuple[int, ...]  # the config's end ids and the tokenizer's (end-of-turn ids of chat models)
 
     @property
@@ -30,6 +30,8 @@ class ResolvedModel:
 def resolve(model: str, load_format: str = "auto", dtype: str = "auto", tokenizer: str = "auto") -> ResolvedModel:
     """`--model`, `--load-format`, `--dtype` and `--tokenizer` made concrete, without loading weights."""
     source = resolve_model(model, load_format, dtype)
+    if tokenizer == "none":  # token ids in and out: the config's end ids only
+        return ResolvedModel(source, None, tuple(source.config.eos_token_ids))
     tok_dir = source.model_dir if tokenizer != "byte" else None
     tok = load_tokenizer(tok_dir, kind="byte" if tok_dir is None else tokenizer,
                          model_vocab_size=source.config.vocab_size)

@@ -24,8 +24,9 @@ class Executor(ABC):
 
     @abstractmethod
     def prefill(self, cache: RaggedKVCache, tokens: torch.Tensor, seq_lens: torch.Tensor,
-                offsets: torch.Tensor) -> torch.Tensor:
-        """Packed prompts tokens [T] (seq_lens [B], cache offsets [B]) -> last-token logits [B, vocab]."""
+                offsets: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Packed prompts tokens [T] (seq_lens [B], cache offsets [B]) -> last-token logits [B, vocab];
+        with `rows`, the logits of those packed positions instead (prompt logprobs)."""
 
     @abstractmethod
     def decode(self, cache: RaggedKVCache, micro_batches: list[MicroBatch]) -> list[torch.Tensor]:

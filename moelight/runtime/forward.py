@@ -24,15 +24,17 @@ def attention_extras(model: MoECausalLM, layer: int) -> dict:
 
 @torch.inference_mode()
 def prefill(
-    model: MoECausalLM, cache: RaggedKVCache, tokens: torch.Tensor, seq_lens: torch.Tensor, offsets: torch.Tensor
+    model: MoECausalLM, cache: RaggedKVCache, tokens: torch.Tensor, seq_lens: torch.Tensor, offsets: torch.Tensor,
+    rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Packed prompts tokens [T] (seq_lens [B], cache offsets [B]) -> last hidden state [B, h]."""
+    """Packed prompts tokens [T] (seq_lens [B], cache offsets [B]) -> last hidden state [B, h], or the
+    hidden states of the packed positions `rows` (prompt logprobs want every position)."""
     cu = torch.zeros(len(seq_lens) + 1, dtype=torch.int64)
     torch.cumsum(seq_lens, 0, out=cu[1:])
     starts = torch.repeat_interleave(cu[:-1], seq_lens)
     positions = torch.arange(int(cu[-1]), dtype=torch.int64) - starts
     slots = torch.repeat_interleave(offsets, seq_lens) + positions
-    last = cu[1:] - 1
+    last = cu[1:] - 1 if rows is None else rows
     scale = model.config.head_dim**-0.5
     x = model.embed_tokens(tokens)
     cos, sin = model.rotary(positions, x.dtype)

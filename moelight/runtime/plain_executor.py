@@ -17,9 +17,9 @@ class PlainExecutor(Executor):
     def __init__(self, model: MoECausalLM) -> None:
         self.model = model
 
-    def prefill(self, cache: RaggedKVCache, tokens, seq_lens, offsets) -> torch.Tensor:
-        """Returns logits [B, vocab] (float32) of each prompt's last token."""
-        return self.model.logits(prefill(self.model, cache, tokens, seq_lens, offsets))
+    def prefill(self, cache: RaggedKVCache, tokens, seq_lens, offsets, rows=None) -> torch.Tensor:
+        """Returns logits [B, vocab] (float32) of each prompt's last token (or of the packed positions `rows`)."""
+        return self.model.logits(prefill(self.model, cache, tokens, seq_lens, offsets, rows))
 
     def decode(self, cache: RaggedKVCache, micro_batches: list[MicroBatch]) -> list[torch.Tensor]:
         """micro_batches: (tokens, offsets, positions) each -> logits [B_i, vocab] each."""

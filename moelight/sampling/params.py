@@ -1,9 +1,57 @@
-"""Sampling parameters in vLLM's names, and the per-request seed rule both front ends share."""
+"""Sampling parameters in vLLM's names and semantics, and the per-request seed rule both front ends share.
+
+What each field does, in the order the sampler applies it (as vLLM's v1 sampler does):
+logprobs are taken from the model's raw logits (float32 log-softmax, before any transform); then
+`allowed_token_ids`, `bad_words`, `min_tokens` (EOS and stop tokens banned until then) and
+`logit_bias`; then `repetition_penalty` (prompt and output tokens; a positive logit divided, a
+negative one multiplied), `frequency_penalty` (minus penalty x count in the output) and
+`presence_penalty` (minus penalty once a token is in the output); then a structured-output
+grammar's token mask; then greedy argmax (temperature 0), or temperature, `min_p` (tokens below
+min_p x the top probability dropped), `top_k`, `top_p`, and a draw from the request's generator.
+`stop` strings are matched on the detokenized text as it grows; the text is cut before the stop
+string unless `include_stop_str_in_output`.
+"""
 
 from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
+
+MAX_LOGPROBS = 20  # vLLM's default max_logprobs: top-k per token (and per prompt token) asked for at most
+
+
+@dataclass
+class StructuredOutputsParams:
+    """vLLM's `StructuredOutputsParams`: exactly one constraint — a JSON schema (a dict or its JSON
+    text), any JSON object, a regex, one of several strings, or an EBNF grammar."""
+
+    json: dict | str | None = None
+    regex: str | None = None
+    choice: list[str] | None = None
+    grammar: str | None = None
+    json_object: bool | None = None
+
+    def __post_init__(self) -> None:
+        given = [k for k in ("json", "regex", "choice", "grammar") if getattr(self, k) is not None]
+        given += ["json_object"] if self.json_object else []
+        if len(given) != 1:
+            raise ValueError("structured_outputs takes exactly one of json, regex, choice, grammar, json_object; "
+                             f"got {', '.join(given) or 'none'}")
+        if self.choice is not None and (not isinstance(self.choice, list) or not self.choice
+                                        or not all(isinstance(c, str) for c in self.choice)):
+            raise TypeError(f"structured_outputs.choice must be a non-empty list of strings, got {self.choice!r}")
+        for name in ("regex", "grammar"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
+                raise TypeError(f"structured_outputs.{name} must be a string")
+        if self.json is not None and not isinstance(self.json, (dict, str)):
+            raise TypeError("structured_outputs.json must be a JSON schema (a dict or its JSON text)")
+
+    def key(self) -> tuple:
+        """What compiles to one grammar: equal keys share one compiled grammar."""
+        import json as _json
+
+        schema = _json.dumps(self.json, sort_keys=True) if isinstance(self.json, dict) else self.json
+        return (schema, self.regex, tuple(self.choice) if self.choice else None, self.grammar, bool(self.json_object))
 
 
 @dataclass
@@ -17,6 +65,21 @@ class SamplingParams:
     seed: int | None = None
     ignore_eos: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
+    n: int = 1
+    stop: str | list[str] | None = None
+    include_stop_str_in_output: bool = False
+    min_tokens: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    min_p: float = 0.0
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None
+    skip_special_tokens: bool = True
+    structured_outputs: StructuredOutputsParams | None = None
 
     def __post_init__(self) -> None:
         _check_type("max_tokens", self.max_tokens, int)
@@ -24,23 +87,79 @@ class SamplingParams:
         _check_type("top_p", self.top_p, float)
         _check_type("top_k", self.top_k, int)
         _check_type("ignore_eos", self.ignore_eos, bool)
-        if self.seed is not None:
-            _check_type("seed", self.seed, int)
-        if not isinstance(self.stop_token_ids, (list, tuple)) or not all(
-                isinstance(t, int) and not isinstance(t, bool) for t in self.stop_token_ids):
-            raise TypeError(f"stop_token_ids must be a list of ints, got {self.stop_token_ids!r}")
+        _check_type("n", self.n, int)
+        _check_type("min_tokens", self.min_tokens, int)
+        for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p"):
+            _check_type(name, getattr(self, name), float)
+        for name in ("include_stop_str_in_output", "skip_special_tokens"):
+            _check_type(name, getattr(self, name), bool)
+        for name in ("seed", "logprobs", "prompt_logprobs"):
+            if getattr(self, name) is not None:
+                _check_type(name, getattr(self, name), int)
+        _check_ints("stop_token_ids", self.stop_token_ids)
+        if self.allowed_token_ids is not None:
+            _check_ints("allowed_token_ids", self.allowed_token_ids)
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        if self.stop is not None and (not isinstance(self.stop, list) or not all(isinstance(s, str) and s
+                                                                                 for s in self.stop)):
+            raise TypeError(f"stop must be a string or a list of non-empty strings, got {self.stop!r}")
+        if self.bad_words is not None and (not isinstance(self.bad_words, list)
+                                           or not all(isinstance(w, str) and w.strip() for w in self.bad_words)):
+            raise TypeError(f"bad_words must be a list of non-empty strings, got {self.bad_words!r}")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict):
+                raise TypeError(f"logit_bias must be a dict of token id -> bias, got {type(self.logit_bias).__name__}")
+            try:
+                self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
+            except (TypeError, ValueError):
+                raise TypeError(f"logit_bias must map token ids to numbers, got {self.logit_bias!r}") from None
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise TypeError("structured_outputs must be a StructuredOutputsParams")
+        self._check_values()
+
+    def _check_values(self) -> None:
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.n < 1:
+            raise ValueError(f"n must be at least 1, got {self.n}")
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < -1:
             raise ValueError(f"top_k must be -1, 0 (disabled) or positive, got {self.top_k}")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if not 0 <= self.min_tokens <= self.max_tokens:
+            raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -2.0 <= getattr(self, name) <= 2.0:
+                raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
+        if self.repetition_penalty <= 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        for name in ("logprobs", "prompt_logprobs"):
+            k = getattr(self, name)
+            if k is not None and not 0 <= k <= MAX_LOGPROBS:
+                raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}] (the top-k returned per token), got {k}")
+        if self.allowed_token_ids is not None and not self.allowed_token_ids:
+            raise ValueError("allowed_token_ids must not be empty")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+    @property
+    def has_penalties(self) -> bool:
+        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1.0
+
+    @property
+    def has_processors(self) -> bool:
+        """Anything to apply to the logits before sampling, beyond temperature and top-k/top-p."""
+        return bool(self.allowed_token_ids or self.bad_words or self.min_tokens or self.logit_bias
+                    or self.has_penalties or self.structured_outputs is not None)
 
 
 def _check_type(name: str, value, kind: type) -> None:
@@ -54,6 +173,11 @@ def _check_type(name: str, value, kind: type) -> None:
     if not ok:
         raise TypeError(f"{name} must be {'a' if kind is not int else 'an'} {kind.__name__}, got "
                         f"{type(value).__name__} {value!r}")
+
+
+def _check_ints(name: str, values) -> None:
+    if not isinstance(values, (list, tuple)) or not all(isinstance(t, int) and not isinstance(t, bool) for t in values):
+        raise TypeError(f"{name} must be a list of ints, got {values!r}")
 
 
 def request_seed(base_seed: int, request_id: str) -> int:

@@ -1,9 +1,16 @@
-"""A vectorised, reproducible sampler: one generator per request."""
+"""A vectorised, reproducible sampler: one generator per request.
+
+Rows that ask for nothing but temperature / top-k / top-p take the original path (argmax for greedy
+rows, one draw per sampled row); rows with penalties, biases, bans or a grammar get their logits
+processed first (logits_processors.py), on a copy, so the raw logits stay the model's own for
+logprobs. After temperature, `min_p` drops the tokens below min_p x the row's top probability.
+"""
 
 from __future__ import annotations
 
 import torch
 
+from moelight.sampling.logits_processors import RowState, apply_processors
 from moelight.sampling.params import SamplingParams
 
 _NUCLEUS_CANDIDATES = 64  # top-p looks here first and sorts the whole row only if needed
@@ -20,14 +27,20 @@ class Sampler:
             for p, s in zip(params, seeds, strict=False)
         ]
 
-    def __call__(self, logits: torch.Tensor, rows: list[int]) -> torch.Tensor:
-        """logits [B, V] float32 for requests `rows` (indices into params) -> tokens [B]."""
+    def __call__(self, logits: torch.Tensor, rows: list[int], states: list[RowState] | None = None) -> torch.Tensor:
+        """logits [B, V] float32 for requests `rows` (indices into params) -> tokens [B]. `states`: the
+        rows' processor states, when any row has processors to apply (logits are then not modified)."""
+        if states is not None and any(s.params.has_processors for s in states):
+            logits = logits.clone()
+            apply_processors(logits, states)
         tokens = torch.argmax(logits, dim=-1)
         sampled = [i for i, r in enumerate(rows) if not self.params[r].greedy]
         if not sampled:
             return tokens
         ps = [self.params[rows[i]] for i in sampled]
         x = logits[sampled] / torch.tensor([p.temperature for p in ps], dtype=torch.float32)[:, None]
+        if any(p.min_p > 0 for p in ps):
+            x = _min_p(x, torch.tensor([p.min_p for p in ps], dtype=torch.float32))
         ks = torch.tensor([max(p.top_k, 0) for p in ps])
         if bool((ks > 0).any()):
             kmax = min(int(ks.max()), x.shape[-1])
@@ -44,6 +57,13 @@ class Sampler:
         choice = torch.searchsorted(cdf, u * cdf[:, -1:]).clamp(max=probs.shape[-1] - 1)
         tokens[sampled] = choice[:, 0]
         return tokens
+
+
+def _min_p(x: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
+    """vLLM's min_p: after temperature, drop the tokens whose probability is below min_p x the top one."""
+    probs = torch.softmax(x, dim=-1)
+    floor = min_p[:, None] * probs.max(dim=-1, keepdim=True).values
+    return x.masked_fill(probs < floor, float("-inf"))
 
 
 def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..request import Request
 from .fields import RecordError, get_id, opt_int, parse_messages, parse_tools, sampling_fields
+from .sampling_options import extra_sampling
 
 SUPPORTED_URLS = ("/v1/chat/completions", "/v1/completions")
 
@@ -31,9 +32,6 @@ def parse_openai_record(obj: dict, where: str, lineno: int, turn: int = 1) -> Re
         raise RecordError("missing required field 'body'")
     if not isinstance(body, dict):
         raise RecordError(f"field 'body' must be an object, got {type(body).__name__}")
-    n = body.get("n", 1)
-    if n != 1:
-        raise RecordError(f"body.n={n!r} is not supported (one completion per request)")
     messages = None
     prompt = None
     if body.get("messages") is not None:
@@ -52,6 +50,7 @@ def parse_openai_record(obj: dict, where: str, lineno: int, turn: int = 1) -> Re
     try:
         sampling = sampling_fields(body)
         max_new = opt_int(body, "max_completion_tokens", "max_tokens", minimum=1)
+        extra = extra_sampling(body, openai=url)
     except RecordError as e:
         raise RecordError(f"body: {e}") from None
     try:
@@ -60,4 +59,4 @@ def parse_openai_record(obj: dict, where: str, lineno: int, turn: int = 1) -> Re
         raise RecordError(f"body: {e}") from None
     meta = {"custom_id": obj["custom_id"], "url": url, "model": body.get("model")}
     return Request(id=cid, messages=messages, prompt=prompt, max_new_tokens=max_new,
-                   source=where, meta=meta, tools=tools, **sampling)
+                   source=where, meta=meta, tools=tools, sampling=extra, **sampling)

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from ..request import Request
 from .fields import RecordError, get_id, get_text, opt_int, parse_messages, parse_tools, sampling_fields
+from .sampling_options import JSONL_KEYS, extra_sampling
 
 KNOWN_KEYS = {"id", "prompt", "messages", "max_tokens", "max_new_tokens", "followups",
-              "temperature", "top_p", "top_k", "seed", "tools"}
+              "temperature", "top_p", "top_k", "seed", "tools"} | JSONL_KEYS
 
 
 def looks_like_prompt_jsonl(obj: dict) -> bool:
@@ -37,7 +38,11 @@ def parse_prompt_record(obj: dict, where: str, lineno: int, turn: int = 1) -> Re
     tools = parse_tools(obj)
     if tools and messages is None:
         raise RecordError("field 'tools' needs 'messages' (the chat template renders the tools)")
+    sampling = extra_sampling(obj)
+    if sampling.get("n", 1) > 1 and followups:
+        raise RecordError("n > 1 with 'followups': each sample would be a conversation of its own; ask for one")
     return Request(
+        sampling=sampling,
         tools=tools,
         id=rid,
         messages=messages,

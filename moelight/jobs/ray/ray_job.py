@@ -36,6 +36,7 @@ from moelight.jobs.ray.resources import (
 from moelight.jobs.run_options import parse_replicas
 from moelight.jobs.serving import describe_output
 from moelight.loading.resolved_model import resolve
+from moelight.sampling.checks import SamplingChecker
 from workloads.results import result_from_row
 
 PLAN_SAMPLE = 4096  # requests the driver plans the batch size N from
@@ -56,12 +57,13 @@ class DriverPlan:
     def __init__(self, opts) -> None:
         self.opts = replace(opts, progress=False, log=None)
         self.resolved = resolve(opts.model, opts.load_format, opts.dtype, opts.tokenizer)
+        self.checker = SamplingChecker(self.resolved.tokenizer, self.resolved.config.vocab_size, self.resolved.eos)
         self.plan = None
 
     def check(self, requests):
         """check_prompts on requests: (prompts, params, problems) as a local run finds them."""
         return check_prompts(requests, self.resolved.tokenizer, self.resolved.config.max_position_embeddings,
-                             self.opts)
+                             self.opts, checker=self.checker)
 
     def batch_size(self, prompts, params, remaining: int, max_replicas: int) -> int:
         """The planner's N for checked prompts, no more than an even share of what is left, so every

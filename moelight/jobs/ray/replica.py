@@ -26,6 +26,7 @@ from dataclasses import replace
 from moelight.jobs import serving
 from moelight.jobs.prompts import check_prompts
 from moelight.jobs.run_options import RunOptions
+from moelight.sampling.checks import SamplingChecker
 from workloads import Request
 from workloads.results import result_to_row
 
@@ -116,7 +117,9 @@ class PromptChecker:
         self.opts = replace(RunOptions(**opts_fields), progress=False, log=None)
         resolved = resolve(self.opts.model, self.opts.load_format, self.opts.dtype, self.opts.tokenizer)
         self.tokenizer, self.context = resolved.tokenizer, resolved.config.max_position_embeddings
+        self.checker = SamplingChecker(resolved.tokenizer, resolved.config.vocab_size, resolved.eos)
 
     def __call__(self, batch) -> dict:
-        _, _, problems = check_prompts(request_rows(batch), self.tokenizer, self.context, self.opts)
+        _, _, problems = check_prompts(request_rows(batch), self.tokenizer, self.context, self.opts,
+                                       checker=self.checker)
         return {"id": [rid for rid, _ in problems], "problem": [m for _, m in problems]}

@@ -1,0 +1,96 @@
+"""What SamplingParams does to a row of logits before it is sampled, as vLLM defines each field.
+
+Applied per row in place, in vLLM v1's order: allowed_token_ids, bad_words, min_tokens and
+logit_bias, then the repetition, frequency and presence penalties, then a structured-output
+grammar's mask. Rows that ask for none of these are never touched (the greedy README job pays
+nothing). `RowState` is what a sequence carries for them: its prompt and output tokens, the
+tokenized bad words, its stop ids, and its grammar matcher.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from moelight.sampling.params import SamplingParams
+
+NEG_INF = float("-inf")
+
+
+@dataclass
+class RowState:
+    params: SamplingParams
+    prompt_ids: list[int]
+    output_ids: list[int] = field(default_factory=list)
+    stop_ids: frozenset[int] = frozenset()  # EOS and stop_token_ids: banned until min_tokens is reached
+    bad_word_ids: list[list[int]] = field(default_factory=list)
+    constraint: object | None = None  # structured.Constraint
+
+
+def apply_processors(logits: torch.Tensor, states: list[RowState]) -> None:
+    """Every row's processors, in place on `logits` [B, V] (float32)."""
+    vocab = logits.shape[-1]
+    for row, st in enumerate(states):
+        p = st.params
+        if not p.has_processors:
+            continue
+        x = logits[row]
+        if p.allowed_token_ids:
+            keep = torch.full((vocab,), NEG_INF)
+            ids = torch.tensor([t for t in p.allowed_token_ids if 0 <= t < vocab], dtype=torch.long)
+            keep[ids] = 0.0
+            x += keep
+        for banned in _bad_word_tokens(st):
+            if 0 <= banned < vocab:
+                x[banned] = NEG_INF
+        if len(st.output_ids) < p.min_tokens and st.stop_ids:
+            x[torch.tensor([t for t in st.stop_ids if 0 <= t < vocab], dtype=torch.long)] = NEG_INF
+        if p.logit_bias:
+            for token, bias in p.logit_bias.items():
+                if 0 <= token < vocab:
+                    x[token] += bias
+        if p.has_penalties:
+            apply_penalties(x, st.prompt_ids, st.output_ids, p)
+        if st.constraint is not None:
+            st.constraint.mask(x)
+
+
+def apply_penalties(x: torch.Tensor, prompt_ids: list[int], output_ids: list[int], p: SamplingParams) -> None:
+    """vLLM's penalties on one row: repetition over prompt and output tokens (a positive logit divided
+    by the penalty, a negative one multiplied), frequency (minus penalty x count) and presence (minus
+    penalty once) over the output tokens."""
+    vocab = x.shape[-1]
+    out = torch.tensor(output_ids, dtype=torch.long) if output_ids else torch.zeros(0, dtype=torch.long)
+    if p.repetition_penalty != 1.0:
+        seen = torch.zeros(vocab, dtype=torch.bool)
+        if prompt_ids:
+            seen[torch.tensor(prompt_ids, dtype=torch.long)] = True
+        seen[out] = True
+        pen = torch.where(x > 0, x / p.repetition_penalty, x * p.repetition_penalty)
+        x.copy_(torch.where(seen, pen, x))
+    if p.frequency_penalty or p.presence_penalty:
+        counts = torch.bincount(out, minlength=vocab).to(x.dtype)
+        x -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(x.dtype)
+
+
+def _bad_word_tokens(st: RowState) -> list[int]:
+    """vLLM's bad words: a word's last token is banned where the output so far ends with the rest of it
+    (a one-token word is always banned)."""
+    banned = []
+    for ids in st.bad_word_ids:
+        prefix = ids[:-1]
+        if not prefix or st.output_ids[-len(prefix):] == prefix:
+            banned.append(ids[-1])
+    return banned
+
+
+def bad_word_ids(words: list[str] | None, encode) -> list[list[int]]:
+    """Each bad word as vLLM tokenizes it: as given and with a leading space (a word inside a text)."""
+    out: list[list[int]] = []
+    for w in words or []:
+        for variant in (w, " " + w.lstrip()):
+            ids = encode(variant)
+            if ids and ids not in out:
+                out.append(ids)
+    return out

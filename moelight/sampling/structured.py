@@ -1,0 +1,123 @@
+"""Structured outputs: a grammar (JSON schema, any JSON object, regex, a choice, EBNF) as a token mask
+on every step's logits, with xgrammar (the engine vLLM and SGLang use: a compiled grammar's token
+masks are precomputed for most states, so a step costs a bitmask fill, not a vocabulary walk).
+
+Each distinct constraint compiles once per tokenizer and is cached; each constrained sequence gets
+its own matcher, advanced with every sampled token. A sequence whose grammar is complete ends with
+finish_reason "stop". xgrammar is an optional extra: `pip install -e ".[structured]"`.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import lru_cache
+
+import torch
+
+from moelight.errors import MoelightError
+from moelight.sampling.params import StructuredOutputsParams
+
+
+class StructuredOutputError(MoelightError, ValueError):
+    """A constraint that cannot compile (a bad schema or regex), or xgrammar missing."""
+
+
+def _xgr():
+    try:
+        import xgrammar
+    except ImportError:
+        raise StructuredOutputError('structured outputs need xgrammar: pip install -e ".[structured]" '
+                                    '(or pip install xgrammar)') from None
+    return xgrammar
+
+
+def tokenizer_info(tokenizer, vocab_size: int, stop_ids):
+    """xgrammar's view of a moelight tokenizer: every id's bytes or token string and how to read them."""
+    xgr = _xgr()
+    stops = sorted(stop_ids) or None
+    backend = getattr(tokenizer, "backend", None)
+    if backend is None:  # the byte-level tokenizer: ids OFFSET.. are the 256 bytes, the rest read as nothing
+        offset, size = tokenizer.OFFSET, tokenizer.SIZE
+        vocab = [bytes([i - offset]) if offset <= i < size else b"" for i in range(vocab_size)]
+        return xgr.TokenizerInfo(vocab, xgr.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=stops)
+    vocab = [""] * vocab_size
+    for token, idx in backend.get_vocab(with_added_tokens=True).items():
+        if idx < vocab_size:
+            vocab[idx] = token
+    kind, prefix_space = _vocab_type(json.loads(backend.to_str()))
+    return xgr.TokenizerInfo(vocab, getattr(xgr.VocabType, kind), vocab_size=vocab_size, stop_token_ids=stops,
+                             add_prefix_space=prefix_space)
+
+
+def _vocab_type(spec: dict) -> tuple[str, bool]:
+    """How a tokenizer.json spells its tokens: GPT-2's byte-level alphabet, SentencePiece's byte
+    fallback (<0x0A>) with ▁ for spaces, or raw strings; and whether a leading space is added."""
+    decoder = spec.get("decoder") or {}
+    parts = decoder.get("decoders", [decoder]) if decoder.get("type") == "Sequence" else [decoder]
+    types = {d.get("type") for d in parts if isinstance(d, dict)}
+    if "ByteLevel" in types:
+        return "BYTE_LEVEL", False
+    if "ByteFallback" in types:
+        text = json.dumps(spec.get("normalizer")) + json.dumps(spec.get("pre_tokenizer"))
+        prefix = '"Prepend"' in text or ('"Metaspace"' in text and '"never"' not in text)
+        return "BYTE_FALLBACK", prefix
+    return "RAW", False
+
+
+class GrammarCache:
+    """Compiled grammars of one tokenizer, each distinct constraint compiled once."""
+
+    def __init__(self, tokenizer, vocab_size: int, stop_ids) -> None:
+        xgr = _xgr()
+        self.info = tokenizer_info(tokenizer, vocab_size, stop_ids)
+        self.compiler = xgr.GrammarCompiler(self.info, max_threads=1)
+        self.vocab_size = vocab_size
+        self._compile = lru_cache(maxsize=256)(self._compile_uncached)
+
+    def _compile_uncached(self, key: tuple):
+        schema, regex, choice, grammar, json_object = key
+        try:
+            if schema is not None:
+                return self.compiler.compile_json_schema(schema, any_whitespace=False)  # compact: ends sooner
+            if json_object:
+                return self.compiler.compile_builtin_json_grammar()
+            if regex is not None:
+                return self.compiler.compile_regex(regex)
+            if choice is not None:
+                alternatives = " | ".join(json.dumps(c) for c in choice)
+                return self.compiler.compile_grammar(f"root ::= {alternatives}")
+            return self.compiler.compile_grammar(grammar)
+        except Exception as e:  # noqa: BLE001 - xgrammar raises RuntimeError / its own errors for bad input
+            raise StructuredOutputError(f"the structured-output constraint does not compile: {e}") from None
+
+    def constraint(self, params: StructuredOutputsParams) -> Constraint:
+        return Constraint(self._compile(params.key()), self.vocab_size)
+
+    def check(self, params: StructuredOutputsParams) -> None:
+        """Compile now (a bad schema or regex is an error before any model loads)."""
+        self._compile(params.key())
+
+
+class Constraint:
+    """One sequence's grammar state: masks the logits, follows the sampled tokens."""
+
+    def __init__(self, compiled, vocab_size: int) -> None:
+        xgr = _xgr()
+        self.matcher = xgr.GrammarMatcher(compiled)
+        self.bitmask = xgr.allocate_token_bitmask(1, vocab_size)
+        self.vocab_size = vocab_size
+
+    def mask(self, row: torch.Tensor) -> None:
+        """Tokens the grammar does not allow next become -inf in this row of logits."""
+        xgr = _xgr()
+        self.matcher.fill_next_token_bitmask(self.bitmask)
+        view = row.view(1, -1)
+        xgr.apply_token_bitmask_inplace(view, self.bitmask, vocab_size=self.vocab_size)
+
+    def accept(self, token: int) -> bool:
+        """Advance with the sampled token; False if the grammar rejects it (a bug upstream of the mask)."""
+        return bool(self.matcher.accept_token(token))
+
+    @property
+    def done(self) -> bool:
+        return bool(self.matcher.is_terminated())
