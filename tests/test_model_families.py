@@ -146,6 +146,31 @@ def test_family_matches_transformers(family_ref):
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
 
 
+def test_logprobs_are_transformers_log_softmax(family_ref):
+    """prompt_logprobs and the greedy tokens' logprobs (top-3 and the chosen one, with ranks) are the
+    float32 log-softmax of transformers' logits on the same weights, position by position."""
+    name, hf, folder = family_ref
+    llm = LLM(str(folder), dtype="float32", batch_size=3, micro_batch_size=2)
+    params = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=3, prompt_logprobs=3)
+    for p, out in zip(PROMPTS[:3], llm.generate(PROMPTS[:3], params), strict=True):
+        sample = out.outputs[0]
+        full = p + sample.token_ids
+        with torch.no_grad():
+            ref = torch.log_softmax(hf(torch.tensor([full])).logits[0].float(), -1)
+        positions = [(out.prompt_logprobs[i], p[i], ref[i - 1]) for i in range(1, len(p))]
+        positions += [(sample.logprobs[t], sample.token_ids[t], ref[len(p) - 1 + t]) for t in range(4)]
+        assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(p)
+        total = 0.0
+        for entry, token, row in positions:
+            torch.testing.assert_close(torch.tensor(entry[token].logprob), row[token], rtol=1e-4, atol=1e-4)
+            assert entry[token].rank == int((row > row[token]).sum()) + 1
+            top = torch.topk(row, 3)
+            for tid, lp in zip(top.indices.tolist(), top.values.tolist(), strict=True):
+                assert abs(entry[tid].logprob - lp) < 1e-4, (name, tid)
+        total = sum(sample.logprobs[t][sample.token_ids[t]].logprob for t in range(4))
+        assert abs(sample.cumulative_logprob - total) < 1e-5
+
+
 def test_checkpoint_variants_cover_the_families():
     covered = {VARIANTS[v][0] for v in VARIANTS}
     assert covered == set(_MODEL_CLASS)

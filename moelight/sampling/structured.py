@@ -10,6 +10,7 @@ finish_reason "stop". xgrammar is an optional extra: `pip install -e ".[structur
 from __future__ import annotations
 
 import json
+import re
 from functools import lru_cache
 
 import torch
@@ -88,7 +89,8 @@ class GrammarCache:
                 return self.compiler.compile_grammar(f"root ::= {alternatives}")
             return self.compiler.compile_grammar(grammar)
         except Exception as e:  # noqa: BLE001 - xgrammar raises RuntimeError / its own errors for bad input
-            raise StructuredOutputError(f"the structured-output constraint does not compile: {e}") from None
+            why = re.sub(r"^\[[0-9:]+\] \S+:\d+: ", "", str(e).strip())  # xgrammar's log prefix
+            raise StructuredOutputError(f"the structured-output constraint does not compile: {why}") from None
 
     def constraint(self, params: StructuredOutputsParams) -> Constraint:
         return Constraint(self._compile(params.key()), self.vocab_size)

@@ -1,0 +1,218 @@
+"""vLLM's sampling surface: each logits transform against a reference written from vLLM's definitions,
+stop strings, n samples, structured outputs that always parse, skip_tokenizer_init, and bad input."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from moelight import LLM, SamplingParams
+from moelight.sampling.logits_processors import RowState, apply_processors, bad_word_ids
+from moelight.sampling.params import StructuredOutputsParams
+from moelight.sampling.sampler import _min_p
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM("tiny", load_format="dummy", dtype="float32", hardware="cpu-server")
+
+
+# ---- transforms against references of vLLM's definitions -------------------------------------------
+
+def _reference_penalties(logits, prompt, output, rep, freq, pres):
+    out = logits.clone()
+    for t in set(prompt) | set(output):  # repetition: prompt and output tokens
+        out[t] = out[t] / rep if out[t] > 0 else out[t] * rep
+    for t in set(output):
+        out[t] -= freq * output.count(t) + pres
+    return out
+
+
+@pytest.mark.parametrize("rep, freq, pres", [(1.3, 0.0, 0.0), (1.0, 0.7, 0.0), (1.0, 0.0, 1.1), (0.8, -0.5, 0.4)])
+def test_penalties_match_vllms_definitions(rep, freq, pres):
+    g = torch.Generator().manual_seed(1)
+    logits = torch.randn(1, 50, generator=g) * 3
+    prompt, output = [1, 4, 4, 9], [9, 9, 9, 17, 4, 30]
+    p = SamplingParams(repetition_penalty=rep, frequency_penalty=freq, presence_penalty=pres)
+    ours = logits.clone()
+    apply_processors(ours, [RowState(p, prompt, output)])
+    torch.testing.assert_close(ours[0], _reference_penalties(logits[0], prompt, output, rep, freq, pres))
+
+
+def test_min_p_keeps_the_tokens_within_min_p_of_the_top_probability():
+    x = torch.tensor([[2.0, 1.0, 0.0, -1.0, -5.0]])
+    probs = torch.softmax(x, -1)[0]
+    kept = torch.isfinite(_min_p(x, torch.tensor([0.2]))[0])
+    assert kept.tolist() == (probs >= 0.2 * probs.max()).tolist() == [True, True, False, False, False]
+
+
+def test_allowed_ids_bias_min_tokens_and_bad_words():
+    logits = torch.zeros(1, 40)
+    p = SamplingParams(allowed_token_ids=[3, 5, 7], logit_bias={5: 2.0, 7: -1.0})
+    apply_processors(logits, [RowState(p, [], [])])
+    assert torch.isinf(logits[0, [0, 1, 2, 4, 6, 8]]).all() and logits[0, 5] == 2.0 and logits[0, 7] == -1.0
+    logits = torch.zeros(1, 40)
+    p = SamplingParams(min_tokens=2, max_tokens=4, stop_token_ids=[9])
+    state = RowState(p, [], [11], stop_ids=frozenset({2, 9}))
+    apply_processors(logits, [state])
+    assert torch.isinf(logits[0, [2, 9]]).all()  # EOS and stop tokens banned before min_tokens
+    state.output_ids.append(12)
+    logits = torch.zeros(1, 40)
+    apply_processors(logits, [state])
+    assert torch.isfinite(logits[0]).all()
+    # bad words: the last token of a word is banned once the output ends with the rest of it
+    words = bad_word_ids(["ab"], lambda text: [ord(c) - 90 for c in text])  # a=7, b=8, space=-58
+    state = RowState(SamplingParams(bad_words=["ab"]), [], [1, 7], bad_word_ids=[w for w in words if min(w) >= 0])
+    logits = torch.zeros(1, 40)
+    apply_processors(logits, [state])
+    assert torch.isinf(logits[0, 8]) and torch.isfinite(logits[0, 7])
+
+
+def test_allowed_tokens_and_logit_bias_steer_generation(llm):
+    out = llm.generate(["abc"], SamplingParams(max_tokens=6, temperature=0.0, allowed_token_ids=[70, 71],
+                                               ignore_eos=True))[0].outputs[0]
+    assert set(out.token_ids) <= {70, 71}
+    out = llm.generate(["abc"], SamplingParams(max_tokens=4, temperature=0.0, logit_bias={99: 100.0},
+                                               ignore_eos=True))[0].outputs[0]
+    assert out.token_ids == [99] * 4
+
+
+# ---- stop strings, n samples -----------------------------------------------------------------------
+
+LETTERS = [3 + c for c in range(ord("a"), ord("z") + 1)]  # the byte tokenizer's ids of a..z
+
+
+def test_stop_strings_cut_the_text_and_say_which(llm):
+    base = dict(max_tokens=16, temperature=1.0, seed=11, ignore_eos=True, allowed_token_ids=LETTERS)
+    text = llm.generate(["hello there"], SamplingParams(**base))[0].outputs[0].text
+    at = next(i for i in range(2, len(text) - 2) if text.find(text[i:i + 2]) == i)
+    stop = text[at:at + 2]  # two letters from the middle of what it would say, said there first
+    cut = llm.generate(["hello there"], SamplingParams(**base, stop=[stop, "never-said"]))[0].outputs[0]
+    assert (cut.text, cut.finish_reason, cut.stop_reason) == (text[:at], "stop", stop)
+    assert len(cut.token_ids) == at + 2 < 16
+    kept = llm.generate(["hello there"], SamplingParams(**base, stop=stop, include_stop_str_in_output=True))
+    assert kept[0].outputs[0].text == text[:at + 2]
+
+
+def test_n_samples_are_distinct_reproducible_and_equal_when_greedy(llm):
+    p = SamplingParams(max_tokens=6, temperature=1.0, n=3, seed=7, ignore_eos=True)
+    a, b = llm.generate(["x y z"], p)[0], llm.generate(["x y z"], p)[0]
+    assert [o.index for o in a.outputs] == [0, 1, 2]
+    assert [o.token_ids for o in a.outputs] == [o.token_ids for o in b.outputs]
+    assert len({tuple(o.token_ids) for o in a.outputs}) == 3
+    g = llm.generate(["x y z"], SamplingParams(max_tokens=5, temperature=0.0, n=2, ignore_eos=True))[0]
+    assert g.outputs[0].token_ids == g.outputs[1].token_ids
+
+
+# ---- structured outputs ----------------------------------------------------------------------------
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 6},
+                                           "n": {"type": "integer", "minimum": 0, "maximum": 99},
+                                           "ok": {"type": "boolean"}}, "required": ["name", "n", "ok"]}
+
+
+def _valid(obj) -> bool:
+    return (isinstance(obj, dict) and set(obj) == {"name", "n", "ok"} and isinstance(obj["name"], str)
+            and len(obj["name"]) <= 6 and isinstance(obj["n"], int) and 0 <= obj["n"] <= 99
+            and isinstance(obj["ok"], bool))
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_every_constrained_output_parses_and_validates_on_random_weights(llm, temperature):
+    so = StructuredOutputsParams(json=SCHEMA)
+    outs = llm.generate([f"person {i}" for i in range(12)],
+                        SamplingParams(max_tokens=80, temperature=temperature, seed=3, structured_outputs=so))
+    for o in outs:
+        assert o.outputs[0].finish_reason == "stop", o.outputs[0].text
+        assert _valid(json.loads(o.outputs[0].text)), o.outputs[0].text
+
+
+def test_choice_regex_and_grammar(llm):
+    def one(**kw):
+        return llm.generate(["pick"], SamplingParams(max_tokens=20, temperature=1.0, seed=5,
+                                                     structured_outputs=StructuredOutputsParams(**kw)))[0].outputs[0]
+    assert one(choice=["red", "green", "blue"]).text in ("red", "green", "blue")
+    import re
+
+    assert re.fullmatch(r"[0-9]{3}-[a-z]{2}", one(regex=r"[0-9]{3}-[a-z]{2}").text)
+    assert one(grammar='root ::= "yes" | "no"').text in ("yes", "no")
+    free_json = llm.generate(["any json"], SamplingParams(max_tokens=200, temperature=0.0, structured_outputs=(
+        StructuredOutputsParams(json_object=True))))[0].outputs[0]
+    if free_json.finish_reason == "stop":  # a free-form JSON value may outrun max_tokens on random weights
+        json.loads(free_json.text)
+
+
+def test_a_bad_schema_or_regex_is_refused_before_generation(llm):
+    from moelight.sampling.structured import StructuredOutputError
+
+    with pytest.raises(StructuredOutputError, match="does not compile: Regex parsing error"):
+        llm.session.sampling.check(SamplingParams(structured_outputs=StructuredOutputsParams(regex="([a-z")))
+    with pytest.raises(ValueError, match="request 0: the structured-output constraint does not compile"):
+        llm.generate(["x"], SamplingParams(structured_outputs=StructuredOutputsParams(regex="([a-z")))
+    with pytest.raises(ValueError, match="exactly one of"):
+        StructuredOutputsParams(json=SCHEMA, regex="a")
+
+
+# ---- skip_tokenizer_init ----------------------------------------------------------------------------
+
+def test_skip_tokenizer_init_runs_a_folder_without_a_tokenizer(tmp_path):
+    pytest.importorskip("transformers")
+    from tests.checkpoints import make_hf_model, save_checkpoint
+
+    folder = save_checkpoint(make_hf_model(seed=2), tmp_path / "ck", "legacy", 1)
+    assert not (folder / "tokenizer.json").exists()
+    llm = LLM(str(folder), skip_tokenizer_init=True, dtype="float32", hardware="cpu-server")
+    out = llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=3, temperature=0.0,
+                                                                           ignore_eos=True))[0]
+    assert len(out.outputs[0].token_ids) == 3 and out.outputs[0].text == ""
+    with pytest.raises(ValueError, match="skip_tokenizer_init"):
+        llm.generate(["text"])
+
+
+# ---- bad input ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("kw, error, needle", [
+    (dict(n=0), ValueError, "n must be at least 1"),
+    (dict(logprobs=21), ValueError, "logprobs must be in [0, 20]"),
+    (dict(stop=5), TypeError, "stop must be a string or a list"),
+    (dict(min_p=2.0), ValueError, "min_p must be in [0, 1]"),
+    (dict(presence_penalty=3.0), ValueError, "presence_penalty must be in [-2, 2]"),
+    (dict(structured_outputs=StructuredOutputsParams(choice=["a"]), logit_bias="x"), TypeError, "logit_bias"),
+])
+def test_sampling_params_refuse_bad_values(kw, error, needle):
+    with pytest.raises(error, match=needle.replace("[", r"\[").replace("]", r"\]")):
+        SamplingParams(**kw)
+
+
+def test_dataset_records_with_bad_sampling_are_named_before_loading(tmp_path):
+    from typer.testing import CliRunner
+
+    from moelight.cli import app
+    from tests.cli_text import says
+
+    data = tmp_path / "d.jsonl"
+    rows = [{"id": "ok", "prompt": "fine", "n": 2},
+            {"id": "n0", "prompt": "x", "n": 0},
+            {"id": "lp", "prompt": "x", "logprobs": 50},
+            {"id": "st", "prompt": "x", "stop": 5},
+            {"id": "rf", "prompt": "x", "response_format": {"type": "xml"}},
+            {"id": "schema", "prompt": "x", "structured_outputs": {"regex": "([a-"}}]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    args = ["run", "--dataset", str(data), "--output", str(tmp_path / "o.jsonl"), "--model", "tiny",
+            "--load-format", "dummy", "--gen-len", "3", "--hardware", "cpu-server", "--no-progress"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    for needle in (f"{data}:2", "'n' must be in [1", f"{data}:3", "'logprobs' must be in [0, 20]", f"{data}:4",
+                   "'stop' must be a string", f"{data}:5", "response_format.type"):
+        assert says(res.output, needle), (needle, res.output)
+    # the line errors skipped, the schema that does not compile is a prompt problem named by its line
+    res = CliRunner().invoke(app, [*args, "--skip-bad-lines"])
+    assert res.exit_code == 0, res.output
+    written = [json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
+    assert [r["id"] for r in written] == ["ok"] and len(written[0]["outputs"]) == 2
+    bad_schema = tmp_path / "s.jsonl"
+    bad_schema.write_text(json.dumps(rows[-1]) + "\n")
+    res = CliRunner().invoke(app, ["run", "--dataset", str(bad_schema), *args[3:], "--overwrite"])
+    assert res.exit_code == 2 and says(res.output, f"{bad_schema}:1") and says(res.output, "does not compile")
