@@ -75,9 +75,12 @@ setup(
         "tqdm",
     ],
     extras_require={
-        "test": ["pytest", "transformers", "matplotlib", "ruff", "import-linter"],
+        "test": ["pytest", "transformers", "matplotlib", "ruff", "import-linter", "xgrammar>=0.2", "lm-eval>=0.4.9",
+                 "accelerate"],
         "plot": ["matplotlib"],
         "ray": ["ray[data]>=2.50"],
+        "structured": ["xgrammar>=0.2"],
+        "eval": ["lm-eval>=0.4.9"],
     },
     entry_points={"console_scripts": ["moelight=moelight.cli:main"]},
     ext_modules=ext_modules,

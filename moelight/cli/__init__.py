@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import typer
 
-from moelight.cli import cache_cmd, plan_cmd, profile_cmd, run_cmd, simulate_cmd, trace_cmd
+from moelight.cli import cache_cmd, eval_cmd, plan_cmd, profile_cmd, run_cmd, simulate_cmd, trace_cmd
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="moelight: batch inference for MoE LLMs")
 
-for _module in (run_cmd, plan_cmd, profile_cmd, simulate_cmd, trace_cmd, cache_cmd):
+for _module in (run_cmd, plan_cmd, profile_cmd, simulate_cmd, trace_cmd, cache_cmd, eval_cmd):
     _module.register(app)
 
 

@@ -1,0 +1,111 @@
+"""moelight as an lm-evaluation-harness model (`moelight` in lm-eval's registry; `moelight eval` runs it).
+
+Log-likelihoods come from `prompt_logprobs` of the whole context + continuation, every request of a
+task in one engine job (batched and planned as any job): the continuation's tokens are scored with
+the model's own float32 log-softmax, and `is_greedy` is every continuation token ranking first.
+`loglikelihood_rolling` scores a text in windows of the model's context as lm-eval's `hf` model does
+(`get_rolling_token_windows`, one prefix token); `generate_until` is a generation with lm-eval's
+`until` strings as stop strings. Tokenization follows the `hf` model's: the tokenizer's own special
+tokens unless `add_bos_token` says otherwise (none for a string that already starts with BOS), the
+prefix token BOS (else EOS) for an empty context.
+lm-eval is an optional extra: `pip install -e ".[eval]"`.
+"""
+
+from __future__ import annotations
+
+from lm_eval import utils as lm_utils
+from lm_eval.api.model import TemplateLM
+from lm_eval.api.registry import register_model
+
+from moelight.api.llm import LLM
+from moelight.sampling.params import SamplingParams
+
+
+@register_model("moelight")
+class MoelightLM(TemplateLM):
+    def __init__(self, pretrained: str = "tiny", add_bos_token: bool | None = None, max_length: int | None = None,
+                 max_gen_toks: int = 256, batch_size=None, device=None, **engine_options) -> None:
+        """`pretrained`: a model folder or preset; `engine_options`: LLM's (dtype, load_format, ...).
+        `batch_size` / `device` are lm-eval's generic arguments: the planner decides the batch, and
+        `--device`-style placement is an engine option (`device="emulated"` etc. in engine_options)."""
+        super().__init__()
+        engine_options = {k: v for k, v in engine_options.items() if v is not None}
+        self.llm = LLM(pretrained, **engine_options)
+        self.tokenizer = self.llm.tokenizer
+        self.add_bos_token = add_bos_token
+        context = self.llm.config.max_position_embeddings
+        self._max_length = min(max_length or context - 1, context - 1)  # a prompt must leave one slot
+        self.max_gen_toks = max_gen_toks
+
+    @property
+    def eot_token_id(self) -> int:
+        return self.tokenizer.eos_id
+
+    @property
+    def prefix_token_id(self) -> int:
+        return self.tokenizer.bos_id if self.tokenizer.bos_id is not None else self.tokenizer.eos_id
+
+    @property
+    def max_length(self) -> int:
+        return self._max_length
+
+    def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
+        add = add_special_tokens if add_special_tokens is not None else self.add_bos_token
+        if add is None:  # the tokenizer's default, unless the text already starts with BOS
+            bos = self._bos_text()
+            add = not (bos and string.startswith(bos))
+        return self.tokenizer.encode(string, add_bos=add)
+
+    def _bos_text(self) -> str:
+        if self.tokenizer.bos_id is None:
+            return ""
+        if hasattr(self.tokenizer, "backend"):  # a tokenizer.json: BOS as its text, as transformers decodes it
+            return self.tokenizer.decode([self.tokenizer.bos_id], skip_special_tokens=False)
+        return ""
+
+    def _score(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
+        """(sum of the continuation's logprobs, all greedy) for (context, continuation) token pairs."""
+        prompts, conts = [], []
+        for context, continuation in pairs:
+            full = (context + continuation)[-self.max_length:]
+            prompts.append({"prompt_token_ids": full})
+            conts.append(min(len(continuation), len(full) - 1))
+        outs = self.llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0))
+        scores = []
+        for out, n in zip(outs, conts, strict=True):
+            ids, lps = out.prompt_token_ids, out.prompt_logprobs
+            positions = range(len(ids) - n, len(ids))
+            scores.append((sum(lps[i][ids[i]].logprob for i in positions),
+                           all(lps[i][ids[i]].rank == 1 for i in positions)))
+        return scores
+
+    def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
+        return self._score([(context, continuation) for _, context, continuation in requests])
+
+    def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
+        windows, owner = [], []
+        for i, (text,) in enumerate(req.args for req in requests):
+            for context, continuation in map(lm_utils.make_disjoint_window, lm_utils.get_rolling_token_windows(
+                    token_list=self.tok_encode(text), prefix_token=self.prefix_token_id,
+                    max_seq_len=self.max_length, context_len=1)):
+                windows.append((context, continuation))
+                owner.append(i)
+        totals = [0.0] * len(requests)
+        for i, (logprob, _) in zip(owner, self._score(windows), strict=True):
+            totals[i] += logprob
+        return totals
+
+    def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
+        prompts, params = [], []
+        for context, gen_kwargs in (req.args for req in requests):
+            kwargs = dict(gen_kwargs)
+            until = kwargs.pop("until", None) or []
+            until = [until] if isinstance(until, str) else list(until)
+            sample = kwargs.pop("do_sample", False)
+            temperature = float(kwargs.pop("temperature", 0.0)) if sample else 0.0
+            max_tokens = int(kwargs.pop("max_gen_toks", self.max_gen_toks))
+            ids = self.tok_encode(context)[-(self.max_length - 1):]
+            prompts.append({"prompt_token_ids": ids})
+            params.append(SamplingParams(max_tokens=max_tokens, temperature=temperature,
+                                         stop=[u for u in until if u] or None))
+        return [out.outputs[0].text for out in self.llm.generate(prompts, params)]

@@ -1,0 +1,115 @@
+"""lm-evaluation-harness on moelight: a local multiple-choice task and a perplexity task give the same
+metrics and per-item log-likelihoods through `moelight` as through lm-eval's own `hf` model on the same
+checkpoint, and `moelight eval` runs them from the command line."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+pytest.importorskip("transformers")
+lm_eval = pytest.importorskip("lm_eval")
+
+from typer.testing import CliRunner  # noqa: E402
+
+from moelight.cli import app  # noqa: E402
+
+QUESTIONS = [
+    {"question": "The sky is", "choices": [" blue", " green", " loud"], "answer": 0},
+    {"question": "Two and two make", "choices": [" four", " five"], "answer": 0},
+    {"question": "Water is", "choices": [" wet", " dry", " square", " late"], "answer": 1},
+    {"question": "Experts route", "choices": [" tokens", " trains"], "answer": 0},
+    {"question": "Hello", "choices": [" world", " there", " you"], "answer": 2},
+]
+TEXTS = [{"text": "Mixture of experts models route each token to a few experts. " * 3},
+         {"text": "The quick brown fox jumps over the lazy dog, again and again. " * 5}]
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from tests.checkpoints import make_hf_model, save_checkpoint
+    from tests.test_tokenizer import build_tokenizer
+
+    root = tmp_path_factory.mktemp("lm_eval")
+    folder = save_checkpoint(make_hf_model(seed=4, vocab_size=640), root / "ckpt", "legacy", 1)
+    build_tokenizer(folder, add_bos_token=False)
+    tasks = root / "tasks"
+    tasks.mkdir()
+    (root / "mc.jsonl").write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
+    (root / "ppl.jsonl").write_text("".join(json.dumps(t) + "\n" for t in TEXTS))
+    (tasks / "tiny_mc.yaml").write_text(f"""task: tiny_mc
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {root / 'mc.jsonl'}
+output_type: multiple_choice
+test_split: test
+doc_to_text: "{{{{question}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{answer}}}}"
+metric_list:
+  - metric: acc
+  - metric: acc_norm
+""")
+    (tasks / "tiny_ppl.yaml").write_text(f"""task: tiny_ppl
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {root / 'ppl.jsonl'}
+output_type: loglikelihood_rolling
+test_split: test
+doc_to_text: ""
+doc_to_target: "{{{{text}}}}"
+metric_list:
+  - metric: word_perplexity
+  - metric: bits_per_byte
+""")
+    return folder, tasks, root
+
+
+def _evaluate(model, tasks):
+    from lm_eval.tasks import TaskManager
+
+    return lm_eval.simple_evaluate(model=model, tasks=["tiny_mc", "tiny_ppl"], task_manager=TaskManager(
+        include_path=str(tasks)), log_samples=True, random_seed=0)
+
+
+def _loglikelihoods(results, task):
+    return [[float(r[0]) if isinstance(r, (list, tuple)) else float(r) for r in sample["filtered_resps"]]
+            for sample in sorted(results["samples"][task], key=lambda s: s["doc_id"])]
+
+
+def test_moelight_scores_as_lm_evals_hf_model(setup, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    from lm_eval.models.huggingface import HFLM
+
+    from moelight.api.lm_eval_model import MoelightLM
+
+    folder, tasks, _ = setup
+    ours = _evaluate(MoelightLM(str(folder), dtype="float32", hardware="cpu-server"), tasks)
+    theirs = _evaluate(HFLM(pretrained=str(folder), dtype="float32", device="cpu", batch_size=1), tasks)
+    for task in ("tiny_mc", "tiny_ppl"):
+        a, b = _loglikelihoods(ours, task), _loglikelihoods(theirs, task)
+        assert len(a) == len(b) > 0
+        for x, y in zip(a, b, strict=True):
+            assert all(math.isclose(u, v, rel_tol=1e-4, abs_tol=1e-3) for u, v in zip(x, y, strict=True)), (x, y)
+        for metric, value in theirs["results"][task].items():
+            if isinstance(value, float) and "stderr" not in metric:
+                assert math.isclose(ours["results"][task][metric], value, rel_tol=1e-4, abs_tol=1e-6), metric
+
+
+def test_moelight_eval_command(setup, monkeypatch):
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    folder, tasks, root = setup
+    out = root / "results.json"
+    res = CliRunner().invoke(app, ["eval", "--model", str(folder), "--tasks", "tiny_mc", "--include-path",
+                                   str(tasks), "--dtype", "float32", "--hardware", "cpu-server", "--limit", "3",
+                                   "--output", str(out)])
+    assert res.exit_code == 0, (res.output, res.exception)
+    saved = json.loads(out.read_text())
+    assert "acc,none" in saved["results"]["tiny_mc"] and len(saved["samples"]["tiny_mc"]) == 3
+    bad = CliRunner().invoke(app, ["eval", "--model", str(folder), "--tasks", "no_such_task", "--output",
+                                   str(root / "x.json")])
+    assert bad.exit_code == 2 and "unknown task" in bad.output
