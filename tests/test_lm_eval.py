@@ -73,7 +73,7 @@ def _evaluate(model, tasks):
     from lm_eval.tasks import TaskManager
 
     return lm_eval.simple_evaluate(model=model, tasks=["tiny_mc", "tiny_ppl"], task_manager=TaskManager(
-        include_path=str(tasks)), log_samples=True, random_seed=0)
+        include_path=str(tasks), include_defaults=False), log_samples=True, random_seed=0)
 
 
 def _loglikelihoods(results, task):

@@ -81,6 +81,27 @@ def workdir(tmp_path, monkeypatch):
     for name in ("build.jsonl", "held.jsonl", "job.jsonl", "prompts.jsonl"):
         Path(name).write_text("".join(json.dumps({"prompt": p + f" # {name} {i}"}) + "\n"
                                       for i, p in enumerate(code)))
+    Path("synth.jsonl").write_text(json.dumps({"prompt": "Name a color.", "n": 2, "temperature": 0.9, "stop": ["\n"],
+                                               "max_tokens": 24, "structured_outputs": {"json": {
+                                                   "type": "object", "properties": {"c": {"type": "integer"}},
+                                                   "required": ["c"]}}}) + "\n")
+    Path("tasks").mkdir()
+    Path("mc.jsonl").write_text("".join(json.dumps({"q": q, "choices": [" a", " b"], "answer": i % 2}) + "\n"
+                                        for i, q in enumerate(code)))
+    Path("tasks/tiny_mc.yaml").write_text(f"""task: tiny_mc
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {tmp_path / 'mc.jsonl'}
+output_type: multiple_choice
+test_split: test
+doc_to_text: "{{{{q}}}}"
+doc_to_choice: "{{{{choices}}}}"
+doc_to_target: "{{{{answer}}}}"
+metric_list:
+  - metric: acc
+""")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     return tmp_path
 
 
@@ -91,14 +112,18 @@ def test_the_main_job_and_the_small_batch_commands_run(workdir):
         for command in commands(body):
             run_moelight(command)
             ran += 1
-    assert ran >= 6  # the main job, and trace, trace, eamc, simulate-cache, run in latency mode
+    assert ran >= 8  # the main job; trace, trace, eamc, simulate-cache, run in latency mode; eval, a synthetic job
     assert Path("out/results.jsonl").is_file() and Path("out.jsonl").is_file() and Path("eamc.npz").is_file()
+    assert "tiny_mc" in json.loads(Path("eval.json").read_text())["results"]
+    assert len(json.loads(Path("synth_out.jsonl").read_text())["outputs"]) == 2
     assert any(Path("plots").iterdir())
 
 
-def test_the_python_api_block_runs(workdir):
-    body = next(body for lang, body in blocks() if lang == "python" and "from moelight import LLM" in body)
-    exec(compile(substituted(body), "README.md", "exec"), {})  # noqa: S102 - the README's own example
+def test_the_python_api_blocks_run(workdir):
+    bodies = [body for lang, body in blocks() if lang == "python" and "build_processor" not in body]
+    assert len(bodies) >= 2
+    for body in bodies:
+        exec(compile(substituted(body), "README.md", "exec"), {})  # noqa: S102 - the README's own examples
 
 
 def test_the_cluster_commands_and_the_processor_run(workdir, monkeypatch):

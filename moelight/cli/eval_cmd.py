@@ -45,8 +45,13 @@ def eval_(
         check_output_file(output, "--output", [("model folder", Path(model))] if Path(model).exists() else [])
         if include_path is not None and not include_path.is_dir():
             raise OptionError(f"--include-path {include_path}: not a folder of task YAMLs")
-        manager = TaskManager(include_path=str(include_path) if include_path else None)
         names = [t.strip() for t in tasks.split(",") if t.strip()]
+        manager = None
+        if include_path is not None:  # lm-eval's own ~15k task files take seconds to index: only if needed
+            manager = TaskManager(include_path=str(include_path), include_defaults=False)
+            if any(t not in manager.all_tasks for t in names):
+                manager = None
+        manager = manager or TaskManager(include_path=str(include_path) if include_path else None)
         unknown = [t for t in names if t not in manager.all_tasks]
         if unknown:
             raise OptionError(f"--tasks: unknown task(s) {', '.join(unknown)}"
