@@ -46,8 +46,11 @@ class QuantMatrix:
 
     def rows(self, index) -> QuantMatrix:
         """The same format over a selection of experts / rows (codes[index] and its scales)."""
-        pick = (lambda t: None if t is None else t[index])
-        return QuantMatrix(self.fmt, self.codes[index], pick(self.scales), pick(self.bias), self.group)
+        return QuantMatrix(self.fmt, self.codes[index], _pick(self.scales, index), _pick(self.bias, index), self.group)
+
+
+def _pick(t: torch.Tensor | None, index) -> torch.Tensor | None:
+    return None if t is None else t[index]
 
 
 def code_values(fmt: str, codes: torch.Tensor) -> torch.Tensor:

@@ -42,14 +42,17 @@ def _unstrip(codes: torch.Tensor, scales, bias, fmt: str, group: int) -> torch.T
         natural = codes.view(s, pair_rows, STRIP, 2).permute(0, 2, 1, 3).reshape(s * STRIP, 2 * pair_rows)
     if fmt == "bf16":
         return natural.float()
-    per_row = (lambda t: None if t is None else t.permute(0, 2, 1).reshape(s * STRIP, -1))
-    return dequantize(QuantMatrix(fmt, natural.unsqueeze(0), per_row(scales).unsqueeze(0),
-                                  None if bias is None else per_row(bias).unsqueeze(0), group))[0]
+    def per_row(t):  # [S, groups, 32] -> [1, S * 32, groups]
+        return None if t is None else t.permute(0, 2, 1).reshape(1, s * STRIP, -1)
+
+    return dequantize(QuantMatrix(fmt, natural.unsqueeze(0), per_row(scales), per_row(bias), group))[0]
 
 
 def unpack_expert(p: PackedExperts, e: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Expert e's float32 gate_up [2f, h] (gate rows, then up rows) and down [h, f], as the kernel sees them."""
-    pick = (lambda t: None if t is None else t[e])
+    def pick(t):
+        return None if t is None else t[e]
+
     w13 = _unstrip(p.w13[e], pick(p.s13), pick(p.z13), p.fmt13, p.group13)
     f, h = p.intermediate, p.hidden
     strips = w13.view(-1, 2, 16, w13.shape[-1])  # per strip: 16 gate rows, then 16 up rows
