@@ -21,22 +21,21 @@ struct GroupScales {
   __m512 s[4], b[4];
 };
 
-inline void load_group(const Strip& st, int64_t g, GroupScales& gs) {
+// 32 per-column values -> per-element vectors of a 64-element row (columns 0-7, 8-15, 16-23, 24-31).
+inline void dup_columns(const float* p, __m512 out[4]) {
   const __m512i dup_lo = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
   const __m512i dup_hi = _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
-  const float* s = st.scales + g * 32;
-  const __m512 s0 = _mm512_loadu_ps(s), s1 = _mm512_loadu_ps(s + 16);
-  gs.s[0] = _mm512_permutexvar_ps(dup_lo, s0);
-  gs.s[1] = _mm512_permutexvar_ps(dup_hi, s0);
-  gs.s[2] = _mm512_permutexvar_ps(dup_lo, s1);
-  gs.s[3] = _mm512_permutexvar_ps(dup_hi, s1);
+  for (int h = 0; h < 2; ++h) {
+    const __m512 v = _mm512_loadu_ps(p + 16 * h);
+    out[2 * h] = _mm512_permutexvar_ps(dup_lo, v);
+    out[2 * h + 1] = _mm512_permutexvar_ps(dup_hi, v);
+  }
+}
+
+inline void load_group(const Strip& st, int64_t g, GroupScales& gs) {
+  dup_columns(st.scales + g * 32, gs.s);
   if (st.bias != nullptr) {
-    const float* b = st.bias + g * 32;
-    const __m512 b0 = _mm512_loadu_ps(b), b1 = _mm512_loadu_ps(b + 16);
-    gs.b[0] = _mm512_permutexvar_ps(dup_lo, b0);
-    gs.b[1] = _mm512_permutexvar_ps(dup_hi, b0);
-    gs.b[2] = _mm512_permutexvar_ps(dup_lo, b1);
-    gs.b[3] = _mm512_permutexvar_ps(dup_hi, b1);
+    dup_columns(st.bias + g * 32, gs.b);
   } else {
     for (auto& v : gs.b) v = _mm512_setzero_ps();
   }
