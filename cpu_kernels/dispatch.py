@@ -13,6 +13,8 @@ import warnings
 
 import torch
 
+from cpu_kernels.expert_pack import FORMATS, PackedExperts
+from cpu_kernels.expert_reference import ActSpec, expert_mix_torch
 from cpu_kernels.reference import decode_attention_torch, prefill_attention_torch
 
 _lock = threading.Lock()
@@ -44,7 +46,8 @@ def _cpp_available() -> bool:
 
 
 def kernel_backend() -> str:
-    """'cpp-avx512bf16' / 'cpp-avx512' / 'cpp-avx2' when the C++ kernels run, 'torch' for the fallback."""
+    """'cpp-amx' / 'cpp-avx512bf16' / 'cpp-avx512' / 'cpp-avx2' when the C++ kernels run, 'torch' for the
+    fallback ('amx': AVX512-BF16 attention, AMX-BF16 expert GEMMs)."""
     if _cpp_available():
         return f"cpp-{torch.ops.moelight.kernel_isa()}"
     return "torch"
@@ -99,3 +102,30 @@ def prefill_attention(
     if _cpp_ok(q, k, v):
         return torch.ops.moelight.prefill_attention(q, k, v, cu_seqlens, float(scale), window or 0, sinks)
     return prefill_attention_torch(q, k, v, cu_seqlens, scale, window, sinks)
+
+
+def expert_mix(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, packed: PackedExperts,
+               act: ActSpec = ActSpec()) -> torch.Tensor:
+    """All routed experts of a layer in one call: x [T, h], expert ids [T, k] and routing weights [T, k]
+    -> sum over each token's experts of weight * down(act(gate_up(x))), [T, h] in x's dtype.
+    Computes in bf16 with float32 accumulation whatever x's dtype (csrc/expert_mix.cpp)."""
+    if not _cpp_available() or x.device.type != "cpu":
+        return expert_mix_torch(x, ids, weights, packed, act)
+    p = packed
+    out = torch.ops.moelight.expert_mix(
+        x.to(torch.bfloat16).contiguous(), ids.to(torch.int64).contiguous(), weights.float().contiguous(),
+        p.w13, p.s13, p.z13, p.w2, p.s2, p.z2, p.bias13, p.bias2, FORMATS[p.fmt13], p.group13, FORMATS[p.fmt2],
+        p.group2, act.kind, float(act.limit), float(act.alpha))
+    return out.to(x.dtype)
+
+
+def topk_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Values (descending) and indices [B, k] of each row of float32 x [B, V]; k = 1 is argmax with
+    torch.argmax's rule for ties (the first index). One read of each row, rows in parallel."""
+    if _cpp_available() and x.device.type == "cpu" and x.dtype == torch.float32:
+        return torch.ops.moelight.topk_rows(x.contiguous(), int(k))
+    if k == 1:
+        idx = torch.argmax(x, dim=-1, keepdim=True)
+        return x.gather(1, idx), idx
+    vals, idx = torch.topk(x, k, dim=-1)
+    return vals, idx

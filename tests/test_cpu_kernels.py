@@ -250,7 +250,7 @@ def test_decode_op_releases_the_gil():
 
 
 def test_backend_name():
-    assert cpu_kernels.kernel_backend() in ("torch", "cpp-avx512bf16", "cpp-avx512", "cpp-avx2")
+    assert cpu_kernels.kernel_backend() in ("torch", "cpp-amx", "cpp-avx512bf16", "cpp-avx512", "cpp-avx2")
 
 
 def test_fallback_warns_exactly_once():

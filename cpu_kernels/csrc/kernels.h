@@ -44,7 +44,8 @@ AttnFn avx2_attn_fn(KvDtype dtype, int64_t d);
 // Active kernel table, chosen from the CPU at first use (see isa.cpp).
 AttnFn attn_fn(KvDtype dtype, int64_t d);
 const char* active_isa();
-// "auto", "avx512bf16", "avx512", "avx2" or "none"; returns the ISA now in use.
+// "auto", "amx", "avx512bf16", "avx512", "avx2" or "none"; returns the ISA now in use ("amx": the
+// AVX512-BF16 attention kernels and AMX-BF16 expert GEMMs).
 const char* set_isa(const char* name);
 
 }  // namespace moelight

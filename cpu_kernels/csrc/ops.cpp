@@ -14,6 +14,14 @@ at::Tensor prefill_attention(const at::Tensor& q, const at::Tensor& k, const at:
                              const at::Tensor& cu_seqlens, double scale, int64_t window,
                              const c10::optional<at::Tensor>& sinks);
 double stream_read(const at::Tensor& x);
+at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tensor& weights,
+                      const at::Tensor& w13, const c10::optional<at::Tensor>& s13,
+                      const c10::optional<at::Tensor>& z13, const at::Tensor& w2,
+                      const c10::optional<at::Tensor>& s2, const c10::optional<at::Tensor>& z2,
+                      const c10::optional<at::Tensor>& bias13, const c10::optional<at::Tensor>& bias2,
+                      int64_t fmt13, int64_t group13, int64_t fmt2, int64_t group2, int64_t act_kind, double limit,
+                      double alpha);
+std::tuple<at::Tensor, at::Tensor> topk_rows(const at::Tensor& x, int64_t k);
 }  // namespace moelight
 
 #ifdef MOELIGHT_SOURCE_HASH
@@ -31,6 +39,10 @@ TORCH_LIBRARY(moelight, m) {
   m.def("prefill_attention(Tensor q, Tensor k, Tensor v, Tensor cu_seqlens, float scale, int window=0, "
         "Tensor? sinks=None) -> Tensor");
   m.def("stream_read(Tensor x) -> float");
+  m.def("expert_mix(Tensor x, Tensor ids, Tensor weights, Tensor w13, Tensor? s13, Tensor? z13, Tensor w2, "
+        "Tensor? s2, Tensor? z2, Tensor? bias13, Tensor? bias2, int fmt13, int group13, int fmt2, int group2, "
+        "int act, float limit, float alpha) -> Tensor");
+  m.def("topk_rows(Tensor x, int k) -> (Tensor, Tensor)");
   m.def("kernel_isa() -> str", []() { return std::string(moelight::active_isa()); });
   m.def("set_isa(str name) -> str",
         [](const std::string& name) { return std::string(moelight::set_isa(name.c_str())); });
@@ -40,4 +52,6 @@ TORCH_LIBRARY_IMPL(moelight, CPU, m) {
   m.impl("decode_attention", &moelight::decode_attention);
   m.impl("prefill_attention", &moelight::prefill_attention);
   m.impl("stream_read", &moelight::stream_read);
+  m.impl("expert_mix", &moelight::expert_mix);
+  m.impl("topk_rows", &moelight::topk_rows);
 }

@@ -23,6 +23,8 @@ def run(
                        help="max new tokens per request (a request's own max_tokens wins)"),
     dtype: str = Opt("auto", "--dtype", help="auto, float32, bfloat16 or float16"),
     load_format: str = Opt("auto", "--load-format", help="auto, safetensors, or dummy (random weights)"),
+    quantize: str = Opt("none", "--quantize", help="routed experts quantized at load: none, int8 (per channel), "
+                        "int4 (groups of 128 input channels), int4-g64, int4-g32; attention stays 16-bit"),
     batch_size: int = Opt(None, "--batch-size", min=1, help="sequences per batch N (default: the policy's)"),
     micro_batch_size: int = Opt(None, "--micro-batch-size", min=1,
                                 help="sequences per micro-batch (default: the policy's)"),

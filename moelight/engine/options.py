@@ -20,6 +20,8 @@ LOAD_FORMATS = ("auto", "safetensors", "dummy")
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 TOKENIZERS = ("auto", "hf", "byte", "none")  # none: LLM(skip_tokenizer_init=True), token ids only
 MODES = ("auto", "throughput", "latency")
+# routed experts: as loaded, int8 per channel, or int4 in groups of 128 (or 64 / 32) input channels
+QUANTIZE = ("none", "int8", "int4", "int4-g64", "int4-g32")
 
 
 class OptionError(MoelightError):
@@ -55,6 +57,12 @@ class EngineOptions:
     eamc: str | None = None  # MoE-Infinity's EAM collection (`moelight eamc`)
     prefetch_per_layer: int | None = None  # prefetches per layer pass; None: what the link moves in one layer
     predictor: str | None = None  # ProMoE / DuoServe / CoServe's file (`moelight train-predictor`)
+    quantize: str = "none"  # routed experts quantized at load (QUANTIZE); attention and embeddings stay 16-bit
+
+    def quantization(self) -> tuple[str, int]:
+        """(method, int4 group size) of --quantize: ('none' | 'int8' | 'int4', group)."""
+        method, _, group = self.quantize.partition("-g")
+        return method, int(group or 128)
 
     def cache_policy_name(self) -> str:
         """auto: the combined policy (CPU execution of small misses, an LFU cache filled in the
@@ -71,6 +79,10 @@ class EngineOptions:
         _choice("--schedule", self.schedule, SCHEDULES)
         _choice("--mode", self.mode, MODES)
         _choice("--cache-policy", self.cache_policy, ("auto", *CACHE_POLICIES))
+        _choice("--quantize", self.quantize, QUANTIZE)
+        if self.quantize != "none" and self.device not in ("auto", "cpu"):
+            raise OptionError(f"--quantize {self.quantize} runs on the CPU executor only (--device cpu); paged "
+                              "quantized experts on cuda / emulated are not implemented yet")
         bounds = (("--batch-size", self.batch_size, 1), ("--micro-batch-size", self.micro_batch_size, 1),
                   ("--gpus", self.gpus, 0), ("--max-prefill-tokens", self.max_prefill_tokens, 1),
                   ("--prefetch-per-layer", self.prefetch_per_layer, 0))

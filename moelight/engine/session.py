@@ -51,6 +51,11 @@ class EngineSession:
         self.source, self.config = self.resolved.source, self.resolved.config
         self.tokenizer, self.eos, self.dtype_name = self.resolved.tokenizer, self.resolved.eos, self.resolved.dtype_name
         self.device = resolve_device(opts.device)
+        if opts.quantize != "none" and self.device != "cpu":
+            from moelight.engine.options import OptionError
+
+            raise OptionError(f"--quantize {opts.quantize} runs on the CPU executor only: add --device cpu "
+                              f"(this host's --device auto is {self.device})")
         self.group = tensor_parallel
         self.ranks = tensor_parallel.world if tensor_parallel else tensor_parallel_degree(opts, self.device)
         if self.ranks > 1:
@@ -88,7 +93,8 @@ class EngineSession:
         else:
             self._load_shard()
         if self.device == "cpu":
-            pack_model(self.model)
+            method, group = self.opts.quantization()
+            pack_model(self.model, method, group)
         self.load_seconds = time.perf_counter() - t0
 
     def _load_shard(self) -> None:

@@ -23,8 +23,8 @@ from moelight.errors import MoelightError
 VERSION = 1
 # RunOptions fields that change what a request generates (batching and placement do not, in float32)
 # (which requests a job holds is the requests' business: each is checked by its hash)
-RESULT_OPTIONS = ("model", "load_format", "dtype", "tokenizer", "seed", "gen_len", "temperature", "top_p", "top_k",
-                  "ignore_eos", "turn")
+RESULT_OPTIONS = ("model", "load_format", "dtype", "quantize", "tokenizer", "seed", "gen_len", "temperature",
+                  "top_p", "top_k", "ignore_eos", "turn")
 _REQUEST_FIELDS = ("prompt", "messages", "followups", "tools", "max_new_tokens", "temperature", "top_p", "top_k",
                    "seed")
 

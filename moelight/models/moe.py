@@ -42,8 +42,11 @@ def expert_mix(
     that received tokens are touched. Experts are summed in ascending order, as the
     reference implementations do, so float32 results match them bit for bit in practice;
     `compute_order` runs them in another order (an expert cache's: the cached ones first) and
-    still sums them in ascending order.
+    still sums them in ascending order. Experts packed for the fused CPU kernel (runtime/fused_experts.py)
+    run all at once there.
     """
+    if compute_order is None and hasattr(gate_up_proj, "fused_mix"):
+        return gate_up_proj.fused_mix(x, weights, experts)
     top_k = experts.shape[-1]
     flat_experts = experts.reshape(-1)
     order = torch.argsort(flat_experts, stable=True)

@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from moelight.models.causal_lm import MoECausalLM
+from moelight.runtime.fused_experts import fused_enabled, pack_moe
 
 _PACK_HINT = 64  # expected rows per matmul; oneDNN picks the blocking from it
 
@@ -55,9 +56,19 @@ class PackedLinear(nn.Module):
 _KEEP_DENSE = ("gate", "shared_expert_gate")
 
 
-def pack_model(model: MoECausalLM) -> bool:
-    """Repack every large matmul weight of `model` in place; False if this torch/CPU cannot."""
-    if not packing_supported(model.embed_tokens.weight.dtype):
+def pack_model(model: MoECausalLM, quantize: str = "none", group: int = 128, fused_experts: bool | None = None) -> bool:
+    """Repack every large matmul weight of `model` in place; False if this torch/CPU cannot. Routed
+    experts go to the fused kernel (runtime/fused_experts.py) in bf16, or quantized with `quantize`
+    ('int8', 'int4' with `group`), or as loaded when they are quantized already; `fused_experts`
+    False keeps dense experts on the per-expert oneDNN loop (None: fused_enabled decides)."""
+    dtype = model.embed_tokens.weight.dtype
+    fused = fused_enabled(dtype, quantize) if fused_experts is None else fused_experts
+    fused = fused or _has_quantized_experts(model)
+    if not packing_supported(dtype):
+        if fused:
+            for layer in model.layers:
+                if hasattr(layer.mlp, "gate_up_proj"):
+                    pack_moe(layer.mlp, quantize, group)
         return False
     for layer in model.layers:
         for parent in list(layer.modules()):
@@ -65,7 +76,9 @@ def pack_model(model: MoECausalLM) -> bool:
                 if isinstance(child, nn.Linear) and name not in _KEEP_DENSE:
                     setattr(parent, name, PackedLinear(child))
         moe = layer.mlp
-        if isinstance(getattr(moe, "gate_up_proj", None), torch.Tensor):
+        if fused and hasattr(moe, "gate_up_proj"):
+            pack_moe(moe, quantize, group)
+        elif isinstance(getattr(moe, "gate_up_proj", None), torch.Tensor):
             gate_up = [pack_weight(w) for w in moe.gate_up_proj.detach()]
             down = [pack_weight(w) for w in moe.down_proj.detach()]
             del moe.gate_up_proj, moe.down_proj
@@ -73,3 +86,7 @@ def pack_model(model: MoECausalLM) -> bool:
     if not model.config.tie_word_embeddings:
         model.lm_head = PackedLinear(model.lm_head)
     return True
+
+
+def _has_quantized_experts(model: MoECausalLM) -> bool:
+    return any(hasattr(getattr(layer.mlp, "gate_up_proj", None), "matrix") for layer in model.layers)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import torch
 
+from cpu_kernels import topk_rows
 from moelight.sampling.logits_processors import RowState, apply_processors
 from moelight.sampling.params import SamplingParams
 
@@ -33,7 +34,7 @@ class Sampler:
         if states is not None and any(s.params.has_processors for s in states):
             logits = logits.clone()
             apply_processors(logits, states)
-        tokens = torch.argmax(logits, dim=-1)
+        tokens = topk_rows(logits.contiguous(), 1)[1][:, 0]  # argmax, one read of each row, rows in parallel
         sampled = [i for i, r in enumerate(rows) if not self.params[r].greedy]
         if not sampled:
             return tokens
@@ -44,7 +45,7 @@ class Sampler:
         ks = torch.tensor([max(p.top_k, 0) for p in ps])
         if bool((ks > 0).any()):
             kmax = min(int(ks.max()), x.shape[-1])
-            top_vals = torch.topk(x, kmax, dim=-1).values
+            top_vals = topk_rows(x.contiguous(), kmax)[0]
             thresh = top_vals.gather(1, (ks.clamp(1, kmax) - 1)[:, None])
             thresh[ks == 0] = float("-inf")
             x = x.masked_fill(x < thresh, float("-inf"))

@@ -1,0 +1,121 @@
+"""The fused expert kernel against the per-expert oneDNN loop, and against its roofs.
+
+For each family's expert shape (bench-1b's Mixtral shape, bench-qwen3-moe's 128 narrow experts,
+bench-gpt-oss's, OLMoE-1B-7B's real one), rows per layer call (T = 1, 8, 256 tokens: decode at batch
+1 and 8, the README job's micro-batch) and weight format (bf16; int8 and int4 on the fused kernel),
+it times one MoE layer's routed experts:
+- `loop`: today's path, one oneDNN-packed matmul per touched expert (bf16 only),
+- `fused-<isa>`: cpu_kernels.expert_mix on each ISA this CPU has.
+Timings alternate between the variants, best of --repeat, so a change of host state hits all of
+them. The roofs are measured in the same run: the GEMM roof is oneDNN's bf16 FLOP/s at 1024 rows
+(`moelight profile`'s probe), the bandwidth roof a streaming read of 256 MiB; a kernel's share of
+its roof is the larger of FLOPs / (time x GEMM roof) and weight bytes read / (time x bandwidth).
+
+    python benchmarks/bench_expert_kernels.py --repeat 7 --output benchmarks/results/expert_kernels.md
+    python benchmarks/bench_expert_kernels.py --quick          # a check that it runs (~1 minute)
+
+~10 minutes on two cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from cpu_kernels import dispatch, kernel_backend  # noqa: E402
+from cpu_kernels.expert_pack import bf16_matrix, pack_experts  # noqa: E402
+from cpu_kernels.expert_quant import int4_group_for, quantize  # noqa: E402
+from moelight.models.moe import expert_mix  # noqa: E402
+from moelight.profiling.machine_profile import measure_gemm_curve  # noqa: E402
+from moelight.runtime.cpu_linear import pack_weight, packed_linear  # noqa: E402
+
+# name, experts, top-k, hidden, expert width
+SHAPES = [("bench-1b (Mixtral)", 8, 2, 1024, 3584), ("bench-qwen3-moe", 128, 8, 1024, 224),
+          ("bench-gpt-oss", 32, 4, 1024, 896), ("olmoe-1b-7b", 64, 8, 2048, 1024)]
+ISAS = ("amx", "avx512bf16", "avx2")
+
+
+def _best(fns: dict, repeat: int) -> dict[str, float]:
+    times = {k: float("inf") for k in fns}
+    for _ in range(repeat):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k] = min(times[k], time.perf_counter() - t0)
+    return times
+
+
+def _read_bandwidth() -> float:
+    buf = torch.ones(64 * 2**20, dtype=torch.float32)
+    return buf.numel() * 4 / min(_timed(buf.sum) for _ in range(5))
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeat", type=int, default=7)
+    ap.add_argument("--quick", action="store_true", help="one shape, fewer repeats")
+    ap.add_argument("--output", type=Path)
+    a = ap.parse_args()
+    dispatch.kernel_backend()
+    isas = [i for i in ISAS if kernel_backend() != "torch" and torch.ops.moelight.set_isa(i) == i]
+    torch.ops.moelight.set_isa("auto")
+    gemm_roof = max(f for _, f in measure_gemm_curve(torch.bfloat16, rows=(1024,), pool_bytes=48 * 2**20))
+    lines = [f"Host: torch {torch.__version__}, ISAs {', '.join(isas)}; GEMM roof {gemm_roof / 1e12:.2f} TFLOP/s "
+             "(oneDNN bf16, 1024 rows)\n",
+             "| shape | T | format | variant | ms | GFLOP/s | GB/s of weights | bandwidth probe GB/s | "
+             "share of roof | fused / loop |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, e, k, h, f in SHAPES[:1] if a.quick else SHAPES:
+        g = torch.Generator().manual_seed(0)
+        w13, w2 = torch.randn(e, 2 * f, h, generator=g) * 0.02, torch.randn(e, h, f, generator=g) * 0.02
+        loop13 = [pack_weight(w.to(torch.bfloat16)) for w in w13]
+        loop2 = [pack_weight(w.to(torch.bfloat16)) for w in w2]
+        group = int4_group_for(h, f)
+        packs = {"bf16": pack_experts(bf16_matrix(w13), bf16_matrix(w2))}
+        for fmt in ("int8", "int4"):
+            packs[fmt] = pack_experts(quantize(w13, fmt, group), quantize(w2, fmt, group))
+        for t in (1, 8) if a.quick else (1, 8, 256):
+            x = torch.randn(t, h, generator=g).to(torch.bfloat16)
+            weights, ids = torch.topk(torch.softmax(torch.randn(t, e, generator=g), -1), k, dim=-1)
+            touched = len(torch.unique(ids))
+            flops = 6.0 * h * f * t * k
+            for fmt, p in packs.items():
+                fns = {}
+                if fmt == "bf16":
+                    fns["loop"] = (lambda x=x, w=weights, i=ids, a=loop13, b=loop2:
+                                   expert_mix(x, w, i, a, b, packed_linear))
+                for isa in isas:
+                    def run(isa=isa, x=x, w=weights, i=ids, p=p):
+                        torch.ops.moelight.set_isa(isa)
+                        dispatch.expert_mix(x, i, w, p)
+                    fns[f"fused-{isa}"] = run
+                bw = _read_bandwidth()
+                times = _best(fns, 2 if a.quick else a.repeat)
+                weight_bytes = p.nbytes() * touched / e
+                for variant, s in times.items():
+                    share = max(flops / s / gemm_roof, weight_bytes / s / bw)
+                    ratio = f"{times['loop'] / s:.2f}x" if "loop" in times and variant != "loop" else "–"
+                    lines.append(f"| {name} | {t} | {fmt} | {variant} | {s * 1e3:.2f} | {flops / s / 1e9:.0f} | "
+                                 f"{weight_bytes / s / 1e9:.1f} | {bw / 1e9:.1f} | {100 * share:.0f}% | {ratio} |")
+        torch.ops.moelight.set_isa("auto")
+    text = "\n".join(lines)
+    print(text)
+    if a.output:
+        a.output.parent.mkdir(parents=True, exist_ok=True)
+        a.output.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+// AMX-BF16 strip GEMM of the fused expert op: tiles of 16 rows x 32 k (A) times 16 k-pairs x 16
+// columns (B, the strip's pair layout read with a 128-byte stride), 32 rows x 32 columns of
+// float32 accumulators in four tiles. Dequantisation and the epilogue are AVX512-BF16's (every
+// AMX CPU has it). Linux grants a process the AMX tile state on request (arch_prctl); where it
+// does not, amx_expert_isa() is nullptr and the AVX512-BF16 GEMM runs instead.
+#include <cstdint>
+
+#include "experts.h"
+
+#if defined(__x86_64__) && defined(__linux__)
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#pragma GCC push_options
+#pragma GCC target("amx-tile,amx-bf16,avx512f,avx512bf16,avx512bw,avx512vl")
+#include <immintrin.h>
+
+namespace {
+
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t colsb[16] = {};
+  uint8_t rows[16] = {};
+};
+
+void begin() {
+  TileConfig cfg;
+  for (int t = 0; t < 8; ++t) {  // 0-3: C (16 x 16 float32), 4-5: A (16 x 32 bf16), 6-7: B (16 pairs x 16 columns)
+    cfg.colsb[t] = 64;
+    cfg.rows[t] = 16;
+  }
+  // ldtilecfg through asm with a memory operand: GCC 12's _tile_loadconfig builtin does not count as
+  // reading the struct, and the stores filling it were optimised away (tiles then fault as unconfigured)
+  asm volatile("ldtilecfg %0" : : "m"(cfg));
+}
+
+void end() { _tile_release(); }
+
+void gemm(const uint16_t* a, int64_t lda, int64_t m, const uint16_t* b, int64_t k, float* c, int64_t ldc) {
+  const int64_t sa = lda * 2, sc = ldc * 4;
+  int64_t r = 0;
+  for (; r + 32 <= m; r += 32) {
+    const uint16_t* a0 = a + r * lda;
+    const uint16_t* a1 = a0 + 16 * lda;
+    _tile_zero(0);
+    _tile_zero(1);
+    _tile_zero(2);
+    _tile_zero(3);
+    for (int64_t k0 = 0; k0 < k; k0 += 32) {
+      _tile_loadd(4, a0 + k0, sa);
+      _tile_loadd(5, a1 + k0, sa);
+      _tile_loadd(6, b + k0 * 32, 128);
+      _tile_loadd(7, b + k0 * 32 + 32, 128);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+      _tile_dpbf16ps(2, 5, 6);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+    float* c0 = c + r * ldc;
+    _tile_stored(0, c0, sc);
+    _tile_stored(1, c0 + 16, sc);
+    _tile_stored(2, c0 + 16 * ldc, sc);
+    _tile_stored(3, c0 + 16 * ldc + 16, sc);
+  }
+  for (; r < m; r += 16) {  // m is a multiple of 16
+    const uint16_t* a0 = a + r * lda;
+    _tile_zero(0);
+    _tile_zero(1);
+    for (int64_t k0 = 0; k0 < k; k0 += 32) {
+      _tile_loadd(4, a0 + k0, sa);
+      _tile_loadd(6, b + k0 * 32, 128);
+      _tile_loadd(7, b + k0 * 32 + 32, 128);
+      _tile_dpbf16ps(0, 4, 6);
+      _tile_dpbf16ps(1, 4, 7);
+    }
+    _tile_stored(0, c + r * ldc, sc);
+    _tile_stored(1, c + r * ldc + 16, sc);
+  }
+}
+
+}  // namespace
+#pragma GCC pop_options
+
+namespace {
+bool amx_granted() {
+  constexpr long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
+  static const bool ok = syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
+  return ok;
+}
+}  // namespace
+
+const moelight::ExpertIsa* moelight::amx_expert_isa() {
+  if (!amx_granted()) return nullptr;
+  static const ExpertIsa isa = [] {
+    ExpertIsa t = *avx512bf16_expert_isa();
+    t.gemm = gemm;
+    t.begin = begin;
+    t.end = end;
+    return t;
+  }();
+  return &isa;
+}
+#else
+const moelight::ExpertIsa* moelight::amx_expert_isa() { return nullptr; }
+#endif

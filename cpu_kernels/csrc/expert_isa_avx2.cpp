@@ -1,0 +1,134 @@
+// AVX2 + FMA pieces of the fused expert op (CPUs without AVX512-BF16): bf16 pairs widened to
+// float32 by shifts (even k) and masks (odd k), FMAs over 2 rows x 32 columns; dequantisation of
+// the quantized formats to bf16 pairs; the gate/up epilogue. Reached only after the CPU check.
+#include <cstdint>
+#include <cstring>
+
+#include "experts.h"
+
+#if defined(__x86_64__) || defined(_M_X64)
+#pragma GCC push_options
+#pragma GCC target("avx2,fma,f16c")
+#include "simd_avx2.h"
+
+namespace {
+
+using moelight::Strip;
+using moelight::WFormat;
+
+const float kE2M1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                         -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+inline __m256 nibble_lut(__m256i idx, __m256 lo8, __m256 hi8) {
+  const __m256 a = _mm256_permutevar8x32_ps(lo8, idx), b = _mm256_permutevar8x32_ps(hi8, idx);
+  const __m256 high = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28));  // bit 3 -> sign bit
+  return _mm256_blendv_ps(a, b, high);
+}
+
+inline __m256 fp8_to_f32(__m128i bytes8) {
+  const __m256i x = _mm256_cvtepu8_epi32(bytes8);
+  const __m256i sign = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x80)), 24);
+  const __m256i mag = _mm256_slli_epi32(_mm256_and_si256(x, _mm256_set1_epi32(0x7F)), 20);
+  return _mm256_mul_ps(_mm256_castsi256_ps(_mm256_or_si256(sign, mag)), _mm256_set1_ps(1.329227995784916e36f));
+}
+
+// Element e of a 64-element row (8 per vector) is column e / 2: its scale and bias.
+inline void group_vectors(const Strip& st, int64_t g, __m256 s[8], __m256 b[8]) {
+  const __m256i dup[2] = {_mm256_setr_epi32(0, 0, 1, 1, 2, 2, 3, 3), _mm256_setr_epi32(4, 4, 5, 5, 6, 6, 7, 7)};
+  for (int q = 0; q < 4; ++q) {  // columns 8q .. 8q + 7
+    const __m256 sv = _mm256_loadu_ps(st.scales + g * 32 + 8 * q);
+    const __m256 bv = st.bias ? _mm256_loadu_ps(st.bias + g * 32 + 8 * q) : _mm256_setzero_ps();
+    for (int h = 0; h < 2; ++h) {
+      s[2 * q + h] = _mm256_permutevar8x32_ps(sv, dup[h]);
+      b[2 * q + h] = _mm256_permutevar8x32_ps(bv, dup[h]);
+    }
+  }
+}
+
+void dequant(const Strip& st, uint16_t* out) {
+  const int64_t rows = st.k / 2, rows_per_group = st.group / 2;
+  const bool nibbles = st.fmt == WFormat::U4 || st.fmt == WFormat::FP4;
+  float lut[16];
+  for (int i = 0; i < 16; ++i) lut[i] = st.fmt == WFormat::FP4 ? kE2M1[i] : static_cast<float>(i);
+  const __m256 lo8 = _mm256_loadu_ps(lut), hi8 = _mm256_loadu_ps(lut + 8);
+  __m256 s[8], b[8];
+  for (int64_t r = 0; r < rows; ++r) {
+    if (r % rows_per_group == 0) group_vectors(st, r / rows_per_group, s, b);
+    __m256 v[8];
+    if (nibbles) {
+      const uint8_t* p = st.codes + r * 32;
+      for (int q = 0; q < 4; ++q) {  // bytes 8q.. hold elements 8q.. (low) and 32 + 8q.. (high)
+        const __m256i x = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * q)));
+        v[q] = nibble_lut(_mm256_and_si256(x, _mm256_set1_epi32(0x0F)), lo8, hi8);
+        v[4 + q] = nibble_lut(_mm256_srli_epi32(x, 4), lo8, hi8);
+      }
+    } else {
+      const uint8_t* p = st.codes + r * 64;
+      for (int q = 0; q < 8; ++q) {
+        const __m128i x = _mm_loadl_epi64(reinterpret_cast<const __m128i*>(p + 8 * q));
+        v[q] = st.fmt == WFormat::I8 ? _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x)) : fp8_to_f32(x);
+      }
+    }
+    for (int q = 0; q < 8; ++q) VecAvx2::store_half(out + r * 64 + 8 * q, _mm256_fmadd_ps(v[q], s[q], b[q]), true);
+  }
+}
+
+template <int R>
+inline void gemm_rows(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t k, float* c, int64_t ldc) {
+  const __m256i hi_mask = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  __m256 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (auto& x : acc[r]) x = _mm256_setzero_ps();
+  for (int64_t p = 0; p < k / 2; ++p) {
+    __m256 ae[R], ao[R];
+    for (int r = 0; r < R; ++r) {
+      uint32_t pair;
+      std::memcpy(&pair, a + r * lda + 2 * p, 4);
+      const __m256i av = _mm256_set1_epi32(static_cast<int>(pair));
+      ae[r] = _mm256_castsi256_ps(_mm256_slli_epi32(av, 16));
+      ao[r] = _mm256_castsi256_ps(_mm256_and_si256(av, hi_mask));
+    }
+    for (int q = 0; q < 4; ++q) {  // columns 8q .. 8q + 7
+      const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + p * 64 + 16 * q));
+      const __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+      const __m256 wo = _mm256_castsi256_ps(_mm256_and_si256(w, hi_mask));
+      for (int r = 0; r < R; ++r) acc[r][q] = _mm256_fmadd_ps(wo, ao[r], _mm256_fmadd_ps(we, ae[r], acc[r][q]));
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int q = 0; q < 4; ++q) _mm256_storeu_ps(c + r * ldc + 8 * q, acc[r][q]);
+}
+
+void gemm(const uint16_t* a, int64_t lda, int64_t m, const uint16_t* b, int64_t k, float* c, int64_t ldc) {
+  for (int64_t r = 0; r < m; r += 2) gemm_rows<2>(a + r * lda, lda, b, k, c + r * ldc, ldc);
+}
+
+void act(const float* c, int64_t ldc, int64_t m, const float* bias, moelight::Act fn, uint16_t* out, int64_t ldo) {
+  const __m256 one = _mm256_set1_ps(1.0f), lim = _mm256_set1_ps(fn.limit), nlim = _mm256_set1_ps(-fn.limit);
+  const __m256 nalpha = _mm256_set1_ps(fn.kind == 1 ? -fn.alpha : -1.0f);
+  for (int64_t r = 0; r < m; ++r) {
+    for (int h = 0; h < 2; ++h) {
+      __m256 g = _mm256_loadu_ps(c + r * ldc + 8 * h), u = _mm256_loadu_ps(c + r * ldc + 16 + 8 * h);
+      if (bias) {
+        g = _mm256_add_ps(g, _mm256_loadu_ps(bias + 8 * h));
+        u = _mm256_add_ps(u, _mm256_loadu_ps(bias + 16 + 8 * h));
+      }
+      if (fn.kind == 1) {
+        g = _mm256_min_ps(g, lim);
+        u = _mm256_add_ps(_mm256_max_ps(_mm256_min_ps(u, lim), nlim), one);
+      }
+      const __m256 sig = _mm256_div_ps(g, _mm256_add_ps(one, VecAvx2::exp(_mm256_mul_ps(g, nalpha))));
+      VecAvx2::store_half(out + r * ldo + 8 * h, _mm256_mul_ps(sig, u), true);
+    }
+  }
+}
+
+const moelight::ExpertIsa kIsa{dequant, gemm, act, nullptr, nullptr};
+
+}  // namespace
+#pragma GCC pop_options
+
+const moelight::ExpertIsa* moelight::avx2_expert_isa() { return &kIsa; }
+#else
+const moelight::ExpertIsa* moelight::avx2_expert_isa() { return nullptr; }
+#endif

@@ -1,0 +1,233 @@
+// All of a layer's routed experts in one call (torch.ops.moelight.expert_mix).
+//
+// 1. The (token, slot) pairs are sorted by expert (counting sort) and each expert's input rows
+//    gathered into a bf16 block padded to 16 rows (an AMX tile's height).
+// 2. Gate/up: one work item per (expert, strip of 16 gate + 16 up columns). A quantized strip is
+//    dequantised once into the thread's scratch and reused by all of the expert's rows; the
+//    epilogue adds the biases, applies the activation and writes 16 bf16 intermediate columns.
+// 3. Down: one work item per strip of 32 output columns, over every expert in ascending order
+//    (the order the reference sums them in); the epilogue adds the bias, scales by the pair's
+//    routing weight and accumulates into the token's float32 row, rounded once at the end.
+// Gate/up items are ordered by their expert's row count, largest first, and down items each
+// span all experts; threads take items dynamically, so experts with uneven token counts keep
+// every thread busy.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstring>
+#include <numeric>
+#include <vector>
+
+#include "experts.h"
+
+namespace moelight {
+namespace {
+
+constexpr int64_t kStrip = 32;
+constexpr int64_t kRowPad = 16;
+
+int64_t strip_bytes(WFormat f, int64_t k) {
+  switch (f) {
+    case WFormat::BF16: return k * kStrip * 2;
+    case WFormat::I8:
+    case WFormat::F8: return k * kStrip;
+    default: return k * kStrip / 2;
+  }
+}
+
+struct Packed {
+  const uint8_t* codes;
+  const float* scales;
+  const float* bias;
+  int64_t strips, k, group;
+  WFormat fmt;
+
+  Strip strip(int64_t e, int64_t j) const {
+    const int64_t s = e * strips + j;
+    const int64_t per_strip = (k / group) * kStrip;
+    return Strip{codes + s * strip_bytes(fmt, k), scales ? scales + s * per_strip : nullptr,
+                 bias ? bias + s * per_strip : nullptr, k, group, fmt};
+  }
+};
+
+Packed packed_of(const at::Tensor& codes, const c10::optional<at::Tensor>& scales,
+                 const c10::optional<at::Tensor>& bias, int64_t fmt, int64_t group, int64_t k, int64_t experts,
+                 const char* what) {
+  TORCH_CHECK(fmt >= 0 && fmt <= 4, "moelight: unknown weight format ", fmt, " of ", what);
+  const WFormat f = static_cast<WFormat>(fmt);
+  TORCH_CHECK(codes.is_contiguous() && codes.dim() == 3 && codes.size(0) == experts,
+              "moelight: ", what, " codes must be contiguous [E, strips, bytes]");
+  TORCH_CHECK(k % 32 == 0 && codes.size(2) * codes.element_size() == strip_bytes(f, k),
+              "moelight: ", what, " strips do not hold K = ", k, " in format ", fmt);
+  Packed p{static_cast<const uint8_t*>(codes.data_ptr()), nullptr, nullptr, codes.size(1), k, k, f};
+  if (f != WFormat::BF16) {
+    TORCH_CHECK(group > 0 && group % 32 == 0 && k % group == 0, "moelight: group ", group, " of ", what,
+                " must be a multiple of 32 dividing K = ", k);
+    p.group = group;
+    TORCH_CHECK(scales.has_value() && scales->scalar_type() == at::kFloat && scales->is_contiguous() &&
+                    scales->numel() == experts * p.strips * (k / group) * kStrip,
+                "moelight: ", what, " needs float32 scales [E, strips, K / group, 32]");
+    p.scales = scales->data_ptr<float>();
+    if (bias.has_value() && bias->defined()) {
+      TORCH_CHECK(bias->sizes() == scales->sizes() && bias->scalar_type() == at::kFloat && bias->is_contiguous(),
+                  "moelight: ", what, " bias must match its scales");
+      p.bias = bias->data_ptr<float>();
+    }
+  }
+  return p;
+}
+
+const float* opt_f32(const c10::optional<at::Tensor>& t, int64_t numel, const char* what) {
+  if (!t.has_value() || !t->defined()) return nullptr;
+  TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == numel, "moelight: ", what,
+              " must be contiguous float32 of ", numel, " values");
+  return t->data_ptr<float>();
+}
+
+uint16_t to_bf16(float x) {
+  uint32_t u;
+  std::memcpy(&u, &x, 4);
+  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;
+  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
+}
+
+// The strip's bf16 pairs: the packed bytes themselves, or dequantised into `scratch`.
+const uint16_t* strip_bf16(const ExpertIsa* isa, const Strip& st, uint16_t* scratch) {
+  if (st.fmt == WFormat::BF16) return reinterpret_cast<const uint16_t*>(st.codes);
+  isa->dequant(st, scratch);
+  return scratch;
+}
+
+struct Item {
+  int64_t expert, strip;
+};
+
+}  // namespace
+
+at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tensor& weights,
+                      const at::Tensor& w13, const c10::optional<at::Tensor>& s13,
+                      const c10::optional<at::Tensor>& z13, const at::Tensor& w2,
+                      const c10::optional<at::Tensor>& s2, const c10::optional<at::Tensor>& z2,
+                      const c10::optional<at::Tensor>& bias13, const c10::optional<at::Tensor>& bias2,
+                      int64_t fmt13, int64_t group13, int64_t fmt2, int64_t group2, int64_t act_kind, double limit,
+                      double alpha) {
+  const ExpertIsa* isa = expert_isa();
+  TORCH_CHECK(isa != nullptr, "moelight: expert_mix needs AVX2 or newer");
+  TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(),
+              "moelight: expert_mix wants contiguous bf16 x [T, h]");
+  TORCH_CHECK(ids.dim() == 2 && ids.size(0) == x.size(0) && ids.scalar_type() == at::kLong && ids.is_contiguous(),
+              "moelight: expert ids must be contiguous int64 [T, k]");
+  TORCH_CHECK(weights.sizes() == ids.sizes() && weights.scalar_type() == at::kFloat && weights.is_contiguous(),
+              "moelight: routing weights must be contiguous float32 [T, k]");
+  const int64_t T = x.size(0), h = x.size(1), top = ids.size(1), E = w13.size(0);
+  const int64_t hp = (h + 31) / 32 * 32;
+  const int64_t fp = w13.size(1) * 16;  // intermediate columns (padded): 16 per gate/up strip
+  const Packed p13 = packed_of(w13, s13, z13, fmt13, group13, hp, E, "gate_up");
+  const Packed p2 = packed_of(w2, s2, z2, fmt2, group2, fp, E, "down");
+  TORCH_CHECK(p2.strips * kStrip >= h, "moelight: down strips cover ", p2.strips * kStrip, " < h = ", h);
+  const float* b13 = opt_f32(bias13, E * 2 * fp, "gate_up bias");
+  const float* b2 = opt_f32(bias2, E * p2.strips * kStrip, "down bias");
+  const Act act{static_cast<int>(act_kind), static_cast<float>(limit), static_cast<float>(alpha)};
+
+  auto out = at::empty({T, h}, x.options());
+  if (T == 0) return out;
+  // 1. pairs sorted by expert (stable: token order within an expert)
+  const int64_t* idp = ids.data_ptr<int64_t>();
+  const int64_t pairs = T * top;
+  std::vector<int64_t> count(E + 1, 0);
+  for (int64_t i = 0; i < pairs; ++i) {
+    TORCH_CHECK(idp[i] >= 0 && idp[i] < E, "moelight: expert id ", idp[i], " out of range [0, ", E, ")");
+    ++count[idp[i]];
+  }
+  std::vector<int64_t> first(E + 1, 0), row0(E + 1, 0);  // first sorted pair; first padded row
+  for (int64_t e = 0; e < E; ++e) {
+    first[e + 1] = first[e] + count[e];
+    row0[e + 1] = row0[e] + (count[e] + kRowPad - 1) / kRowPad * kRowPad;
+  }
+  std::vector<int64_t> sorted(pairs);
+  {
+    std::vector<int64_t> next(first.begin(), first.end() - 1);
+    for (int64_t i = 0; i < pairs; ++i) {
+      const int64_t at = next[idp[i]]++;
+      sorted[at] = i;
+    }
+  }
+  const int64_t rows = row0[E];
+  std::vector<int64_t> busy;
+  for (int64_t e = 0; e < E; ++e)
+    if (count[e]) busy.push_back(e);
+  std::stable_sort(busy.begin(), busy.end(), [&](int64_t a, int64_t b) { return count[a] > count[b]; });
+  std::vector<Item> items13;
+  for (int64_t e : busy)
+    for (int64_t j = 0; j < p13.strips; ++j) items13.push_back({e, j});
+  int64_t max_rows = 0;
+  for (int64_t e : busy) max_rows = std::max(max_rows, row0[e + 1] - row0[e]);
+
+  std::vector<uint16_t> a13(rows * hp), a2(rows * fp);
+  const int64_t ldy = p2.strips * kStrip;
+  std::vector<float> y(T * ldy, 0.0f);  // float32 sums of each token's pairs
+  const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  const float* wp = weights.data_ptr<float>();
+  const int nt = at::get_num_threads();
+
+#pragma omp parallel num_threads(nt)
+  {
+    std::vector<uint16_t> bscratch(std::max(hp, fp) * kStrip);
+    std::vector<float> c(max_rows * kStrip);
+    // gather: row r of expert e is token sorted[first[e] + r] / top; padding rows and columns zero
+#pragma omp for schedule(static)
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t n = count[e], padded = row0[e + 1] - row0[e];
+      for (int64_t r = 0; r < padded; ++r) {
+        uint16_t* dst = a13.data() + (row0[e] + r) * hp;
+        if (r < n) {
+          std::memcpy(dst, xp + (sorted[first[e] + r] / top) * h, h * 2);
+          std::fill(dst + h, dst + hp, uint16_t{0});
+        } else {
+          std::fill(dst, dst + hp, uint16_t{0});
+        }
+      }
+    }
+    if (isa->begin) isa->begin();
+#pragma omp for schedule(dynamic, 1)
+    for (size_t i = 0; i < items13.size(); ++i) {
+      const int64_t e = items13[i].expert, j = items13[i].strip, m = row0[e + 1] - row0[e];
+      const uint16_t* b = strip_bf16(isa, p13.strip(e, j), bscratch.data());
+      isa->gemm(a13.data() + row0[e] * hp, hp, m, b, hp, c.data(), kStrip);
+      isa->act(c.data(), kStrip, m, b13 ? b13 + e * 2 * fp + j * 32 : nullptr, act, a2.data() + row0[e] * fp + j * 16,
+               fp);
+    }
+#pragma omp for schedule(dynamic, 1)
+    for (int64_t j = 0; j < p2.strips; ++j) {  // a strip of output columns: every expert, ascending
+      for (int64_t e = 0; e < E; ++e) {
+        if (!count[e]) continue;
+        const int64_t m = row0[e + 1] - row0[e];
+        const uint16_t* b = strip_bf16(isa, p2.strip(e, j), bscratch.data());
+        isa->gemm(a2.data() + row0[e] * fp, fp, m, b, fp, c.data(), kStrip);
+        const float* bias = b2 ? b2 + e * ldy + j * kStrip : nullptr;
+        for (int64_t r = 0; r < count[e]; ++r) {
+          const int64_t pair = sorted[first[e] + r];
+          const float w = wp[pair];
+          float* dst = y.data() + (pair / top) * ldy + j * kStrip;
+          const float* src = c.data() + r * kStrip;
+          if (bias) {
+            for (int64_t q = 0; q < kStrip; ++q) dst[q] += (src[q] + bias[q]) * w;
+          } else {
+            for (int64_t q = 0; q < kStrip; ++q) dst[q] += src[q] * w;
+          }
+        }
+      }
+    }
+    if (isa->end) isa->end();
+    uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr());
+#pragma omp for schedule(static)
+    for (int64_t t = 0; t < T; ++t) {
+      for (int64_t q = 0; q < h; ++q) op[t * h + q] = to_bf16(y[t * ldy + q]);
+    }
+  }
+  return out;
+}
+
+}  // namespace moelight

@@ -1,0 +1,56 @@
+// Plain-C++ interface between the fused expert op (expert_mix.cpp) and its per-ISA pieces
+// (expert_isa_*.cpp). As kernels.h: no torch headers in the ISA units.
+//
+// Packed weight layout (cpu_kernels/expert_pack.py writes it): a matrix W [N, K] (out, in) is cut
+// into strips of 32 output columns; a strip holds K/2 rows, one per pair of k, of 32 columns x 2 k
+// ("pair layout", the B operand of AMX-BF16 and of AVX512-BF16's dot product). Its elements are
+// bf16, or codes of a quantized format dequantized as w = lut(code) * scale + bias, with one scale
+// (and bias) per column and per group of `group` consecutive k.
+#pragma once
+#include <cstdint>
+
+namespace moelight {
+
+// Weight formats: BF16 as stored; byte codes (I8: int8, F8: float8 e4m3) at one byte per element,
+// in pair-layout order; nibble codes (U4: 0..15, FP4: e2m1) at 32 bytes per row of 64 elements,
+// byte i holding element i (low nibble) and element i + 32 (high nibble).
+enum class WFormat : int { BF16 = 0, I8 = 1, F8 = 2, U4 = 3, FP4 = 4 };
+
+struct Strip {
+  const uint8_t* codes;  // the strip's K/2 rows
+  const float* scales;   // [K / group][32], nullptr for BF16
+  const float* bias;     // [K / group][32] or nullptr (w = v * scale)
+  int64_t k;             // K, a multiple of 32
+  int64_t group;         // k per scale group, a multiple of 32 dividing K
+  WFormat fmt;
+};
+
+// Activation of the gate/up epilogue: SwiGLU silu(g) * u, or GPT-OSS's clamped
+// (min(u, l) clamped to +-l, plus 1) * g * sigmoid(alpha g) with g = min(g, l).
+struct Act {
+  int kind;  // 0: SwiGLU, 1: clamped SwiGLU
+  float limit, alpha;
+};
+
+struct ExpertIsa {
+  // A quantized strip -> bf16 pair layout, K/2 rows of 64 values.
+  void (*dequant)(const Strip& s, uint16_t* out);
+  // c[r][0, 32) = sum_k a[r][k] b[k][.] for r < m (m a multiple of 16): a bf16 rows of stride lda,
+  // b a bf16 strip of depth k (pair layout), c float32 rows of stride ldc.
+  void (*gemm)(const uint16_t* a, int64_t lda, int64_t m, const uint16_t* b, int64_t k, float* c, int64_t ldc);
+  // Gate/up epilogue: c rows hold 16 gate then 16 up columns; bias (32 floats) or nullptr;
+  // out[r][0, 16) = act(gate + bias, up + bias) rounded to bf16.
+  void (*act)(const float* c, int64_t ldc, int64_t m, const float* bias, Act act, uint16_t* out, int64_t ldo);
+  // Optional per-thread setup / teardown (AMX tile configuration).
+  void (*begin)();
+  void (*end)();
+};
+
+const ExpertIsa* avx2_expert_isa();
+const ExpertIsa* avx512bf16_expert_isa();
+const ExpertIsa* amx_expert_isa();  // nullptr where the OS does not grant AMX tile state
+
+// The table for the active ISA (isa.cpp), nullptr without AVX2.
+const ExpertIsa* expert_isa();
+
+}  // namespace moelight

@@ -1,0 +1,71 @@
+"""A layer's routed experts packed once for the fused CPU kernel (cpu_kernels.expert_mix).
+
+`pack_model` (runtime/cpu_linear.py) swaps a MoE block's gate_up_proj / down_proj for one
+`FusedExperts`; `models.moe.expert_mix` hands it the whole layer (no Python loop per expert).
+bf16 models run it by default, float32 models keep the oneDNN loop (bit-exact against
+transformers); quantized experts (`--quantize int8|int4`) always run it.
+MOELIGHT_EXPERTS=loop keeps bf16 on the loop (to measure one against the other).
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from cpu_kernels import expert_mix
+from cpu_kernels.expert_pack import PackedExperts, QuantMatrix, bf16_matrix, pack_experts
+from cpu_kernels.expert_quant import int4_group_for, quantize
+from cpu_kernels.expert_reference import ActSpec
+
+QUANTIZE_CHOICES = ("none", "int8", "int4")
+
+
+class FusedExperts:
+    """Packed experts of one layer, indexable as E experts (what page tables and `len` callers expect)."""
+
+    def __init__(self, packed: PackedExperts, act: ActSpec) -> None:
+        self.packed, self.act = packed, act
+
+    def __len__(self) -> int:
+        return self.packed.w13.shape[0]
+
+    def fused_mix(self, x: torch.Tensor, weights: torch.Tensor, experts: torch.Tensor) -> torch.Tensor:
+        return expert_mix(x, experts, weights, self.packed, self.act)
+
+    def nbytes(self) -> int:
+        return self.packed.nbytes()
+
+
+def fused_enabled(dtype: torch.dtype, quantize_method: str) -> bool:
+    """Quantized experts always; bf16 unless MOELIGHT_EXPERTS=loop; float32 / float16 never."""
+    if quantize_method != "none":
+        return True
+    return dtype == torch.bfloat16 and os.environ.get("MOELIGHT_EXPERTS", "fused").lower() != "loop"
+
+
+def act_of(moe) -> ActSpec:
+    """The MoE block's activation: GPT-OSS's clamped SwiGLU (it has `limit`) or SwiGLU."""
+    limit = getattr(moe, "limit", 0.0)
+    return ActSpec(1, float(limit), float(moe.alpha)) if limit else ActSpec()
+
+
+def _matrix(w, method: str, group: int) -> QuantMatrix:
+    if not isinstance(w, torch.Tensor):  # already quantized at load (models/quantized_experts.py)
+        return w.matrix()
+    return bf16_matrix(w.detach()) if method == "none" else quantize(w.detach(), method, group)
+
+
+def pack_moe(moe, method: str = "none", group: int = 128) -> FusedExperts:
+    """Pack (and quantize with `method`) one MoE block's routed experts; frees the dense copies."""
+    gate_up, down = moe.gate_up_proj, moe.down_proj
+    if method == "int4" and isinstance(gate_up, torch.Tensor):
+        group = int4_group_for(gate_up.shape[2], down.shape[2], preferred=group)
+    bias = getattr(moe, "expert_bias", None)
+    packed = pack_experts(_matrix(gate_up, method, group), _matrix(down, method, group),
+                          None if bias is None else bias.gate_up.detach(),
+                          None if bias is None else bias.down.detach())
+    fused = FusedExperts(packed, act_of(moe))
+    del moe.gate_up_proj, moe.down_proj
+    moe.gate_up_proj = moe.down_proj = fused
+    return fused

@@ -1,0 +1,98 @@
+"""The engine on the fused expert kernel: bf16 against the per-expert oneDNN loop, and --quantize
+int8 / int4 against a dequantize-then-matmul model of the same quantized weights (the loop, in bf16).
+
+Whole-model logits of a prefill and a decode step are compared relative to their largest magnitude:
+bf16 activations and the kernel's float32 sums differ from the loop's rounding at ~1% of that."""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import replace
+
+import pytest
+import torch
+
+from cpu_kernels.expert_pack import dequantize
+from cpu_kernels.expert_quant import int4_group_for, quantize
+from moelight.engine.options import EngineOptions, OptionError
+from moelight.loading.presets import PRESETS
+from moelight.loading.weights import build_model
+from moelight.runtime.cpu_linear import pack_model
+from moelight.runtime.forward import decode_step, prefill
+from moelight.runtime.fused_experts import FusedExperts
+from moelight.runtime.kv_cache import RaggedKVCache
+
+TINY = PRESETS["tiny"]
+GPT_OSS = replace(PRESETS["bench-gpt-oss"], hidden_size=128, intermediate_size=96, num_layers=2, vocab_size=512,
+                  num_heads=4, num_kv_heads=2, head_dim=32, num_experts=8, top_k=2)
+
+
+def _logits(model, prompts: list[list[int]]) -> torch.Tensor:
+    """Logits of each prompt's last token, then of one decode step (a fixed token) after it."""
+    lens = [len(p) for p in prompts]
+    cache = RaggedKVCache.allocate(model.config, [n + 2 for n in lens], model.embed_tokens.weight.dtype)
+    tokens = torch.tensor([t for p in prompts for t in p])
+    first = model.logits(prefill(model, cache, tokens, torch.tensor(lens), cache.offsets))
+    nxt = torch.tensor([p[0] for p in prompts])  # the same next token for every model compared
+    second = model.logits(decode_step(model, cache, nxt, cache.offsets, torch.tensor(lens)))
+    return torch.cat((first, second))
+
+
+def _prompts(vocab: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(1)
+    return [torch.randint(3, vocab, (n,), generator=g).tolist() for n in (5, 17, 9, 30)]
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a - b).abs().max() / b.abs().max()).item()
+
+
+@pytest.mark.parametrize("cfg", [TINY, GPT_OSS], ids=["mixtral", "gpt-oss"])
+def test_bf16_fused_experts_match_the_per_expert_loop(cfg):
+    model = build_model(cfg, torch.bfloat16, None, seed=0)
+    loop = copy.deepcopy(model)
+    pack_model(model)
+    pack_model(loop, fused_experts=False)
+    assert isinstance(model.layers[0].mlp.gate_up_proj, FusedExperts)
+    assert isinstance(loop.layers[0].mlp.gate_up_proj, list)
+    prompts = _prompts(cfg.vocab_size)
+    assert _rel(_logits(model, prompts), _logits(loop, prompts)) < 3e-2
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+@pytest.mark.parametrize("cfg", [TINY, GPT_OSS], ids=["mixtral", "gpt-oss"])
+def test_quantized_experts_match_dequantize_then_matmul(cfg, method):
+    model = build_model(cfg, torch.bfloat16, None, seed=0)
+    reference = copy.deepcopy(model)
+    with torch.no_grad():
+        for layer in reference.layers:
+            moe = layer.mlp
+            group = int4_group_for(moe.gate_up_proj.shape[2], moe.down_proj.shape[2])
+            for name in ("gate_up_proj", "down_proj"):
+                w = getattr(moe, name)
+                w.copy_(dequantize(quantize(w.to(torch.bfloat16).float(), method, group)))
+    pack_model(model, method)
+    pack_model(reference, fused_experts=False)
+    packed = model.layers[0].mlp.gate_up_proj.packed
+    assert packed.fmt13 == {"int8": "int8", "int4": "uint4"}[method]
+    prompts = _prompts(cfg.vocab_size)
+    assert _rel(_logits(model, prompts), _logits(reference, prompts)) < 3e-2
+
+
+def test_quantized_experts_are_smaller():
+    model = build_model(TINY, torch.bfloat16, None, seed=0)
+    dense = sum(layer.mlp.gate_up_proj.numel() + layer.mlp.down_proj.numel() for layer in model.layers) * 2
+    sizes = {}
+    for method in ("int8", "int4"):
+        m = copy.deepcopy(model)
+        pack_model(m, method)
+        sizes[method] = sum(layer.mlp.gate_up_proj.nbytes() for layer in m.layers)
+    assert sizes["int8"] < 0.55 * dense and sizes["int4"] < 0.33 * dense
+
+
+def test_quantize_option_is_checked_before_loading():
+    with pytest.raises(OptionError, match="--quantize 'int3'.*int8, int4"):
+        EngineOptions("tiny", quantize="int3").validate()
+    with pytest.raises(OptionError, match="CPU executor only"):
+        EngineOptions("tiny", quantize="int8", device="emulated").validate()
+    assert EngineOptions("tiny", quantize="int4-g64").quantization() == ("int4", 64)
