@@ -8,6 +8,8 @@ Public API (the engine calls only these functions):
 - ``expert_mix(x, ids, weights, packed, act)``: all routed experts of a layer in one call over weights
   packed by ``expert_pack.pack_experts`` (bf16, int8, fp8, 4-bit int or MXFP4).
 - ``topk_rows(x, k)``: top-k (k = 1: argmax) of every row, for the sampler.
+- ``paged_decode_attention`` / ``paged_prefill_attention``: the same over a paged cache, each
+  sequence's positions in the pages its block-table row names (prefix sharing; paged_reference.py).
 
 KV cache layout (one tensor each for K and V, per layer): ``[H_kv, T_total, d]``.
 Sequence ``b`` owns the token slots ``offsets[b] : offsets[b] + capacity_b`` of every head;
@@ -22,6 +24,15 @@ The C++ kernels (csrc/, registered as torch.ops.moelight.*) are built by the ins
 torch.get_num_threads() OpenMP threads and release the GIL while they run.
 """
 
-from cpu_kernels.dispatch import decode_attention, expert_mix, kernel_backend, prefill_attention, topk_rows
+from cpu_kernels.dispatch import (
+    decode_attention,
+    expert_mix,
+    kernel_backend,
+    paged_decode_attention,
+    paged_prefill_attention,
+    prefill_attention,
+    topk_rows,
+)
 
-__all__ = ["decode_attention", "prefill_attention", "expert_mix", "topk_rows", "kernel_backend"]
+__all__ = ["decode_attention", "prefill_attention", "paged_decode_attention", "paged_prefill_attention",
+           "expert_mix", "topk_rows", "kernel_backend"]

@@ -15,6 +15,7 @@ import torch
 
 from cpu_kernels.expert_pack import FORMATS, PackedExperts
 from cpu_kernels.expert_reference import ActSpec, expert_mix_torch
+from cpu_kernels.paged_reference import paged_attention_torch
 from cpu_kernels.reference import decode_attention_torch, prefill_attention_torch
 
 _lock = threading.Lock()
@@ -102,6 +103,49 @@ def prefill_attention(
     if _cpp_ok(q, k, v):
         return torch.ops.moelight.prefill_attention(q, k, v, cu_seqlens, float(scale), window or 0, sinks)
     return prefill_attention_torch(q, k, v, cu_seqlens, scale, window, sinks)
+
+
+def paged_decode_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    lengths: torch.Tensor,
+    page_size: int,
+    scale: float,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """q [B, Hq, d], one query per sequence over its `lengths[b]` keys in the pages of its block-table
+    row (block_table [B, pages]) -> [B, Hq, d]. Windows and sinks take the torch path."""
+    if window is None and sinks is None and _cpp_ok(q, k_cache, v_cache) and k_cache.stride(-1) == 1 \
+            and k_cache.stride() == v_cache.stride():
+        return torch.ops.moelight.paged_decode_attention(q, k_cache, v_cache, block_table, lengths, int(page_size),
+                                                         float(scale))
+    cu = torch.arange(q.shape[0] + 1, dtype=torch.int64)
+    return paged_attention_torch(q, k_cache, v_cache, block_table, lengths - 1, cu, page_size, scale, window, sinks)
+
+
+def paged_prefill_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_table: torch.Tensor,
+    starts: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    page_size: int,
+    scale: float,
+    window: int | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """The new tokens of each sequence (q [T, Hq, d], rows cu_seqlens[b] .., at positions starts[b] ..,
+    their K/V already in the cache) over a cached prefix and themselves, causal -> [T, Hq, d]."""
+    if window is None and sinks is None and _cpp_ok(q, k_cache, v_cache) and k_cache.stride(-1) == 1 \
+            and k_cache.stride() == v_cache.stride():
+        return torch.ops.moelight.paged_prefill_attention(q, k_cache, v_cache, block_table, starts, cu_seqlens,
+                                                          int(page_size), float(scale))
+    return paged_attention_torch(q, k_cache, v_cache, block_table, starts, cu_seqlens, page_size, scale, window,
+                                 sinks)
 
 
 def expert_mix(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, packed: PackedExperts,

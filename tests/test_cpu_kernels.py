@@ -18,32 +18,10 @@ import pytest
 import torch
 
 import cpu_kernels
-from cpu_kernels import dispatch
 from cpu_kernels.reference import decode_attention_torch, prefill_attention_torch
 
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2.5e-2, torch.float16: 3e-3}  # abs, on O(1) outputs
 HAS_CPP = cpu_kernels.kernel_backend() != "torch"
-ISAS = ["avx512bf16", "avx512", "avx2"] if HAS_CPP else []
-
-
-def _backends() -> list[str]:
-    return ["torch", *[f"cpp-{i}" for i in ISAS]]
-
-
-@pytest.fixture(params=_backends())
-def backend(request, monkeypatch):
-    """Selects the path under test; C++ ISAs the CPU lacks are skipped."""
-    name = request.param
-    if name == "torch":
-        monkeypatch.setitem(dispatch._state, "loaded", False)
-        yield name
-        return
-    isa = name.removeprefix("cpp-")
-    if torch.ops.moelight.set_isa(isa) != isa:
-        torch.ops.moelight.set_isa("auto")
-        pytest.skip(f"CPU lacks {isa}")
-    yield name
-    torch.ops.moelight.set_isa("auto")
 
 
 @contextlib.contextmanager
