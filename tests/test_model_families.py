@@ -146,6 +146,18 @@ def test_family_matches_transformers(family_ref):
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
 
 
+def test_shared_prefixes_match_transformers(family_ref):
+    """Prompts behind one 40-token system prompt (two and a half KV pages) and a prompt asked twice:
+    computed once through the paged cache, each still gives transformers' greedy tokens."""
+    name, hf, folder = family_ref
+    system = random_prompts(1, 320, min_len=40, max_len=40, seed=11)[0]
+    prompts = [system + p for p in PROMPTS[:3]] + [system + PROMPTS[0], system[:33]]
+    llm = LLM(str(folder), dtype="float32", batch_size=5, micro_batch_size=2)
+    outs = llm.generate(prompts, SamplingParams(max_tokens=N_NEW, temperature=0.0, ignore_eos=True))
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, p) for p in prompts]
+    assert llm.last_stats.prefix_reused_tokens >= 3 * 32 + len(prompts[3])
+
+
 def test_logprobs_are_transformers_log_softmax(family_ref):
     """prompt_logprobs and the greedy tokens' logprobs (top-3 and the chosen one, with ranks) are the
     float32 log-softmax of transformers' logits on the same weights, position by position."""

@@ -45,7 +45,7 @@ def test_finished_regions_are_reused_without_overlap():
     order = []
     while True:
         for j in sched.admit():
-            start = int(sched.offsets[j])
+            start = int(sched.kv.offsets[j])
             span = (start, start + sched.sizes[j])
             assert span[1] <= sched.capacity
             assert all(span[1] <= a or b <= span[0] for a, b in live.values())  # no overlap
@@ -56,7 +56,7 @@ def test_finished_regions_are_reused_without_overlap():
             break
         j = batches[0][0]
         assert sched.finish(j) == live.pop(j)[0]  # finish hands back the region's start (its KV offset)
-    assert order == list(range(6)) and sched.pool.free_slots == sched.capacity
+    assert order == list(range(6)) and sched.kv.pool.free_slots == sched.capacity
 
 
 def test_prefill_chunks_respect_the_token_cap_and_never_mix_micro_batches():

@@ -37,6 +37,8 @@ class GenerationStats:
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     decode_tokens: int = 0  # tokens produced by decode steps (all but each sequence's first)
+    prefill_computed_tokens: int = 0  # prompt positions prefill passes ran (shared prefixes are not rerun)
+    prefix_reused_tokens: int = 0  # prompt positions whose KV came from shared pages
     wall_seconds: float = 0.0
     step_seconds: list[float] = field(default_factory=list)  # each decode step: a token for every active sequence
     # prompt_tokens / generated_tokens count finished sequences only, as they finish: what was reported
@@ -55,11 +57,15 @@ class Engine:
     """
 
     def __init__(self, model: MoECausalLM, eos_token_ids: tuple[int, ...], max_prefill_tokens: int = 4096,
-                 executor: Executor | None = None, refill: bool = True, tokenizer=None, grammars=None) -> None:
+                 executor: Executor | None = None, refill: bool = True, tokenizer=None, grammars=None,
+                 prefix_sharing: bool = True) -> None:
         """`tokenizer`: for stop strings, bad words and decoded logprob tokens; `grammars`: a
-        sampling.structured.GrammarCache for structured outputs (both needed only when asked for)."""
+        sampling.structured.GrammarCache for structured outputs (both needed only when asked for);
+        `prefix_sharing`: page the KV cache and compute common prefixes once, where the executor
+        reads block tables (engine/block_manager.py)."""
         self.model = model
         self.executor = executor or PlainExecutor(model)
+        self.paged = prefix_sharing and self.executor.supports_paged
         self.eos = set(eos_token_ids)
         self.max_prefill_tokens = max_prefill_tokens
         self.refill = refill
@@ -124,7 +130,9 @@ class _Run:
         self.decode = engine.decode if engine.tokenizer is not None else None
 
     def generate(self, batch_size: int, micro_batch_size: int) -> list[SequenceResult]:
-        sched = self.sched = Scheduler(self.seqs, batch_size, micro_batch_size)
+        paged = self.prompts if self.engine.paged else None
+        sched = self.sched = Scheduler(self.seqs, batch_size, micro_batch_size, prompts=paged)
+        self.kv = sched.kv
         model = self.engine.model
         self.cache = RaggedKVCache.pool(model.config, sched.capacity, model.embed_tokens.weight.dtype)
         wave = None
@@ -151,27 +159,48 @@ class _Run:
         return self.finished
 
     def _prefill(self, new: list[int]) -> None:
-        for chunk in self.sched.prefill_chunks(new, self.engine.max_prefill_tokens):
-            lens = torch.tensor([len(self.prompts[j]) for j in chunk], dtype=torch.int64)
-            tokens = torch.tensor([t for j in chunk for t in self.prompts[j]], dtype=torch.int64)
-            offsets = self.sched.offsets[chunk]
-            if not any(self.seqs[j].params.prompt_logprobs is not None for j in chunk):
-                self._accept(chunk, self.executor.prefill(self.cache, tokens, lens, offsets))
-                continue
-            # every position of the prompts that ask for prompt_logprobs, the last one of the others
-            rows, spans, at = [], [], 0
-            for j, n in zip(chunk, lens.tolist(), strict=True):
-                wants = self.seqs[j].params.prompt_logprobs is not None
-                spans.append((len(rows), len(rows) + (n if wants else 1)))
-                rows += list(range(at, at + n)) if wants else [at + n - 1]
-                at += n
-            logits = self.executor.prefill(self.cache, tokens, lens, offsets, rows=torch.tensor(rows))
-            for j, (a, b) in zip(chunk, spans, strict=True):
-                s = self.seqs[j]
-                if s.params.prompt_logprobs is not None:
-                    s.prompt_logprobs = prompt_logprobs(logits[a:b], self.prompts[j],
-                                                        s.params.prompt_logprobs, self._token_text)
-            self._accept(chunk, logits[torch.tensor([b - 1 for _, b in spans])])
+        """Prefill the admitted sequences, wave after wave (a wave reads prefixes the waves before it
+        wrote); each computes only its uncached positions, and a twin takes its owner's logits."""
+        reused = sum(self.kv.cached(j) for j in new)
+        for wave in self.kv.prefill_waves(new):
+            for chunk in self.sched.prefill_chunks(wave, self.engine.max_prefill_tokens):
+                self._prefill_chunk(chunk)
+            self.kv.computed(wave)
+        self.stats.prefix_reused_tokens += reused
+
+    def _prefill_chunk(self, chunk: list[int]) -> None:
+        starts = [self.kv.cached(j) for j in chunk]
+        lens = torch.tensor([len(self.prompts[j]) - c for j, c in zip(chunk, starts, strict=True)], dtype=torch.int64)
+        tokens = torch.tensor([t for j, c in zip(chunk, starts, strict=True) for t in self.prompts[j][c:]],
+                              dtype=torch.int64)
+        place = self.kv.layout(chunk, with_starts=True)
+        self.stats.prefill_computed_tokens += int(lens.sum())
+        if not any(self.seqs[j].params.prompt_logprobs is not None for j in chunk):
+            self._accept_with_twins(chunk, self.executor.prefill(self.cache, tokens, lens, place))
+            return
+        # every position of the prompts that ask for prompt_logprobs (they reuse no prefix), the last of the others
+        rows, spans, at = [], [], 0
+        for j, n in zip(chunk, lens.tolist(), strict=True):
+            wants = self.seqs[j].params.prompt_logprobs is not None
+            spans.append((len(rows), len(rows) + (n if wants else 1)))
+            rows += list(range(at, at + n)) if wants else [at + n - 1]
+            at += n
+        logits = self.executor.prefill(self.cache, tokens, lens, place, rows=torch.tensor(rows))
+        for j, (a, b) in zip(chunk, spans, strict=True):
+            s = self.seqs[j]
+            if s.params.prompt_logprobs is not None:
+                s.prompt_logprobs = prompt_logprobs(logits[a:b], self.prompts[j],
+                                                    s.params.prompt_logprobs, self._token_text)
+        self._accept_with_twins(chunk, logits[torch.tensor([b - 1 for _, b in spans])])
+
+    def _accept_with_twins(self, chunk: list[int], logits: torch.Tensor) -> None:
+        """Sample the chunk's first tokens; each sequence's twins (same prompt, computed once) sample
+        theirs from its logits row with their own generators."""
+        twins = [(r, t) for r, j in enumerate(chunk) for t in self.kv.twins(j)]
+        if twins:
+            chunk = chunk + [t for _, t in twins]
+            logits = torch.cat([logits, logits[torch.tensor([r for r, _ in twins])]])
+        self._accept(chunk, logits)
 
     def _logprobs(self, seqs: list[Sequence], logits: torch.Tensor, tokens: torch.Tensor) -> None:
         """The sampled tokens' logprobs (and the top-k) from the raw logits, for the rows that ask."""
@@ -184,11 +213,14 @@ class _Run:
             s.cumulative_logprob = (s.cumulative_logprob or 0.0) + chosen[0]
 
     def _decode_step(self, batches: list[list[int]]) -> None:
+        copies = self.kv.copy_on_write({j: self.seqs[j].position for mb in batches for j in mb})
+        if copies:
+            self.cache.copy_pages(copies, self.kv.page_size)
         inputs = []
         for mb in batches:
             tokens = torch.tensor([self.seqs[j].out[-1] for j in mb], dtype=torch.int64)
             positions = torch.tensor([self.seqs[j].position for j in mb], dtype=torch.int64)
-            inputs.append((tokens, self.sched.offsets[mb], positions))
+            inputs.append((tokens, self.kv.layout(mb), positions))
         for mb, logits in zip(batches, self.executor.decode(self.cache, inputs), strict=True):
             self._accept(mb, logits)
             self.stats.decode_tokens += len(mb)

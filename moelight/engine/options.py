@@ -48,6 +48,7 @@ class EngineOptions:
     device: str = "auto"  # cpu (plain executor), cuda or emulated (CGOPipe runtime); auto: cuda if present
     schedule: str = "cgopipe"  # pipeline schedule on cuda/emulated
     refill: bool = True  # refill freed KV slots with waiting requests; False: static batches of N (the paper's)
+    enable_prefix_caching: bool = True  # vLLM's name: page the KV cache and compute shared prefixes once
     batch_size: int | None = None  # override the policy's N
     micro_batch_size: int | None = None  # override the policy's micro-batch size
     max_prefill_tokens: int = 4096  # tokens per prefill pass

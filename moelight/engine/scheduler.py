@@ -1,10 +1,10 @@
 """Which sequences run: admission into the KV pool, refill, and micro-batch placement.
 
-The scheduler owns the waiting queue, the KV-cache regions (a first-fit `SlotPool` over one
-ragged pool) and the micro-batches; it never runs the model (engine/generation.py does, through
-an executor), as nano-vllm's Scheduler hands work to its ModelRunner. Each sequence owns one
-contiguous region of prompt + max new tokens slots for its whole life, so the attention kernels
-read one block per (sequence, head), and its region's start is its KV offset.
+The scheduler owns the waiting queue, the KV placement and the micro-batches; it never runs the
+model (engine/generation.py does, through an executor), as nano-vllm's Scheduler hands work to its
+ModelRunner. The placement is either ragged regions (engine/kv_regions.py: one contiguous region of
+prompt + max new tokens slots per sequence) or pages with prefix sharing (engine/block_manager.py);
+either way a sequence reserves all the room it may fill when it is admitted.
 
 refill=True: when at least N/8 of the N slots are free, waiting sequences are admitted into the
 freed regions and placed into the least-filled micro-batches. The first admission (and every
@@ -16,25 +16,34 @@ from __future__ import annotations
 import math
 from collections import deque
 
-import torch
-
 from moelight.engine.batching import balance_microbatches
+from moelight.engine.block_manager import PAGE_SIZE, BlockManager, pages_for
+from moelight.engine.kv_regions import RegionKV
 from moelight.engine.sequence import Sequence
-from moelight.engine.slot_pool import SlotPool
 
 
 class Scheduler:
-    def __init__(self, seqs: list[Sequence], batch_size: int, micro_batch_size: int) -> None:
+    def __init__(self, seqs: list[Sequence], batch_size: int, micro_batch_size: int,
+                 prompts: list[list[int]] | None = None) -> None:
+        """`prompts`: page the KV cache and share common prefixes among these prompts (None: ragged regions)."""
         self.seqs = seqs
         self.sizes = [s.kv_slots for s in seqs]
         self.n = max(1, min(batch_size, len(seqs)))
         self.mu = max(1, micro_batch_size)
-        self.capacity = sum(sorted(self.sizes, reverse=True)[: self.n])  # holds any n of them at once
-        self.pool = SlotPool(self.capacity)
-        self.offsets = torch.zeros(len(seqs), dtype=torch.int64)
+        if prompts is None:
+            self.kv = RegionKV(self.sizes, sum(sorted(self.sizes, reverse=True)[: self.n]))  # any n at once
+        else:  # as many pages as any n of them would fill unshared: sharing only leaves pages free
+            pages = sum(sorted((pages_for(n) for n in self.sizes), reverse=True)[: self.n])
+            share = [s.params.prompt_logprobs is None for s in seqs]
+            self.kv = BlockManager(prompts, self.sizes, pages, share, PAGE_SIZE)
         self.micro_batches: list[list[int]] = [[] for _ in range(math.ceil(self.n / self.mu))]
         self.waiting = deque(range(len(seqs)))
         self.refill_at = max(1, self.n // 8)
+
+    @property
+    def capacity(self) -> int:
+        """Token slots the KV cache must hold."""
+        return self.kv.slots
 
     @property
     def running(self) -> int:
@@ -47,13 +56,11 @@ class Scheduler:
         if not self.waiting or (running and self.n - running < self.refill_at):
             return []
         new = []
+        self.kv.start_round()
         while self.waiting and len(new) < self.n - running:
-            start = self.pool.take(self.sizes[self.waiting[0]])
-            if start is None:  # wait for a region to free up; keep the request order
+            if not self.kv.admit(self.waiting[0]):  # wait for room to free up; keep the request order
                 break
-            j = self.waiting.popleft()
-            self.offsets[j] = start
-            new.append(j)
+            new.append(self.waiting.popleft())
         if new:
             self._place(new)
         elif not running:
@@ -78,7 +85,7 @@ class Scheduler:
         for mb in self.micro_batches:
             cur, tokens = [], 0
             for j in (j for j in mb if j in fresh):
-                n = self.seqs[j].prompt_len
+                n = self.seqs[j].prompt_len - self.kv.cached(j)
                 if cur and tokens + n > max_tokens:
                     chunks.append(cur)
                     cur, tokens = [], 0
@@ -93,10 +100,9 @@ class Scheduler:
         return [list(mb) for mb in self.micro_batches if mb]
 
     def finish(self, j: int) -> int:
-        """Sequence j ended: it leaves its micro-batch and its region is free; returns its KV offset."""
+        """Sequence j ended: it leaves its micro-batch and its room is free; returns its KV offset (paged:
+        its first page's first slot)."""
         for mb in self.micro_batches:
             if j in mb:
                 mb.remove(j)
-        offset = int(self.offsets[j])
-        self.pool.give(offset, self.sizes[j])
-        return offset
+        return self.kv.release(j)

@@ -116,6 +116,7 @@ class EngineSession:
             self._send("engine", plan, prompts, params, turn)
         engine = Engine(self.model, self.eos, self.opts.max_prefill_tokens, executor=self._executor_for(
             plan, prompts, params, turn), refill=self.opts.refill, tokenizer=self.tokenizer,
+            prefix_sharing=self.opts.enable_prefix_caching,
             grammars=self.sampling.grammars if any(p.structured_outputs for p in params) else None)
         if lead:
             from moelight.engine.lockstep import LockstepEngine

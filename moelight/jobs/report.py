@@ -17,7 +17,8 @@ from moelight.jobs.job_warnings import JobWarnings
 from moelight.planning.memory_check import peak_rss_bytes
 
 _SUMMED = ("prompt_tokens", "generated_tokens", "decode_tokens", "prefill_seconds", "decode_seconds",
-           "generation_seconds", "load_seconds", "skipped_requests", "written")
+           "generation_seconds", "load_seconds", "skipped_requests", "written", "prefill_computed_tokens",
+           "prefix_reused_tokens")
 
 
 @dataclass
@@ -30,6 +31,8 @@ class RunReport:
     prompt_tokens: int = 0
     generated_tokens: int = 0
     decode_tokens: int = 0
+    prefill_computed_tokens: int = 0  # prompt positions prefill ran (shared prefixes run once)
+    prefix_reused_tokens: int = 0  # prompt positions whose KV came from a shared prefix
     prefill_seconds: float = 0.0
     decode_seconds: float = 0.0
     generation_seconds: float = 0.0
@@ -75,6 +78,8 @@ class RunReport:
         self.decode_seconds += s.decode_seconds
         self.generation_seconds += s.wall_seconds
         self.decode_tokens += s.decode_tokens
+        self.prefill_computed_tokens += s.prefill_computed_tokens
+        self.prefix_reused_tokens += s.prefix_reused_tokens
         self.update_rates()
 
     def absorb(self, part: RunReport) -> None:
@@ -129,7 +134,9 @@ class RunReport:
             f"model         {self.model} ({self.dtype}), batch {self.batch_size}, micro-batch {self.micro_batch_size}"
             + (f", {self.policy['batching']} batching" if self.policy.get("batching") else "")
             + (f", tensor parallel over {tp} ranks" if (tp := self.policy.get("tensor_parallel", 1)) > 1 else ""),
-            f"tokens        {self.prompt_tokens} prompt, {self.generated_tokens} generated",
+            f"tokens        {self.prompt_tokens} prompt, {self.generated_tokens} generated"
+            + (f" ({self.prefix_reused_tokens} prompt tokens from shared prefixes, {self.prefill_computed_tokens}"
+               " computed)" if self.prefix_reused_tokens else ""),
             f"prefill       {self.prefill_tokens_per_s:10.1f} tok/s  ({self.prefill_seconds:.2f} s)",
             f"decode        {self.decode_tokens_per_s:10.1f} tok/s  ({self.decode_seconds:.2f} s)",
             f"end-to-end    {self.end_to_end_tokens_per_s:10.1f} tok/s  ({self.generation_seconds:.2f} s generating,"

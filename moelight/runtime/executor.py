@@ -20,7 +20,12 @@ MicroBatch = tuple[torch.Tensor, torch.Tensor, torch.Tensor]
 
 
 class Executor(ABC):
-    """Runs the model's passes over a KV cache the engine owns; returns float32 logits."""
+    """Runs the model's passes over a KV cache the engine owns; returns float32 logits.
+
+    Where the KV of a batch lives is given as ragged offsets [B], or, by executors that set
+    `supports_paged`, as a `runtime.paged_layout.PagedLayout` (block tables; prefix sharing)."""
+
+    supports_paged = False
 
     @abstractmethod
     def prefill(self, cache: RaggedKVCache, tokens: torch.Tensor, seq_lens: torch.Tensor,

@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import torch
 
-from cpu_kernels import decode_attention, prefill_attention
+from cpu_kernels import decode_attention, paged_decode_attention, paged_prefill_attention, prefill_attention
 from moelight.models.causal_lm import MoECausalLM
 from moelight.runtime.kv_cache import RaggedKVCache
+from moelight.runtime.paged_layout import PagedLayout
+
+KVPlace = torch.Tensor | PagedLayout  # ragged offsets [B] or block tables
 
 
 def attention_extras(model: MoECausalLM, layer: int) -> dict:
@@ -24,16 +27,24 @@ def attention_extras(model: MoECausalLM, layer: int) -> dict:
 
 @torch.inference_mode()
 def prefill(
-    model: MoECausalLM, cache: RaggedKVCache, tokens: torch.Tensor, seq_lens: torch.Tensor, offsets: torch.Tensor,
+    model: MoECausalLM, cache: RaggedKVCache, tokens: torch.Tensor, seq_lens: torch.Tensor, place: KVPlace,
     rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Packed prompts tokens [T] (seq_lens [B], cache offsets [B]) -> last hidden state [B, h], or the
-    hidden states of the packed positions `rows` (prompt logprobs want every position)."""
+    """Packed prompts tokens [T] (seq_lens [B]; `place`: cache offsets [B], or block tables whose
+    `starts` say how many leading positions are cached already and the tokens are the rest) -> last
+    hidden state [B, h], or the hidden states of the packed positions `rows` (prompt logprobs)."""
     cu = torch.zeros(len(seq_lens) + 1, dtype=torch.int64)
     torch.cumsum(seq_lens, 0, out=cu[1:])
     starts = torch.repeat_interleave(cu[:-1], seq_lens)
     positions = torch.arange(int(cu[-1]), dtype=torch.int64) - starts
-    slots = torch.repeat_interleave(offsets, seq_lens) + positions
+    paged = isinstance(place, PagedLayout)
+    if paged:
+        cached = place.cached(len(seq_lens))
+        positions += torch.repeat_interleave(cached, seq_lens)
+        slots = place.slots(positions, torch.repeat_interleave(torch.arange(len(seq_lens)), seq_lens))
+        paged = bool((cached > 0).any())  # attention reads the cache only where a prefix is there
+    else:
+        slots = torch.repeat_interleave(place, seq_lens) + positions
     last = cu[1:] - 1 if rows is None else rows
     scale = model.config.head_dim**-0.5
     x = model.embed_tokens(tokens)
@@ -42,19 +53,40 @@ def prefill(
     for li, layer in enumerate(model.layers):
         q, k, v = layer.pre_attention(x, cos, sin)
         cache.write(li, k, v, slots)
-        attn = prefill_attention(q, k, v, cu, scale, **attention_extras(model, li)).flatten(1)
+        if paged:
+            attn = paged_prefill_attention(q, cache.k[li], cache.v[li], place.tables, cached, cu, place.page_size,
+                                           scale, **attention_extras(model, li))
+        else:
+            attn = prefill_attention(q, k, v, cu, scale, **attention_extras(model, li))
+        attn = attn.flatten(1)
         if li == n_layers - 1:  # only the last token of each prompt feeds the LM head
             x, attn = x[last], attn[last]
         x = layer.post_attention(x, attn)
     return x
 
 
+def decode_attend(cache: RaggedKVCache, li: int, q: torch.Tensor, place: KVPlace, lengths: torch.Tensor,
+                  scale: float, extras: dict) -> torch.Tensor:
+    """Decode attention of q [B, Hq, d] over layer li of the engine's cache, ragged or paged."""
+    if isinstance(place, PagedLayout):
+        return paged_decode_attention(q, cache.k[li], cache.v[li], place.tables, lengths, place.page_size, scale,
+                                      **extras)
+    return decode_attention(q, cache.k[li], cache.v[li], place, lengths, scale, **extras)
+
+
+def decode_slots(place: KVPlace, positions: torch.Tensor) -> torch.Tensor:
+    """Cache slots the decode step writes (each row's `positions`)."""
+    if isinstance(place, PagedLayout):
+        return place.slots(positions, torch.arange(len(positions)))
+    return place + positions
+
+
 @torch.inference_mode()
 def decode_step(
-    model: MoECausalLM, cache: RaggedKVCache, tokens: torch.Tensor, offsets: torch.Tensor, positions: torch.Tensor
+    model: MoECausalLM, cache: RaggedKVCache, tokens: torch.Tensor, place: KVPlace, positions: torch.Tensor
 ) -> torch.Tensor:
     """One new token per sequence: tokens [B] at positions [B] -> hidden state [B, h]."""
-    slots = offsets + positions
+    slots = decode_slots(place, positions)
     lengths = positions + 1
     scale = model.config.head_dim**-0.5
     x = model.embed_tokens(tokens)
@@ -62,7 +94,6 @@ def decode_step(
     for li, layer in enumerate(model.layers):
         q, k, v = layer.pre_attention(x, cos, sin)
         cache.write(li, k, v, slots)
-        attn = decode_attention(q, cache.k[li], cache.v[li], offsets, lengths, scale,
-                                **attention_extras(model, li)).flatten(1)
+        attn = decode_attend(cache, li, q, place, lengths, scale, attention_extras(model, li)).flatten(1)
         x = layer.post_attention(x, attn)
     return x

@@ -52,3 +52,11 @@ class RaggedKVCache:
         """Store k/v [T, H_kv, d] of T tokens at absolute cache slots [T]."""
         self.k[layer].index_copy_(1, slots, k.transpose(0, 1))
         self.v[layer].index_copy_(1, slots, v.transpose(0, 1))
+
+    def copy_pages(self, copies: list[tuple[int, int]], page_size: int) -> None:
+        """Copy whole pages (source, destination) of every layer: a paged sequence's own copy of a page
+        it shared (copy-on-write, engine/block_manager.py)."""
+        src = torch.cat([torch.arange(a * page_size, (a + 1) * page_size) for a, _ in copies])
+        dst = torch.cat([torch.arange(b * page_size, (b + 1) * page_size) for _, b in copies])
+        for t in (*self.k, *self.v):
+            t.index_copy_(1, dst, t.index_select(1, src))

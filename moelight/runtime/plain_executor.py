@@ -14,6 +14,8 @@ class PlainExecutor(Executor):
     """Runs every pass on the CPU, one micro-batch after another (the CGOPipe runtime walks the
     micro-batches layer by layer instead)."""
 
+    supports_paged = True
+
     def __init__(self, model: MoECausalLM) -> None:
         self.model = model
 

@@ -1,0 +1,183 @@
+"""Prefix sharing: the block manager's pages, hashes, waves and copy-on-write, and an engine that
+pages its KV cache giving the same tokens as one that does not while computing shared prefixes once."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from moelight.engine.block_manager import PAGE_SIZE, BlockManager, block_hashes, pages_for
+from moelight.engine.generation import Engine, GenerationStats
+from moelight.loading.weights import build_model
+from moelight.models.config import ModelConfig
+from moelight.runtime.cpu_linear import pack_model
+from moelight.sampling.params import SamplingParams
+
+P = PAGE_SIZE
+
+
+def _manager(prompts, capacities=None, pages=64, share=None):
+    capacities = capacities or [len(p) + 8 for p in prompts]
+    return BlockManager(prompts, capacities, pages, share or [True] * len(prompts))
+
+
+def test_block_hashes_name_whole_prefixes():
+    a = list(range(40))
+    b = list(range(32)) + [99] * 8
+    assert len(block_hashes(a)) == 2 and block_hashes(a)[:2] == block_hashes(b)[:2]
+    c = [7] + list(range(1, 40))  # differs in the first page: every later page differs too
+    assert not set(block_hashes(a)) & set(block_hashes(c))
+
+
+def test_full_prompt_pages_are_reused_and_the_last_position_is_always_computed():
+    sys_prompt = list(range(100, 100 + 2 * P))
+    prompts = [sys_prompt + [1, 2, 3], sys_prompt + [4], sys_prompt, sys_prompt[:P]]
+    bm = _manager(prompts)
+    for j in range(4):
+        assert bm.admit(j)
+    assert [bm.cached(j) for j in range(4)] == [0, 2 * P, P, 0]  # never the page holding the last position
+    assert bm.seqs[1].pages[:2] == bm.seqs[0].pages[:2] and bm.seqs[2].pages[:1] == bm.seqs[0].pages[:1]
+    # the reusers read pages sequence 0 has not computed yet: they come in a later wave
+    assert bm.prefill_waves([0, 1, 2, 3]) == [[0, 3], [1, 2]]
+
+
+def test_twins_share_every_prompt_page_and_copy_the_partial_one_before_writing_it():
+    prompt = list(range(2 * P + 5))  # two full pages and a partial one
+    bm = _manager([prompt, prompt, prompt])
+    assert all(bm.admit(j) for j in range(3))
+    assert bm.prefill_waves([0, 1, 2]) == [[0]] and bm.twins(0) == [1, 2]
+    shared = bm.seqs[0].pages[:3]
+    assert all(bm.seqs[j].pages[:3] == shared for j in (1, 2)) and bm.refs[shared[2]] == 3
+    copies = bm.copy_on_write({j: len(prompt) for j in range(3)})  # the first decode writes position 37
+    assert [src for src, _ in copies] == [shared[2], shared[2]]
+    assert bm.seqs[1].pages[2] != shared[2] and bm.seqs[2].pages[2] != shared[2]
+    assert bm.seqs[0].pages[2] == shared[2] and bm.refs[shared[2]] == 1
+    assert bm.copy_on_write({j: len(prompt) + 1 for j in range(3)}) == []  # copied once
+
+
+def test_a_prompt_of_whole_pages_needs_no_copy():
+    prompt = list(range(2 * P))
+    bm = _manager([prompt, prompt])
+    assert bm.admit(0) and bm.admit(1)
+    assert bm.seqs[1].cow_page is None and bm.copy_on_write({0: 2 * P, 1: 2 * P}) == []
+
+
+def test_prompt_logprobs_requests_reuse_nothing_but_name_their_pages():
+    prompt = list(range(3 * P))
+    bm = _manager([prompt, prompt, prompt], share=[False, True, False])
+    assert all(bm.admit(j) for j in range(3))
+    assert [bm.cached(j) for j in range(3)] == [0, 2 * P, 0] and bm.twins(0) == []
+
+
+def test_named_pages_outlive_their_sequence_until_the_room_is_needed():
+    sys_prompt = list(range(2 * P))
+    bm = _manager([sys_prompt + [1], sys_prompt + [2], list(range(500, 500 + 40 * P))], pages=42)
+    assert bm.admit(0)
+    bm.prefill_waves([0])
+    bm.computed([0])
+    bm.release(0)
+    assert bm.admit(1) and bm.cached(1) == 2 * P  # found after its owner finished
+    bm.release(1)
+    assert bm.admit(2)  # 41 pages: the two named ones are evicted to make room
+    assert bm.by_hash.keys() == set(block_hashes(list(range(500, 500 + 40 * P))))
+
+
+def test_admission_waits_for_room_and_a_drained_pool_is_whole_again():
+    prompts = [list(range(j, j + 20)) for j in range(5)]
+    bm = _manager(prompts, pages=pages_for(28) * 2)
+    assert bm.admit(0) and bm.admit(1) and not bm.admit(2)
+    bm.computed([0, 1])
+    bm.release(0)
+    assert bm.admit(2)
+    for j in (1, 2):
+        bm.release(j)
+    assert bm.pool.free_slots + len(bm.evictable) == bm.pool.capacity and not any(bm.refs)
+
+
+# ---- the engine, paged against ragged ----
+CFG = ModelConfig(vocab_size=512, hidden_size=64, intermediate_size=96, num_layers=2, num_heads=4, num_kv_heads=2,
+                  num_experts=4, top_k=2, head_dim=64, max_position_embeddings=512)
+
+
+@pytest.fixture(scope="module")
+def model():
+    m = build_model(CFG, torch.float32, None, seed=3)
+    pack_model(m)
+    return m
+
+
+def _prompts() -> list[list[int]]:
+    rng = random.Random(0)
+    system = [rng.randrange(3, 500) for _ in range(45)]
+    prompts = [system + [rng.randrange(3, 500) for _ in range(rng.randrange(1, 30))] for _ in range(9)]
+    return prompts + [prompts[0]] * 3 + [system[:32], system[:32], system[:40], [5]]
+
+
+def _run(model, prompts, params, share, batch=6, micro=2, refill=True, chunk=64):
+    stats = GenerationStats()
+    engine = Engine(model, CFG.eos_token_ids, chunk, refill=refill, prefix_sharing=share)
+    res = engine.generate(prompts, params, list(range(len(prompts))), batch, micro, stats=stats)
+    return res, stats
+
+
+@pytest.mark.parametrize("batch,micro,refill,chunk", [(6, 2, True, 64), (16, 4, True, 40), (3, 1, True, 512),
+                                                      (5, 5, False, 64)])
+def test_paged_engine_gives_the_ragged_engines_tokens(model, batch, micro, refill, chunk):
+    prompts = _prompts()
+    params = [SamplingParams(max_tokens=10, temperature=0.0, ignore_eos=True)] * len(prompts)
+    ragged, rs = _run(model, prompts, params, False, batch, micro, refill, chunk)
+    paged, ps = _run(model, prompts, params, True, batch, micro, refill, chunk)
+    assert [r.token_ids for r in paged] == [r.token_ids for r in ragged]
+    assert rs.prefix_reused_tokens == 0 and rs.prefill_computed_tokens == sum(map(len, prompts))
+    assert ps.prefix_reused_tokens > 0
+    assert ps.prefill_computed_tokens + ps.prefix_reused_tokens == sum(map(len, prompts))
+
+
+def test_n_samples_computed_once_sample_as_if_alone(model):
+    """Four seeded samples of one prompt (twins) and two sampled requests behind a shared prefix:
+    the same tokens as without sharing, and the prompt is prefilled once."""
+    prompts = _prompts()
+    base = prompts[1]
+    prompts = [base] * 4 + prompts[2:4]
+    params = [SamplingParams(max_tokens=12, temperature=0.9, top_p=0.95, seed=10 + k, ignore_eos=True)
+              for k in range(len(prompts))]
+    ragged, _ = _run(model, prompts, params, False)
+    paged, ps = _run(model, prompts, params, True)
+    assert [r.token_ids for r in paged] == [r.token_ids for r in ragged]
+    assert len({tuple(r.token_ids) for r in paged[:4]}) > 1  # the samples differ from each other
+    assert ps.prefill_computed_tokens < len(base) + sum(map(len, prompts[4:]))
+
+
+def test_prompt_logprobs_and_logprobs_are_unchanged_by_sharing(model):
+    prompts = _prompts()[:6] + [_prompts()[0]]
+    params = [SamplingParams(max_tokens=5, temperature=0.0, ignore_eos=True, logprobs=2,
+                             prompt_logprobs=2 if k % 2 else None) for k in range(len(prompts))]
+    ragged, _ = _run(model, prompts, params, False)
+    paged, _ = _run(model, prompts, params, True)
+    for a, b in zip(ragged, paged, strict=True):
+        assert a.token_ids == b.token_ids
+        for x, y in zip(a.logprobs, b.logprobs, strict=True):
+            assert x.keys() == y.keys() and all(abs(x[t].logprob - y[t].logprob) < 1e-5 for t in x)
+        assert (a.prompt_logprobs is None) == (b.prompt_logprobs is None)
+        for x, y in zip(a.prompt_logprobs or [], b.prompt_logprobs or [], strict=True):
+            assert (x is None and y is None) or all(abs(x[t].logprob - y[t].logprob) < 1e-5 for t in x)
+
+
+def test_sliding_window_and_sinks_through_pages():
+    """GPT-OSS's window and sinks over a shared prefix (the reference attention path)."""
+    from moelight.loading.presets import preset_config
+
+    cfg = preset_config("bench-gpt-oss")
+    small = ModelConfig(**{**cfg.__dict__, "num_layers": 2, "vocab_size": 512, "hidden_size": 64,
+                           "intermediate_size": 64, "num_experts": 4, "top_k": 2, "sliding_window": 8,
+                           "max_position_embeddings": 512})
+    m = build_model(small, torch.float32, None, seed=5)
+    prompts = _prompts()[:8]
+    params = [SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)] * len(prompts)
+    outs = []
+    for share in (False, True):
+        engine = Engine(m, small.eos_token_ids, 64, prefix_sharing=share)
+        outs.append([r.token_ids for r in engine.generate(prompts, params, list(range(8)), 4, 2)])
+    assert outs[0] == outs[1]
