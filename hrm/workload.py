@@ -17,6 +17,9 @@ class WorkloadSpec:
     prefill pass holds (the runtime's --max-prefill-tokens; it runs each pass through all layers,
     streaming the paged weights every pass); None: one micro-batch per pass, the passes run
     layer-major and the weights stream once per batch (the paper's system and FlexGen).
+    shared_prefix: prompt tokens per sequence (a mean) whose KV a shared prefix serves (prefix
+    sharing: a system prompt, few-shot examples, the n samples of one prompt): prefill does not
+    compute them and the KV cache does not store them again; decode attention still reads them.
     """
 
     prompt_len: float
@@ -24,6 +27,7 @@ class WorkloadSpec:
     max_prompt_len: int | None = None
     padded: bool = False
     prefill_chunk: int | None = None
+    shared_prefix: float = 0.0
 
     def __post_init__(self) -> None:
         if self.prompt_len <= 0 or self.gen_len < 1:
@@ -32,6 +36,8 @@ class WorkloadSpec:
             raise ValueError("max_prompt_len must be >= prompt_len")
         if self.prefill_chunk is not None and self.prefill_chunk < 1:
             raise ValueError("prefill_chunk must be >= 1 token")
+        if not 0.0 <= self.shared_prefix <= self.prompt_len:
+            raise ValueError("shared_prefix must be in [0, prompt_len]")
 
     def prefill_passes(self, mu, n_mb):
         """Prefill passes of a batch of n_mb micro-batches of mu sequences: each micro-batch is
@@ -39,7 +45,7 @@ class WorkloadSpec:
         mu, n_mb = np.asarray(mu, float), np.asarray(n_mb, float)
         if self.prefill_chunk is None:
             return n_mb * np.ones_like(mu)
-        per_pass = np.maximum(1.0, np.floor(self.prefill_chunk / max(1.0, self.effective_prompt)))
+        per_pass = np.maximum(1.0, np.floor(self.prefill_chunk / max(1.0, self.computed_prompt)))
         return n_mb * np.ceil(mu / per_pass)
 
     def prefill_weight_loads(self, mu, n_mb):
@@ -56,6 +62,17 @@ class WorkloadSpec:
         if self.padded and self.max_prompt_len:
             return float(self.max_prompt_len)
         return float(self.prompt_len)
+
+    @property
+    def computed_prompt(self) -> float:
+        """Prompt tokens per sequence that prefill computes and the KV cache stores anew (the shared
+        prefix is computed and stored once for all the sequences that share it)."""
+        return max(0.0, self.effective_prompt - self.shared_prefix)
+
+    @property
+    def stored_context(self) -> float:
+        """KV-cache tokens a sequence adds at its last step (its shared prefix is stored once)."""
+        return self.max_context - self.shared_prefix
 
     @property
     def peak_prompt(self) -> float:

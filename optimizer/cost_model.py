@@ -162,6 +162,7 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
     big_n = mu * n_mb
     L, g = m.num_layers, wl.gen_len
     p, p_peak = wl.effective_prompt, wl.peak_prompt
+    p_new = wl.computed_prompt  # what prefill computes and stores (a shared prefix only once)
     c_mean, c_max = wl.mean_context, wl.max_context
     ffn_lvl = "gpu" if f_g else "cpu"
     att_lvl = "gpu" if a_g else "cpu"
@@ -170,7 +171,7 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
     w_e = L * w_le
     non_exp = float(m.non_expert_params() * b)
     kv_mean_layer = costs.kv_cache_bytes(m, big_n, c_mean, dtype)
-    kv_total = costs.kv_cache_bytes(m, big_n, c_max, dtype, layers=L)
+    kv_total = costs.kv_cache_bytes(m, big_n, wl.stored_context, dtype, layers=L)
     kv_mb_layer = costs.kv_cache_bytes(m, mu, c_max, dtype)
     new_kv = costs.kv_cache_bytes(m, big_n, 1, dtype)
     qkv_n, out_n = costs.qkv_bytes(m, big_n, dtype), costs.attention_output_bytes(m, big_n, dtype)
@@ -188,7 +189,7 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
     t_cpu = n_mb * ((1 - f_g) * pre_post + (1 - a_g) * att) + zeros
 
     # ---- link and host memory (seconds), zero on a CPU-only host ----
-    kv_pre = costs.kv_cache_bytes(m, big_n, p, dtype)
+    kv_pre = costs.kv_cache_bytes(m, big_n, p_new, dtype)
     passes = wl.prefill_passes(mu, n_mb)  # prefill passes per batch (their dispatch overhead)
     loads = wl.prefill_weight_loads(mu, n_mb)  # how often prefill streams the paged weights
     if has_gpu:
@@ -210,7 +211,7 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
                     -a_g * kv_mean_layer / bc, shape)
         # the first paging hop (pageable -> pinned) at the runtime's copy rate: a roof of its own
         stage = _aff(f_g * w_le / hw.staging_rate(), -f_g * w_le / hw.staging_rate(), 0.0, shape)
-        pre_ring = f_g * n_mb * costs.allreduce_link_bytes(hw, m, mu * p, dtype)
+        pre_ring = f_g * n_mb * costs.allreduce_link_bytes(hw, m, mu * p_new, dtype)
         if f_g:  # prefill on GPU: stream the CPU share of the experts (per pass or per batch), KV goes back
             pre_h2d = _aff((loads * w_le + pre_ring) / bh, -loads * w_le / bh, 0.0, shape)
             pre_d2h = _aff((kv_pre + pre_ring) / bd, 0.0, -a_g * kv_pre / bd, shape)
@@ -225,8 +226,8 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
     else:
         h2d = d2h = host = stage = pre_h2d = pre_d2h = pre_host = pre_stage = _aff(0.0, shape=shape)
 
-    pre_reduce = costs.layer_allreduce_time(hw, m, mu * p, dtype) if f_g else 0.0
-    pre_comp = n_mb * (costs.prefill_layer_time(hw, m, mu, p, ffn_lvl, dtype) + pre_reduce) \
+    pre_reduce = costs.layer_allreduce_time(hw, m, mu * p_new, dtype) if f_g else 0.0
+    pre_comp = n_mb * (costs.prefill_layer_time(hw, m, mu, max(p_new, 1.0), ffn_lvl, dtype) + pre_reduce) \
         + costs.layer_overhead_time(hw, passes, ffn_lvl) + zeros
     head = n_mb * (costs.lm_head_time(hw, m, mu, ffn_lvl, dtype)
                    + costs.step_overhead_time(hw, 1.0, ffn_lvl)) + zeros

@@ -14,7 +14,6 @@ from safetensors.torch import save_file
 from cpu_kernels import decode_attention, prefill_attention
 from cpu_kernels.reference import decode_attention_torch
 from moelight.models.mxfp4 import dequantize_mxfp4
-from tests.test_cpu_kernels import backend  # noqa: F401 - the fixture selecting torch / each C++ ISA
 
 
 def test_mxfp4_dequantisation_by_hand():

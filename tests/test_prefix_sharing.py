@@ -181,3 +181,42 @@ def test_sliding_window_and_sinks_through_pages():
         engine = Engine(m, small.eos_token_ids, 64, prefix_sharing=share)
         outs.append([r.token_ids for r in engine.generate(prompts, params, list(range(8)), 4, 2)])
     assert outs[0] == outs[1]
+
+
+# ---- the HRM and the planner ----
+def test_planning_estimate_is_what_the_block_manager_reuses_in_one_round():
+    from moelight.runtime.paged_layout import shared_prefix_tokens
+
+    prompts = _prompts()
+    share = [True] * len(prompts)
+    bm = _manager(prompts, pages=400)
+    assert all(bm.admit(j) for j in range(len(prompts)))
+    assert shared_prefix_tokens(prompts, share) == [bm.cached(j) for j in range(len(prompts))]
+    assert shared_prefix_tokens(prompts, [False] * len(prompts)) == [0] * len(prompts)
+
+
+def test_a_shared_prefix_is_neither_recomputed_nor_stored_twice_in_the_hrm():
+    """Same job with 512 of its 700 prompt tokens shared: less prefill time and KV per sequence, so on a
+    host whose memory bounds the batch the planner picks a larger N and predicts more tokens per second."""
+    from dataclasses import replace
+
+    from hrm import WorkloadSpec
+    from hrm.hardware_presets import HARDWARE_PRESETS
+    from hrm.model_presets import MODEL_PRESETS
+    from optimizer import plan, predict_job
+    from optimizer.cost_model import build_point_model
+
+    hw, m = HARDWARE_PRESETS["cpu-server"], MODEL_PRESETS["mixtral-8x7b"]
+    alone, shared = WorkloadSpec(700, 128, 800), WorkloadSpec(700, 128, 800, shared_prefix=512)
+    a = build_point_model(hw, m, alone, "bfloat16", 64, 1, 0, 0)
+    b = build_point_model(hw, m, shared, "bfloat16", 64, 1, 0, 0)
+    assert float(b.prefill_time(0, 0)) < 0.5 * float(a.prefill_time(0, 0))
+    kv = [pm.cpu_mem["kv_cache"].c0 for pm in (a, b)]
+    assert abs(kv[1] / kv[0] - (828 - 512) / 828) < 1e-9
+    small = replace(hw, cpu=replace(hw.cpu, memory_bytes=110 * 2**30))
+    pa, pb = plan(small, m, alone, "bfloat16").policy, plan(small, m, shared, "bfloat16").policy
+    assert pb.batch_size > pa.batch_size
+    rate = [predict_job(small, m, w, p, 1000)["end_to_end_tokens_per_s"] for w, p in ((alone, pa), (shared, pb))]
+    assert rate[1] > rate[0]
+    with pytest.raises(ValueError, match="shared_prefix"):
+        WorkloadSpec(100, 8, shared_prefix=200)

@@ -25,31 +25,15 @@ ragged cache.
 
 from __future__ import annotations
 
-import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
 import torch
 
 from moelight.engine.slot_pool import SlotPool
-from moelight.runtime.paged_layout import PagedLayout
+from moelight.runtime.paged_layout import PAGE_SIZE, PagedLayout, block_hashes, pages_for
 
-PAGE_SIZE = 16
-
-
-def pages_for(tokens: int, page_size: int = PAGE_SIZE) -> int:
-    return -(-tokens // page_size)
-
-
-def block_hashes(prompt: list[int], page_size: int = PAGE_SIZE) -> list[bytes]:
-    """Chained hashes of the prompt's full pages: hash i names tokens [0, (i + 1) * page_size)."""
-    out, parent = [], b""
-    for i in range(len(prompt) // page_size):
-        block = prompt[i * page_size:(i + 1) * page_size]
-        parent = hashlib.blake2b(parent + b"|" + ",".join(map(str, block)).encode(), digest_size=16).digest()
-        out.append(parent)
-    return out
-
+__all__ = ["PAGE_SIZE", "BlockManager", "block_hashes", "pages_for"]
 
 @dataclass
 class _Seq:

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from moelight.planning.hardware_choice import PlanError, hardware_for_device
 from moelight.planning.mode_choice import ModeError, apply_mode
+from moelight.runtime.paged_layout import shared_prefix_tokens
 from moelight.sampling.params import SamplingParams
 
 if TYPE_CHECKING:  # the engine's options type the argument; planning runs below the engine
@@ -33,14 +34,21 @@ class JobPlan:
     solved: object = None  # the policy as solved for the job's hardware, before it was fitted to the job
 
 
-def workload_of(prompts: list[list[int]], params: list[SamplingParams], prefill_chunk: int | None = None):
-    """The HRM workload of a tokenized job: mean / max prompt length, mean generation length, and
-    the engine's prefill passes (at most prefill_chunk tokens each, every one streaming the weights)."""
+def workload_of(prompts: list[list[int]], params: list[SamplingParams], prefill_chunk: int | None = None,
+                prefix_sharing: bool = False):
+    """The HRM workload of a tokenized job: mean / max prompt length, mean generation length, the
+    engine's prefill passes (at most prefill_chunk tokens each, every one streaming the weights) and,
+    with prefix sharing, the mean prompt tokens a shared prefix serves."""
     from hrm import WorkloadSpec
 
     lens = [len(p) for p in prompts] or [1]
     gen = math.ceil(sum(q.max_tokens for q in params) / max(1, len(params))) if params else 1
-    return WorkloadSpec(sum(lens) / len(lens), max(1, gen), max(lens), prefill_chunk=prefill_chunk)
+    shared = 0.0
+    if prefix_sharing and prompts:
+        share = [q.prompt_logprobs is None for q in params] if params else [True] * len(prompts)
+        shared = sum(shared_prefix_tokens(prompts, share)) / len(prompts)
+    return WorkloadSpec(sum(lens) / len(lens), max(1, gen), max(lens), prefill_chunk=prefill_chunk,
+                        shared_prefix=shared)
 
 
 def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
@@ -60,7 +68,8 @@ def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
         except ValueError as e:
             raise PlanError(f"--gpus {opts.gpus}: {e}") from None
     mspec = model_from_hf_config(cfg.to_hf_dict(), name=opts.model)
-    workload = workload_of(prompts, params, opts.max_prefill_tokens)
+    # prefix sharing runs where the executor reads block tables: the plain CPU one
+    workload = workload_of(prompts, params, opts.max_prefill_tokens, opts.enable_prefix_caching and device == "cpu")
     t0 = time.perf_counter()
     if solved is not None:
         planned, source = replace(solved, dtype=dtype), "auto"  # solved once for the job (a Ray driver)

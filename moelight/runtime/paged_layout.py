@@ -8,9 +8,50 @@ pages; prefix sharing points several rows at the same ones).
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 import torch
+
+PAGE_SIZE = 16
+
+
+def pages_for(tokens: int, page_size: int = PAGE_SIZE) -> int:
+    return -(-tokens // page_size)
+
+
+def block_hashes(prompt: list[int], page_size: int = PAGE_SIZE) -> list[bytes]:
+    """Chained hashes of the prompt's full pages: hash i names tokens [0, (i + 1) * page_size)."""
+    out, parent = [], b""
+    for i in range(len(prompt) // page_size):
+        block = prompt[i * page_size:(i + 1) * page_size]
+        parent = hashlib.blake2b(parent + b"|" + ",".join(map(str, block)).encode(), digest_size=16).digest()
+        out.append(parent)
+    return out
+
+
+def shared_prefix_tokens(prompts: list[list[int]], share: list[bool], page_size: int = PAGE_SIZE) -> list[int]:
+    """Prompt positions of each prompt that prefix sharing serves from an earlier prompt's pages, if all
+    were admitted together (what engine/block_manager.py reuses at best): a repeated prompt all of them,
+    else its leading full pages an earlier prompt also begins with, never its last position."""
+    seen_pages: set[bytes] = set()
+    seen_prompts: set[tuple[int, ...]] = set()
+    out = []
+    for prompt, ok in zip(prompts, share, strict=True):
+        hashes = block_hashes(prompt, page_size)
+        reused = 0
+        if ok and tuple(prompt) in seen_prompts:
+            reused = len(prompt)
+        elif ok:
+            for h in hashes[: (len(prompt) - 1) // page_size]:
+                if h not in seen_pages:
+                    break
+                reused += page_size
+        seen_pages.update(hashes)
+        if ok:
+            seen_prompts.add(tuple(prompt))
+        out.append(reused)
+    return out
 
 
 @dataclass(frozen=True)
