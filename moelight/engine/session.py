@@ -121,7 +121,8 @@ class EngineSession:
             return None
         if plan.info.get("mode") == "latency":
             self.close_executor()
-            self._executor = executor_factory.cache_executor(self.model, self.opts, plan, self.device)
+            self._executor = executor_factory.cache_executor(
+                self.model, self.opts, plan, self.device, largest_batch_tokens(prompts, params, plan.batch_size, turn))
             return self._executor
         want = executor_factory.pipeline_size(plan, prompts, params, turn)
         if not executor_factory.fits(self._executor_size, want):
