@@ -80,11 +80,12 @@ def test_copies_run_later_and_poison_their_destination_until_they_have():
         src, dst = dev.pinned((16,), torch.float32).fill_(3.0), dev.empty((16,), torch.float32, "dst", lane="h2d")
         dev.record_stream(dst, "gpu")
         seen = {}
-        up = dev.submit("h2d", lambda: dev.copy(dst, src), nbytes=40e6, name="up")  # 40 ms on the link
+        ahead = dev.submit("h2d", lambda: None, nbytes=300e6, name="ahead")  # 0.3 s on the link first
+        up = dev.submit("h2d", lambda: dev.copy(dst, src), nbytes=40e6, name="up")  # then 40 ms
         after = dev.submit("gpu", lambda: seen.setdefault("after", dst.clone()), [up], name="reads after")
         while not up.launched:
             time.sleep(0.001)
-        assert not up.done and torch.isnan(dst).all()  # launched, not run: the destination is poison
+        assert not ahead.done and not up.done and torch.isnan(dst).all()  # launched, not run: poison
         dev.synchronize()
         assert up.done and up.t_end - up.t_start >= 0.04 and torch.equal(seen["after"], src)
         assert after.t_start >= up.t_end  # the compute lane waited for the copy's completion

@@ -154,7 +154,7 @@ class EmulatedDevice(Device):
         failed = next((d.error for d in stream_deps if d.error is not None), None)
         if failed is not None:
             raise DependencyFailed(f"{item.event.name}: a dependency failed ({failed!r})")
-        t0 = time.perf_counter()
+        t0 = item.event.t_start = time.perf_counter()  # its work starts once what it waits for is done
         item.fn()
         if lane == "gpu" and self.compute_slowdown > 1:
             time.sleep((self.compute_slowdown - 1) * (time.perf_counter() - t0))

@@ -101,7 +101,10 @@ class LaneSet:
                     item = self._pick(lane)
                 self._order(lane, item)
             err = next((d.error for d in item.deps if d.error is not None), None)
-            item.event.t_start = time.perf_counter()
+            timed = lane in self.done_on_launch  # other lanes' times are their device work's (set by the device)
+            t0 = time.perf_counter()
+            if timed:
+                item.event.t_start = t0
             if err is None:
                 bind_current(lane, item.event)
                 try:
@@ -112,7 +115,9 @@ class LaneSet:
                     bind_current(lane, None)
             else:
                 err = DependencyFailed(f"{item.event.name}: a dependency failed ({err!r})")
-            item.event.t_end = time.perf_counter()
+            if timed:
+                item.event.t_end = time.perf_counter()
+                item.event.t_start = max(item.event.t_start, t0)
             with self.cond:
                 item.event.launched = True
                 self.cond.notify_all()
