@@ -1,4 +1,6 @@
-"""The CGOPipe runtime on the emulated device: the plain engine's tokens, within budget."""
+"""The CGOPipe runtime on the strict emulated device: the plain engine's greedy tokens and, pass by
+pass, its prefill and decode logits, on weights with structure (tp_helpers.random_model), with the
+device's memory checked against bytes counted from the model; and the faults these checks catch."""
 
 from __future__ import annotations
 
@@ -7,13 +9,15 @@ import random
 import pytest
 import torch
 
-from moelight.devices.device_base import DeviceOutOfMemory
-from moelight.engine.generation import Engine, GenerationStats
-from moelight.loading.weights import build_model
+from moelight.devices.device_base import DeviceOutOfMemory, StreamOrderError
+from moelight.engine.generation import GenerationStats
 from moelight.models.config import ModelConfig
+from moelight.pipeline.memory_plan import held_bytes_per_token
 from moelight.pipeline.pipeline_executor import PipelineExecutor
 from moelight.pipeline.schedule import SCHEDULES
 from moelight.sampling.params import SamplingParams
+from tests.runtime_check import assert_same_run, drop_attention, run_job, swap_paged_experts
+from tests.tp_helpers import random_model
 
 CFG = ModelConfig(
     vocab_size=256,
@@ -31,6 +35,7 @@ EXEC_KW = dict(
     max_prefill_tokens=32,
     max_prompt_len=16,
     max_batch=8,
+    max_sequences=9,
     max_context=64,
     h2d_bandwidth=2e9,
     d2h_bandwidth=2e9,
@@ -39,33 +44,53 @@ EXEC_KW = dict(
 
 @pytest.fixture(scope="module")
 def setup():
-    model = build_model(CFG, torch.float32, None, seed=0)
+    model = random_model(CFG, seed=3)
     rng = random.Random(0)
     prompts = [[rng.randrange(3, 256) for _ in range(rng.randrange(3, 14))] for _ in range(9)]
     # unequal lengths: some sequences finish early, so micro-batches shrink and vanish
-    params = [SamplingParams(max_tokens=3 + (k % 4) * 2, ignore_eos=True) for k in range(len(prompts))]
-    ref = Engine(model, (2,), max_prefill_tokens=32).generate(
-        prompts, params, [0] * 9, batch_size=9, micro_batch_size=2
-    )
-    return model, prompts, params, [r.token_ids for r in ref]
+    params = [SamplingParams(max_tokens=3 + (k % 4) * 2, temperature=0.0, ignore_eos=True)
+              for k in range(len(prompts))]
+    ref = run_job(model, None, prompts, params, 9, 2, max_prefill_tokens=32)
+    return model, prompts, params, ref
+
+
+def static_bytes(model, r_w: float) -> int:
+    """Weights a runtime keeps on the device, from the model: non-expert parameters, the resident
+    experts of every layer, two slots of one layer's paged experts."""
+    c = model.config
+    expert = 3 * c.hidden_size * c.intermediate_size * model.embed_tokens.weight.element_size()
+    non_expert = sum(p.numel() * p.element_size() for n, p in model.named_parameters()
+                     if not n.endswith(("gate_up_proj", "down_proj")))
+    r = round(r_w * c.num_experts)
+    return non_expert + c.num_layers * r * expert + 2 * (c.num_experts - r) * expert
+
+
+def check_memory(ex, model, r_w: float, prefill_tokens: int) -> None:
+    """After a run: a peak above the weights by at least a prefill chunk's hidden states (activations
+    are counted) and within the memory plan (which bounds them)."""
+    static = static_bytes(model, r_w)
+    el = model.embed_tokens.weight.element_size()
+    assert ex.device.memory_peak - static >= prefill_tokens * model.config.hidden_size * el
+    assert ex.device.memory_peak <= static + ex.plan.activations + ex.plan.kv_buffers
 
 
 @pytest.mark.parametrize("r_w", [0.0, 0.5, 1.0])
 @pytest.mark.parametrize("schedule", SCHEDULES)
-def test_tokens_match_plain_engine_within_budget(setup, schedule, r_w):
+def test_tokens_and_logits_match_the_plain_engine_within_memory(setup, schedule, r_w):
     model, prompts, params, ref = setup
     ex = PipelineExecutor(model, schedule, "emulated", r_w=r_w, **EXEC_KW)
     try:
-        out = Engine(model, (2,), max_prefill_tokens=32, executor=ex).generate(
-            prompts, params, [0] * 9, batch_size=9, micro_batch_size=2
-        )
-        assert [r.token_ids for r in out] == ref
-        assert ex.device.memory_peak <= ex.device.memory_capacity == ex.plan.total
+        assert ex.device.memory_used == static_bytes(model, r_w)  # the weights, counted from the model
+        got = run_job(model, ex, prompts, params, 9, 2, max_prefill_tokens=32)
+        assert_same_run(got, ref, what=f"{schedule} r_w={r_w}")
+        check_memory(ex, model, r_w, prefill_tokens=32)
         assert ex.pager.n_resident == round(r_w * CFG.num_experts)
         graph, events = ex.last_pass
         assert graph.name == schedule and all(e.done and e.error is None for e in events)
         if r_w < 1:
             assert graph.find("w_h2d")  # the paged experts really moved
+        stats = ex.stats()
+        assert stats["gpu_lane_syncs_per_step"] == 0 and stats["pageable_copies"] == 0
     finally:
         ex.close()
 
@@ -73,15 +98,10 @@ def test_tokens_match_plain_engine_within_budget(setup, schedule, r_w):
 def test_two_batches_and_the_carried_weight_slot(setup):
     """Layer 0's pages are prefetched by each pass for the next one, across batches."""
     model, prompts, params, _ = setup
-    ref = Engine(model, (2,), max_prefill_tokens=32).generate(
-        prompts, params, [0] * 9, batch_size=4, micro_batch_size=3
-    )
+    ref = run_job(model, None, prompts, params, 4, 3, max_prefill_tokens=32)
     ex = PipelineExecutor(model, "cgopipe", "emulated", r_w=0.25, **EXEC_KW)
     try:
-        out = Engine(model, (2,), max_prefill_tokens=32, executor=ex).generate(
-            prompts, params, [0] * 9, batch_size=4, micro_batch_size=3
-        )
-        assert [r.token_ids for r in out] == [r.token_ids for r in ref]
+        assert_same_run(run_job(model, ex, prompts, params, 4, 3, max_prefill_tokens=32), ref)
         assert ex.first_loaded
     finally:
         ex.close()
@@ -90,31 +110,75 @@ def test_two_batches_and_the_carried_weight_slot(setup):
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_refilled_batches_on_every_schedule(setup, schedule):
     """Finished sequences' slots refilled mid-run (prefill between decode steps) on the runtime."""
-    model, prompts, params, ref = setup
+    model, prompts, params, _ = setup
+    ref = run_job(model, None, prompts, params, 4, 2, max_prefill_tokens=32)
     ex = PipelineExecutor(model, schedule, "emulated", r_w=0.5, **EXEC_KW)
     try:
         stats = GenerationStats()
-        out = Engine(model, (2,), max_prefill_tokens=32, executor=ex, refill=True).generate(
-            prompts, params, [0] * 9, batch_size=4, micro_batch_size=2, stats=stats
-        )
-        assert [r.token_ids for r in out] == ref
+        got = run_job(model, ex, prompts, params, 4, 2, max_prefill_tokens=32, stats=stats)
+        assert_same_run(got, ref, what=schedule)
         assert len(stats.batches) > 3  # more prefill waves than the 3 static batches of 4
-        assert ex.device.memory_peak <= ex.device.memory_capacity
+        check_memory(ex, model, 0.5, prefill_tokens=max(len(p) for p in prompts))
+    finally:
+        ex.close()
+
+
+@pytest.mark.parametrize("fault", ["swapped paged expert", "dropped attention output"])
+def test_the_comparison_catches_a_runtime_fault(setup, fault, monkeypatch):
+    model, prompts, params, ref = setup
+    ex = PipelineExecutor(model, "cgopipe", "emulated", r_w=0.5, **EXEC_KW)
+    try:
+        if fault == "swapped paged expert":
+            swap_paged_experts(ex.pager)
+        else:
+            drop_attention(monkeypatch)
+        with pytest.raises(AssertionError):
+            assert_same_run(run_job(model, ex, prompts, params, 9, 2, max_prefill_tokens=32), ref)
+    finally:
+        ex.close()
+
+
+def test_the_old_copy_pairing_is_a_race_the_device_reports(setup, monkeypatch):
+    """The attention output allocated on the compute lane's pool and filled by the copy lane (the
+    CUDA runtime's first version): on a GPU the block may still be read by queued compute."""
+    from moelight.pipeline.pass_tasks import PassTasks
+
+    def old_to_device(self, host, tag):
+        dst = self.dev.empty(host.shape, host.dtype, tag, lane="gpu")
+        self.dev.copy(dst, host)
+        return dst
+
+    model, prompts, params, _ = setup
+    monkeypatch.setattr(PassTasks, "to_device", old_to_device)
+    ex = PipelineExecutor(model, "cgopipe", "emulated", r_w=0.5, **EXEC_KW)
+    try:
+        with pytest.raises(StreamOrderError, match="allocate it on the h2d lane"):
+            run_job(model, ex, prompts, params, 9, 2, max_prefill_tokens=32)
+    finally:
+        ex.close()
+
+
+def test_a_budget_for_the_planned_tensors_alone_is_exceeded(setup):
+    """Weights plus the tensors a pass hands between its tasks, without kernels' temporaries: the
+    device counts the temporaries too, so this budget fails where the memory plan's holds."""
+    model, prompts, params, _ = setup
+    held = 32 * held_bytes_per_token(CFG, torch.float32) + 9 * 4 * CFG.vocab_size
+    ex = PipelineExecutor(model, "cgopipe", "emulated", r_w=0.5, device_memory=static_bytes(model, 0.5) + held,
+                          **EXEC_KW)
+    try:
+        with pytest.raises(DeviceOutOfMemory, match="temporaries included"):
+            run_job(model, ex, prompts, params, 9, 2, max_prefill_tokens=32)
     finally:
         ex.close()
 
 
 def test_budget_too_small_raises(setup):
     model, prompts, params, _ = setup
-    probe = PipelineExecutor(model, "cgopipe", "emulated", r_w=0.0, **EXEC_KW)
-    static = probe.device.memory_used  # weights + slots
-    probe.close()
+    static = static_bytes(model, 0.0)
     ex = PipelineExecutor(model, "cgopipe", "emulated", r_w=0.0, device_memory=static + 256, **EXEC_KW)
     try:
         with pytest.raises(DeviceOutOfMemory):
-            Engine(model, (2,), executor=ex).generate(
-                prompts[:2], params[:2], [0, 0], batch_size=2, micro_batch_size=1
-            )
+            run_job(model, ex, prompts[:2], params[:2], 2, 1)
         assert ex.device.memory_peak <= ex.device.memory_capacity
     finally:
         ex.close()
