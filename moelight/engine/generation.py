@@ -18,6 +18,7 @@ import torch
 from moelight.engine.batching import split_batches
 from moelight.engine.scheduler import Scheduler
 from moelight.engine.sequence import Sequence, SequenceResult
+from moelight.errors import NumericalError
 from moelight.models.causal_lm import MoECausalLM
 from moelight.runtime.executor import Executor
 from moelight.runtime.kv_cache import RaggedKVCache
@@ -52,8 +53,12 @@ class Engine:
     """
 
     def __init__(self, model: MoECausalLM, eos_token_ids: tuple[int, ...], max_prefill_tokens: int = 4096,
-                 executor: Executor | None = None, refill: bool = True) -> None:
+                 executor: Executor | None = None, refill: bool = True,
+                 share_tokens: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+        """share_tokens: tensor-parallel ranks take rank 0's sampled tokens through it (each rank's
+        logits may differ in the last bits; the batches must not)."""
         self.model = model
+        self.share_tokens = share_tokens
         self.executor = executor or PlainExecutor(model)
         self.eos = set(eos_token_ids)
         self.max_prefill_tokens = max_prefill_tokens
@@ -140,7 +145,15 @@ class _Run:
     def _accept(self, local: list[int], logits: torch.Tensor) -> None:
         """Sample one token per sequence; finished ones leave the scheduler and free their slots,
         and are reported at once (so the caller can write them to disk)."""
-        tokens = self.sampler(logits, [self.seqs[j].index for j in local]).tolist()
+        if not bool(torch.isfinite(logits).all()):
+            raise NumericalError(
+                f"the model produced non-finite logits for {len(local)} sequence(s) ({logits.dtype} logits from a "
+                f"{self.engine.model.embed_tokens.weight.dtype} model): an overflow, most often of float16 "
+                "activations; run with --dtype bfloat16 (or float32) instead")
+        tokens = self.sampler(logits, [self.seqs[j].index for j in local])
+        if self.engine.share_tokens is not None:
+            tokens = self.engine.share_tokens(tokens)
+        tokens = tokens.tolist()
         for j, tok in zip(local, tokens, strict=True):
             s = self.seqs[j]
             if s.append(tok, self.engine.eos):

@@ -107,7 +107,8 @@ class EngineSession:
         if lead:
             self._send("engine", plan, prompts, params, turn)
         engine = Engine(self.model, self.eos, self.opts.max_prefill_tokens, executor=self._executor_for(
-            plan, prompts, params, turn), refill=self.opts.refill)
+            plan, prompts, params, turn), refill=self.opts.refill,
+            share_tokens=self.group.share_tokens if self.group is not None else None)
         if lead:
             from moelight.engine.lockstep import LockstepEngine
 
