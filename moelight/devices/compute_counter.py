@@ -10,13 +10,14 @@ entered on is counted.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from contextlib import ExitStack
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from moelight.devices.device_base import StreamOrderError, current_event, current_lane
 
@@ -111,6 +112,13 @@ def counting(counts: ComputeCounts, on_device: Callable[[torch.Tensor], bool], m
     stack.enter_context(_HostReads(counts, on_device))
     stack.enter_context(_Dispatch(counts, on_device, memory, check_use))
     return stack
+
+
+@contextlib.contextmanager
+def uncounted():
+    """Work of the emulation itself (poisoning, bookkeeping copies), invisible to the counting modes."""
+    with _disable_current_modes(), torch._C.DisableTorchFunction():
+        yield
 
 
 def stream_order_check(memory) -> Callable[[torch.Tensor], None]:

@@ -24,9 +24,8 @@ import weakref
 from collections.abc import Callable, Sequence
 
 import torch
-from torch.utils._python_dispatch import _disable_current_modes
 
-from moelight.devices.compute_counter import ComputeCounts, counting, stream_order_check
+from moelight.devices.compute_counter import ComputeCounts, counting, stream_order_check, uncounted
 from moelight.devices.copy_stream import CopyJob, CopyStream
 from moelight.devices.device_base import (
     DEVICE_LANES,
@@ -198,7 +197,7 @@ class EmulatedDevice(Device):
 
     def to_host(self, t: torch.Tensor) -> torch.Tensor:
         self.counts.add(sync="to_host")
-        with _disable_current_modes():
+        with uncounted():
             return t.clone()
 
     def transfer(self, pairs, after=None):

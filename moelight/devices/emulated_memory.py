@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from moelight.devices.compute_counter import uncounted
 from moelight.devices.device_base import DeviceOutOfMemory
 
 POISON = 0xFF  # every byte: a NaN in float32, bfloat16 and float16
@@ -30,13 +31,13 @@ def poison_storage(t: torch.Tensor) -> None:
     """Overwrite a tensor's whole storage with the poison pattern (a freed block)."""
     s = t.untyped_storage()
     if s.nbytes():
-        with torch.inference_mode():
+        with uncounted(), torch.inference_mode():
             torch.tensor([], dtype=torch.uint8).set_(s).fill_(POISON)
 
 
 def poison(t: torch.Tensor) -> None:
     """Overwrite a tensor's elements (a copy's destination, perhaps a view): NaN, or -1 for integers."""
-    with torch.inference_mode():
+    with uncounted(), torch.inference_mode():
         t.fill_(float("nan") if t.is_floating_point() else -1)
 
 
@@ -109,7 +110,7 @@ class DeviceMemory:
             pool = self.pools.get((lane, nbytes))
             if pool:
                 block = pool.pop()
-                with torch.inference_mode():
+                with uncounted(), torch.inference_mode():
                     block.buffer.fill_(POISON)
             else:
                 self._charge(nbytes, tag)
