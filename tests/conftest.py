@@ -1,8 +1,33 @@
-"""Suite-wide guards: no test profiles this machine or writes its profile cache by accident."""
+"""Suite-wide guards: no test profiles this machine or writes its profile cache by accident; the
+`cuda` marker's tests (the GPU matrix) run where a GPU is, under CUDA's sync-debug mode."""
 
 from __future__ import annotations
 
 import pytest
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+
+
+def device_kinds(gpus: int = 1) -> list:
+    """The devices a runtime test runs on: the emulated one always, CUDA where `gpus` GPUs are
+    (`python -m pytest -m cuda` runs only those; see README, "Running on a GPU")."""
+    enough = HAS_CUDA and torch.cuda.device_count() >= gpus
+    return ["emulated", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+        not enough, reason=f"needs {gpus} CUDA GPU(s)")])]
+
+
+@pytest.fixture(autouse=True)
+def cuda_sync_debug(request):
+    """A `cuda` test warns on every synchronizing CUDA call (torch.cuda.set_sync_debug_mode)."""
+    if not (HAS_CUDA and request.node.get_closest_marker("cuda")):
+        yield
+        return
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
 
 
 @pytest.fixture(autouse=True)

@@ -15,6 +15,10 @@ from moelight.runtime.executor import Executor
 # float32 on the emulated device: the grouped GEMMs are the per-expert ones, attention and sums
 # run in another order of the same float32 terms (differences of a few ulps)
 RTOL, ATOL = 1e-4, 1e-4
+# float32 on a GPU (TF32 off): cuBLAS blocks GEMMs and reduces in other orders than the CPU, and a
+# near-tie in top-k routing can pick the other expert, so logits agree to ~1e-3, and a token may
+# differ where the reference's two best logits are that close
+GPU_RTOL, GPU_ATOL = 1e-3, 1e-3
 
 
 @dataclass
@@ -61,6 +65,26 @@ def assert_same_run(got: Run, ref: Run, rtol: float = RTOL, atol: float = ATOL, 
     for n, ((kind, a), (_, b)) in enumerate(zip(got.logits, ref.logits, strict=True)):
         torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m, n=n, kind=kind: f"{what}: {kind} pass "
                                    f"{n}: {m}")
+
+
+def assert_close_run_on_gpu(got: Run, ref: Run, rtol: float = GPU_RTOL, atol: float = GPU_ATOL,
+                            what: str = "") -> None:
+    """Every pass's logits within (rtol, atol) while the runs take the same tokens; a token may
+    differ only where the reference's two best logits are within the tolerance (the runs diverge
+    from there, so later passes are not compared)."""
+    for n, ((kind, a), (_, b)) in enumerate(zip(got.logits, ref.logits, strict=False)):
+        a = a.cpu()
+        torch.testing.assert_close(a, b, rtol=rtol, atol=atol, msg=lambda m, n=n, kind=kind: f"{what}: {kind} "
+                                   f"pass {n}: {m}")
+        differ = a.argmax(-1) != b.argmax(-1)
+        if bool(differ.any()):
+            top2 = b[differ].topk(2, dim=-1).values
+            margin = top2[:, 0] - top2[:, 1]
+            assert bool((margin <= 2 * (atol + rtol * top2[:, 0].abs())).all()), (
+                f"{what}: {kind} pass {n} takes another token where the reference's choice is clear "
+                f"(margins {margin.tolist()})")
+            return
+    assert got.tokens == ref.tokens, f"{what}: tokens differ from the plain engine's"
 
 
 def swap_paged_experts(pager) -> None:

@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 pytest.importorskip("transformers")
@@ -94,6 +95,27 @@ def test_a_follower_failing_mid_job_ends_it_and_keeps_finished_results(tmp_path,
     res = _run(out, ckpt, data, "--gpus", "2", "--resume")
     assert res.exit_code == 0, res.output
     assert _tokens(out) == ref and len(read_jsonl(out)) == len(ref)  # every id once
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_on_gpus_a_dead_follower_is_caught_by_the_monitor_not_ncc_ls_watchdog(tmp_path, job, monkeypatch):
+    """Over NCCL a collective with a dead rank waits; rank 0's monitor aborts the communicator."""
+    ckpt, data, _ = job
+    gpu = [a if a != "emulated" else "cuda" for a in JOB]
+    ok = CliRunner().invoke(app, ["run", "--dataset", str(data), "--model", str(ckpt), "--output",
+                                  str(tmp_path / "ref.jsonl"), *gpu, "--gpus", "2", "--batch-size", "2"])
+    assert ok.exit_code == 0, ok.output
+    ref = _tokens(tmp_path / "ref.jsonl")
+    monkeypatch.setenv("MOELIGHT_TP_FAULT", "1:decode:8")
+    monkeypatch.setenv("MOELIGHT_TP_TIMEOUT", "300")
+    t0 = time.perf_counter()
+    res = CliRunner().invoke(app, ["run", "--dataset", str(data), "--model", str(ckpt), "--output",
+                                   str(tmp_path / "out.jsonl"), *gpu, "--gpus", "2", "--batch-size", "2"])
+    assert time.perf_counter() - t0 < 200 and res.exit_code == 2, res.output
+    assert says(res.output, "tensor-parallel rank 1 of 2 failed: RuntimeError: fault injected")
+    done = _tokens(tmp_path / "out.jsonl")
+    assert 0 < len(done) < len(ref) and all(ref[i] == t for i, t in done.items())
 
 
 def test_followers_take_rank_0s_tokens(tmp_path, job, monkeypatch):

@@ -38,9 +38,13 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(model, schedule: str, r_w: float, compute_in_order: bool = False, fault: str = ""):
-    """The job's run (tokens, every pass's logits) on the emulated runtime, with a fault if asked."""
-    ex = PipelineExecutor(model, schedule, "emulated", r_w=r_w, compute_in_order=compute_in_order, **EXEC_KW)
+def _run(model, schedule: str, r_w: float, compute_in_order: bool = False, fault: str = "", device="emulated",
+         index: int = 0):
+    """The job's run (tokens, every pass's logits) on the runtime, with a fault if asked."""
+    kwargs = EXEC_KW if device == "emulated" else {k: v for k, v in EXEC_KW.items() if not k.endswith("bandwidth")}
+    if device == "cuda":
+        kwargs = {**kwargs, "index": index}
+    ex = PipelineExecutor(model, schedule, device, r_w=r_w, compute_in_order=compute_in_order, **kwargs)
     try:
         if fault == "swap":
             from tests.runtime_check import swap_paged_experts
@@ -61,7 +65,7 @@ def _drop_attention() -> None:
     drop_attention(Patch())
 
 
-def _rank_main(rank: int, n: int, port: int, cases, dtype, results, fault: str = "") -> None:
+def _rank_main(rank: int, n: int, port: int, cases, dtype, results, fault: str = "", device="emulated") -> None:
     """One rank: join the group, then every case over its shard; rank 0 reports."""
     from moelight.parallel import shard_model
     from moelight.parallel.rank_group import join_group
@@ -69,23 +73,24 @@ def _rank_main(rank: int, n: int, port: int, cases, dtype, results, fault: str =
     torch.set_num_threads(1)
     if fault == "drop" and rank == 1:
         _drop_attention()
-    group = join_group("emulated", rank, n, f"tcp://127.0.0.1:{port}")
+    group = join_group(device, rank, n, f"tcp://127.0.0.1:{port}")
     out = []
     for name, schedule, r_w in cases:
         full = random_model(family_config(name), dtype, seed=5)
         part = shard_model(full, rank, n, group.all_reduce)
         del full
-        out.append(_run(part, schedule, r_w, compute_in_order=True, fault=fault if rank == 1 else ""))
+        out.append(_run(part, schedule, r_w, compute_in_order=True, fault=fault if rank == 1 else "", device=device,
+                        index=group.torch_device_index))
     if rank == 0:  # by value: tensors would be shared through this process, which is about to exit
         results.put([(r.tokens, [(k, t.float().numpy()) for k, t in r.logits]) for r in out])
     group.barrier()
     torch.distributed.destroy_process_group()
 
 
-def _ranks(n: int, cases, dtype=torch.float32, fault: str = ""):
+def _ranks(n: int, cases, dtype=torch.float32, fault: str = "", device: str = "emulated"):
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    procs = mp.start_processes(_rank_main, args=(n, _free_port(), cases, dtype, results, fault), nprocs=n,
+    procs = mp.start_processes(_rank_main, args=(n, _free_port(), cases, dtype, results, fault, device), nprocs=n,
                                join=False, start_method="spawn")
     out = results.get(timeout=300)
     procs.join(timeout=60)
@@ -103,6 +108,15 @@ def plain_engine():
 def test_ranks_give_the_plain_engines_tokens_and_logits_on_every_schedule(plain_engine, n):
     for case, ref, got in zip(CASES, plain_engine, _ranks(n, CASES), strict=True):
         assert_same_run(got, ref, rtol=1e-4, atol=1e-4, what=str(case))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_ranks_on_gpus_over_nccl_give_the_plain_engines_logits(plain_engine):
+    from tests.runtime_check import assert_close_run_on_gpu
+
+    for case, ref, got in zip(CASES, plain_engine, _ranks(2, CASES, device="cuda"), strict=True):
+        assert_close_run_on_gpu(got, ref, what=str(case))
 
 
 @pytest.mark.parametrize("fault", ["swap", "drop"])

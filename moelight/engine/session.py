@@ -50,6 +50,8 @@ class EngineSession:
         self.source, self.config = self.resolved.source, self.resolved.config
         self.tokenizer, self.eos, self.dtype_name = self.resolved.tokenizer, self.resolved.eos, self.resolved.dtype_name
         self.device = resolve_device(opts.device)
+        if self.device == "cuda":
+            self._fit_dtype_to_gpu()
         self.group = tensor_parallel
         self.ranks = tensor_parallel.world if tensor_parallel else tensor_parallel_degree(opts, self.device)
         if self.ranks > 1:
@@ -60,6 +62,19 @@ class EngineSession:
         self.load_seconds = 0.0
         self._executor: Executor | None = None
         self._executor_size: tuple | None = None  # what a reusable CGOPipe runtime was built for
+
+    def _fit_dtype_to_gpu(self) -> None:
+        """float16 where the GPU has no bfloat16 arithmetic and the dtype was left to moelight."""
+        import torch
+
+        from moelight.planning.hardware_choice import cuda_dtype_advice
+
+        dtype, note = cuda_dtype_advice(self.opts.dtype, self.dtype_name, torch.cuda.get_device_capability())
+        if dtype is not None:
+            self.resolved = resolve(self.opts.model, self.opts.load_format, dtype, self.opts.tokenizer)
+            self.source, self.dtype_name = self.resolved.source, self.resolved.dtype_name
+        if note and self.log:
+            self.log(note)
 
     # ---- plan -> memory check -> load -> generate ----
     def plan(self, prompts: list[list[int]], params: list[SamplingParams], turn: int = 1,
