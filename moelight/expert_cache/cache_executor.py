@@ -119,6 +119,7 @@ class ExpertCacheExecutor(Executor):
         out = self.cache_stats.to_dict() | {"slots": self.cache.slots, "policy": self.cache.policy.name,
                                             "prefetch_per_layer": self.cache.prefetch_per_layer,
                                             "device": self.device.kind,
+                                            "device_memory_peak": self.device.memory_peak,
                                             "pageable_copies": self.device.counters().get("pageable_copies", 0)}
         if c["passes"]:
             out |= {"gpu_lane_syncs_per_step": c["syncs"] / c["passes"],
@@ -236,9 +237,9 @@ class ExpertCacheExecutor(Executor):
         every = [(s, slice(int(a), int(b))) for s, a, b in zip(seqs, cu[:-1], cu[1:], strict=True)]
         only_last = [(s, slice(i, i + 1)) for i, s in enumerate(seqs)]
         cos, sin = m.rotary(positions, m.embed_tokens.weight.dtype)
+        slots, last = torch.repeat_interleave(offsets, seq_lens) + positions, cu[1:] - 1
         with self.device.compute():
-            slots = self._upload(torch.repeat_interleave(offsets, seq_lens) + positions)
-            last = self._upload(cu[1:] - 1)
+            slots, last = self._upload(slots), self._upload(last)
             x = m.embed_tokens(self._upload(tokens))
             cos, sin = self._upload(cos), self._upload(sin)
             for j, layer in enumerate(m.layers):
@@ -257,19 +258,18 @@ class ExpertCacheExecutor(Executor):
         self._prefill = False
         kv = self._kv_of(cache)
         outs = []
+        host = [(tok, off, off + pos, pos + 1, int(pos.max()) + 1, *m.rotary(pos, m.embed_tokens.weight.dtype),
+                 [(int(s), slice(i, i + 1)) for i, s in enumerate(off)]) for tok, off, pos in micro_batches]
         before = self.device.counters()
-        with self.device.compute():
-            for tok, off, pos in micro_batches:
-                lengths = pos + 1
-                rows = [(int(s), slice(i, i + 1)) for i, s in enumerate(off)]
-                cos, sin = m.rotary(pos, m.embed_tokens.weight.dtype)
-                slots, off_d, len_d = (self._upload(t) for t in (off + pos, off, lengths))
+        with self.device.compute():  # host data prepared above: reading it is no sync
+            for tok, off, slots, lengths, longest, cos, sin, rows in host:
+                slots, off_d, len_d = (self._upload(t) for t in (slots, off, lengths))
                 x = m.embed_tokens(self._upload(tok))
                 cos, sin = self._upload(cos), self._upload(sin)
                 for j, layer in enumerate(m.layers):
                     q, k, v = layer.pre_attention(x, cos, sin)
                     self._write_kv(kv, j, k, v, slots)
-                    a = batched_decode_attention(q, kv[0][j], kv[1][j], off_d, len_d, int(lengths.max()),
+                    a = batched_decode_attention(q, kv[0][j], kv[1][j], off_d, len_d, longest,
                                                  self.scale, **attention_extras(m, j)).flatten(1)
                     x = layer.post_attention(x, a, moe=self._moe(j, rows))
                 outs.append(self.device.to_host(m.logits(x)))

@@ -17,7 +17,7 @@ from moelight.planning.memory_check import peak_rss_bytes
 
 # the runtime's own figures in an executor's stats (the rest, where present, are the expert cache's)
 _RUNTIME = ("device", "schedule", "pageable_copies", "gpu_lane_syncs_per_step", "launches_per_layer_pass",
-            "counted_decode_steps")
+            "counted_decode_steps", "device_memory_peak")
 _SUMMED = ("prompt_tokens", "generated_tokens", "decode_tokens", "prefill_seconds", "decode_seconds",
            "generation_seconds", "load_seconds", "skipped_requests")
 

@@ -224,7 +224,7 @@ class PipelineExecutor(Executor):
         """The runtime's figures for the job's report: host syncs the compute lane issued per decode
         step and kernel launches per layer pass (one layer over one micro-batch), as measured."""
         c = self.counted
-        out = {"device": self.device.kind, "schedule": self.schedule,
+        out = {"device": self.device.kind, "schedule": self.schedule, "device_memory_peak": self.device.memory_peak,
                "pageable_copies": self.device.counters().get("pageable_copies", 0)}
         if c["passes"]:
             out |= {"gpu_lane_syncs_per_step": c["syncs"] / c["passes"],
