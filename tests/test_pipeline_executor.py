@@ -73,6 +73,15 @@ def static_bytes(model, r_w: float) -> int:
     return non_expert + c.num_layers * r * expert + 2 * (c.num_experts - r) * expert
 
 
+def assert_job_fails(ex, model, prompts, params, error: type[BaseException], match: str) -> None:
+    """The job on `ex` raises `error` (its message matching `match`); the executor is closed after."""
+    try:
+        with pytest.raises(error, match=match):
+            run_job(model, ex, prompts, params, 9, 2, max_prefill_tokens=32)
+    finally:
+        ex.close()
+
+
 def check_memory(ex, model, r_w: float, prefill_tokens: int) -> None:
     """After a run: a peak above the weights by at least a prefill chunk's hidden states (activations
     are counted) and within the memory plan (which bounds them)."""
@@ -174,11 +183,7 @@ def test_the_old_copy_pairing_is_a_race_the_device_reports(setup, monkeypatch):
     model, prompts, params, _ = setup
     monkeypatch.setattr(PassTasks, "to_device", old_to_device)
     ex = PipelineExecutor(model, "cgopipe", "emulated", r_w=0.5, **EXEC_KW)
-    try:
-        with pytest.raises(StreamOrderError, match="allocate it on the h2d lane"):
-            run_job(model, ex, prompts, params, 9, 2, max_prefill_tokens=32)
-    finally:
-        ex.close()
+    assert_job_fails(ex, model, prompts, params, StreamOrderError, "allocate it on the h2d lane")
 
 
 def test_a_budget_for_the_planned_tensors_alone_is_exceeded(setup):
@@ -188,11 +193,24 @@ def test_a_budget_for_the_planned_tensors_alone_is_exceeded(setup):
     held = 32 * held_bytes_per_token(CFG, torch.float32) + 9 * 4 * CFG.vocab_size
     ex = PipelineExecutor(model, "cgopipe", "emulated", r_w=0.5, device_memory=static_bytes(model, 0.5) + held,
                           **EXEC_KW)
-    try:
-        with pytest.raises(DeviceOutOfMemory, match="temporaries included"):
-            run_job(model, ex, prompts, params, 9, 2, max_prefill_tokens=32)
-    finally:
-        ex.close()
+    assert_job_fails(ex, model, prompts, params, DeviceOutOfMemory, "temporaries included")
+
+
+def test_a_closed_executor_holds_no_device_memory_for_an_engine_that_keeps_it(setup):
+    """A tensor-parallel follower (or a caller) may still hold the old engine while the next
+    executor is built: closing the executor must let its device tensors go."""
+    import gc
+    import weakref
+
+    from moelight.engine.generation import Engine
+
+    model, *_ = setup
+    ex = PipelineExecutor(model, "cgopipe", "emulated", r_w=0.5, **EXEC_KW)
+    old_engine = Engine(model, (2,), executor=ex)  # noqa: F841 - kept alive on purpose
+    slot = weakref.ref(ex.pager.slots[0].untyped_storage())
+    ex.close()
+    gc.collect()
+    assert slot() is None  # its memory is free, though the engine still refers to the executor
 
 
 def test_budget_too_small_raises(setup):

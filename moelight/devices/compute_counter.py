@@ -140,3 +140,40 @@ def stream_order_check(memory) -> Callable[[torch.Tensor], None]:
             f"lane's next allocation while this kernel is still queued")
 
     return check
+
+
+COUNTED_DECODE_PASSES = 4  # on CUDA the modes cost Python time per kernel: count the first passes only
+
+
+class DecodeCounts:
+    """An executor's decode passes as its report gives them: host syncs the compute lane issued per
+    decode step and kernel launches per layer pass (one layer over one micro-batch)."""
+
+    def __init__(self, device) -> None:
+        self.device = device
+        self.passes = self.syncs = self.launches = self.layer_passes = 0
+
+    @contextlib.contextmanager
+    def step(self, layer_passes: int):
+        counting = self.device.kind != "cuda" or self.passes < COUNTED_DECODE_PASSES
+        self.device.count_compute(counting)
+        before = self.device.counters()
+        try:
+            yield
+        finally:
+            self.device.count_compute(False)
+        if counting:
+            after = self.device.counters()
+            self.passes += 1
+            self.syncs += after.get("syncs", 0) - before.get("syncs", 0)
+            self.launches += after.get("launches", 0) - before.get("launches", 0)
+            self.layer_passes += layer_passes
+
+    def stats(self) -> dict:
+        out = {"device": self.device.kind, "device_memory_peak": self.device.memory_peak,
+               "pageable_copies": self.device.counters().get("pageable_copies", 0)}
+        if self.passes:
+            out |= {"gpu_lane_syncs_per_step": self.syncs / self.passes,
+                    "launches_per_layer_pass": self.launches / max(1, self.layer_passes),
+                    "counted_decode_steps": self.passes}
+        return out

@@ -249,3 +249,4 @@ class EmulatedDevice(Device):
         self.lanes.close()
         for s in self.streams.values():
             s.close()
+        self.memory.clear()

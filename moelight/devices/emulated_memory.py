@@ -160,6 +160,13 @@ class DeviceMemory:
                 self.used -= block.nbytes
         self.pools = {}
 
+    def clear(self) -> None:
+        """The device is closed: let go of every block it keeps (its pools' buffers included)."""
+        with self.lock:
+            self.pools, self.waiting = {}, []
+            for block in self.blocks.values():
+                block.buffer = None
+
     def by_tag(self) -> dict[str, int]:
         out: dict[str, int] = {}
         with self.lock:

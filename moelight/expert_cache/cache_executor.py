@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from moelight.devices.compute_counter import DecodeCounts
 from moelight.devices.device_attention import batched_decode_attention, device_prefill_attention
 from moelight.devices.device_base import Device, nbytes_of
 from moelight.devices.registry import create_device
@@ -105,7 +106,7 @@ class ExpertCacheExecutor(Executor):
         self._kv: tuple[list, list] | None = None
         self._prefill = False
         self._streams = itertools.count()
-        self.counted = {"passes": 0, "syncs": 0, "launches": 0, "layer_passes": 0}
+        self.counts = DecodeCounts(device)
 
     @property
     def cache_stats(self) -> CacheStats:
@@ -115,17 +116,8 @@ class ExpertCacheExecutor(Executor):
     def stats(self) -> dict:
         """The cache's figures for the job's report (hits, prefetches, bytes moved, its size and policy)
         and the runtime's (host syncs per decode step, kernel launches per layer pass, as measured)."""
-        c = self.counted
-        out = self.cache_stats.to_dict() | {"slots": self.cache.slots, "policy": self.cache.policy.name,
-                                            "prefetch_per_layer": self.cache.prefetch_per_layer,
-                                            "device": self.device.kind,
-                                            "device_memory_peak": self.device.memory_peak,
-                                            "pageable_copies": self.device.counters().get("pageable_copies", 0)}
-        if c["passes"]:
-            out |= {"gpu_lane_syncs_per_step": c["syncs"] / c["passes"],
-                    "launches_per_layer_pass": c["launches"] / max(1, c["layer_passes"]),
-                    "counted_decode_steps": c["passes"]}
-        return out
+        return self.cache_stats.to_dict() | {"slots": self.cache.slots, "policy": self.cache.policy.name,
+                                             "prefetch_per_layer": self.cache.prefetch_per_layer} | self.counts.stats()
 
     # ---- the cache ----
     def _chunks(self, f: Fetch) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
@@ -260,8 +252,8 @@ class ExpertCacheExecutor(Executor):
         outs = []
         host = [(tok, off, off + pos, pos + 1, int(pos.max()) + 1, *m.rotary(pos, m.embed_tokens.weight.dtype),
                  [(int(s), slice(i, i + 1)) for i, s in enumerate(off)]) for tok, off, pos in micro_batches]
-        before = self.device.counters()
-        with self.device.compute():  # host data prepared above: reading it is no sync
+        with self.counts.step(self.cfg.num_layers * len(micro_batches)), self.device.compute():
+            # the host data is prepared above: reading it is no sync
             for tok, off, slots, lengths, longest, cos, sin, rows in host:
                 slots, off_d, len_d = (self._upload(t) for t in (slots, off, lengths))
                 x = m.embed_tokens(self._upload(tok))
@@ -273,11 +265,6 @@ class ExpertCacheExecutor(Executor):
                                                  self.scale, **attention_extras(m, j)).flatten(1)
                     x = layer.post_attention(x, a, moe=self._moe(j, rows))
                 outs.append(self.device.to_host(m.logits(x)))
-        after, c = self.device.counters(), self.counted
-        c["passes"] += 1
-        c["syncs"] += after.get("syncs", 0) - before.get("syncs", 0)
-        c["launches"] += after.get("launches", 0) - before.get("launches", 0)
-        c["layer_passes"] += self.cfg.num_layers * len(micro_batches)
         return outs
 
     def close(self) -> None:

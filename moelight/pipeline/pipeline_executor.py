@@ -21,6 +21,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from moelight.devices.compute_counter import DecodeCounts
 from moelight.devices.device_base import Device
 from moelight.devices.host_buffers import HostBuffers
 from moelight.devices.registry import create_device
@@ -40,8 +41,6 @@ from moelight.pipeline.weight_pager import WeightPager
 from moelight.runtime.executor import Executor, MicroBatch
 from moelight.runtime.forward import attention_extras
 from moelight.runtime.kv_cache import RaggedKVCache
-
-COUNTED_DECODE_PASSES = 4  # on CUDA, launches and syncs are counted over the first decode passes only
 
 
 class PipelineExecutor(Executor):
@@ -97,7 +96,7 @@ class PipelineExecutor(Executor):
                 device.close()
             raise
         self.staging = HostBuffers(device)
-        self.counted = {"passes": 0, "syncs": 0, "launches": 0, "layer_passes": 0}
+        self.counts = DecodeCounts(device)
         self.scale = self.cfg.head_dim**-0.5
         # per layer: window and sinks for the CPU's attention (the sinks copied back to the host once)
         self.host_extras = [{k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v)
@@ -205,32 +204,14 @@ class PipelineExecutor(Executor):
         graph = build_decode(self.schedule, self._shape([len(t) for t, *_ in micro_batches],
                                                         [float((pos + 1).float().mean()) for *_, pos in micro_batches],
                                                         self.pager.paged_bytes))
-        counting = self.device.kind != "cuda" or self.counted["passes"] < COUNTED_DECODE_PASSES
-        self.device.count_compute(counting)
-        before = self.device.counters()
-        try:
+        with self.counts.step(self.cfg.num_layers * len(micro_batches)):
             self._pass(graph, tasks)
-        finally:
-            self.device.count_compute(False)
-        if counting:
-            after, c = self.device.counters(), self.counted
-            c["passes"] += 1
-            c["syncs"] += after.get("syncs", 0) - before.get("syncs", 0)
-            c["launches"] += after.get("launches", 0) - before.get("launches", 0)
-            c["layer_passes"] += self.cfg.num_layers * len(micro_batches)
         return [tasks.logits(("logits", i)) for i in range(len(micro_batches))]
 
     def stats(self) -> dict:
         """The runtime's figures for the job's report: host syncs the compute lane issued per decode
         step and kernel launches per layer pass (one layer over one micro-batch), as measured."""
-        c = self.counted
-        out = {"device": self.device.kind, "schedule": self.schedule, "device_memory_peak": self.device.memory_peak,
-               "pageable_copies": self.device.counters().get("pageable_copies", 0)}
-        if c["passes"]:
-            out |= {"gpu_lane_syncs_per_step": c["syncs"] / c["passes"],
-                    "launches_per_layer_pass": c["launches"] / max(1, c["layer_passes"]),
-                    "counted_decode_steps": c["passes"]}
-        return out
+        return self.counts.stats() | {"schedule": self.schedule}
 
     def close(self) -> None:
         """Stop the device and drop every device tensor this executor holds (a reference kept by a
