@@ -17,5 +17,9 @@ class PromptError(MoelightError):
     """A prompt that cannot be generated from (empty, too long for the model)."""
 
 
+class NumericalError(MoelightError):
+    """A pass produced logits that are not finite (an overflow, e.g. of float16 activations)."""
+
+
 class TokenizerError(ValueError):
     """A tokenizer cannot be loaded or cannot format a request; the message says what to do."""

@@ -1,36 +1,34 @@
-"""Suite-wide guards (no test profiles this machine or writes its profile cache by accident) and the
-kernel-backend fixture the CPU-kernel tests share."""
+"""Suite-wide guards: no test profiles this machine or writes its profile cache by accident; the
+`cuda` marker's tests (the GPU matrix) run where a GPU is, under CUDA's sync-debug mode. And the
+kernel-path fixtures the CPU-kernel tests share."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-
-def _backends() -> list[str]:
-    import cpu_kernels
-
-    isas = ["avx512bf16", "avx512", "avx2"] if cpu_kernels.kernel_backend() != "torch" else []
-    return ["torch", *[f"cpp-{i}" for i in isas]]
+HAS_CUDA = torch.cuda.is_available()
 
 
-@pytest.fixture(params=_backends())
-def backend(request, monkeypatch):
-    """Selects the kernel path under test (the pure-torch fallback or one C++ ISA); ISAs the CPU
-    lacks are skipped."""
-    from cpu_kernels import dispatch
+def device_kinds(gpus: int = 1) -> list:
+    """The devices a runtime test runs on: the emulated one always, CUDA where `gpus` GPUs are
+    (`python -m pytest -m cuda` runs only those; see README, "Running on a GPU")."""
+    enough = HAS_CUDA and torch.cuda.device_count() >= gpus
+    return ["emulated", pytest.param("cuda", marks=[pytest.mark.cuda, pytest.mark.skipif(
+        not enough, reason=f"needs {gpus} CUDA GPU(s)")])]
 
-    name = request.param
-    if name == "torch":
-        monkeypatch.setitem(dispatch._state, "loaded", False)
-        yield name
+
+@pytest.fixture(autouse=True)
+def cuda_sync_debug(request):
+    """A `cuda` test warns on every synchronizing CUDA call (torch.cuda.set_sync_debug_mode)."""
+    if not (HAS_CUDA and request.node.get_closest_marker("cuda")):
+        yield
         return
-    isa = name.removeprefix("cpp-")
-    if torch.ops.moelight.set_isa(isa) != isa:
-        torch.ops.moelight.set_isa("auto")
-        pytest.skip(f"CPU lacks {isa}")
-    yield name
-    torch.ops.moelight.set_isa("auto")
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        yield
+    finally:
+        torch.cuda.set_sync_debug_mode(0)
 
 
 @pytest.fixture(autouse=True)
@@ -44,3 +42,38 @@ def fixed_hardware_profile(tmp_path_factory, monkeypatch):
     if not path.is_file():
         hardware_presets.HARDWARE_PRESETS["cpu-server"].save(path)
     monkeypatch.setattr(hardware_presets, "DEFAULT_PROFILE_PATH", path)
+
+
+def _isas() -> list[str]:
+    import cpu_kernels
+
+    return ["avx512bf16", "avx512", "avx2"] if cpu_kernels.kernel_backend() != "torch" else []
+
+
+def _select(name: str, monkeypatch):
+    """Make `name` (the pure-torch fallback or one C++ ISA) the kernel path; ISAs the CPU lacks skip."""
+    from cpu_kernels import dispatch
+
+    if name == "torch":
+        monkeypatch.setitem(dispatch._state, "loaded", False)
+        yield name
+        return
+    isa = name.removeprefix("cpp-")
+    if torch.ops.moelight.set_isa(isa) != isa:
+        torch.ops.moelight.set_isa("auto")
+        pytest.skip(f"CPU lacks {isa}")
+    yield name
+    torch.ops.moelight.set_isa("auto")
+
+
+@pytest.fixture(params=["torch", *[f"cpp-{i}" for i in _isas()]])
+def backend(request, monkeypatch):
+    """Every kernel path, the torch fallback too: for tests against a computation written apart."""
+    yield from _select(request.param, monkeypatch)
+
+
+@pytest.fixture(params=[f"cpp-{i}" for i in _isas()])
+def cpp_backend(request, monkeypatch):
+    """The C++ ISAs only: for tests against the torch fallback (cpu_kernels/reference.py), which its
+    own tests check against attention written from its definition."""
+    yield from _select(request.param, monkeypatch)

@@ -17,7 +17,6 @@ import moelight.engine.generation
 from moelight.cli import app
 from tests.cli_text import says
 
-MTBENCH = Path(__file__).resolve().parents[2] / "shared/data/mtbench/question.jsonl"
 # A named CPU hardware spec: planning needs no profile of this machine (and writes no cache).
 HW = ["--hardware", "cpu-server"]
 TINY = ["--model", "tiny", "--load-format", "dummy", "--no-progress", *HW]
@@ -58,12 +57,24 @@ def prompts_file(tmp_path: Path, n: int = 6) -> Path:
 # ----------------------------------------------------------------------------- end to end
 
 
+def _mtbench_file(path: Path) -> Path:
+    """A small MT-Bench question.jsonl in FastChat's format: two turns per question."""
+    questions = [{"question_id": 81 + i, "category": cat, "turns": [first, second]} for i, (cat, first, second) in
+                 enumerate([("writing", "Compose a travel blog post about Hawaii.", "Rewrite it starting every "
+                             "sentence with the letter A."),
+                            ("math", "What is the area of a triangle with vertices (0,0), (-1,1), (3,3)?",
+                             "What is the area of the circle circumscribing it?"),
+                            ("coding", "Write a function that reverses a string.", "Now make it handle Unicode."),
+                            ("reasoning", "Which is heavier, a kilo of feathers or a kilo of steel?",
+                             "Explain why in one sentence.")])]
+    return write_jsonl(path, questions)
+
+
 def test_mtbench_two_turns(tmp_path):
-    if not MTBENCH.is_file():
-        pytest.skip(f"{MTBENCH} not present")
-    questions = read_jsonl(MTBENCH)
+    dataset = _mtbench_file(tmp_path / "question.jsonl")
+    questions = read_jsonl(dataset)
     out = tmp_path / "answers.jsonl"
-    r = invoke("--dataset", MTBENCH, *TINY, "--output", out, "--turn", "2", "--num-requests", "3",
+    r = invoke("--dataset", dataset, *TINY, "--output", out, "--turn", "2", "--num-requests", "3",
                "--gen-len", "4", "--ignore-eos", "--batch-size", "2", "--micro-batch-size", "1")
     assert r.exit_code == 0, (r.output, r.exception)
     recs = read_jsonl(out)

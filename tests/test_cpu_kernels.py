@@ -1,7 +1,9 @@
 """cpu_kernels against a float64 reference: ragged decode and causal prefill, every dtype.
 
-The same cases run on every available backend: the C++ kernels (each ISA this CPU has)
-and the pure-torch fallback, so both paths keep the engine's semantics.
+The same cases run on every C++ backend this CPU has (each ISA). The float64 reference is the
+pure-torch fallback itself, so the fallback is checked on its own against attention written out
+from its definition (softmax of scaled scores, sinks, windows, grouped heads) instead of against
+itself.
 """
 
 from __future__ import annotations
@@ -22,6 +24,12 @@ from cpu_kernels.reference import decode_attention_torch, prefill_attention_torc
 
 TOL = {torch.float32: 2e-5, torch.bfloat16: 2.5e-2, torch.float16: 3e-3}  # abs, on O(1) outputs
 HAS_CPP = cpu_kernels.kernel_backend() != "torch"
+
+
+@pytest.fixture
+def backend(cpp_backend):
+    """The C++ ISAs: the torch fallback is the reference here (test_the_reference_is_attention)."""
+    return cpp_backend
 
 
 @contextlib.contextmanager
@@ -62,8 +70,6 @@ def _make_cache(lens: list[int], hkv: int, d: int, dtype, shuffle: bool, gen, ma
 @pytest.mark.parametrize("hq,hkv", [(1, 1), (4, 1), (8, 1), (32, 4), (8, 8)])  # Hq/Hkv = 1, 4, 8
 @pytest.mark.parametrize("d", [64, 128])
 def test_decode_matches_float64(backend, dtype, hq, hkv, d):
-    if backend == "torch" and d == 128:
-        pytest.skip("the fallback is the reference code itself: d=64 covers it")
     gen = torch.Generator().manual_seed(hq * 131 + hkv * 7 + d)
     lens = [1, 7, 16, 17, 33, 100, 257, 1, 600]
     k, v, offs, lens_t = _make_cache(lens, hkv, d, dtype, shuffle=True, gen=gen)
@@ -129,8 +135,6 @@ def test_low_precision_query_gives_the_rounded_float32_result(backend, dtype, ca
     where the arithmetic does not depend on the output dtype (float32 / f16 caches), the
     result is exactly the float32-query result rounded like Tensor.to, split-K merge (the
     2100-key sequence) included."""
-    if backend == "torch":
-        pytest.skip("the fallback computes in the query dtype")
     gen = torch.Generator().manual_seed(21)
     k, v, offs, lens_t = _make_cache([1, 17, 300, 2100], 2, 64, cache_dtype, shuffle=True, gen=gen)
     q = torch.randn(4, 8, 64, generator=gen).to(dtype)
@@ -186,8 +190,6 @@ def _prefill_case(lens: list[int], hq: int, hkv: int, d: int, dtype, gen):
 @pytest.mark.parametrize("hq,hkv", [(1, 1), (8, 1), (16, 4), (8, 8)])
 @pytest.mark.parametrize("d", [64, 128])
 def test_prefill_matches_float64(backend, dtype, hq, hkv, d):
-    if backend == "torch" and d == 128:
-        pytest.skip("the fallback is the reference code itself: d=64 covers it")
     gen = torch.Generator().manual_seed(hq + hkv + d)
     q, k, v, cu = _prefill_case([1, 17, 77, 130, 2], hq, hkv, d, dtype, gen)
     out = cpu_kernels.prefill_attention(q, k, v, cu, d**-0.5)
@@ -225,6 +227,48 @@ def test_decode_op_releases_the_gil():
         ticks += 1  # pure-Python work: only progresses when the GIL is free
     th.join()
     assert ticks > 1000, f"main thread starved ({ticks} ticks in {time.perf_counter() - t0:.3f}s)"
+
+
+def _attention_by_definition(q, k, v, scale, sinks=None, causal_from=None, window=None):
+    """One sequence, float64, head by head: out[t, h] = sum_j softmax_j(q[t,h].k[j,h/g] * scale) v[j,h/g],
+    over the keys t may see (all; up to itself from `causal_from`; the last `window`), a sink's exp
+    in the denominator."""
+    T, Hq, d = q.shape
+    g = Hq // k.shape[1]
+    out = torch.zeros(T, Hq, d, dtype=torch.float64)
+    for t in range(T):
+        last = k.shape[0] if causal_from is None else causal_from + t + 1
+        first = 0 if window is None else max(0, last - window)
+        for h in range(Hq):
+            scores = [float(q[t, h].double() @ k[j, h // g].double()) * scale for j in range(first, last)]
+            top = max(scores + ([float(sinks[h])] if sinks is not None else []))
+            w = [pow(2.718281828459045, s - top) for s in scores]
+            den = sum(w) + (pow(2.718281828459045, float(sinks[h]) - top) if sinks is not None else 0.0)
+            for j, wj in zip(range(first, last), w, strict=True):
+                out[t, h] += wj / den * v[j, h // g].double()
+    return out
+
+
+@pytest.mark.parametrize("sinks,window", [(False, None), (True, None), (True, 3), (False, 2)])
+def test_the_reference_is_attention(sinks, window):
+    gen = torch.Generator().manual_seed(7)
+    hq, hkv, d, n = 4, 2, 8, 6
+    q, k, v = (torch.randn(n, h, d, generator=gen) for h in (hq, hkv, hkv))
+    sink = torch.randn(hq, generator=gen) if sinks else None
+    scale = d**-0.5
+    # decode: the last token's query over the sequence's keys in a [Hkv, T, d] cache at offset 2
+    cache_k, cache_v = torch.zeros(hkv, n + 4, d), torch.zeros(hkv, n + 4, d)
+    cache_k[:, 2:2 + n], cache_v[:, 2:2 + n] = k.transpose(0, 1), v.transpose(0, 1)
+    offs, lens = torch.tensor([2]), torch.tensor([n])
+    if window is not None:  # the kernels' callers narrow each sequence's block to the window
+        offs, lens = offs + max(0, n - window), torch.tensor([min(n, window)])
+    got = decode_attention_torch(q[-1:], cache_k, cache_v, offs, lens, scale, sink)
+    want = _attention_by_definition(q[-1:], k, v, scale, sink, causal_from=n - 1, window=window)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
+    # prefill: causal over the prompt
+    got = prefill_attention_torch(q, k, v, torch.tensor([0, n]), scale, window, sink)
+    want = _attention_by_definition(q, k, v, scale, sink, causal_from=0, window=window)
+    torch.testing.assert_close(got.double(), want, rtol=1e-5, atol=1e-6)
 
 
 def test_backend_name():

@@ -1,25 +1,33 @@
-"""Latency mode's runtime on the emulated device, on the committed trained checkpoint (structured
-routing): the plain engine's greedy float32 tokens with every policy, within the device budget,
-and the same hits as the trace simulator makes from the same routing."""
+"""Latency mode's runtime on the strict emulated device, on the committed trained checkpoint
+(structured routing): the plain engine's greedy float32 tokens and every pass's logits with every
+policy, memory as counted from the model, no more than one host sync per MoE layer pass (the
+routing the cache decides from), the same hits as the trace simulator makes from the same routing;
+and the faults the comparison catches (a slot filled with another expert, a dropped attention
+output, compute that does not wait for its expert's copy)."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from hrm import get_hardware, model_from_hf_config
-from moelight.engine.generation import Engine
-from moelight.expert_cache.cache_executor import ExpertCacheExecutor
+from moelight.errors import NumericalError
+from moelight.expert_cache import cache_executor
+from moelight.expert_cache.cache_executor import ExpertCacheExecutor, expert_bytes, non_expert_bytes
 from moelight.expert_cache.cache_simulator import PassTimer, simulate_cache
 from moelight.expert_cache.eam import EAMCollection, eam_of
 from moelight.expert_cache.policy_registry import NEEDS_PREDICTOR, POLICIES, make_policy
 from moelight.expert_cache.predictor_training import train_predictors
 from moelight.jobs.trace_job import trace_requests
 from moelight.loading.model_source import load_model, resolve_model
+from moelight.pipeline.memory_plan import held_bytes_per_token, layer_pass_bytes_per_token, logits_bytes
 from moelight.sampling.params import SamplingParams
 from moelight.tokenization.tokenizer import load_tokenizer
+from tests.conftest import device_kinds
+from tests.runtime_check import assert_close_run_on_gpu, assert_same_run, run_job
 
 CKPT = Path(__file__).parent / "data" / "stdlib-moe"  # benchmarks/train_small_moe.py --layers 4 --minutes 4
 SNIPPETS = ["def __init__(self, name, value=None):\n    ", "import os\nimport sys\n\n\ndef main(", "class Error(",
@@ -33,7 +41,7 @@ def setup():
     model = load_model(src)
     tok = load_tokenizer(CKPT, model_vocab_size=src.config.vocab_size)
     prompts = [tok.encode(s) for s in SNIPPETS]
-    params = [SamplingParams(max_tokens=6, ignore_eos=True) for _ in prompts]
+    params = [SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True) for _ in prompts]
     L, E = src.config.num_layers, src.config.num_experts
     held = [tok.encode(s + " x = 1\n") for s in reversed(SNIPPETS)]  # the collection's and predictors' prompts
     t = trace_requests(model, (2,), [f"h{i}" for i in range(len(held))], held, params, [0] * len(held), "stdlib-moe",
@@ -53,24 +61,63 @@ def cpu_tokens(model) -> int:
     return PassTimer(get_hardware("t4"), model_from_hf_config(model.config.to_hf_dict()), "float32").cpu_crossover()
 
 
-def _run(model, prompts, params, policy, slots, batch, budget=2):
-    ex = ExpertCacheExecutor(model, slots, policy, "emulated", prefetch_per_layer=budget, device_memory=64 << 20,
-                             cpu_max_tokens=cpu_tokens(model), h2d_bandwidth=4e9, d2h_bandwidth=4e9)
+def _executor(model, policy, slots, budget=2, h2d_bandwidth=4e9, device="emulated"):
+    if device == "cuda":  # over a copy: the non-expert modules move to the GPU, the experts are pinned
+        return ExpertCacheExecutor(copy.deepcopy(model), slots, policy, "cuda", prefetch_per_layer=budget,
+                                   cpu_max_tokens=cpu_tokens(model))
+    return ExpertCacheExecutor(model, slots, policy, "emulated", prefetch_per_layer=budget, device_memory=64 << 20,
+                               cpu_max_tokens=cpu_tokens(model), h2d_bandwidth=h2d_bandwidth, d2h_bandwidth=4e9)
+
+
+def check_memory(ex, model, prompts, batch) -> None:
+    """Weights and slots exactly as counted from the model; the peak above them within the engine's
+    KV cache and what the passes allocate (the memory plan's bounds of a layer pass)."""
+    c, dtype = model.config, model.embed_tokens.weight.dtype
+    static = non_expert_bytes(model) + (ex.cache.slots + len(ex.stream_slots)) * expert_bytes(model)
+    kv = sum(t.numel() * t.element_size() for t in (*ex._kv_src.k, *ex._kv_src.v))
+    tokens = max(sum(sorted(map(len, prompts))[-batch:]), batch)
+    passes = tokens * (held_bytes_per_token(c, dtype) + layer_pass_bytes_per_token(c, dtype, 1)) \
+        + 6 * 4 * c.num_heads * max(map(len, prompts)) ** 2 + batch * logits_bytes(c, dtype)
+    assert static + kv < ex.device.memory_peak <= static + kv + passes
+
+
+def _run(model, prompts, params, policy, slots, batch, budget=2, device="emulated"):
+    ex = _executor(model, policy, slots, budget, device=device)
     try:
-        out = Engine(model, (2,), 256, executor=ex).generate(prompts, params, [0] * len(prompts), batch, batch)
-        assert ex.device.memory_peak <= ex.device.memory_capacity
-        return [r.token_ids for r in out], ex.cache_stats
+        static = non_expert_bytes(model) + (slots + len(ex.stream_slots)) * expert_bytes(model)
+        if device == "emulated":
+            assert ex.device.memory_used == static
+        run = run_job(ex.model, ex, prompts, params, batch, batch, max_prefill_tokens=256)
+        if device == "emulated":
+            check_memory(ex, model, prompts, batch)
+        else:  # CUDA's allocator rounds blocks and adds workspaces: the weights and slots are a lower bound
+            assert ex.device.memory_peak >= static
+        stats = ex.stats()
+        moe_layers = sum(model.config.is_sparse(j) for j in range(model.config.num_layers))
+        hidden = 1 if policy.wants_hidden else 0  # ProMoE's predictors read each layer's input too
+        assert stats["gpu_lane_syncs_per_step"] <= (moe_layers * (1 + hidden) + 1) * -(-len(prompts) // batch)
+        assert stats["pageable_copies"] == 0  # the experts were pinned once at load
+        return run, ex.cache_stats
     finally:
         ex.close()
 
 
+@pytest.fixture(scope="module")
+def plain(setup):
+    model, prompts, params, *_ = setup
+    return {b: run_job(model, None, prompts, params, b, b, max_prefill_tokens=256) for b in (1, 2, 3)}
+
+
+@pytest.mark.parametrize("device", device_kinds())
 @pytest.mark.parametrize("batch", [1, 3])
 @pytest.mark.parametrize("name", POLICIES)
-def test_every_policy_gives_the_plain_engines_tokens(setup, name, batch):
+def test_every_policy_gives_the_plain_engines_tokens_and_logits(setup, plain, name, batch, device):
     model, prompts, params, L, E, eamc = setup
-    ref = [r.token_ids for r in Engine(model, (2,), 256).generate(prompts, params, [0] * len(prompts), batch, batch)]
-    tokens, stats = _run(model, prompts, params, policy_of(name, L, E, eamc), slots=12, batch=batch)
-    assert tokens == ref
+    run, stats = _run(model, prompts, params, policy_of(name, L, E, eamc), slots=12, batch=batch, device=device)
+    if device == "emulated":
+        assert_same_run(run, plain[batch], what=name)
+    else:
+        assert_close_run_on_gpu(run, plain[batch], what=name)
     assert stats.accesses == stats.hits + stats.misses > 0
     assert stats.fetched_bytes > 0 or stats.cpu_executed == stats.misses  # every miss fetched, or run on the CPU
     if name in ("moe-infinity", "promoe", "duoserve"):
@@ -79,6 +126,42 @@ def test_every_policy_gives_the_plain_engines_tokens(setup, name, batch):
         assert stats.streamed > 0  # its prefill bypasses the cache
     if name == "coserve":
         assert stats.cpu_executed > 0  # misses with few tokens ran on the CPU
+
+
+@pytest.mark.parametrize("fault", ["a slot filled with another expert", "a dropped attention output",
+                                   "compute not waiting for its copy"])
+def test_the_comparison_catches_a_cache_fault(setup, plain, fault, monkeypatch):
+    model, prompts, params, L, E, eamc = setup
+    ex = _executor(model, policy_of("lru", L, E, eamc), 12, h2d_bandwidth=4e7) if "waiting" in fault else \
+        _executor(model, policy_of("lru", L, E, eamc), 12)
+    try:
+        if fault == "a slot filled with another expert":
+            chunks = ex._chunks
+
+            def wrong(f):
+                pairs = chunks(f)
+                if f.key == 3:  # layer 0's expert 3 arrives holding expert 4's weights
+                    mlp = model.layers[ex.moe_layers[0]].mlp
+                    (dgu, _), (ddn, _) = pairs[0]
+                    return [[(dgu, mlp.gate_up_proj[4].detach()), (ddn, mlp.down_proj[4].detach())]]
+                return pairs
+
+            ex._chunks = ex.worker.split = wrong
+        elif fault == "a dropped attention output":
+            attention, calls = cache_executor.batched_decode_attention, [0]
+
+            def dropped(*args, **kwargs):
+                calls[0] += 1
+                out = attention(*args, **kwargs)
+                return out * 0 if calls[0] == 2 else out
+
+            monkeypatch.setattr(cache_executor, "batched_decode_attention", dropped)
+        else:  # the slot still holds the copy's poison when the expert runs: NaN logits stop the job
+            monkeypatch.setattr(ex.device, "wait_event", lambda event: None)
+        with pytest.raises(NumericalError if "waiting" in fault else AssertionError):
+            assert_same_run(run_job(model, ex, prompts, params, 3, 3, max_prefill_tokens=256), plain[3])
+    finally:
+        ex.close()
 
 
 @pytest.mark.parametrize("batch", [1, 2])

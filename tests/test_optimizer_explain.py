@@ -28,6 +28,14 @@ def test_the_binding_roof_names_what_that_roof_holds(binding, attn_gpu, ffn_gpu)
     if binding == "link":
         assert ("paging expert weights" in name) == ffn_gpu
         assert ("KV cache" in name) == attn_gpu
+        assert ("activations between attention and the FFN" in name) == (attn_gpu != ffn_gpu)
+    if binding == "host":  # one memory, whatever the placement: what draws on it is named
+        assert name.startswith("host memory bandwidth")
+        assert all(w in name for w in ("staging copies", "DMA", "CPU attention"))
+    if binding == "stage":
+        assert "paged weights" in name and "pinned buffers" in name
+    others = [roof_name(b, attn_gpu, ffn_gpu) for b in ("cpu", "gpu", "link", "host", "stage") if b != binding]
+    assert name not in others  # each roof has a name of its own
 
 
 def _intensity_below_p1(hw, dtype):

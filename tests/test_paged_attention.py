@@ -37,7 +37,7 @@ def _tables(lengths: list[int], pages: int, shared: int, contiguous: bool) -> to
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("contiguous", [True, False])
 @pytest.mark.parametrize("hq,hkv", [(4, 4), (8, 2)])
-def test_paged_decode_matches_reference(backend, dtype, contiguous, hq, hkv):
+def test_paged_decode_matches_reference(cpp_backend, dtype, contiguous, hq, hkv):
     d, lengths = 64, [1, 17, 40, 300, 33]
     k, v = _cache(hkv, 200, d, dtype)
     table = _tables(lengths, 200, shared=2, contiguous=contiguous)
@@ -52,7 +52,7 @@ def test_paged_decode_matches_reference(backend, dtype, contiguous, hq, hkv):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("contiguous", [True, False])
 @pytest.mark.parametrize("hq,hkv", [(4, 4), (8, 2), (4, 1)])
-def test_paged_prefill_matches_reference(backend, dtype, contiguous, hq, hkv):
+def test_paged_prefill_matches_reference(cpp_backend, dtype, contiguous, hq, hkv):
     """New tokens after cached prefixes of 0, 16, 32 and 48 positions (whole pages) and a run that starts
     inside a tile of queries (scattered pages)."""
     d = 64

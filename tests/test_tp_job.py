@@ -1,6 +1,7 @@
 """A tensor-parallel job through the front ends: `moelight run --gpus N` spawns its ranks (or
-torchrun starts them), rank 0 alone writes the results, and a failing rank ends the job with one
-error while every finished result stays on disk."""
+torchrun starts them), rank 0 alone writes the results, every rank takes rank 0's sampled tokens,
+and a failing rank ends the job with one error while every finished result stays on disk, whether
+its peers' collectives fail (gloo) or wait for an abort (NCCL's behaviour, emulated)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 pytest.importorskip("transformers")
@@ -27,7 +29,7 @@ from tests.test_cli_run import read_jsonl, report_of, write_jsonl  # noqa: E402
 SHAPE = dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=4, intermediate_size=48,
              num_hidden_layers=2, vocab_size=320)
 JOB = ["--hardware", "t4", "--device", "emulated", "--dtype", "float32", "--gen-len", "6", "--ignore-eos",
-       "--no-progress"]
+       "--temperature", "0", "--no-progress"]
 
 
 @pytest.fixture(scope="module")
@@ -70,11 +72,19 @@ def test_a_rank_count_that_does_not_divide_the_model_is_refused_before_loading(t
     assert not (tmp_path / "out.jsonl").exists()
 
 
-def test_a_follower_failing_mid_job_ends_it_and_keeps_finished_results(tmp_path, job, monkeypatch):
+@pytest.mark.parametrize("collectives", ["fail", "block"])
+def test_a_follower_failing_mid_job_ends_it_and_keeps_finished_results(tmp_path, job, monkeypatch, collectives):
+    """With "block", rank 0's all-reduce with the dead rank waits as NCCL's does (for the group's
+    timeout, 120 s here): only rank 0's monitor, aborting the communicator, ends it in time."""
     ckpt, data, ref = job
     out = tmp_path / "out.jsonl"
     monkeypatch.setenv("MOELIGHT_TP_FAULT", "1:decode:8")  # rank 1 dies in its 8th decode pass
+    if collectives == "block":
+        monkeypatch.setenv("MOELIGHT_TP_BLOCKING_COLLECTIVES", "1")
+        monkeypatch.setenv("MOELIGHT_TP_TIMEOUT", "120")
+    t0 = time.perf_counter()
     res = _run(out, ckpt, data, "--gpus", "2", "--batch-size", "2")
+    assert time.perf_counter() - t0 < 100  # ended by the abort, not by the collective's timeout
     assert res.exit_code == 2, res.output
     assert says(res.output, "tensor-parallel rank 1 of 2 failed: RuntimeError: fault injected")
     assert "Traceback" not in res.output
@@ -85,6 +95,50 @@ def test_a_follower_failing_mid_job_ends_it_and_keeps_finished_results(tmp_path,
     res = _run(out, ckpt, data, "--gpus", "2", "--resume")
     assert res.exit_code == 0, res.output
     assert _tokens(out) == ref and len(read_jsonl(out)) == len(ref)  # every id once
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_on_gpus_a_dead_follower_is_caught_by_the_monitor_not_ncc_ls_watchdog(tmp_path, job, monkeypatch):
+    """Over NCCL a collective with a dead rank waits; rank 0's monitor aborts the communicator."""
+    ckpt, data, _ = job
+    gpu = [a if a != "emulated" else "cuda" for a in JOB]
+    ok = CliRunner().invoke(app, ["run", "--dataset", str(data), "--model", str(ckpt), "--output",
+                                  str(tmp_path / "ref.jsonl"), *gpu, "--gpus", "2", "--batch-size", "2"])
+    assert ok.exit_code == 0, ok.output
+    ref = _tokens(tmp_path / "ref.jsonl")
+    monkeypatch.setenv("MOELIGHT_TP_FAULT", "1:decode:8")
+    monkeypatch.setenv("MOELIGHT_TP_TIMEOUT", "300")
+    t0 = time.perf_counter()
+    res = CliRunner().invoke(app, ["run", "--dataset", str(data), "--model", str(ckpt), "--output",
+                                   str(tmp_path / "out.jsonl"), *gpu, "--gpus", "2", "--batch-size", "2"])
+    assert time.perf_counter() - t0 < 200 and res.exit_code == 2, res.output
+    assert says(res.output, "tensor-parallel rank 1 of 2 failed: RuntimeError: fault injected")
+    done = _tokens(tmp_path / "out.jsonl")
+    assert 0 < len(done) < len(ref) and all(ref[i] == t for i, t in done.items())
+
+
+def test_followers_take_rank_0s_tokens(tmp_path, job, monkeypatch):
+    """Rank 1's logits made to prefer other tokens: it still decodes rank 0's tokens (else its
+    hidden states, and so the all-reduced sums, would go astray)."""
+    ckpt, data, ref = job
+    monkeypatch.setenv("MOELIGHT_TP_FAULT", "1:logits")
+    res = _run(tmp_path / "out.jsonl", ckpt, data, "--gpus", "2")
+    assert res.exit_code == 0, res.output
+    assert _tokens(tmp_path / "out.jsonl") == ref
+
+
+def test_spawned_ranks_use_their_own_gpu_whatever_an_outer_launcher_set(monkeypatch):
+    """LOCAL_RANK inherited from an outer launcher must not put every spawned rank on one GPU."""
+    import moelight.parallel.rank_group as rank_group
+
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    seen = []
+    monkeypatch.setattr(rank_group.dist, "init_process_group", lambda *a, **k: None)
+    monkeypatch.setattr(rank_group.dist, "new_group", lambda *a, **k: object())
+    for rank, init in ((1, "tcp://127.0.0.1:1"), (1, None)):
+        seen.append(rank_group.join_group("emulated", rank, 2, init).torch_device_index)
+    assert seen == [1, 0]  # spawned: its rank; torchrun's: its LOCAL_RANK
 
 
 def test_the_api_keeps_its_ranks_across_calls_and_a_rank_0_failure_ends_them(job, monkeypatch):

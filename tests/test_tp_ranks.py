@@ -1,8 +1,9 @@
 """Tensor parallelism over processes: N ranks joined by gloo, each running the CGOPipe runtime
-(every schedule) on its own emulated device over its shard, give the single-device run's greedy
-float32 tokens. Prefill logits agree within rtol 1e-4, not bit for bit: a rank's O projection
-and FFN sum over its part of the heads / expert width, and the all-reduce adds the parts, an
-order of additions one device's matmul does not use."""
+(every schedule) on its own emulated device over its shard, give the plain engine's greedy
+float32 tokens on the whole model, and every prefill and decode pass's logits within rtol 1e-4, not
+bit for bit: a rank's O projection and FFN sum over its part of the heads / expert width, and the
+all-reduce adds the parts, an order of additions one device's matmul does not use. The same
+comparison fails when a rank swaps one paged expert or drops one micro-batch's attention output."""
 
 from __future__ import annotations
 
@@ -12,17 +13,16 @@ import pytest
 import torch
 import torch.multiprocessing as mp
 
-from moelight.engine.generation import Engine
 from moelight.pipeline.pipeline_executor import PipelineExecutor
 from moelight.pipeline.schedule import SCHEDULES
-from moelight.runtime.kv_cache import RaggedKVCache
 from moelight.sampling.params import SamplingParams
 from tests.checkpoints import random_prompts
+from tests.runtime_check import Run, assert_same_run, run_job
 from tests.tp_helpers import family_config, random_model
 
 PROMPTS = random_prompts(7, 300, min_len=2, max_len=14, seed=11)
 # unequal lengths: sequences finish early and the refill admits the waiting ones
-PARAMS = [SamplingParams(max_tokens=3 + (k % 3) * 2, ignore_eos=True) for k in range(len(PROMPTS))]
+PARAMS = [SamplingParams(max_tokens=3 + (k % 3) * 2, temperature=0.0, ignore_eos=True) for k in range(len(PROMPTS))]
 EXEC_KW = dict(max_prefill_tokens=48, max_prompt_len=16, max_batch=8, max_context=64,
                h2d_bandwidth=4e9, d2h_bandwidth=4e9)
 # (family, schedule, r_w): every schedule on Mixtral; OLMoE all-reduces inside pre-attention
@@ -38,61 +38,93 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _run(model, schedule: str, r_w: float, compute_in_order: bool = False):
-    """(prefill logits of the prompts, greedy tokens of the job) on the emulated runtime."""
-    ex = PipelineExecutor(model, schedule, "emulated", r_w=r_w, compute_in_order=compute_in_order, **EXEC_KW)
+def _run(model, schedule: str, r_w: float, compute_in_order: bool = False, fault: str = "", device="emulated",
+         index: int = 0):
+    """The job's run (tokens, every pass's logits) on the runtime, with a fault if asked."""
+    kwargs = EXEC_KW if device == "emulated" else {k: v for k, v in EXEC_KW.items() if not k.endswith("bandwidth")}
+    if device == "cuda":
+        kwargs = {**kwargs, "index": index}
+    ex = PipelineExecutor(model, schedule, device, r_w=r_w, compute_in_order=compute_in_order, **kwargs)
     try:
-        lens = torch.tensor([len(p) for p in PROMPTS[:3]])
-        cache = RaggedKVCache.pool(model.config, int(lens.sum()), model.embed_tokens.weight.dtype)
-        logits = ex.prefill(cache, torch.tensor([t for p in PROMPTS[:3] for t in p]), lens,
-                            torch.cumsum(lens, 0) - lens)
-        out = Engine(model, (2,), max_prefill_tokens=48, executor=ex).generate(
-            PROMPTS, PARAMS, [0] * len(PROMPTS), batch_size=4, micro_batch_size=2)
-        return logits, [r.token_ids for r in out]
+        if fault == "swap":
+            from tests.runtime_check import swap_paged_experts
+
+            swap_paged_experts(ex.pager)
+        return run_job(model, ex, PROMPTS, PARAMS, 4, 2, max_prefill_tokens=48)
     finally:
         ex.close()
 
 
-def _rank_main(rank: int, n: int, port: int, cases, dtype, results) -> None:
+def _drop_attention() -> None:
+    from tests.runtime_check import drop_attention
+
+    class Patch:  # pytest's monkeypatch, in a rank's process
+        def setattr(self, target, name, value):
+            setattr(target, name, value)
+
+    drop_attention(Patch())
+
+
+def _rank_main(rank: int, n: int, port: int, cases, dtype, results, fault: str = "", device="emulated") -> None:
     """One rank: join the group, then every case over its shard; rank 0 reports."""
     from moelight.parallel import shard_model
     from moelight.parallel.rank_group import join_group
 
     torch.set_num_threads(1)
-    group = join_group("emulated", rank, n, f"tcp://127.0.0.1:{port}")
+    if fault == "drop" and rank == 1:
+        _drop_attention()
+    group = join_group(device, rank, n, f"tcp://127.0.0.1:{port}")
     out = []
     for name, schedule, r_w in cases:
         full = random_model(family_config(name), dtype, seed=5)
         part = shard_model(full, rank, n, group.all_reduce)
         del full
-        out.append(_run(part, schedule, r_w, compute_in_order=True))
-    if rank == 0:
-        results.put(out)
+        out.append(_run(part, schedule, r_w, compute_in_order=True, fault=fault if rank == 1 else "", device=device,
+                        index=group.torch_device_index))
+    if rank == 0:  # by value: tensors would be shared through this process, which is about to exit
+        results.put([(r.tokens, [(k, t.float().numpy()) for k, t in r.logits]) for r in out])
     group.barrier()
     torch.distributed.destroy_process_group()
 
 
-def _ranks(n: int, cases, dtype=torch.float32):
+def _ranks(n: int, cases, dtype=torch.float32, fault: str = "", device: str = "emulated"):
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
-    procs = mp.start_processes(_rank_main, args=(n, _free_port(), cases, dtype, results), nprocs=n,
+    procs = mp.start_processes(_rank_main, args=(n, _free_port(), cases, dtype, results, fault, device), nprocs=n,
                                join=False, start_method="spawn")
     out = results.get(timeout=300)
     procs.join(timeout=60)
-    return out
+    return [Run(tokens, [(k, torch.from_numpy(a).to(dtype)) for k, a in logits]) for tokens, logits in out]
 
 
 @pytest.fixture(scope="module")
-def single_device():
-    return [_run(random_model(family_config(name), seed=5), schedule, r_w) for name, schedule, r_w in CASES]
+def plain_engine():
+    """Each case's job on the plain CPU engine over the whole model."""
+    return [run_job(random_model(family_config(name), seed=5), None, PROMPTS, PARAMS, 4, 2, max_prefill_tokens=48)
+            for name, _, _ in CASES]
 
 
 @pytest.mark.parametrize("n", [2, 4])
-def test_ranks_give_the_single_device_tokens_for_every_schedule(single_device, n):
-    got = _ranks(n, CASES)
-    for case, (ref_logits, ref_tokens), (logits, tokens) in zip(CASES, single_device, got, strict=True):
-        assert tokens == ref_tokens, case
-        torch.testing.assert_close(logits, ref_logits, rtol=1e-4, atol=1e-4, msg=str(case))
+def test_ranks_give_the_plain_engines_tokens_and_logits_on_every_schedule(plain_engine, n):
+    for case, ref, got in zip(CASES, plain_engine, _ranks(n, CASES), strict=True):
+        assert_same_run(got, ref, rtol=1e-4, atol=1e-4, what=str(case))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_ranks_on_gpus_over_nccl_give_the_plain_engines_logits(plain_engine):
+    from tests.runtime_check import assert_close_run_on_gpu
+
+    for case, ref, got in zip(CASES, plain_engine, _ranks(2, CASES, device="cuda"), strict=True):
+        assert_close_run_on_gpu(got, ref, what=str(case))
+
+
+@pytest.mark.parametrize("fault", ["swap", "drop"])
+def test_the_comparison_catches_a_rank_that_swaps_an_expert_or_drops_attention(plain_engine, fault):
+    case = [CASES[1]]  # Mixtral, CGOPipe, half the experts paged
+    (got,) = _ranks(2, case, fault=fault)
+    with pytest.raises(AssertionError):
+        assert_same_run(got, plain_engine[1], rtol=1e-4, atol=1e-4)
 
 
 def test_bfloat16_ranks_stay_within_bfloat16s_own_rounding():
@@ -100,7 +132,7 @@ def test_bfloat16_ranks_stay_within_bfloat16s_own_rounding():
     from tests.test_tp_sharding import bf16_within_its_own_rounding
 
     case = [("mixtral", "cgopipe", 0.25)]
-    (tp, _), = _ranks(2, case, torch.bfloat16)
-    (single, _), (f32, _) = (_run(random_model(family_config("mixtral"), dt, seed=5), "cgopipe", 0.25)
-                             for dt in (torch.bfloat16, torch.float32))
-    bf16_within_its_own_rounding(tp, single, f32)
+    (tp,) = _ranks(2, case, torch.bfloat16)
+    single, f32 = (_run(random_model(family_config("mixtral"), dt, seed=5), "cgopipe", 0.25)
+                   for dt in (torch.bfloat16, torch.float32))
+    bf16_within_its_own_rounding(tp.logits[0][1], single.logits[0][1], f32.logits[0][1])

@@ -1,176 +1,118 @@
-"""The device layer's small interface, and the lane workers both implementations share.
+"""The device layer's interface: memory with a budget, lanes of ordered work, events.
 
-A device offers: memory on the accelerator (`empty`, `adopt`, `free`, with a budget),
-pinned host memory, copies that a copy lane runs, and `submit(lane, fn, deps)` that runs
-`fn` on a lane once the events `deps` allow it and returns the task's Event.
+A device offers memory on the accelerator (`empty` from a lane's pool, `record_stream`, `free`,
+every tensor on it counted against its capacity), pinned host memory, copies that a copy lane
+runs, and `submit(lane, fn, deps)` that runs `fn` on a lane once `deps` allow it.
 
-Lane semantics are those of schedule.py (and of the simulator): one worker per lane,
-serial; among the submitted items whose dependencies are ready, the first submitted
-runs. A failing task marks its event failed; tasks depending on it are skipped and
-fail too, and `synchronize` raises the first error, so nothing deadlocks on an error.
+Lanes (schedule.py's, and the simulator's): "gpu", "h2d", "d2h" are device streams; "cpu" and
+"pin" are host threads. A task is *launched* when its function has run on its lane's thread
+(for a stream lane: its work is enqueued) and *done* when its work has completed. A stream-lane
+task may launch once its stream dependencies are launched (the stream waits for them on the
+device, as `wait_event` does on CUDA); anything that depends on a host lane, and every host-lane
+task, waits for completion. A failing task marks its event failed; tasks depending on it are
+skipped and fail too, and `synchronize` raises the first error, so nothing deadlocks on an error.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
-import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 
 import torch
 
 DEVICE_LANES = ("gpu", "cpu", "h2d", "d2h", "pin")
+STREAM_LANES = ("gpu", "h2d", "d2h")  # device streams; the other lanes are host threads
 
 
 class DeviceOutOfMemory(RuntimeError):
-    """An allocation would exceed the device-memory budget the plan allows."""
+    """An allocation would exceed the device's memory capacity."""
 
 
 class DependencyFailed(RuntimeError):
     pass
 
 
-class Event:
-    """Completion of one submitted task (host side). CUDA lanes add a cuda event."""
+class StreamOrderError(RuntimeError):
+    """Device memory used by a lane in an order CUDA does not guarantee (a race on a real GPU)."""
 
-    def __init__(self, name: str = "") -> None:
-        self.name = name
+
+class Event:
+    """One submitted task (host side): launched, then done; CUDA stream tasks add a cuda event.
+    `clock` maps each lane to the latest of its tasks this one is ordered after (itself included)."""
+
+    def __init__(self, name: str = "", lane: str = "") -> None:
+        self.name, self.lane = name, lane
+        self.launched = False
         self.done = False
         self.error: BaseException | None = None
-        self.cuda_event = None  # set by the CUDA device for GPU-stream work
+        self.cuda_event = None  # CUDA: recorded after the task's stream work
         self.t_start = 0.0
         self.t_end = 0.0
+        self.position = -1  # order among its lane's tasks
+        self.clock: dict[str, int] = {}
 
 
-@dataclass
-class LaneItem:
-    seq: int
-    fn: Callable[[], None]
-    deps: tuple[Event, ...]
-    event: Event
-    nbytes: float
+_current = threading.local()
 
 
-@dataclass
-class LaneSet:
-    """Worker threads, one per lane, sharing one condition variable for readiness."""
+def current_lane() -> str:
+    """The lane the calling thread works for: a lane worker's own, else the compute lane (as the
+    current stream of a thread is the default compute stream on CUDA)."""
+    return getattr(_current, "lane", "gpu")
 
-    run_item: Callable[[str, LaneItem], None]
-    is_ready: Callable[[str, Event], bool]
-    lanes: Sequence[str] = DEVICE_LANES
-    poll_s: float = 0.0005  # CUDA events cannot notify the condition: poll while waiting on them
-    cond: threading.Condition = field(default_factory=threading.Condition)
 
-    def __post_init__(self) -> None:
-        self.queues: dict[str, list[LaneItem]] = {lane: [] for lane in self.lanes}
-        self.pending = 0
-        self.seq = 0
-        self.first_error: BaseException | None = None
-        self.stopping = False
-        self.threads = [
-            threading.Thread(target=self._loop, args=(lane,), name=f"moelight-{lane}", daemon=True)
-            for lane in self.lanes
-        ]
-        for t in self.threads:
-            t.start()
+def current_event() -> Event | None:
+    """The task the calling lane thread is running (None outside a lane task)."""
+    return getattr(_current, "event", None)
 
-    def submit(
-        self, lane: str, fn: Callable[[], None], deps: Sequence[Event], nbytes: float, name: str
-    ) -> Event:
-        if lane not in self.queues:
-            raise ValueError(f"unknown lane {lane!r}; lanes: {', '.join(self.lanes)}")
-        ev = Event(name)
-        with self.cond:
-            self.queues[lane].append(LaneItem(self.seq, fn, tuple(deps), ev, nbytes))
-            self.seq += 1
-            self.pending += 1
-            self.cond.notify_all()
-        return ev
 
-    def _pick(self, lane: str) -> LaneItem | None:
-        for k, it in enumerate(self.queues[lane]):
-            if all(d.error is not None or self.is_ready(lane, d) for d in it.deps):
-                return self.queues[lane].pop(k)
-        return None
-
-    def _loop(self, lane: str) -> None:
-        while True:
-            with self.cond:
-                item = self._pick(lane)
-                while item is None:
-                    if self.stopping:
-                        return
-                    self.cond.wait(timeout=self.poll_s if self.queues[lane] else 0.05)
-                    item = self._pick(lane)
-            err = next((d.error for d in item.deps if d.error is not None), None)
-            item.event.t_start = time.perf_counter()
-            if err is None:
-                try:
-                    self.run_item(lane, item)
-                except BaseException as e:  # noqa: BLE001 - reported through synchronize()
-                    err = e
-            else:
-                err = DependencyFailed(f"{item.event.name}: a dependency failed ({err!r})")
-            item.event.t_end = time.perf_counter()
-            with self.cond:
-                item.event.error = err
-                item.event.done = True
-                if err is not None and self.first_error is None:
-                    self.first_error = err
-                self.pending -= 1
-                self.cond.notify_all()
-
-    def wait_all(self) -> None:
-        """Block until every submitted item ran; raise the first error, if any."""
-        with self.cond:
-            while self.pending:
-                self.cond.wait(timeout=0.05)
-            err, self.first_error = self.first_error, None
-        if err is not None:
-            raise err
-
-    def close(self) -> None:
-        with self.cond:
-            self.stopping = True
-            self.cond.notify_all()
-        for t in self.threads:
-            t.join(timeout=5)
+def bind_current(lane: str, event: Event | None = None) -> None:
+    _current.lane, _current.event = lane, event
 
 
 class Device(ABC):
-    """What the executor and the weight pager need from an accelerator."""
+    """What the executors and the weight pager need from an accelerator."""
 
     kind: str = "abstract"
     torch_device: torch.device
 
     # ---- memory ----
     @abstractmethod
-    def empty(self, shape, dtype: torch.dtype, tag: str = "") -> torch.Tensor:
-        """Device memory counted against the budget (raises DeviceOutOfMemory)."""
+    def empty(self, shape, dtype: torch.dtype, tag: str = "", lane: str | None = None) -> torch.Tensor:
+        """Device memory from the pool of `lane` (default: the calling thread's), the lane that will
+        write it first: a freed block is reused at once by later allocations on that lane."""
 
     @abstractmethod
-    def adopt(self, t: torch.Tensor, tag: str = "") -> torch.Tensor:
-        """Count a tensor produced on the device by compute (an activation) against the budget."""
+    def record_stream(self, t: torch.Tensor, lane: str) -> None:
+        """`t` (from another lane's pool) is used by `lane`'s work: its block is not reused before
+        the work launched on `lane` up to its release has run (CUDA's Tensor.record_stream)."""
 
     @abstractmethod
     def free(self, t: torch.Tensor | None) -> None:
-        """Give a tensor from `empty` / `adopt` back (no-op for None / unknown tensors)."""
+        """The caller drops its last use of a device tensor: its memory may be reused at once."""
 
     @abstractmethod
-    def reserve(self, nbytes: int, tag: str) -> int:
-        """Count bytes held by something else (e.g. modules moved to the device); returns a handle."""
-
-    @abstractmethod
-    def release(self, handle: int) -> None: ...
+    def adopt(self, t: torch.Tensor, tag: str = "") -> torch.Tensor:
+        """An existing tensor that lives on the device from now on (counted against the capacity)."""
 
     @abstractmethod
     def pinned(self, shape, dtype: torch.dtype) -> torch.Tensor:
-        """Page-locked host memory (the staging buffers of the weight pager)."""
+        """Page-locked host memory (copy sources and destinations)."""
+
+    @abstractmethod
+    def pin(self, t: torch.Tensor) -> torch.Tensor:
+        """`t` in page-locked host memory (itself if it is already)."""
 
     @abstractmethod
     def to_device_module(self, module: torch.nn.Module, tag: str) -> torch.nn.Module:
         """Place a module's parameters on the device (counted), returning the module to call."""
+
+    @abstractmethod
+    def upload(self, t: torch.Tensor) -> torch.Tensor:
+        """A small pinned host tensor (token ids, positions, rotary tables) on the device, copied
+        on the calling lane without a host sync."""
 
     @property
     @abstractmethod
@@ -193,11 +135,15 @@ class Device(ABC):
 
     @abstractmethod
     def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        """dst.copy_(src) as the current copy lane does it (non_blocking on CUDA)."""
+        """dst.copy_(src) on the current lane, asynchronously: dst holds the data once the task is done."""
 
     @abstractmethod
-    def host_wait(self, t: torch.Tensor) -> None:
-        """Make a device result safe to read on the host thread (no-op when emulated)."""
+    def is_complete(self, event: Event | None) -> bool:
+        """Whether the work of a submitted task has run (None: nothing to wait for)."""
+
+    @abstractmethod
+    def to_host(self, t: torch.Tensor) -> torch.Tensor:
+        """A device result on the host, waited for (one host sync: the sampled tokens' logits)."""
 
     # ---- direct use (the expert cache's copy thread and compute, outside the lanes) ----
     @abstractmethod
@@ -206,12 +152,27 @@ class Device(ABC):
         once `after` (an event from `record_event`) has passed; returns an event marking their end."""
 
     def record_event(self):
-        """An event at this point of the compute stream (None where compute is synchronous)."""
+        """An event at this point of the compute lane (None where compute is synchronous)."""
         return None
 
-    def wait_event(self, event) -> None:  # noqa: B027 - a no-op unless compute is asynchronous
-        """Make later compute wait for `event` (a no-op where copies complete before returning)."""
+    def wait_event(self, event) -> None:  # noqa: B027 - a no-op unless copies complete later
+        """Make later compute wait for `event` (a transfer's end) on the device, without a host sync."""
         return None
+
+    def compute(self) -> contextlib.AbstractContextManager:
+        """Run this device's compute from the calling thread (the expert cache's passes)."""
+        return contextlib.nullcontext()
+
+    def bind_thread(self, lane: str) -> None:
+        """Make the calling thread (not a lane worker) work for `lane` on this device."""
+        bind_current(lane)
+
+    def counters(self) -> dict[str, int]:
+        """Work issued from the compute lane so far: kernel launches and host syncs (where counted)."""
+        return {}
+
+    def count_compute(self, enabled: bool) -> None:  # noqa: B027 - devices that always count ignore it
+        """Count launches and host syncs of the compute lane from now on (or stop)."""
 
     @abstractmethod
     def synchronize(self) -> None:

@@ -1,70 +1,47 @@
-"""An emulated accelerator, so paging, buffers and synchronisation run on every machine.
+"""An emulated accelerator that behaves like CUDA where CUDA is unforgiving (DESIGN.md section 8f),
+so paging, buffers and synchronisation are tested on every machine:
 
-- memory: an arena with a hard capacity; an allocation past it raises DeviceOutOfMemory,
-  and the peak is tracked (tests assert peak <= budget);
-- copies: one thread per direction (h2d, d2h), serial within a direction, each copy
-  taking at least bytes / bandwidth of wall-clock time (it sleeps the rest), so the
-  overlap of transfers with compute is real and measurable;
-- compute: a worker thread runs the GPU lane's work in order; CPU attention and the
-  pinned-staging memcpy have their own threads, as on a real host.
-Tensors stay ordinary CPU tensors: the emulation is about time and capacity, not place.
+- copies run later, on a copy stream of their own per direction (copy_stream.py), at the link's
+  bandwidth, and poison their destination until they have run; a task's event is done only when
+  its copies have run;
+- memory (emulated_memory.py): every tensor on the device counts against its capacity, the
+  compute kernels' temporaries included; per-lane pools reuse a freed block at once and poison it;
+- stream order: a block from one lane's pool used by another lane without `record_stream`, or
+  first written by another lane that has not waited for the pool's lane, raises StreamOrderError
+  (on a GPU it is a race);
+- the compute lane counts its kernel launches and host syncs (compute_counter.py).
+Tensors stay ordinary CPU tensors: the emulation is about order, time and capacity, not place.
+Compute runs on the lane thread as it is issued; a compute task that waits for copies blocks its
+lane, as a stream blocked in `wait_event` does.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 
 import torch
 
+from moelight.devices.compute_counter import ComputeCounts, counting, stream_order_check, uncounted
+from moelight.devices.copy_stream import CopyJob, CopyStream
 from moelight.devices.device_base import (
     DEVICE_LANES,
+    STREAM_LANES,
+    DependencyFailed,
     Device,
-    DeviceOutOfMemory,
     Event,
-    LaneItem,
-    LaneSet,
-    nbytes_of,
+    StreamOrderError,
+    bind_current,
+    current_event,
+    current_lane,
 )
+from moelight.devices.emulated_memory import DeviceMemory, poison
+from moelight.devices.lanes import LaneItem, LaneSet
 
-
-class Arena:
-    """Byte accounting with a hard cap; thread safe."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = int(capacity)
-        self.used = 0
-        self.peak = 0
-        self._lock = threading.Lock()
-        self._next = 1
-        self._live: dict[int, tuple[int, str]] = {}
-
-    def alloc(self, nbytes: int, tag: str = "") -> int:
-        with self._lock:
-            if self.used + nbytes > self.capacity:
-                raise DeviceOutOfMemory(
-                    f"device memory budget exceeded allocating {nbytes} B for {tag or 'tensor'}: "
-                    f"{self.used} B in use of {self.capacity} B"
-                )
-            self.used += nbytes
-            self.peak = max(self.peak, self.used)
-            h = self._next
-            self._next += 1
-            self._live[h] = (nbytes, tag)
-            return h
-
-    def free(self, handle: int) -> None:
-        with self._lock:
-            nbytes, _ = self._live.pop(handle)
-            self.used -= nbytes
-
-    def by_tag(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        with self._lock:
-            for n, tag in self._live.values():
-                out[tag] = out.get(tag, 0) + n
-        return out
+_COPY_LANES = ("h2d", "d2h")
 
 
 class EmulatedDevice(Device):
@@ -80,77 +57,105 @@ class EmulatedDevice(Device):
         """compute_slowdown > 1 stretches GPU-lane work (sleeping (s-1) x its run time) to
         mimic a slower accelerator; 1 runs it at this host's speed."""
         self.torch_device = torch.device("cpu")
-        self.arena = Arena(capacity_bytes)
-        self.bandwidth = {"h2d": float(h2d_bandwidth), "d2h": float(d2h_bandwidth)}
         self.compute_slowdown = compute_slowdown
-        self._handles: dict[int, int] = {}  # id(tensor) -> arena handle
-        self._tensors: dict[int, torch.Tensor] = {}  # keep ids valid while counted
-        self._lock = threading.Lock()
-        self.lanes = LaneSet(self._run, lambda lane, ev: ev.done, DEVICE_LANES, poll_s=0.05)
+        self.counts = ComputeCounts()
+        self.pageable_copies = 0  # host -> device copies from pageable memory (synchronous on CUDA)
+        self._pinned: dict[int, object] = {}  # storage data_ptr of pinned host buffers
+        self._tls = threading.local()
+        self.memory = DeviceMemory(capacity_bytes, self._positions)
+        self._check_use = stream_order_check(self.memory)
+        self.lanes = LaneSet(self._launch, DEVICE_LANES, done_on_launch=("gpu", "cpu", "pin"),
+                             thread_init=self._init_thread)
+        self.lanes.on_complete.append(self.memory.settle)
+        bandwidth = {"h2d": h2d_bandwidth, "d2h": d2h_bandwidth}
+        self.streams = {lane: CopyStream(lane, bandwidth[lane], self.lanes.wait_done) for lane in _COPY_LANES}
+
+    def _positions(self):
+        lanes = getattr(self, "lanes", None)
+        return (lanes.position, lanes.done_position) if lanes is not None else ({}, {})
+
+    def _counting(self):
+        return counting(self.counts, lambda t: self.memory.block_of(t) is not None, self.memory, self._check_use)
+
+    def _init_thread(self, lane: str) -> None:
+        bind_current(lane)
+        if lane == "gpu":  # this thread's kernels are the device's: count them (the stack lives with the thread)
+            self._tls.stack = self._counting()
 
     # ---- memory ----
-    def _count(self, t: torch.Tensor, tag: str) -> torch.Tensor:
-        h = self.arena.alloc(nbytes_of(t), tag)
-        with self._lock:
-            self._handles[id(t)] = h
-            self._tensors[id(t)] = t
-        return t
+    def empty(self, shape, dtype: torch.dtype, tag: str = "", lane: str | None = None) -> torch.Tensor:
+        return self.memory.empty(shape, dtype, tag, lane or current_lane())
 
-    def empty(self, shape, dtype: torch.dtype, tag: str = "") -> torch.Tensor:
-        n = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
-        h = self.arena.alloc(n, tag)  # check before allocating host memory
-        t = torch.empty(shape, dtype=dtype)
-        with self._lock:
-            self._handles[id(t)] = h
-            self._tensors[id(t)] = t
-        return t
-
-    def adopt(self, t: torch.Tensor, tag: str = "") -> torch.Tensor:
-        return self._count(t, tag)
+    def record_stream(self, t: torch.Tensor, lane: str) -> None:
+        block = self.memory.block_of(t)
+        if block is not None:
+            block.recorded.add(lane)
 
     def free(self, t: torch.Tensor | None) -> None:
-        if t is None:
-            return
-        with self._lock:
-            h = self._handles.pop(id(t), None)
-            self._tensors.pop(id(t), None)
-        if h is not None:
-            self.arena.free(h)
+        if t is not None:
+            self.memory.release(t)
 
-    def reserve(self, nbytes: int, tag: str) -> int:
-        return self.arena.alloc(int(nbytes), tag)
+    def adopt(self, t: torch.Tensor, tag: str = "") -> torch.Tensor:
+        self.memory.track(t, tag)
+        return t
 
-    def release(self, handle: int) -> None:
-        self.arena.free(handle)
+    def _mark_pinned(self, t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        key = s.data_ptr()
+        if key not in self._pinned:
+            self._pinned[key] = weakref.finalize(s, self._pinned.pop, key, None)
+        return t
+
+    def is_pinned(self, t: torch.Tensor) -> bool:
+        return t.untyped_storage().data_ptr() in self._pinned
 
     def pinned(self, shape, dtype: torch.dtype) -> torch.Tensor:
-        return torch.empty(shape, dtype=dtype)
+        return self._mark_pinned(torch.empty(shape, dtype=dtype))
+
+    def pin(self, t: torch.Tensor) -> torch.Tensor:
+        return self._mark_pinned(t)
 
     def to_device_module(self, module: torch.nn.Module, tag: str) -> torch.nn.Module:
-        self.reserve(sum(nbytes_of(p) for p in module.parameters()), tag)
+        for t in (*module.parameters(), *module.buffers()):
+            self.memory.track(t, tag)
         return module
+
+    def upload(self, t: torch.Tensor) -> torch.Tensor:
+        if not self.is_pinned(t):
+            self.counts.add(sync="pageable upload")  # CUDA copies pageable memory synchronously
+        return t.clone()
 
     @property
     def memory_used(self) -> int:
-        return self.arena.used
+        return self.memory.used
 
     @property
     def memory_peak(self) -> int:
-        return self.arena.peak
+        return self.memory.peak
 
     @property
     def memory_capacity(self) -> int:
-        return self.arena.capacity
+        return self.memory.capacity
 
     # ---- work ----
-    def _run(self, lane: str, item: LaneItem) -> None:
-        t0 = time.perf_counter()
+    def _launch(self, lane: str, item: LaneItem) -> None:
+        stream_deps = [d for d in item.deps if d.lane in STREAM_LANES]
+        if lane in _COPY_LANES:
+            job = CopyJob(stream_deps, item.event, item.nbytes, lambda err, ev=item.event: self.lanes.complete(ev, err))
+            self._tls.job = job
+            try:
+                item.fn()
+            finally:
+                self._tls.job = None
+            self.streams[lane].enqueue(job)
+            return
+        self.lanes.wait_done(stream_deps)  # the stream (or the host) waits for the device work it reads
+        failed = next((d.error for d in stream_deps if d.error is not None), None)
+        if failed is not None:
+            raise DependencyFailed(f"{item.event.name}: a dependency failed ({failed!r})")
+        t0 = item.event.t_start = time.perf_counter()  # its work starts once what it waits for is done
         item.fn()
-        if lane in self.bandwidth:
-            rest = item.nbytes / self.bandwidth[lane] - (time.perf_counter() - t0)
-            if rest > 0:
-                time.sleep(rest)
-        elif lane == "gpu" and self.compute_slowdown > 1:
+        if lane == "gpu" and self.compute_slowdown > 1:
             time.sleep((self.compute_slowdown - 1) * (time.perf_counter() - t0))
 
     def submit(
@@ -158,25 +163,90 @@ class EmulatedDevice(Device):
     ) -> Event:
         return self.lanes.submit(lane, fn, deps, nbytes, name)
 
-    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
-        dst.copy_(src)
+    def _first_use(self, t: torch.Tensor, lane: str, ev: Event | None) -> None:
+        """A device tensor used by a copy on `lane` is recorded for it; a pool block of another lane may
+        be used only after `lane` waited for that lane's work queued before the block's allocation."""
+        block = self.memory.block_of(t)
+        if block is None or block.lane == lane:
+            return
+        known = ev.clock.get(block.lane, -1) if ev is not None else block.alloc_position
+        if block.buffer is not None and known < block.alloc_position:
+            raise StreamOrderError(
+                f"{ev.name if ev else 'a copy'}: the {lane} lane copies into a block of the {block.lane} "
+                f"lane's pool ({block.tag!r}) without waiting for that lane's work queued before the "
+                f"allocation: on a GPU the block may still be read by that work; allocate it on the "
+                f"{lane} lane")
+        block.recorded.add(lane)  # as CUDA's copy records its stream on both tensors
 
-    def host_wait(self, t: torch.Tensor) -> None:
-        return None
+    def copy(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        job = getattr(self._tls, "job", None)
+        if job is None:  # the compute lane's own copy: a kernel, in order
+            dst.copy_(src)
+            return
+        lane, ev = current_lane(), current_event()
+        for t in (dst, src):
+            self._first_use(t, lane, ev)
+        host = src if lane == "h2d" else dst
+        if not self.is_pinned(host):
+            self.pageable_copies += 1
+        poison(dst)
+        job.copies.append((dst, src))
+
+    def is_complete(self, event: Event | None) -> bool:
+        return event is None or event.done
+
+    def to_host(self, t: torch.Tensor) -> torch.Tensor:
+        self.counts.add(sync="to_host")
+        with uncounted():
+            return t.clone()
 
     def transfer(self, pairs, after=None):
-        """Copy now, then take the rest of bytes / h2d bandwidth (compute here is synchronous)."""
-        t0, nbytes = time.perf_counter(), 0
+        """Host -> device copies from the calling thread: poisoned until the h2d stream runs them."""
+        ev = Event("transfer", "h2d")
+
+        def finish(err, ev=ev) -> None:
+            with self.lanes.cond:
+                ev.error, ev.launched, ev.done = err, True, True
+                self.lanes.cond.notify_all()
+
+        job = CopyJob([after] if isinstance(after, Event) else [], ev, 0.0, finish)
         for dst, src in pairs:
-            dst.copy_(src)
-            nbytes += nbytes_of(src)
-        rest = nbytes / self.bandwidth["h2d"] - (time.perf_counter() - t0)
-        if rest > 0:
-            time.sleep(rest)
-        return None
+            if not self.is_pinned(src):
+                self.pageable_copies += 1
+            poison(dst)
+            job.copies.append((dst, src))
+            job.nbytes += src.numel() * src.element_size()
+        self.streams["h2d"].enqueue(job)
+        return ev
+
+    def wait_event(self, event) -> None:
+        """Compute waits for a transfer: here the compute thread blocks until it has run."""
+        if event is None:
+            return
+        self.lanes.wait_done([event])
+        if event.error is not None:
+            raise RuntimeError(f"a copy the compute waited for failed: {event.error!r}") from event.error
+
+    @contextlib.contextmanager
+    def compute(self):
+        before = current_lane(), current_event()
+        bind_current("gpu")
+        try:
+            with self._counting():
+                yield
+        finally:
+            bind_current(*before)
+
+    def counters(self) -> dict[str, int]:
+        return self.counts.snapshot() | {"pageable_copies": self.pageable_copies}
 
     def synchronize(self) -> None:
         self.lanes.wait_all()
+        for s in self.streams.values():
+            s.drain()
 
     def close(self) -> None:
         self.lanes.close()
+        for s in self.streams.values():
+            s.close()
+        self.memory.clear()

@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from moelight.planning.job_plan import JobPlan
+from moelight.planning.memory_check import available_bytes
 from moelight.runtime.executor import Executor
 
 
@@ -39,11 +40,12 @@ def pipeline_executor(model, opts, plan: JobPlan, size: tuple, device: str, rank
     policy = replace(plan.policy, batch_size=micro, micro_batch_size=micro, num_micro_batches=1)
     return PipelineExecutor.from_policy(model, policy, opts.schedule, device=device,
                                         max_prefill_tokens=opts.max_prefill_tokens, max_prompt_len=size[2],
-                                        max_context=size[3], **kwargs)
+                                        max_context=size[3], max_sequences=max(plan.batch_size, micro), **kwargs)
 
 
-def cache_executor(model, opts, plan: JobPlan, device: str) -> Executor:
-    """Latency mode's executor: a fresh expert cache for every job, on one device."""
+def cache_executor(model, opts, plan: JobPlan, device: str, kv_tokens: int = 4096) -> Executor:
+    """Latency mode's executor: a fresh expert cache for every job, on one device. The host copies
+    of the experts are page-locked once when the host has room for a second copy of them meanwhile."""
     from hrm import model_from_hf_config
     from moelight.expert_cache.cache_executor import ExpertCacheExecutor
     from moelight.expert_cache.cache_simulator import PassTimer, default_prefetch_budget
@@ -66,5 +68,8 @@ def cache_executor(model, opts, plan: JobPlan, device: str) -> Executor:
     if device == "emulated":
         kwargs |= {"device_memory": int(hw.gpu.memory_bytes), "h2d_bandwidth": hw.link.h2d,
                    "d2h_bandwidth": hw.link.d2h}
+    experts = sum(p.numel() * p.element_size() for n, p in model.named_parameters()
+                  if n.endswith(("mlp.gate_up_proj", "mlp.down_proj")))
+    kwargs["pin_experts"] = available_bytes() > 2 * experts
     return ExpertCacheExecutor(model, plan.info["cache"]["slots"], policy, device, prefetch_per_layer=budget,
-                               **kwargs)
+                               max_tokens=kv_tokens, **kwargs)

@@ -18,6 +18,7 @@ import torch
 from moelight.engine.batching import split_batches
 from moelight.engine.scheduler import Scheduler
 from moelight.engine.sequence import Sequence, SequenceResult
+from moelight.errors import NumericalError
 from moelight.models.causal_lm import MoECausalLM
 from moelight.runtime.executor import Executor
 from moelight.runtime.kv_cache import RaggedKVCache
@@ -58,12 +59,16 @@ class Engine:
 
     def __init__(self, model: MoECausalLM, eos_token_ids: tuple[int, ...], max_prefill_tokens: int = 4096,
                  executor: Executor | None = None, refill: bool = True, tokenizer=None, grammars=None,
-                 prefix_sharing: bool = True) -> None:
+                 prefix_sharing: bool = True,
+                 share_tokens: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
         """`tokenizer`: for stop strings, bad words and decoded logprob tokens; `grammars`: a
         sampling.structured.GrammarCache for structured outputs (both needed only when asked for);
         `prefix_sharing`: page the KV cache and compute common prefixes once, where the executor
-        reads block tables (engine/block_manager.py)."""
+        reads block tables (engine/block_manager.py); `share_tokens`: tensor-parallel ranks take
+        rank 0's sampled tokens through it (each rank's logits may differ in the last bits; the
+        batches must not)."""
         self.model = model
+        self.share_tokens = share_tokens
         self.executor = executor or PlainExecutor(model)
         self.paged = prefix_sharing and self.executor.supports_paged
         self.eos = set(eos_token_ids)
@@ -231,9 +236,16 @@ class _Run:
     def _accept(self, local: list[int], logits: torch.Tensor) -> None:
         """Sample one token per sequence; finished ones leave the scheduler and free their slots,
         and are reported at once (so the caller can write them to disk)."""
+        if not bool(torch.isfinite(logits).all()):
+            raise NumericalError(
+                f"the model produced non-finite logits for {len(local)} sequence(s) ({logits.dtype} logits from a "
+                f"{self.engine.model.embed_tokens.weight.dtype} model): an overflow, most often of float16 "
+                "activations; run with --dtype bfloat16 (or float32) instead")
         seqs = [self.seqs[j] for j in local]
         states = [s.state or RowState(s.params, [], s.out) for s in seqs] if any(s.state for s in seqs) else None
         tokens = self.sampler(logits, [s.index for s in seqs], states)
+        if self.engine.share_tokens is not None:
+            tokens = self.engine.share_tokens(tokens)
         self._logprobs(seqs, logits, tokens)
         for j, tok in zip(local, tokens.tolist(), strict=True):
             s = self.seqs[j]

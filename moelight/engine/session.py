@@ -56,6 +56,8 @@ class EngineSession:
 
             raise OptionError(f"--quantize {opts.quantize} runs on the CPU executor only: add --device cpu "
                               f"(this host's --device auto is {self.device})")
+        if self.device == "cuda":
+            self._fit_dtype_to_gpu()
         self.group = tensor_parallel
         self.ranks = tensor_parallel.world if tensor_parallel else tensor_parallel_degree(opts, self.device)
         if self.ranks > 1:
@@ -67,6 +69,19 @@ class EngineSession:
         self._executor: Executor | None = None
         self._executor_size: tuple | None = None  # what a reusable CGOPipe runtime was built for
         self.sampling = SamplingChecker(self.tokenizer, self.config.vocab_size, self.eos)
+
+    def _fit_dtype_to_gpu(self) -> None:
+        """float16 where the GPU has no bfloat16 arithmetic and the dtype was left to moelight."""
+        import torch
+
+        from moelight.planning.hardware_choice import cuda_dtype_advice
+
+        dtype, note = cuda_dtype_advice(self.opts.dtype, self.dtype_name, torch.cuda.get_device_capability())
+        if dtype is not None:
+            self.resolved = resolve(self.opts.model, self.opts.load_format, dtype, self.opts.tokenizer)
+            self.source, self.dtype_name = self.resolved.source, self.resolved.dtype_name
+        if note and self.log:
+            self.log(note)
 
     # ---- plan -> memory check -> load -> generate ----
     def plan(self, prompts: list[list[int]], params: list[SamplingParams], turn: int = 1,
@@ -117,7 +132,8 @@ class EngineSession:
         engine = Engine(self.model, self.eos, self.opts.max_prefill_tokens, executor=self._executor_for(
             plan, prompts, params, turn), refill=self.opts.refill, tokenizer=self.tokenizer,
             prefix_sharing=self.opts.enable_prefix_caching,
-            grammars=self.sampling.grammars if any(p.structured_outputs for p in params) else None)
+            grammars=self.sampling.grammars if any(p.structured_outputs for p in params) else None,
+            share_tokens=self.group.share_tokens if self.group is not None else None)
         if lead:
             from moelight.engine.lockstep import LockstepEngine
 
@@ -131,7 +147,8 @@ class EngineSession:
             return None
         if plan.info.get("mode") == "latency":
             self.close_executor()
-            self._executor = executor_factory.cache_executor(self.model, self.opts, plan, self.device)
+            self._executor = executor_factory.cache_executor(
+                self.model, self.opts, plan, self.device, largest_batch_tokens(prompts, params, plan.batch_size, turn))
             return self._executor
         want = executor_factory.pipeline_size(plan, prompts, params, turn)
         if not executor_factory.fits(self._executor_size, want):

@@ -54,6 +54,7 @@ def serve(group: RankGroup, options) -> None:
         command, args = group.receive()
         _inject_fault(group.rank, command, engine)
         if command == "engine":
+            engine = None  # the old engine's executor must not hold device memory while the new one is built
             engine = session.engine(*args)
         elif command == "generate":
             engine.generate(*args)
@@ -66,12 +67,17 @@ def serve(group: RankGroup, options) -> None:
 
 def _inject_fault(rank: int, command: str, engine) -> None:
     """MOELIGHT_TP_FAULT="rank:command" raises on that command; "rank:decode:K" in the K-th decode
-    pass of the next generate (a rank dying mid-job, after results were written)."""
+    pass of the next generate (a rank dying mid-job, after results were written); "rank:logits"
+    makes that rank's decode logits prefer other tokens (its own sampling would go astray)."""
     spec = os.environ.get(FAULT_ENV, "").split(":")
     if len(spec) < 2 or spec[0] != str(rank):
         return
     if spec[1] == command:
         raise RuntimeError(f"fault injected by {FAULT_ENV}")
+    if spec[1] == "logits" and command == "generate":
+        executor = engine.executor
+        decode = executor.decode
+        executor.decode = lambda *args, **kwargs: [-x for x in decode(*args, **kwargs)]
     if spec[1] == "decode" and command == "generate":
         executor, calls = engine.executor, [0]
         decode = executor.decode

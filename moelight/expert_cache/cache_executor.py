@@ -8,6 +8,12 @@ turns its choices into hits and demand fetches, then plans prefetches; the copy 
 (`copy_worker.CopyWorker`) moves experts host -> slot, demands first; the layer's experts run from
 the slots (in ascending order, as the plain engine sums them) once all of them have arrived.
 Sequences are known by their KV-cache offset, which the engine keeps for a sequence's life.
+
+The routing comes to the host once per MoE layer pass (the cache decides from it: the one host
+sync of a layer pass, inherent to a demand-fed cache); the expert kernels take their counts from
+that host copy rather than reading the device's again. Compute waits for an expert's copy on the
+device (`wait_event`), not on the host. Host copies of the experts are pinned once at load
+(`pin_experts`, where host memory allows), so copies need no staging.
 """
 
 from __future__ import annotations
@@ -18,8 +24,8 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from cpu_kernels import prefill_attention
-from moelight.devices.device_attention import device_decode_attention
+from moelight.devices.compute_counter import DecodeCounts
+from moelight.devices.device_attention import batched_decode_attention, device_prefill_attention
 from moelight.devices.device_base import Device, nbytes_of
 from moelight.devices.registry import create_device
 from moelight.expert_cache.cache_policy import CachePolicy
@@ -37,6 +43,17 @@ def expert_bytes(model: MoECausalLM) -> int:
     return 3 * c.hidden_size * c.intermediate_size * model.embed_tokens.weight.element_size()
 
 
+def kv_bytes(model: MoECausalLM, tokens: int) -> int:
+    """The KV cache of `tokens` slots on the device."""
+    c = model.config
+    return 2 * c.num_layers * c.num_kv_heads * c.head_dim * tokens * model.embed_tokens.weight.element_size()
+
+
+def _total(counts: dict, experts: int) -> list[int]:
+    """Tokens per expert over the sequences of a layer pass (host data)."""
+    return [int(n) for n in sum(counts.values(), np.zeros(experts, dtype=np.int64))]
+
+
 def non_expert_bytes(model: MoECausalLM) -> int:
     return sum(nbytes_of(p) for n, p in model.named_parameters()
                if not n.endswith(("mlp.gate_up_proj", "mlp.down_proj")))
@@ -45,9 +62,12 @@ def non_expert_bytes(model: MoECausalLM) -> int:
 class ExpertCacheExecutor(Executor):
     def __init__(self, model: MoECausalLM, slots: int, policy: CachePolicy, device: str | Device = "emulated",
                  prefetch_per_layer: int = 0, device_memory: int | None = None, cpu_max_tokens: int = 0,
-                 **device_kwargs) -> None:
+                 max_tokens: int = 4096, pin_experts: bool = True, **device_kwargs) -> None:
         """cpu_max_tokens: with a policy that offloads, a missed expert with at most this many tokens
-        runs on the CPU next to its host copy (CoServe's K*n + B placement, from the HRM)."""
+        runs on the CPU next to its host copy (CoServe's K*n + B placement, from the HRM).
+        max_tokens: the KV-cache slots the engine's cache may hold (an emulated device's default
+        capacity holds them; a CUDA device's is the GPU's free memory). pin_experts: page-lock the
+        host copies of the experts (the caller knows whether host memory allows it)."""
         cfg = self.cfg = model.config
         self.model = model
         self.moe_layers = [j for j in range(cfg.num_layers) if cfg.is_sparse(j)]
@@ -59,8 +79,9 @@ class ExpertCacheExecutor(Executor):
         self.stream_slots = [slots, slots + 1] if policy.stream_prefill else []  # DuoServe's prefill buffers
         slots += len(self.stream_slots)
         if isinstance(device, str):
-            need = non_expert_bytes(model) + slots * expert_bytes(model)
-            device = create_device(device, capacity_bytes=device_memory or 2 * need, **device_kwargs)
+            need = non_expert_bytes(model) + slots * expert_bytes(model) + kv_bytes(model, max_tokens)
+            capacity = device_memory or (2 * need if device == "emulated" else None)  # activations: < need
+            device = create_device(device, capacity_bytes=capacity, **device_kwargs)
         self.device = device
         for mod in (model.embed_tokens, model.norm, model.lm_head):
             device.to_device_module(mod, "non-expert")
@@ -69,14 +90,23 @@ class ExpertCacheExecutor(Executor):
                 for sub in (mod.children() if name == "mlp" else (mod,)):
                     device.to_device_module(sub, "non-expert")
         f, h = cfg.intermediate_size, cfg.hidden_size
-        self.slot_gu = device.empty((slots, 2 * f, h), model.embed_tokens.weight.dtype, "expert-slots")
-        self.slot_dn = device.empty((slots, h, f), model.embed_tokens.weight.dtype, "expert-slots")
+        dtype = model.embed_tokens.weight.dtype
+        self.slot_gu = device.empty((slots, 2 * f, h), dtype, "expert-slots", lane="h2d")  # the copies write them
+        self.slot_dn = device.empty((slots, h, f), dtype, "expert-slots", lane="h2d")
+        for t in (self.slot_gu, self.slot_dn):
+            device.record_stream(t, "gpu")
+        if pin_experts:
+            for j in self.moe_layers:
+                mlp = model.layers[j].mlp
+                for p in (mlp.gate_up_proj, mlp.down_proj):
+                    p.data = device.pin(p.data)
         self.worker = CopyWorker(device, self._chunks)
         self.scale = cfg.head_dim**-0.5
         self._kv_src: RaggedKVCache | None = None
         self._kv: tuple[list, list] | None = None
         self._prefill = False
         self._streams = itertools.count()
+        self.counts = DecodeCounts(device)
 
     @property
     def cache_stats(self) -> CacheStats:
@@ -84,9 +114,10 @@ class ExpertCacheExecutor(Executor):
         return self.cache.stats
 
     def stats(self) -> dict:
-        """The cache's figures for the job's report: hits, prefetches, bytes moved, its size and policy."""
+        """The cache's figures for the job's report (hits, prefetches, bytes moved, its size and policy)
+        and the runtime's (host syncs per decode step, kernel launches per layer pass, as measured)."""
         return self.cache_stats.to_dict() | {"slots": self.cache.slots, "policy": self.cache.policy.name,
-                                             "prefetch_per_layer": self.cache.prefetch_per_layer}
+                                             "prefetch_per_layer": self.cache.prefetch_per_layer} | self.counts.stats()
 
     # ---- the cache ----
     def _chunks(self, f: Fetch) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
@@ -115,10 +146,10 @@ class ExpertCacheExecutor(Executor):
 
         def run(h: torch.Tensor) -> torch.Tensor:
             weights, experts = mlp.route(h)
-            ex = experts.cpu().numpy()
+            ex = self.device.to_host(experts).numpy()  # the layer's one host sync: the cache decides from it
             counts = {s: np.bincount(ex[rows].reshape(-1), minlength=E) for s, rows in seq_rows}
             if policy.wants_hidden:
-                policy.observe_hidden(i, h.float().cpu().numpy())
+                policy.observe_hidden(i, self.device.to_host(h.float()).numpy())
             if self._prefill and policy.stream_prefill:
                 return self._streamed(mlp, i, h, weights, experts, counts)
             for e in np.flatnonzero(sum(counts.values())):  # prefetched, still on its way: late
@@ -136,7 +167,7 @@ class ExpertCacheExecutor(Executor):
                 on_device.sort(key=lambda e: (self.worker.pending(i * E + e), e))
             table = _Table(self, i, on_device, on_cpu, mlp)
             out = mlp.forward_with(h, table.gate_up, table.down, _linear, routing=(weights, experts),
-                                   compute_order=on_cpu + on_device)
+                                   compute_order=on_cpu + on_device, counts=_total(counts, E))
             self.worker.used(table.slots)
             return out
 
@@ -149,7 +180,8 @@ class ExpertCacheExecutor(Executor):
         needed = [int(e) for e in np.flatnonzero(sum(counts.values()))]
         self.cache.stats.streamed += len(needed)
         table = _StreamTable(self, i, needed)
-        out = mlp.forward_with(h, table.gate_up, table.down, _linear, routing=(weights, experts))
+        out = mlp.forward_with(h, table.gate_up, table.down, _linear, routing=(weights, experts),
+                               counts=_total(counts, self.E))
         self.worker.used(self.stream_slots)
         return out
 
@@ -178,65 +210,71 @@ class ExpertCacheExecutor(Executor):
         kv[0][j].index_copy_(1, slots, k.transpose(0, 1))
         kv[1][j].index_copy_(1, slots, v.transpose(0, 1))
 
-    def _to_host(self, t: torch.Tensor) -> torch.Tensor:
-        host = t.to("cpu")
-        self.device.host_wait(host)
-        return host
+    def _upload(self, t: torch.Tensor) -> torch.Tensor:
+        return self.device.upload(self.device.pin(t))
 
     # ---- passes ----
     @torch.inference_mode()
     def prefill(self, cache: RaggedKVCache, tokens: torch.Tensor, seq_lens: torch.Tensor,
                 offsets: torch.Tensor) -> torch.Tensor:
-        m, dev, L = self.model, self.device.torch_device, self.cfg.num_layers
+        m, L = self.model, self.cfg.num_layers
         self._prefill = True
         kv = self._kv_of(cache)
         cu = torch.zeros(len(seq_lens) + 1, dtype=torch.int64)
         torch.cumsum(seq_lens, 0, out=cu[1:])
         positions = torch.arange(int(cu[-1]), dtype=torch.int64) - torch.repeat_interleave(cu[:-1], seq_lens)
-        slots = (torch.repeat_interleave(offsets, seq_lens) + positions).to(dev)
-        last = cu[1:] - 1
         seqs = [int(o) for o in offsets]
         for s in seqs:
             self.cache.policy.begin(s)
         every = [(s, slice(int(a), int(b))) for s, a, b in zip(seqs, cu[:-1], cu[1:], strict=True)]
         only_last = [(s, slice(i, i + 1)) for i, s in enumerate(seqs)]
-        x = m.embed_tokens(tokens.to(dev))
-        cos, sin = (r.to(dev) for r in m.rotary(positions, x.dtype))
-        cu_dev = cu.to(dev)
-        for j, layer in enumerate(m.layers):
-            q, k, v = layer.pre_attention(x, cos, sin)
-            self._write_kv(kv, j, k, v, slots)
-            a = prefill_attention(q, k, v, cu_dev, self.scale, **attention_extras(m, j)).flatten(1)
-            rows = every
-            if j == L - 1:  # only the last token of each prompt feeds the LM head
-                x, a, rows = x[last.to(dev)], a[last.to(dev)], only_last
-            x = layer.post_attention(x, a, moe=self._moe(j, rows))
-        return self._to_host(m.logits(x))
-
-    @torch.inference_mode()
-    def decode(self, cache: RaggedKVCache, micro_batches: list[MicroBatch]) -> list[torch.Tensor]:
-        m, dev = self.model, self.device.torch_device
-        self._prefill = False
-        kv = self._kv_of(cache)
-        outs = []
-        for tok, off, pos in micro_batches:
-            lengths = pos + 1
-            slots = (off + pos).to(dev)
-            rows = [(int(s), slice(i, i + 1)) for i, s in enumerate(off)]
-            x = m.embed_tokens(tok.to(dev))
-            cos, sin = (r.to(dev) for r in m.rotary(pos, x.dtype))
+        cos, sin = m.rotary(positions, m.embed_tokens.weight.dtype)
+        slots, last = torch.repeat_interleave(offsets, seq_lens) + positions, cu[1:] - 1
+        with self.device.compute():
+            slots, last = self._upload(slots), self._upload(last)
+            x = m.embed_tokens(self._upload(tokens))
+            cos, sin = self._upload(cos), self._upload(sin)
             for j, layer in enumerate(m.layers):
                 q, k, v = layer.pre_attention(x, cos, sin)
                 self._write_kv(kv, j, k, v, slots)
-                a = device_decode_attention(q, kv[0][j], kv[1][j], off, lengths, self.scale,
-                                            **attention_extras(m, j)).flatten(1)
+                a = device_prefill_attention(q, k, v, cu, self.scale, **attention_extras(m, j)).flatten(1)
+                rows = every
+                if j == L - 1:  # only the last token of each prompt feeds the LM head
+                    x, a, rows = x.index_select(0, last), a.index_select(0, last), only_last
                 x = layer.post_attention(x, a, moe=self._moe(j, rows))
-            outs.append(self._to_host(m.logits(x)))
+            return self.device.to_host(m.logits(x))
+
+    @torch.inference_mode()
+    def decode(self, cache: RaggedKVCache, micro_batches: list[MicroBatch]) -> list[torch.Tensor]:
+        m = self.model
+        self._prefill = False
+        kv = self._kv_of(cache)
+        outs = []
+        host = [(tok, off, off + pos, pos + 1, int(pos.max()) + 1, *m.rotary(pos, m.embed_tokens.weight.dtype),
+                 [(int(s), slice(i, i + 1)) for i, s in enumerate(off)]) for tok, off, pos in micro_batches]
+        with self.counts.step(self.cfg.num_layers * len(micro_batches)), self.device.compute():
+            # the host data is prepared above: reading it is no sync
+            for tok, off, slots, lengths, longest, cos, sin, rows in host:
+                slots, off_d, len_d = (self._upload(t) for t in (slots, off, lengths))
+                x = m.embed_tokens(self._upload(tok))
+                cos, sin = self._upload(cos), self._upload(sin)
+                for j, layer in enumerate(m.layers):
+                    q, k, v = layer.pre_attention(x, cos, sin)
+                    self._write_kv(kv, j, k, v, slots)
+                    a = batched_decode_attention(q, kv[0][j], kv[1][j], off_d, len_d, longest,
+                                                 self.scale, **attention_extras(m, j)).flatten(1)
+                    x = layer.post_attention(x, a, moe=self._moe(j, rows))
+                outs.append(self.device.to_host(m.logits(x)))
         return outs
 
     def close(self) -> None:
-        self.worker.close()
-        self.device.close()
+        """Stop the copy thread after its copy under way, wait for the device, and drop the slots."""
+        try:
+            self.worker.close()
+            self.device.synchronize()
+        finally:
+            self.device.close()
+            self.slot_gu = self.slot_dn = self._kv = self._kv_src = None
 
 
 def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:

@@ -4,7 +4,8 @@ Demand fetches (a layer is waiting) go before every queued prefetch; prefetches 
 An expert moves in `chunks` pieces (ProMoE: its three matrices), so a demand waits at most for
 the chunk under way; a prefetch whose expert is needed now is promoted to demand. A fetch whose
 expert was evicted before it finished is cancelled. A slot is not overwritten before the compute
-that last read it has finished (its event, on devices whose compute is asynchronous).
+that last read it has finished (its event, on devices whose compute is asynchronous), and compute
+waits for a copy on the device (`wait_event`), not on the host: a copy issued is not a copy done.
 """
 
 from __future__ import annotations
@@ -91,6 +92,7 @@ class CopyWorker:
             self.slot_free[s] = ev
 
     def _loop(self) -> None:
+        self.device.bind_thread("h2d")  # on CUDA: this rank's GPU and its copy stream
         while True:
             with self.cond:
                 while not self.heap and not self.stopping:
@@ -117,7 +119,8 @@ class CopyWorker:
             job.done.set()
 
     def close(self) -> None:
+        """Stop after the copy under way has been issued (the caller then synchronizes the device)."""
         with self.cond:
             self.stopping = True
             self.cond.notify_all()
-        self.thread.join(timeout=5)
+        self.thread.join()

@@ -16,6 +16,9 @@ from moelight.engine.generation import GenerationStats
 from moelight.jobs.job_warnings import JobWarnings
 from moelight.planning.memory_check import peak_rss_bytes
 
+# the runtime's own figures in an executor's stats (the rest, where present, are the expert cache's)
+_RUNTIME = ("device", "schedule", "pageable_copies", "gpu_lane_syncs_per_step", "launches_per_layer_pass",
+            "counted_decode_steps", "device_memory_peak")
 _SUMMED = ("prompt_tokens", "generated_tokens", "decode_tokens", "prefill_seconds", "decode_seconds",
            "generation_seconds", "load_seconds", "skipped_requests", "written", "prefill_computed_tokens",
            "prefix_reused_tokens")
@@ -53,6 +56,10 @@ class RunReport:
     warnings: dict = field(default_factory=dict)  # JobWarnings.to_dict(): what was changed to make requests run
     notes: list = field(default_factory=list)  # what the user should know (e.g. an output without a job record)
     previous_runs: list = field(default_factory=list)  # a resumed output's earlier reports, oldest first
+    # cuda / emulated: host syncs the compute lane issued per decode step, kernel launches per layer pass
+    gpu_lane_syncs_per_step: float | None = None
+    launches_per_layer_pass: float | None = None
+    runtime: dict = field(default_factory=dict)  # the device, schedule and copies behind those figures
 
     @classmethod
     def for_plan(cls, model: str, dtype: str, plan, requests: int, skipped: int = 0) -> RunReport:
@@ -93,6 +100,9 @@ class RunReport:
             self.warnings = merged.to_dict()
         self.interrupted = self.interrupted or part.interrupted
         self.peak_memory_bytes = max(self.peak_memory_bytes, part.peak_memory_bytes)
+        for name in ("gpu_lane_syncs_per_step", "launches_per_layer_pass"):  # the worst part's
+            if getattr(part, name) is not None:
+                setattr(self, name, max(getattr(self, name) or 0.0, getattr(part, name)))
         self.update_rates()
 
     def update_rates(self, wall_seconds: float | None = None) -> None:
@@ -105,7 +115,11 @@ class RunReport:
 
     def close(self, session) -> None:
         """What the session knows once the job has ended: the executor's figures and peak memory."""
-        self.cache = session.executor_stats()
+        stats = dict(session.executor_stats())
+        self.runtime = {k: stats.pop(k) for k in _RUNTIME if k in stats}
+        self.gpu_lane_syncs_per_step = self.runtime.pop("gpu_lane_syncs_per_step", None)
+        self.launches_per_layer_pass = self.runtime.pop("launches_per_layer_pass", None)
+        self.cache = stats if "slots" in stats else {}
         self.peak_memory_bytes = max(self.peak_memory_bytes, peak_rss_bytes())
 
     def to_dict(self) -> dict:
@@ -147,6 +161,10 @@ class RunReport:
             t = self.tpot_ms
             lines.append(f"per token     p50 {t['p50']:.1f} ms, p90 {t['p90']:.1f} ms, p99 {t['p99']:.1f} ms "
                          "(time per decode step)")
+        if self.gpu_lane_syncs_per_step is not None:
+            lines.append(f"runtime       {self.runtime.get('device', '')}: {self.gpu_lane_syncs_per_step:.1f} host "
+                         f"syncs per decode step from the compute lane, {self.launches_per_layer_pass:.0f} kernel "
+                         "launches per layer pass")
         if self.cache:
             c = self.cache
             lines.append(f"expert cache  {c['slots']} slots, {c['policy']}: hit rate {c['hit_rate']:.1%}, prefetch "

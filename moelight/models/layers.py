@@ -108,12 +108,13 @@ class SparseMoE(nn.Module):
         return route(x, self.gate.weight, self.top_k, self.normalize)
 
     def forward_with(self, x: torch.Tensor, gate_up_proj, down_proj, linear, routing=None,
-                     compute_order=None) -> torch.Tensor:
+                     compute_order=None, counts=None) -> torch.Tensor:
         """The block over routed-expert weights a runtime supplies (a page table of device buffers),
-        with the routing it already computed (`route`) if it needed it first, and the order it wants
-        the experts computed in (the sum is the same)."""
+        with the routing it already computed (`route`) if it needed it first (and its tokens per
+        expert, if on the host), and the order it wants the experts computed in (the sum is the same)."""
         weights, experts = self.route(x) if routing is None else routing
-        out = expert_mix(x, weights, experts, gate_up_proj, down_proj, linear, compute_order=compute_order)
+        out = expert_mix(x, weights, experts, gate_up_proj, down_proj, linear, compute_order=compute_order,
+                         counts=counts)
         if hasattr(self, "shared_expert"):
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out

@@ -1,9 +1,12 @@
-"""Mixture-of-Experts FFN: top-k routing and grouped expert matmuls (one per expert)."""
+"""Mixture-of-Experts FFN: top-k routing and the expert matmuls (one per expert, or grouped GEMMs
+over a runtime's stacked experts: grouped_experts.py)."""
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
+
+from moelight.models.grouped_experts import GroupedExperts, grouped_expert_mix, use_grouped_path
 
 
 def route(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, normalize: bool = True):
@@ -33,6 +36,7 @@ def expert_mix(
     gate_up_bias: torch.Tensor | None = None,
     down_bias: torch.Tensor | None = None,
     compute_order: list[int] | None = None,
+    counts: list[int] | None = None,
 ) -> torch.Tensor:
     """x [T, h], routing weights / expert ids [T, k] -> sum of the weighted expert outputs [T, h].
 
@@ -42,17 +46,24 @@ def expert_mix(
     that received tokens are touched. Experts are summed in ascending order, as the
     reference implementations do, so float32 results match them bit for bit in practice;
     `compute_order` runs them in another order (an expert cache's: the cached ones first) and
-    still sums them in ascending order. Experts packed for the fused CPU kernel (runtime/fused_experts.py)
-    run all at once there.
+    still sums them in ascending order. `counts` (tokens per expert) are given where the caller has
+    the routing on the host already (no read-back of the device's); a `GroupedExperts` table runs
+    the grouped kernels instead, with no host sync at all; experts packed for the fused CPU kernel
+    (runtime/fused_experts.py) run all at once there.
     """
     if compute_order is None and hasattr(gate_up_proj, "fused_mix"):
         return gate_up_proj.fused_mix(x, weights, experts)
+    if compute_order is None and counts is None and use_grouped_path(x, gate_up_proj):
+        return grouped_expert_mix(x, weights, experts, gate_up_proj, activation, gate_up_bias, down_bias)
+    if isinstance(down_proj, GroupedExperts):
+        down_proj = down_proj.down_side
     top_k = experts.shape[-1]
     flat_experts = experts.reshape(-1)
     order = torch.argsort(flat_experts, stable=True)
     token_of_pair = order // top_k
     pair_weight = weights.reshape(-1, 1).index_select(0, order)
-    counts = torch.bincount(flat_experts, minlength=len(gate_up_proj)).tolist()
+    if counts is None:
+        counts = torch.bincount(flat_experts, minlength=len(gate_up_proj)).tolist()
     starts = [0]
     for n in counts:
         starts.append(starts[-1] + n)

@@ -8,11 +8,16 @@ Rank 0 owns the dataset, the output and the progress bar; it sends each follower
 engine calls it makes (`send`), so every rank runs the same batches, micro-batches and
 sampling in lockstep and only the layers' all-reduces cross between them.
 
-Failure: a follower that raises reports its error on a queue and exits; rank 0's next
-collective then fails (gloo sees the peer's sockets close; NCCL's watchdog ends a collective
-after the group's timeout), and `failure()` turns that into one TensorParallelError naming the
-rank and its error. After any failure rank 0 terminates the followers instead of asking them
-to stop: one may be blocked in a collective that will never be matched.
+Control messages (rank 0's engine calls, the sampled tokens rank 0 broadcasts each step) travel
+on a gloo group of their own, so they work, and fail fast, whatever the layers' backend.
+
+Failure: a follower that raises reports its error on a queue and exits; rank 0's monitor
+(rank_monitor.py) sees the exit and aborts the layers' communicator, so a collective waiting for
+the dead rank ends (NCCL would wait for its watchdog), and `failure()` turns that into one
+TensorParallelError naming the rank and its error. After any failure rank 0 terminates the
+followers instead of asking them to stop: one may be blocked in a collective that will never be
+matched. MOELIGHT_TP_BLOCKING_COLLECTIVES=1 gives gloo NCCL's behaviour (a collective with a dead
+peer waits for the abort instead of failing), so the failure path NCCL takes is tested without GPUs.
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from __future__ import annotations
 import importlib
 import os
 import socket
+import threading
 import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -29,6 +35,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from moelight.errors import MoelightError
+from moelight.parallel.rank_monitor import RankMonitor
 from moelight.parallel.sharding import TensorParallelError
 
 # a rank may wait this long for a peer between calls (e.g. while a slower rank still loads its shard)
@@ -36,6 +43,11 @@ _LOAD_TIMEOUT = timedelta(hours=2)
 # the layers' all-reduces: a peer that has not answered in this long is gone (NCCL cannot see a dead peer)
 _COMM_TIMEOUT_ENV = "MOELIGHT_TP_TIMEOUT"  # seconds, default 600
 FAULT_ENV = "MOELIGHT_TP_FAULT"  # "rank:command": a follower raises there (failure-path tests)
+BLOCKING_ENV = "MOELIGHT_TP_BLOCKING_COLLECTIVES"  # "1": gloo collectives wait for an abort, as NCCL's do
+
+
+class CommunicatorAborted(TensorParallelError):
+    """Rank 0 aborted the layers' communicator: a follower died (its own error says why)."""
 
 
 def backend_for(device: str) -> str:
@@ -69,34 +81,66 @@ class RankGroup:
     threads_before: int = 0
     comm: object = None  # process group of the layers' all-reduces (shorter timeout than the default group)
     failed: bool = False  # a call failed: followers are terminated, not asked to stop
+    ctrl: object = None  # gloo group of the control messages and the sampled tokens
+    local_rank: int = 0  # this rank's GPU on its node
+    blocking: bool = False  # a collective with a dead peer waits for an abort (NCCL; gloo under BLOCKING_ENV)
+    aborted: threading.Event = field(default_factory=threading.Event)
+    monitor: RankMonitor | None = None
 
     # ---- collectives ----
     def all_reduce(self, t: torch.Tensor) -> torch.Tensor:
         """In-place sum over ranks (the layers' row-parallel outputs)."""
-        dist.all_reduce(t, group=self.comm)
+        if self.aborted.is_set():
+            raise CommunicatorAborted("the layers' communicator was aborted after a rank failed")
+        try:
+            dist.all_reduce(t, group=self.comm)
+        except Exception as e:
+            if not self.blocking or self.device == "cuda":
+                raise
+            # NCCL's semantics: nothing notices the dead peer; an abort (or the group's timeout) ends the wait
+            self.aborted.wait(_comm_timeout().total_seconds())
+            raise CommunicatorAborted("the layers' communicator was aborted after a rank failed") from e
         return t
 
     def send(self, command: str, *args) -> None:
         """Rank 0: give every follower the next engine call."""
-        dist.broadcast_object_list([(command, args)], src=0)
+        dist.broadcast_object_list([(command, args)], src=0, group=self.ctrl)
 
     def receive(self) -> tuple[str, tuple]:
         box = [None]
-        dist.broadcast_object_list(box, src=0)
+        dist.broadcast_object_list(box, src=0, group=self.ctrl)
         return box[0]
 
     def barrier(self) -> None:
-        dist.barrier()
+        dist.barrier(group=self.ctrl)
+
+    def share_tokens(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Every rank takes rank 0's sampled tokens (each rank's own logits may differ in the last bits)."""
+        if self.aborted.is_set():
+            raise CommunicatorAborted("the layers' communicator was aborted after a rank failed")
+        shared = tokens.to(torch.int64).contiguous()
+        dist.broadcast(shared, src=0, group=self.ctrl)
+        return shared
 
     @property
     def torch_device_index(self) -> int:
-        return int(os.environ.get("LOCAL_RANK", self.rank))
+        return self.local_rank
+
+    def abort(self, rank: int | None = None) -> None:
+        """End every collective of the layers' communicator now (a follower died)."""
+        self.aborted.set()
+        if self.device == "cuda" and self.comm is not None:
+            try:
+                dist.distributed_c10d._abort_process_group(self.comm)
+            except Exception:  # an older torch: the watchdog's timeout still ends the wait
+                pass
 
     # ---- failure and shutdown ----
     def failure(self, error: BaseException) -> BaseException:
         """The error to raise on rank 0 after `error`: a follower's own error when one reported."""
         self.failed = True
-        if isinstance(error, TensorParallelError) or self.errors is None:
+        if (isinstance(error, TensorParallelError) and not isinstance(error, CommunicatorAborted)) \
+                or self.errors is None:
             return error
         # a follower that failed has reported before its sockets closed; wait longer once one is gone
         gone = any(p.exitcode not in (None, 0) for p in self.processes)
@@ -108,6 +152,9 @@ class RankGroup:
 
     def shutdown(self) -> None:
         """Rank 0: stop the followers (politely after success, at once after a failure)."""
+        if self.monitor is not None:
+            self.monitor.stop()
+            self.monitor = None
         ok = not self.failed
         if ok and self.rank == 0 and self.world > 1:
             try:
@@ -142,13 +189,17 @@ def threads_per_rank(world: int) -> int:
 
 
 def join_group(device: str, rank: int, world: int, init_method: str | None = None) -> RankGroup:
-    """This process's place in the group (torchrun's environment when no init_method is given)."""
-    if device == "cuda":  # NCCL's collectives (and the barriers between them) run on this rank's GPU
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    """This process's place in the group (torchrun's environment when no init_method is given: its
+    LOCAL_RANK names this rank's GPU; ranks moelight spawns use GPUs 0..N-1 by rank)."""
+    local_rank = int(os.environ.get("LOCAL_RANK", rank)) if init_method is None else rank
+    if device == "cuda":  # NCCL's collectives run on this rank's GPU
+        torch.cuda.set_device(local_rank)
     dist.init_process_group(backend_for(device), init_method=init_method, rank=rank, world_size=world,
                             timeout=_LOAD_TIMEOUT)
     comm = dist.new_group(list(range(world)), timeout=_comm_timeout())
-    return RankGroup(rank, world, device, comm=comm)
+    ctrl = dist.new_group(list(range(world)), timeout=_LOAD_TIMEOUT, backend="gloo")
+    blocking = device == "cuda" or os.environ.get(BLOCKING_ENV) == "1"
+    return RankGroup(rank, world, device, comm=comm, ctrl=ctrl, local_rank=local_rank, blocking=blocking)
 
 
 def start_group(world: int, device: str, options, follower_main: str) -> RankGroup:
@@ -182,6 +233,7 @@ def start_group(world: int, device: str, options, follower_main: str) -> RankGro
         spawned.shutdown()
         raise error from None
     group.processes, group.errors = procs, errors
+    group.monitor = RankMonitor(procs, group.abort)
     group.threads_before = torch.get_num_threads()
     torch.set_num_threads(threads_per_rank(world))
     return group
@@ -191,6 +243,7 @@ def _follower_main(rank: int, world: int, port: int, device: str, options, error
     """A spawned rank: join the group, then run the follower's entry point (load its shard, replay
     rank 0's engine calls)."""
     torch.set_num_threads(threads_per_rank(world))
+    os.environ["LOCAL_RANK"] = str(rank)  # not an outer launcher's: this process is rank `rank` of ours
     try:
         module, _, name = follower_main.partition(":")
         main = getattr(importlib.import_module(module), name)

@@ -29,7 +29,7 @@ class HeldTensors:
         self.lock = threading.Lock()  # consumers on different lanes finish concurrently
 
     def put(self, key: tuple, users: int, *tensors: torch.Tensor) -> None:
-        entry = [users, [self.device.adopt(t, key[0]) for t in tensors]]
+        entry = [users, list(tensors)]
         with self.lock:
             self.items[key] = entry
 

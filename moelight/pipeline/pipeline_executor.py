@@ -3,13 +3,15 @@
 `PipelineExecutor` implements the executor interface (runtime/executor.py), so
 `Engine(model, eos, executor=PipelineExecutor(model, ...))` runs the CGOPipe runtime
 (or one of the comparison schedules). Every pass builds its graph with the same
-builders the simulator times, binds each task to a closure over the model, the page
-table and the CPU KV cache, and submits the tasks in launch order (the launcher thread
-of the paper's Algorithm 1); the device's lane workers run them.
+builders the simulator times, binds each task to the work of pass_tasks.py, and submits
+the tasks in launch order (the launcher thread of the paper's Algorithm 1); the device's
+lane workers run them.
 
-Device-memory use is accounted task by task: resident weights, the two paged-weight
-slots, activations (released by their last consumer) and per-kernel scratch; with the
-emulated device a pass that would exceed the planned budget raises DeviceOutOfMemory.
+Every tensor the pass puts on the device counts against the device's memory (the emulated
+device counts the kernels' temporaries too; CUDA's allocator is capped at the capacity), so a
+pass that would not fit raises DeviceOutOfMemory. The compute lane issues no host sync in a
+decode pass (its inputs are uploaded from pinned memory, the experts run as grouped GEMMs);
+`stats()` reports the syncs per decode step and the kernel launches per layer pass it measured.
 """
 
 from __future__ import annotations
@@ -19,12 +21,14 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from cpu_kernels import decode_attention, prefill_attention
-from moelight.devices.device_attention import device_decode_attention
+from moelight.devices.compute_counter import DecodeCounts
 from moelight.devices.device_base import Device
+from moelight.devices.host_buffers import HostBuffers
 from moelight.devices.registry import create_device
 from moelight.models.causal_lm import MoECausalLM
-from moelight.pipeline.held_tensors import HeldTensors, in_inference_mode
+from moelight.pipeline.held_tensors import in_inference_mode
+from moelight.pipeline.memory_plan import MemoryPlan
+from moelight.pipeline.pass_tasks import DecodeTasks, PassTasks, PrefillTasks
 from moelight.pipeline.schedule import (
     GraphShape,
     Schedule,
@@ -33,12 +37,7 @@ from moelight.pipeline.schedule import (
     build_decode,
     build_prefill,
 )
-from moelight.pipeline.weight_pager import (
-    MemoryPlan,
-    WeightPager,
-    activation_bytes_per_token,
-    prefill_attention_scratch,
-)
+from moelight.pipeline.weight_pager import WeightPager
 from moelight.runtime.executor import Executor, MicroBatch
 from moelight.runtime.forward import attention_extras
 from moelight.runtime.kv_cache import RaggedKVCache
@@ -59,11 +58,15 @@ class PipelineExecutor(Executor):
         max_batch: int = 256,
         max_context: int = 2048,
         compute_in_order: bool = False,
+        max_sequences: int | None = None,
         **device_kwargs,
     ) -> None:
-        """compute_in_order: run the GPU lane's tasks strictly in launch order. Tensor-parallel
-        ranks need it: their layers all-reduce, and collectives must be issued in the same order
-        on every rank, which ready-first picking on each rank alone does not guarantee."""
+        """max_batch: the largest micro-batch; max_sequences: the most sequences of one decode pass
+        (all its micro-batches; default max_batch). compute_in_order: run the GPU lane's tasks
+        strictly in launch order. Tensor-parallel ranks need it: their layers all-reduce, and
+        collectives must be issued in the same order on every rank, which ready-first picking on
+        each rank alone does not guarantee. On an emulated device the capacity defaults to the
+        memory plan's total; CUDA's to the GPU's free memory (device_memory caps either)."""
         self.model, self.cfg, self.schedule = model, model.config, schedule
         self.compute_in_order = compute_in_order
         self.dtype = model.embed_tokens.weight.dtype
@@ -79,10 +82,12 @@ class PipelineExecutor(Executor):
             max_batch,
             max_context,
             attention_on_gpu(schedule),
+            max_sequences or max_batch,
         )
         owned = isinstance(device, str)
         if owned:
-            device = create_device(device, capacity_bytes=device_memory or self.plan.total, **device_kwargs)
+            capacity = device_memory or (self.plan.total if device == "emulated" else None)
+            device = create_device(device, capacity_bytes=capacity, **device_kwargs)
         self.device = device
         try:
             self.pager = WeightPager(model, device, r_w)
@@ -90,6 +95,8 @@ class PipelineExecutor(Executor):
             if owned:
                 device.close()
             raise
+        self.staging = HostBuffers(device)
+        self.counts = DecodeCounts(device)
         self.scale = self.cfg.head_dim**-0.5
         # per layer: window and sinks for the CPU's attention (the sinks copied back to the host once)
         self.host_extras = [{k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v)
@@ -154,38 +161,28 @@ class PipelineExecutor(Executor):
             self.slot_base = (self.slot_base + self.cfg.num_layers) % 2
             self.first_loaded = True
 
-    def _weights(self, t: Task) -> Callable[[], None] | None:
+
+    def weight_task(self, t: Task) -> Callable[[], None] | None:
+        """The work of a weight-paging task (None for any other task)."""
         if t.op == "w_stage":
             return lambda: self.pager.stage(t.layer, t.page, t.n_pages, t.pin_slot)
         if t.op == "w_h2d":
             return lambda: self.pager.upload(t.page, t.n_pages, t.slot, t.pin_slot, t.layer)
         return None
 
-    def _moe(self, j: int):
-        if not self.cfg.is_sparse(j):
-            return None  # a dense layer: its MLP is resident on the device
+    def post_attention(self, j: int, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+        """Layer j's post-attention; a sparse layer's experts from the page table of this pass."""
         layer = self.model.layers[j]
-        gu, dn = self.pager.table(j, (self.slot_base + j) % 2)
-        return lambda h: layer.mlp.forward_with(h, gu, dn, F.linear)
+        if not self.cfg.is_sparse(j):
+            return layer.post_attention(x, attn)  # a dense layer: its MLP is resident on the device
+        table = self.pager.table(j, (self.slot_base + j) % 2)
+        return layer.post_attention(x, attn, moe=lambda h: layer.mlp.forward_with(h, table, table, F.linear))
 
-    def _post(self, j: int, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        scratch = self.device.reserve(
-            x.shape[0] * activation_bytes_per_token(self.cfg, self.dtype), "moe-scratch"
-        )
+    def _pass(self, graph: Schedule, tasks: PassTasks) -> None:
         try:
-            return self.model.layers[j].post_attention(x, attn, moe=self._moe(j))
+            self._run(graph, tasks.bind)
         finally:
-            self.device.release(scratch)
-
-    def _to_host(self, t: torch.Tensor) -> torch.Tensor:
-        host = self.device.pinned(t.shape, t.dtype)
-        self.device.copy(host, t)
-        return host
-
-    def _to_device(self, t: torch.Tensor, tag: str) -> torch.Tensor:
-        dev = self.device.empty(t.shape, t.dtype, tag)
-        self.device.copy(dev, t)
-        return dev
+            tasks.finish()
 
     # ---- prefill ----
     @torch.inference_mode()
@@ -193,207 +190,32 @@ class PipelineExecutor(Executor):
         self, cache: RaggedKVCache, tokens: torch.Tensor, seq_lens: torch.Tensor, offsets: torch.Tensor
     ) -> torch.Tensor:
         """All layers on the device; each layer's K/V go to the CPU cache. -> logits [B, vocab]."""
-        m, dev = self.model, self.device.torch_device
-        cu = torch.zeros(len(seq_lens) + 1, dtype=torch.int64)
-        torch.cumsum(seq_lens, 0, out=cu[1:])
-        positions = torch.arange(int(cu[-1]), dtype=torch.int64) - torch.repeat_interleave(cu[:-1], seq_lens)
-        slots = torch.repeat_interleave(offsets, seq_lens) + positions
-        last = cu[1:] - 1
-        T, L = int(cu[-1]), self.cfg.num_layers
-        graph = build_prefill(
-            self._shape(
-                [len(seq_lens)], [float(seq_lens.float().mean())], self.pager.paged_bytes, prompt_tokens=T
-            )
-        )
-        held, out = HeldTensors(self.device), {}
-        longest = int(seq_lens.max())
-
-        def bind(t: Task) -> Callable[[], None]:
-            w = self._weights(t)
-            if w is not None:
-                return w
-            j, op = t.layer, t.op
-            if op == "embed":
-
-                def run():
-                    x = m.embed_tokens(tokens.to(dev))
-                    held.put(("x", 0), 1, x)
-                    out["cos"], out["sin"] = (r.to(dev) for r in m.rotary(positions, x.dtype))
-            elif op == "pre_attn":
-
-                def run():
-                    q, k, v = m.layers[j].pre_attention(held.get(("x", j))[0], out["cos"], out["sin"])
-                    held.put(("q", j), 1, q)
-                    held.put(("kv", j), 2, k, v)  # prefill attention and the copy to the CPU cache
-            elif op == "kv_d2h":
-
-                def run():
-                    k, v = held.get(("kv", j))
-                    out[("kvh", j)] = (self._to_host(k), self._to_host(v))
-                    held.done(("kv", j))
-            elif op == "kv_write":
-
-                def run():
-                    cache.write(j, *out.pop(("kvh", j)), slots)
-            elif op == "prefill_attn":
-
-                def run():
-                    h = self.device.reserve(prefill_attention_scratch(self.cfg, longest), "attn-scratch")
-                    try:
-                        (q,), (k, v) = held.get(("q", j)), held.get(("kv", j))
-                        a = prefill_attention(q, k, v, cu.to(dev), self.scale, **attention_extras(m, j)).flatten(1)
-                    finally:
-                        self.device.release(h)
-                    held.put(("attn", j), 1, a)
-                    held.done(("q", j))
-                    held.done(("kv", j))
-            elif op == "post_attn":
-
-                def run():
-                    x, a = held.get(("x", j))[0], held.get(("attn", j))[0]
-                    if j == L - 1:
-                        idx = last.to(dev)
-                        x, a = x[idx], a[idx]
-                    held.put(("x", j + 1), 1, self._post(j, x, a))
-                    held.done(("x", j))
-                    held.done(("attn", j))
-            elif op == "lm_head":
-
-                def run():
-                    held.put(("logits",), 1, m.logits(held.get(("x", L))[0]))
-                    held.done(("x", L))
-            elif op == "logits_d2h":
-
-                def run():
-                    out["logits"] = self._to_host(held.get(("logits",))[0])
-                    held.done(("logits",))
-            else:
-                raise ValueError(f"prefill has no op {op!r}")
-            return run
-
-        self._run(graph, bind)
-        return out["logits"]
+        tasks = PrefillTasks(self, cache, tokens, seq_lens, offsets)
+        T = int(seq_lens.sum())
+        self._pass(build_prefill(self._shape([len(seq_lens)], [float(seq_lens.float().mean())],
+                                             self.pager.paged_bytes, prompt_tokens=T)), tasks)
+        return tasks.logits("logits")
 
     # ---- decode ----
     @torch.inference_mode()
     def decode(self, cache: RaggedKVCache, micro_batches: list[MicroBatch]) -> list[torch.Tensor]:
         """One token for every sequence of every micro-batch -> logits [B_i, vocab] each."""
-        m, dev, L = self.model, self.device.torch_device, self.cfg.num_layers
-        mbs = [(tok, off, pos, off + pos, pos + 1) for tok, off, pos in micro_batches]
-        graph = build_decode(
-            self.schedule,
-            self._shape(
-                [len(t) for t, *_ in mbs],
-                [float(ln.float().mean()) for *_, ln in mbs],
-                self.pager.paged_bytes,
-            ),
-        )
-        held, out = HeldTensors(self.device), {}
-        c = self.cfg
+        tasks = DecodeTasks(self, cache, micro_batches)
+        graph = build_decode(self.schedule, self._shape([len(t) for t, *_ in micro_batches],
+                                                        [float((pos + 1).float().mean()) for *_, pos in micro_batches],
+                                                        self.pager.paged_bytes))
+        with self.counts.step(self.cfg.num_layers * len(micro_batches)):
+            self._pass(graph, tasks)
+        return [tasks.logits(("logits", i)) for i in range(len(micro_batches))]
 
-        def bind(t: Task) -> Callable[[], None]:
-            w = self._weights(t)
-            if w is not None:
-                return w
-            j, i, op = t.layer, t.mb, t.op
-            tok, off, pos, slots, lengths = mbs[i] if i >= 0 else (None,) * 5
-            if op == "embed":
-
-                def run():
-                    x = m.embed_tokens(tok.to(dev))
-                    held.put(("x", 0, i), 1, x)
-                    out[("rope", i)] = tuple(r.to(dev) for r in m.rotary(pos, x.dtype))
-            elif op == "pre_attn":
-
-                def run():
-                    q, k, v = m.layers[j].pre_attention(held.get(("x", j, i))[0], *out[("rope", i)])
-                    users = 2 if attention_on_gpu(self.schedule) else 1  # FlexGen: GPU attention + copy out
-                    held.put(("q", j, i), 1, q)
-                    held.put(("kv", j, i), users, k, v)
-            elif op == "qkv_d2h":
-
-                def run():
-                    (q,), (k, v) = held.get(("q", j, i)), held.get(("kv", j, i))
-                    out[("qkvh", j, i)] = tuple(self._to_host(a) for a in (q, k, v))
-                    held.done(("q", j, i))
-                    held.done(("kv", j, i))
-            elif op == "cpu_attn":
-
-                def run():
-                    q, k, v = out.pop(("qkvh", j, i))
-                    cache.write(j, k, v, slots)
-                    out[("ah", j, i)] = decode_attention(
-                        q, cache.k[j], cache.v[j], off, lengths, self.scale, **self.host_extras[j]
-                    ).flatten(1)
-            elif op == "attn_h2d":
-
-                def run():
-                    held.put(("attn", j, i), 1, self._to_device(out.pop(("ah", j, i)), "attn"))
-            elif op == "kv_h2d":
-
-                def run():
-                    new_off = torch.cumsum(lengths, 0) - lengths
-                    src = torch.cat(
-                        [torch.arange(o, o + p) for o, p in zip(off.tolist(), pos.tolist(), strict=True)]
-                    )
-                    dst = torch.cat(
-                        [torch.arange(o, o + p) for o, p in zip(new_off.tolist(), pos.tolist(), strict=True)]
-                    )
-                    shape = (c.num_kv_heads, int(lengths.sum()), c.head_dim)
-                    kd, vd = (self.device.empty(shape, self.dtype, "kv-buffer") for _ in range(2))
-                    for cached, d in ((cache.k[j], kd), (cache.v[j], vd)):
-                        host = self.device.pinned(shape, self.dtype)
-                        host[:, dst] = cached[:, src]
-                        self.device.copy(d, host)
-                    out[("kvd", j, i)] = (kd, vd, new_off)
-            elif op == "gpu_attn":
-
-                def run():
-                    kd, vd, new_off = out.pop(("kvd", j, i))
-                    (q,), (k, v) = held.get(("q", j, i)), held.get(("kv", j, i))
-                    at = (new_off + pos).to(dev)
-                    kd.index_copy_(1, at, k.transpose(0, 1))
-                    vd.index_copy_(1, at, v.transpose(0, 1))
-                    a = device_decode_attention(q, kd, vd, new_off, lengths, self.scale,
-                                                **attention_extras(m, j)).flatten(1)
-                    self.device.free(kd)
-                    self.device.free(vd)
-                    held.put(("attn", j, i), 1, a)
-                    held.done(("q", j, i))
-                    held.done(("kv", j, i))
-            elif op == "kv_d2h":
-
-                def run():
-                    k, v = held.get(("kv", j, i))
-                    out[("newkv", j, i)] = (self._to_host(k), self._to_host(v))
-                    held.done(("kv", j, i))
-            elif op == "kv_write":
-
-                def run():
-                    cache.write(j, *out.pop(("newkv", j, i)), slots)
-            elif op == "post_attn":
-
-                def run():
-                    x, a = held.get(("x", j, i))[0], held.get(("attn", j, i))[0]
-                    held.put(("x", j + 1, i), 1, self._post(j, x, a))
-                    held.done(("x", j, i))
-                    held.done(("attn", j, i))
-            elif op == "lm_head":
-
-                def run():
-                    held.put(("logits", i), 1, m.logits(held.get(("x", L, i))[0]))
-                    held.done(("x", L, i))
-            elif op == "logits_d2h":
-
-                def run():
-                    out[("logits", i)] = self._to_host(held.get(("logits", i))[0])
-                    held.done(("logits", i))
-            else:
-                raise ValueError(f"decode has no op {op!r}")
-            return run
-
-        self._run(graph, bind)
-        return [out[("logits", i)] for i in range(len(mbs))]
+    def stats(self) -> dict:
+        """The runtime's figures for the job's report: host syncs the compute lane issued per decode
+        step and kernel launches per layer pass (one layer over one micro-batch), as measured."""
+        return self.counts.stats() | {"schedule": self.schedule}
 
     def close(self) -> None:
+        """Stop the device and drop every device tensor this executor holds (a reference kept by a
+        caller, such as an old engine, must not keep them on the GPU)."""
         self.device.close()
+        self.pager = None
+        self.staging = None

@@ -1,6 +1,6 @@
 """Schedules as data: the decode (and prefill) passes as task graphs.
 
-One graph feeds two consumers: `executor.PipelineExecutor` launches it on a device
+One graph feeds two consumers: `pipeline_executor.PipelineExecutor` launches it on a device
 (CUDA streams + CPU threads, or the emulated accelerator) and `simulator.simulate`
 times it with HRM costs. Both use the same semantics: every lane is serial; a lane
 runs, among its launched tasks whose dependencies are done, the one launched first

@@ -6,95 +6,27 @@
   pages as the pass has micro-batches. A page goes CPU memory -> pinned staging buffer
   (the "pin" lane, a host memcpy) -> device (the "h2d" lane); two pinned buffers let
   page g+1 be staged while page g crosses the link.
-- The device holds two slots of one layer's paged experts (this layer / next layer), and
-  a page table maps expert e of a layer to a resident tensor or a view into a slot: it
-  is what expert_mix indexes as gate_up_proj[e] / down_proj[e].
+- The device holds two slots of one layer's paged experts (this layer / next layer), each laid
+  out as the paged experts' stacked gate/up matrices, then their stacked down matrices; a
+  layer's table (`GroupedExperts`) names its resident stack and the slot's two stacks, which the
+  grouped expert kernels read (models/grouped_experts.py).
+- Slots are allocated on the h2d lane, which writes them, and recorded for the compute lane,
+  which reads them (DESIGN.md section 8f).
 
 r_w is rounded to whole experts here (Mixtral: steps of 1/8); the simulator uses r_w as is.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
 from moelight.devices.device_base import Device
 from moelight.models.causal_lm import MoECausalLM
+from moelight.models.grouped_experts import ExpertGroup, GroupedExperts
 
 
 def _elem(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
-
-
-def activation_bytes_per_token(cfg, dtype: torch.dtype) -> int:
-    """Live device activations per token inside one layer: hidden state and residual,
-    q/k/v, attention output, and the MoE FFN's gathered tokens, gate/up and down outputs
-    for its top-k experts (router math in float32)."""
-    h, f, k = cfg.hidden_size, cfg.intermediate_size, cfg.top_k
-    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-    return _elem(dtype) * (4 * h + 2 * q + 2 * kv + k * (2 * h + 3 * f)) + 4 * (2 * cfg.num_experts + 4 * k)
-
-
-def prefill_attention_scratch(cfg, longest_prompt: int) -> int:
-    """Scores of the longest prompt's causal attention (float32), the kernel's worst case."""
-    return 4 * cfg.num_heads * longest_prompt * longest_prompt
-
-
-@dataclass(frozen=True)
-class MemoryPlan:
-    """Device bytes the runtime may use (DESIGN.md section 4's GPU constraint)."""
-
-    non_expert: int
-    resident_experts: int
-    paged_slots: int  # 2 x one layer's CPU-resident experts
-    activations: int  # the largest pass (prefill chunk or a decode micro-batch wave)
-    kv_buffers: int  # FlexGen: two micro-batches' KV of one layer
-
-    @property
-    def total(self) -> int:
-        return self.non_expert + self.resident_experts + self.paged_slots + self.activations + self.kv_buffers
-
-    @classmethod
-    def for_model(
-        cls,
-        model: MoECausalLM,
-        n_resident: int,
-        max_prefill_tokens: int,
-        max_prompt_len: int,
-        max_batch: int,
-        max_context: int,
-        gpu_attention: bool,
-    ) -> MemoryPlan:
-        cfg = model.config
-        dtype = model.embed_tokens.weight.dtype
-        el = _elem(dtype)
-        expert = 3 * cfg.hidden_size * cfg.intermediate_size * el
-        non_expert = sum(
-            p.numel() * p.element_size()
-            for n, p in model.named_parameters()
-            if not n.endswith(("mlp.gate_up_proj", "mlp.down_proj"))
-        )
-        per_tok = activation_bytes_per_token(cfg, dtype)
-        logits = 4 * cfg.vocab_size
-        # decode: every micro-batch's hidden state lives through the pass; at most two
-        # micro-batches are inside a layer at once, one in the FFN (bounded by max_batch)
-        decode = max_batch * (per_tok + logits)
-        prefill = (
-            max_prefill_tokens * per_tok + prefill_attention_scratch(cfg, max_prompt_len) + max_batch * logits
-        )
-        kv = (
-            2 * 2 * max_batch * (max_context + 1) * cfg.num_kv_heads * cfg.head_dim * el
-            if gpu_attention
-            else 0
-        )
-        return cls(
-            non_expert,
-            cfg.num_layers * n_resident * expert,
-            2 * (cfg.num_experts - n_resident) * expert,
-            max(decode, prefill),
-            kv,
-        )
 
 
 class WeightPager:
@@ -140,24 +72,20 @@ class WeightPager:
             self.resident_gu.append(dgu)
             self.resident_dn.append(ddn)
             flat = torch.empty(self.paged_elems, dtype=self.dtype)
-            for k, e in enumerate(range(r, self.n_experts)):
-                base = k * self.expert_elems
-                flat[base : base + gu[e].numel()].copy_(gu[e].reshape(-1))
-                flat[base + gu[e].numel() : base + self.expert_elems].copy_(dn[e].reshape(-1))
+            stack_gu, stack_dn = self._views(flat)
+            stack_gu.copy_(gu[r:])
+            stack_dn.copy_(dn[r:])
             self.cpu_pages.append(flat)
-        self.slots = [device.empty((self.paged_elems,), self.dtype, "paged-slot") for _ in range(2)]
+        self.slots = [device.empty((self.paged_elems,), self.dtype, "paged-slot", lane="h2d") for _ in range(2)]
+        for s in self.slots:
+            device.record_stream(s, "gpu")
         self.slot_views = [self._views(s) for s in self.slots]
         self.pinned: list[torch.Tensor] = []
-        self.slot_layer: dict[int, int] = {}  # slot -> layer whose pages it holds (after a pass)
 
-    def _views(self, flat: torch.Tensor) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        gus, dns = [], []
-        n_gu = self.gu_shape[0] * self.gu_shape[1]
-        for k in range(self.n_paged):
-            base = k * self.expert_elems
-            gus.append(flat[base : base + n_gu].view(self.gu_shape))
-            dns.append(flat[base + n_gu : base + self.expert_elems].view(self.dn_shape))
-        return gus, dns
+    def _views(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The paged experts' gate/up stack [n, 2f, h] and down stack [n, h, f] in a flat buffer."""
+        n_gu = self.n_paged * self.gu_shape[0] * self.gu_shape[1]
+        return flat[:n_gu].view(self.n_paged, *self.gu_shape), flat[n_gu:].view(self.n_paged, *self.dn_shape)
 
     # ---- pages ----
     def page_range(self, page: int, n_pages: int) -> tuple[int, int]:
@@ -191,8 +119,9 @@ class WeightPager:
         s, e = self.page_range(page, n_pages)
         self.device.copy(self.slots[slot][s:e], self.pinned[pin_slot][: e - s])
 
-    def table(self, layer: int, slot: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-        """Page table of a layer: expert e -> its device tensor (resident or in `slot`)."""
+    def table(self, layer: int, slot: int) -> GroupedExperts:
+        """A layer's experts on the device: its resident stack and the stacks in `slot`."""
         layer %= self.n_layers
         gus, dns = self.slot_views[slot]
-        return ([*self.resident_gu[layer].unbind(0), *gus], [*self.resident_dn[layer].unbind(0), *dns])
+        return GroupedExperts((ExpertGroup(0, self.resident_gu[layer], self.resident_dn[layer]),
+                               ExpertGroup(self.n_resident, gus, dns)), self.n_experts)

@@ -90,3 +90,18 @@ def resolve_device(name: str) -> str:
     if name == "cuda" and not torch.cuda.is_available():
         raise PlanError("--device cuda: this torch build or host has no CUDA; use --device cpu or emulated")
     return name
+
+
+def cuda_dtype_advice(requested: str, resolved: str, capability: tuple[int, int]) -> tuple[str | None, str]:
+    """(the dtype to run instead, or None; a note for the log) for a GPU of this compute capability.
+
+    GPUs before Ampere (sm_80: T4, V100) have no bfloat16 arithmetic: `--dtype auto` runs float16
+    there, whose range (65504) some families' activations exceed (a NumericalError then says so);
+    an explicit `--dtype bfloat16` is kept, and runs emulated, slowly."""
+    if capability >= (8, 0) or resolved != "bfloat16":
+        return None, ""
+    sm = f"sm_{capability[0]}{capability[1]}"
+    if requested == "auto":
+        return "float16", (f"this GPU ({sm}) has no bfloat16 arithmetic: running float16 (a family whose "
+                           "activations exceed float16's range stops with an error; --dtype float32 avoids it)")
+    return None, f"--dtype bfloat16 on this GPU ({sm}) runs without hardware support, slowly; --dtype float16 is native"

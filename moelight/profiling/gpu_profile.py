@@ -8,10 +8,11 @@ with the kernels and copies the runtime uses, so a user's own GPU replaces the p
   runtime's copy lane (measured on any host: no GPU needed);
 - GPU memory bandwidth (device copy), sustained matmul FLOP/s per dtype (a large GEMM
   repeated long enough for the clock to settle under the power cap);
-- the expert GEMM at the rows per expert a micro-batch produces: one expert at a time, as
-  the engine runs them, cycling through more weights than the L2 holds; the weights'
-  streaming rate at few rows is the HRM's gemm_bandwidth, FLOP/s by rows its GEMM curve;
-- decode attention's KV read rate and prefill attention's FLOP/s on the GPU;
+- the expert GEMMs at the rows per expert a micro-batch produces, grouped as the runtime runs
+  them (models/grouped_experts.py: one grouped GEMM per matrix where the GPU has it, one GEMM per
+  expert elsewhere), over more weights than the L2 holds; the weights' streaming rate at few rows
+  is the HRM's gemm_bandwidth, FLOP/s by rows its GEMM curve;
+- decode attention's KV read rate (the runtime's batched kernel) and prefill attention's FLOP/s on the GPU;
 - the dispatch cost of a layer pass: launches of tiny kernels, times the kernels of a layer.
 """
 
@@ -19,7 +20,9 @@ from __future__ import annotations
 
 from moelight.profiling.timing import best_time
 
-KERNELS_PER_LAYER = 50  # an eager MoE layer pass: norms, projections, rotary, router, 8 experts' GEMMs
+# an eager layer pass of the CGOPipe runtime, as its run report counts them (launches_per_layer_pass): ~65 with
+# the experts in one group, ~90 with a resident and a paged group; independent of the expert count
+KERNELS_PER_LAYER = 90
 COPY_SIZES = (64 * 2**10, 2**20, 16 * 2**20, 128 * 2**20)
 EXPERT_ROWS = (4, 16, 64, 256, 1024)
 
@@ -82,24 +85,36 @@ def measure_link(quick: bool = False):
 
 
 def measure_expert_gemm(dtype, quick: bool = False) -> tuple[float, list[list[float]]]:
-    """(weight bytes/s at few rows per expert, [[rows, FLOP/s], ...]) of one expert's three GEMMs
-    (gate/up [2f, h] then down [h, f]) cycling through 8 experts, more bytes than the L2 holds."""
+    """(weight bytes/s at few rows per expert, [[rows, FLOP/s], ...]) of the experts' three GEMMs
+    (gate/up [2f, h] then down [h, f]) over 8 experts, more bytes than the L2 holds."""
     import torch
     import torch.nn.functional as F
+
+    from moelight.models.grouped_experts import grouped_mm_supported
 
     dev, sync = torch.device("cuda:0"), torch.cuda.synchronize
     h, f, n_exp = (2048, 4096, 4) if quick else (4096, 8192, 8)
     gu = [torch.randn(2 * f, h, device=dev, dtype=dtype) for _ in range(n_exp)]
     dn = [torch.randn(h, f, device=dev, dtype=dtype) for _ in range(n_exp)]
     weight_bytes = n_exp * 3 * h * f * gu[0].element_size()
+    grouped = grouped_mm_supported(dev, dtype)
+    gu_stack, dn_stack = (torch.stack(gu), torch.stack(dn)) if grouped else (None, None)
     curve, stream = [], []
     for rows in EXPERT_ROWS[:-1] if quick else EXPERT_ROWS:
         x = torch.randn(rows, h, device=dev, dtype=dtype)
 
-        def experts(x=x) -> None:
-            for a, b in zip(gu, dn, strict=True):
-                g, u = F.linear(x, a).chunk(2, dim=-1)
-                F.linear(F.silu(g) * u, b)
+        if grouped:
+            xs = x.repeat(n_exp, 1)
+            offs = torch.arange(1, n_exp + 1, device=dev, dtype=torch.int32) * rows
+
+            def experts(xs=xs, offs=offs) -> None:
+                g, u = torch._grouped_mm(xs, gu_stack.transpose(-2, -1), offs=offs).chunk(2, dim=-1)
+                torch._grouped_mm(F.silu(g) * u, dn_stack.transpose(-2, -1), offs=offs)
+        else:
+            def experts(x=x) -> None:
+                for a, b in zip(gu, dn, strict=True):
+                    g, u = F.linear(x, a).chunk(2, dim=-1)
+                    F.linear(F.silu(g) * u, b)
 
         t = best_time(experts, 3 if quick else 5, sync)
         curve.append([float(rows), 6.0 * h * f * rows * n_exp / t])
@@ -113,7 +128,7 @@ def measure_gpu_attention(dtype, quick: bool = False) -> tuple[float, float]:
     import torch
     import torch.nn.functional as F
 
-    from moelight.devices.device_attention import device_decode_attention
+    from moelight.devices.device_attention import batched_decode_attention
 
     dev, sync = torch.device("cuda:0"), torch.cuda.synchronize
     hq, hkv, d = 32, 8, 128
@@ -124,7 +139,7 @@ def measure_gpu_attention(dtype, quick: bool = False) -> tuple[float, float]:
     q = torch.randn(seqs, hq, d, device=dev, dtype=dtype)
     offsets = torch.arange(seqs, dtype=torch.int64, device=dev) * ctx
     lengths = torch.full((seqs,), ctx, dtype=torch.int64, device=dev)
-    t = best_time(lambda: device_decode_attention(q, k, v, offsets, lengths, d**-0.5), 5, sync)
+    t = best_time(lambda: batched_decode_attention(q, k, v, offsets, lengths, ctx, d**-0.5), 5, sync)
     kv_bw = 2.0 * total * hkv * d * k.element_size() / t
     p = 512 if quick else 2048
     qp = torch.randn(4, hq, p, d, device=dev, dtype=dtype)

@@ -1,8 +1,8 @@
 """The executor interface: what the generation loop asks of whatever runs the model's passes.
 
 Three executors implement it: `PlainExecutor` (every pass on the CPU, runtime/plain_executor.py),
-the CGOPipe runtime (`pipeline.executor.PipelineExecutor`, a schedule's task graph on a device)
-and latency mode's `expert_cache.executor.ExpertCacheExecutor` (a device expert cache). The
+the CGOPipe runtime (`pipeline.pipeline_executor.PipelineExecutor`, a schedule's task graph on a device)
+and latency mode's `expert_cache.cache_executor.ExpertCacheExecutor` (a device expert cache). The
 engine (engine/generation.py) sees only this: prefill packed prompts, decode micro-batches,
 release a finished sequence, report stats, close. Adding an executor is implementing these five.
 """

@@ -1,0 +1,288 @@
+"""The work of each task of a pass: a schedule's task graph bound to the model, the page table,
+the CPU KV cache and the copies between them.
+
+Host data a pass needs on the device (token ids, rotary tables, indices) is prepared on the
+launcher thread in pinned memory and uploaded by the compute lane without a host sync. Device
+tensors shared between tasks are held until their last consumer has issued its use
+(held_tensors.py); host buffers of copies come from the executor's pinned pool and go back when
+the task that reads them is done. A copy destination on the device is allocated on the lane that
+writes it and recorded for the lane that reads it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from cpu_kernels import decode_attention
+from moelight.devices.device_attention import batched_decode_attention, device_prefill_attention
+from moelight.devices.device_base import current_event
+from moelight.pipeline.held_tensors import HeldTensors
+from moelight.pipeline.schedule import Task, attention_on_gpu
+from moelight.runtime.forward import attention_extras
+from moelight.runtime.kv_cache import RaggedKVCache
+
+
+class PassTasks:
+    """Shared plumbing of a prefill or decode pass."""
+
+    def __init__(self, ex, cache: RaggedKVCache) -> None:
+        self.ex, self.m, self.cache = ex, ex.model, cache
+        self.dev, self.staging = ex.device, ex.staging
+        self.held, self.out = HeldTensors(ex.device), {}
+
+    def pinned(self, t: torch.Tensor) -> torch.Tensor:
+        """A launcher-side host tensor in pinned memory, for an upload without a sync."""
+        buf = self.staging.take(t.shape, t.dtype)
+        buf.copy_(t)
+        self.out.setdefault("uploads", []).append(buf)
+        return buf
+
+    def bind(self, t: Task) -> Callable[[], None]:
+        w = self.ex.weight_task(t)
+        if w is not None:
+            return w
+        op = getattr(self, "op_" + t.op, None)
+        if op is None:
+            raise ValueError(f"{type(self).__name__} has no op {t.op!r}")
+        return op(t.layer, t.mb)
+
+    def to_host(self, t: torch.Tensor) -> torch.Tensor:
+        """D2H on the current (d2h) lane into a pinned buffer, which its consumer gives back."""
+        host = self.staging.take(t.shape, t.dtype)
+        self.dev.copy(host, t)
+        return host
+
+    def to_device(self, host: torch.Tensor, tag: str) -> torch.Tensor:
+        """H2D on the current (h2d) lane into a block of its own pool, read by the compute lane."""
+        dst = self.dev.empty(host.shape, host.dtype, tag, lane="h2d")
+        self.dev.copy(dst, host)
+        self.dev.record_stream(dst, "gpu")
+        self.staging.give(host, after=current_event())
+        return dst
+
+    def give(self, *hosts: torch.Tensor) -> None:
+        for h in hosts:
+            self.staging.give(h)
+
+    def finish(self) -> None:
+        """After the pass: the pinned uploads go back to the pool."""
+        self.give(*self.out.pop("uploads", []))
+
+    def logits(self, key) -> torch.Tensor:
+        host = self.out.pop(key)
+        result = host.clone()
+        self.give(host)
+        return result
+
+
+class PrefillTasks(PassTasks):
+    """All layers on the device for one packed chunk of prompts; each layer's K/V go to the CPU cache."""
+
+    def __init__(self, ex, cache, tokens, seq_lens, offsets) -> None:
+        super().__init__(ex, cache)
+        cu = torch.zeros(len(seq_lens) + 1, dtype=torch.int64)
+        torch.cumsum(seq_lens, 0, out=cu[1:])
+        positions = torch.arange(int(cu[-1]), dtype=torch.int64) - torch.repeat_interleave(cu[:-1], seq_lens)
+        self.cu, self.slots = cu, torch.repeat_interleave(offsets, seq_lens) + positions
+        cos, sin = self.m.rotary(positions, ex.dtype)
+        self.host = {"tokens": self.pinned(tokens), "cos": self.pinned(cos), "sin": self.pinned(sin),
+                     "last": self.pinned(cu[1:] - 1)}
+
+    def op_embed(self, j, i):
+        def run():
+            up = self.dev.upload
+            self.held.put(("x", 0), 1, self.m.embed_tokens(up(self.host["tokens"])))
+            self.out["rope"] = (up(self.host["cos"]), up(self.host["sin"]))
+        return run
+
+    def op_pre_attn(self, j, i):
+        def run():
+            q, k, v = self.m.layers[j].pre_attention(self.held.get(("x", j))[0], *self.out["rope"])
+            self.held.put(("q", j), 1, q)
+            self.held.put(("kv", j), 2, k, v)  # prefill attention and the copy to the CPU cache
+        return run
+
+    def op_kv_d2h(self, j, i):
+        def run():
+            k, v = self.held.get(("kv", j))
+            self.out[("kvh", j)] = (self.to_host(k), self.to_host(v))
+            self.held.done(("kv", j))
+        return run
+
+    def op_kv_write(self, j, i):
+        def run():
+            kh, vh = self.out.pop(("kvh", j))
+            self.cache.write(j, kh, vh, self.slots)
+            self.give(kh, vh)
+        return run
+
+    def op_prefill_attn(self, j, i):
+        def run():
+            (q,), (k, v) = self.held.get(("q", j)), self.held.get(("kv", j))
+            a = device_prefill_attention(q, k, v, self.cu, self.ex.scale, **attention_extras(self.m, j)).flatten(1)
+            self.held.put(("attn", j), 1, a)
+            self.held.done(("q", j))
+            self.held.done(("kv", j))
+        return run
+
+    def op_post_attn(self, j, i):
+        def run():
+            x, a = self.held.get(("x", j))[0], self.held.get(("attn", j))[0]
+            if j == self.ex.cfg.num_layers - 1:  # only the last token of each prompt feeds the LM head
+                idx = self.dev.upload(self.host["last"])
+                x, a = x.index_select(0, idx), a.index_select(0, idx)
+            self.held.put(("x", j + 1), 1, self.ex.post_attention(j, x, a))
+            self.held.done(("x", j))
+            self.held.done(("attn", j))
+        return run
+
+    def op_lm_head(self, j, i):
+        L = self.ex.cfg.num_layers
+
+        def run():
+            self.held.put(("logits",), 1, self.m.logits(self.held.get(("x", L))[0]))
+            self.held.done(("x", L))
+        return run
+
+    def op_logits_d2h(self, j, i):
+        def run():
+            self.out["logits"] = self.to_host(self.held.get(("logits",))[0])
+            self.held.done(("logits",))
+        return run
+
+
+class DecodeTasks(PassTasks):
+    """One token for every sequence of every micro-batch, on any decode schedule."""
+
+    def __init__(self, ex, cache, micro_batches) -> None:
+        super().__init__(ex, cache)
+        self.gpu_attention = attention_on_gpu(ex.schedule)
+        self.mbs = []
+        for tok, off, pos in micro_batches:
+            lengths = pos + 1
+            cos, sin = self.m.rotary(pos, ex.dtype)
+            mb = {"tok": self.pinned(tok), "cos": self.pinned(cos), "sin": self.pinned(sin), "off": off, "pos": pos,
+                  "slots": off + pos, "lengths": lengths}
+            if self.gpu_attention:  # FlexGen: the micro-batch's KV gathered into one packed device buffer
+                new_off = torch.cumsum(lengths, 0) - lengths
+                mb["src"] = torch.cat([torch.arange(o, o + p) for o, p in zip(off.tolist(), pos.tolist(), strict=True)])
+                mb["dst"] = torch.cat([torch.arange(o, o + p) for o, p in zip(new_off.tolist(), pos.tolist(),
+                                                                             strict=True)])
+                mb["kv_len"], mb["max_len"] = int(lengths.sum()), int(lengths.max())
+                mb["at"], mb["new_off"] = self.pinned(new_off + pos), self.pinned(new_off)
+                mb["lengths_pinned"] = self.pinned(lengths)
+            self.mbs.append(mb)
+
+    def op_embed(self, j, i):
+        mb = self.mbs[i]
+
+        def run():
+            up = self.dev.upload
+            self.held.put(("x", 0, i), 1, self.m.embed_tokens(up(mb["tok"])))
+            self.out[("rope", i)] = (up(mb["cos"]), up(mb["sin"]))
+        return run
+
+    def op_pre_attn(self, j, i):
+        def run():
+            q, k, v = self.m.layers[j].pre_attention(self.held.get(("x", j, i))[0], *self.out[("rope", i)])
+            self.held.put(("q", j, i), 1, q)
+            self.held.put(("kv", j, i), 2 if self.gpu_attention else 1, k, v)  # FlexGen: GPU attention + copy out
+        return run
+
+    def op_qkv_d2h(self, j, i):
+        def run():
+            (q,), (k, v) = self.held.get(("q", j, i)), self.held.get(("kv", j, i))
+            self.out[("qkvh", j, i)] = tuple(self.to_host(a) for a in (q, k, v))
+            self.held.done(("q", j, i))
+            self.held.done(("kv", j, i))
+        return run
+
+    def op_cpu_attn(self, j, i):
+        mb = self.mbs[i]
+
+        def run():
+            q, k, v = self.out.pop(("qkvh", j, i))
+            self.cache.write(j, k, v, mb["slots"])
+            a = decode_attention(q, self.cache.k[j], self.cache.v[j], mb["off"], mb["lengths"], self.ex.scale,
+                                 **self.ex.host_extras[j]).flatten(1)
+            self.give(q, k, v)
+            staged = self.staging.take(a.shape, a.dtype)  # the H2D source must be pinned
+            staged.copy_(a)
+            self.out[("ah", j, i)] = staged
+        return run
+
+    def op_attn_h2d(self, j, i):
+        def run():
+            self.held.put(("attn", j, i), 1, self.to_device(self.out.pop(("ah", j, i)), "attn"))
+        return run
+
+    def op_kv_h2d(self, j, i):
+        mb, c = self.mbs[i], self.ex.cfg
+
+        def run():
+            shape = (c.num_kv_heads, mb["kv_len"], c.head_dim)
+            bufs = []
+            for cached in (self.cache.k[j], self.cache.v[j]):
+                host = self.staging.take(shape, self.ex.dtype)
+                host[:, mb["dst"]] = cached[:, mb["src"]]
+                bufs.append(self.to_device(host, "kv-buffer"))
+            self.out[("kvd", j, i)] = tuple(bufs)
+        return run
+
+    def op_gpu_attn(self, j, i):
+        mb, up = self.mbs[i], self.dev.upload
+
+        def run():
+            kd, vd = self.out.pop(("kvd", j, i))
+            (q,), (k, v) = self.held.get(("q", j, i)), self.held.get(("kv", j, i))
+            at = up(mb["at"])
+            kd.index_copy_(1, at, k.transpose(0, 1))
+            vd.index_copy_(1, at, v.transpose(0, 1))
+            a = batched_decode_attention(q, kd, vd, up(mb["new_off"]), up(mb["lengths_pinned"]), mb["max_len"],
+                                         self.ex.scale, **attention_extras(self.m, j)).flatten(1)
+            self.dev.free(kd)
+            self.dev.free(vd)
+            self.held.put(("attn", j, i), 1, a)
+            self.held.done(("q", j, i))
+            self.held.done(("kv", j, i))
+        return run
+
+    def op_kv_d2h(self, j, i):
+        def run():
+            k, v = self.held.get(("kv", j, i))
+            self.out[("newkv", j, i)] = (self.to_host(k), self.to_host(v))
+            self.held.done(("kv", j, i))
+        return run
+
+    def op_kv_write(self, j, i):
+        mb = self.mbs[i]
+
+        def run():
+            kh, vh = self.out.pop(("newkv", j, i))
+            self.cache.write(j, kh, vh, mb["slots"])
+            self.give(kh, vh)
+        return run
+
+    def op_post_attn(self, j, i):
+        def run():
+            x, a = self.held.get(("x", j, i))[0], self.held.get(("attn", j, i))[0]
+            self.held.put(("x", j + 1, i), 1, self.ex.post_attention(j, x, a))
+            self.held.done(("x", j, i))
+            self.held.done(("attn", j, i))
+        return run
+
+    def op_lm_head(self, j, i):
+        L = self.ex.cfg.num_layers
+
+        def run():
+            self.held.put(("logits", i), 1, self.m.logits(self.held.get(("x", L, i))[0]))
+            self.held.done(("x", L, i))
+        return run
+
+    def op_logits_d2h(self, j, i):
+        def run():
+            self.out[("logits", i)] = self.to_host(self.held.get(("logits", i))[0])
+            self.held.done(("logits", i))
+        return run
