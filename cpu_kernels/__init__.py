@@ -1,10 +1,12 @@
 """CPU attention kernels for moelight.
 
-Public API (the engine calls only these two functions):
+Public API (the engine calls only these three functions):
 
 - ``decode_attention(q, k_cache, v_cache, offsets, lengths, scale)``: one query token per
   sequence over a ragged KV cache.
 - ``prefill_attention(q, k, v, cu_seqlens, scale)``: causal attention over packed prompts.
+- ``latent_decode_attention(q, cache, offsets, lengths, scale, latent_dim)``: MLA's absorbed decode,
+  every head over one latent row per token (latent.py).
 
 KV cache layout (one tensor each for K and V, per layer): ``[H_kv, T_total, d]``.
 Sequence ``b`` owns the token slots ``offsets[b] : offsets[b] + capacity_b`` of every head;
@@ -20,5 +22,6 @@ torch.get_num_threads() OpenMP threads and release the GIL while they run.
 """
 
 from cpu_kernels.dispatch import decode_attention, kernel_backend, prefill_attention
+from cpu_kernels.latent import latent_decode_attention
 
-__all__ = ["decode_attention", "prefill_attention", "kernel_backend"]
+__all__ = ["decode_attention", "prefill_attention", "latent_decode_attention", "kernel_backend"]

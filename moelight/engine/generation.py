@@ -20,7 +20,7 @@ from moelight.engine.scheduler import Scheduler
 from moelight.engine.sequence import Sequence, SequenceResult
 from moelight.models.causal_lm import MoECausalLM
 from moelight.runtime.executor import Executor
-from moelight.runtime.kv_cache import RaggedKVCache
+from moelight.runtime.latent_kv_cache import kv_cache_class
 from moelight.runtime.plain_executor import PlainExecutor
 from moelight.sampling.params import SamplingParams
 from moelight.sampling.sampler import Sampler
@@ -98,7 +98,8 @@ class _Run:
     def generate(self, batch_size: int, micro_batch_size: int) -> list[SequenceResult]:
         sched = self.sched = Scheduler(self.seqs, batch_size, micro_batch_size)
         model = self.engine.model
-        self.cache = RaggedKVCache.pool(model.config, sched.capacity, model.embed_tokens.weight.dtype)
+        self.cache = kv_cache_class(model.config).pool(model.config, sched.capacity,
+                                                         model.embed_tokens.weight.dtype)
         wave = None
         while True:
             new = sched.admit()

@@ -1,16 +1,19 @@
 """Whole-model passes for the plain (single-device) executor: prefill and one decode step.
 
 Both walk the layers as pre-attention -> KV write -> attention -> post-attention, the
-split CGOPipe pipelines across devices.
+split CGOPipe pipelines across devices. A layer says what its cache keeps and how its attention
+reads it (`attention_inputs`, `prefill_kv`, `decode_output`): GQA's K and V, or MLA's latent rows
+read by the absorbed decode; the cache (RaggedKVCache or LatentKVCache) attends accordingly.
 """
 
 from __future__ import annotations
 
 import torch
 
-from cpu_kernels import decode_attention, prefill_attention
+from cpu_kernels import prefill_attention
 from moelight.models.causal_lm import MoECausalLM
 from moelight.runtime.kv_cache import RaggedKVCache
+from moelight.runtime.latent_kv_cache import LatentKVCache
 
 
 def attention_extras(model: MoECausalLM, layer: int) -> dict:
@@ -24,7 +27,8 @@ def attention_extras(model: MoECausalLM, layer: int) -> dict:
 
 @torch.inference_mode()
 def prefill(
-    model: MoECausalLM, cache: RaggedKVCache, tokens: torch.Tensor, seq_lens: torch.Tensor, offsets: torch.Tensor
+    model: MoECausalLM, cache: RaggedKVCache | LatentKVCache, tokens: torch.Tensor, seq_lens: torch.Tensor,
+    offsets: torch.Tensor,
 ) -> torch.Tensor:
     """Packed prompts tokens [T] (seq_lens [B], cache offsets [B]) -> last hidden state [B, h]."""
     cu = torch.zeros(len(seq_lens) + 1, dtype=torch.int64)
@@ -33,13 +37,14 @@ def prefill(
     positions = torch.arange(int(cu[-1]), dtype=torch.int64) - starts
     slots = torch.repeat_interleave(offsets, seq_lens) + positions
     last = cu[1:] - 1
-    scale = model.config.head_dim**-0.5
+    scale = model.config.attention_scale
     x = model.embed_tokens(tokens)
     cos, sin = model.rotary(positions, x.dtype)
     n_layers = len(model.layers)
     for li, layer in enumerate(model.layers):
-        q, k, v = layer.pre_attention(x, cos, sin)
-        cache.write(li, k, v, slots)
+        q, entry = layer.attention_inputs(x, cos, sin)
+        cache.write(li, *entry, slots)
+        k, v = layer.prefill_kv(*entry)
         attn = prefill_attention(q, k, v, cu, scale, **attention_extras(model, li)).flatten(1)
         if li == n_layers - 1:  # only the last token of each prompt feeds the LM head
             x, attn = x[last], attn[last]
@@ -49,18 +54,18 @@ def prefill(
 
 @torch.inference_mode()
 def decode_step(
-    model: MoECausalLM, cache: RaggedKVCache, tokens: torch.Tensor, offsets: torch.Tensor, positions: torch.Tensor
+    model: MoECausalLM, cache: RaggedKVCache | LatentKVCache, tokens: torch.Tensor, offsets: torch.Tensor,
+    positions: torch.Tensor,
 ) -> torch.Tensor:
     """One new token per sequence: tokens [B] at positions [B] -> hidden state [B, h]."""
     slots = offsets + positions
     lengths = positions + 1
-    scale = model.config.head_dim**-0.5
+    scale = model.config.attention_scale
     x = model.embed_tokens(tokens)
     cos, sin = model.rotary(positions, x.dtype)
     for li, layer in enumerate(model.layers):
-        q, k, v = layer.pre_attention(x, cos, sin)
-        cache.write(li, k, v, slots)
-        attn = decode_attention(q, cache.k[li], cache.v[li], offsets, lengths, scale,
-                                **attention_extras(model, li)).flatten(1)
-        x = layer.post_attention(x, attn)
+        q, entry = layer.attention_inputs(x, cos, sin, decode=True)
+        cache.write(li, *entry, slots)
+        attn = cache.attend(li, q, offsets, lengths, scale, **attention_extras(model, li)).flatten(1)
+        x = layer.post_attention(x, layer.decode_output(attn))
     return x

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from cpu_kernels import decode_attention
 from moelight.models.config import ModelConfig
 from moelight.runtime.host_memory import empty_huge
 
@@ -52,3 +53,17 @@ class RaggedKVCache:
         """Store k/v [T, H_kv, d] of T tokens at absolute cache slots [T]."""
         self.k[layer].index_copy_(1, slots, k.transpose(0, 1))
         self.v[layer].index_copy_(1, slots, v.transpose(0, 1))
+
+    def layer(self, j: int) -> tuple[torch.Tensor, ...]:
+        """Layer j's tensors, in the order a cache entry lists them (K, V)."""
+        return self.k[j], self.v[j]
+
+    def attend(self, j: int, q: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor, scale: float,
+               **extras) -> torch.Tensor:
+        """Decode attention of q [B, Hq, d] over layer j (extras: a sliding window, sinks) -> [B, Hq, d]."""
+        return decode_attention(q, self.k[j], self.v[j], offsets, lengths, scale, **extras)
+
+    def like(self, layers: list[tuple[torch.Tensor, ...]], offsets: torch.Tensor | None = None) -> RaggedKVCache:
+        """A cache of this layout over other tensors (device copies, packed buffers), one (k, v) per layer."""
+        offs = self.offsets if offsets is None else offsets
+        return RaggedKVCache([k for k, _ in layers], [v for _, v in layers], offs, self.capacity)
