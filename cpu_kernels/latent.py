@@ -5,8 +5,9 @@ whole row and whose value is its latent part, so each row is read once for all h
 ``latent_decode_attention(q, cache, offsets, lengths, scale, latent_dim)``: q [B, H, W] (absorbed
 queries), cache [1, T, W] (one row per token slot; sequence b owns rows offsets[b] onwards, the first
 lengths[b] valid) -> [B, H, latent_dim] in q's dtype. The C++ kernel (csrc/latent_attention.cpp) runs
-where it builds, the CPU has AVX-512 or AVX2 and (W, latent_dim) is one it was compiled for; the torch
-reference below otherwise (and on a GPU).
+where it builds, the CPU has AVX-512 or AVX2 and (W, latent_dim) is one it was compiled for: AMX tiles
+for a bf16 cache and bf16 queries where the CPU has AMX-BF16 (csrc/latent_amx.cpp), AVX-512 / AVX2
+otherwise; the torch reference below elsewhere (and on a GPU).
 """
 
 from __future__ import annotations
@@ -15,9 +16,9 @@ import torch
 
 from cpu_kernels.dispatch import _cpp_available
 
-# (row width, latent width) pairs the C++ kernel is instantiated for: DeepSeek-V2/V3, Kimi-K2 and
-# Moonlight (512 + 64), bench-deepseek (256 + 64), and small shapes for tests
-LATENT_SHAPES = ((576, 512), (320, 256), (160, 128), (96, 64))
+# (row width, latent width) pairs the C++ kernel is instantiated for: every released DeepSeek-V2/V3,
+# Kimi-K2 and Moonlight checkpoint (512 + 64, bench-deepseek too), and a small shape for tests
+LATENT_SHAPES = ((576, 512), (96, 64))
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 
