@@ -15,7 +15,7 @@ import torch.multiprocessing as mp
 from moelight.engine.generation import Engine
 from moelight.pipeline.pipeline_executor import PipelineExecutor
 from moelight.pipeline.schedule import SCHEDULES
-from moelight.runtime.kv_cache import RaggedKVCache
+from moelight.runtime.latent_kv_cache import kv_cache_class
 from moelight.sampling.params import SamplingParams
 from tests.checkpoints import random_prompts
 from tests.tp_helpers import family_config, random_model
@@ -26,10 +26,11 @@ PARAMS = [SamplingParams(max_tokens=3 + (k % 3) * 2, ignore_eos=True) for k in r
 EXEC_KW = dict(max_prefill_tokens=48, max_prompt_len=16, max_batch=8, max_context=64,
                h2d_bandwidth=4e9, d2h_bandwidth=4e9)
 # (family, schedule, r_w): every schedule on Mixtral; OLMoE all-reduces inside pre-attention
-# (its q/k norm spans the heads of every rank); GPT-OSS's sinks and windows on CPU and GPU attention
+# (its q/k norm spans the heads of every rank); GPT-OSS's sinks and windows on CPU and GPU attention;
+# DeepSeek's MLA: heads split, each rank's CPU attention over its own copy of the latent
 CASES = [("mixtral", s, r_w) for s in SCHEDULES for r_w in (0.0, 0.5)] + [
     ("olmoe-full-qk-norm-clip", "cgopipe", 0.25), ("gpt_oss-sinks-window-biases", "cgopipe", 0.0),
-    ("gpt_oss-sinks-window-biases", "flexgen", 0.5)]
+    ("gpt_oss-sinks-window-biases", "flexgen", 0.5), ("deepseek_v3-mla-groups-shared-dense", "cgopipe", 0.25)]
 
 
 def _free_port() -> int:
@@ -43,7 +44,7 @@ def _run(model, schedule: str, r_w: float, compute_in_order: bool = False):
     ex = PipelineExecutor(model, schedule, "emulated", r_w=r_w, compute_in_order=compute_in_order, **EXEC_KW)
     try:
         lens = torch.tensor([len(p) for p in PROMPTS[:3]])
-        cache = RaggedKVCache.pool(model.config, int(lens.sum()), model.embed_tokens.weight.dtype)
+        cache = kv_cache_class(model.config).pool(model.config, int(lens.sum()), model.embed_tokens.weight.dtype)
         logits = ex.prefill(cache, torch.tensor([t for p in PROMPTS[:3] for t in p]), lens,
                             torch.cumsum(lens, 0) - lens)
         out = Engine(model, (2,), max_prefill_tokens=48, executor=ex).generate(

@@ -19,7 +19,6 @@ import torch
 import torch.nn.functional as F
 
 from cpu_kernels import prefill_attention
-from moelight.devices.device_attention import device_decode_attention
 from moelight.devices.device_base import Device, nbytes_of
 from moelight.devices.registry import create_device
 from moelight.expert_cache.cache_policy import CachePolicy
@@ -29,6 +28,7 @@ from moelight.models.causal_lm import MoECausalLM
 from moelight.runtime.executor import Executor, MicroBatch
 from moelight.runtime.forward import attention_extras
 from moelight.runtime.kv_cache import RaggedKVCache
+from moelight.runtime.latent_kv_cache import LatentKVCache
 
 
 def expert_bytes(model: MoECausalLM) -> int:
@@ -72,9 +72,9 @@ class ExpertCacheExecutor(Executor):
         self.slot_gu = device.empty((slots, 2 * f, h), model.embed_tokens.weight.dtype, "expert-slots")
         self.slot_dn = device.empty((slots, h, f), model.embed_tokens.weight.dtype, "expert-slots")
         self.worker = CopyWorker(device, self._chunks)
-        self.scale = cfg.head_dim**-0.5
-        self._kv_src: RaggedKVCache | None = None
-        self._kv: tuple[list, list] | None = None
+        self.scale = cfg.attention_scale
+        self._kv_src: RaggedKVCache | LatentKVCache | None = None
+        self._kv: RaggedKVCache | LatentKVCache | None = None
         self._prefill = False
         self._streams = itertools.count()
 
@@ -158,25 +158,21 @@ class ExpertCacheExecutor(Executor):
         self.cache.release(seq)
 
     # ---- KV cache on the device ----
-    def _kv_of(self, cache: RaggedKVCache) -> tuple[list, list]:
+    def _kv_of(self, cache: RaggedKVCache | LatentKVCache) -> RaggedKVCache | LatentKVCache:
         """The engine's cache, on the device: counted where the device is emulated (the engine's
         tensors are already in this memory), a device copy of its layout on CUDA."""
         if cache is not self._kv_src:
             if self._kv is not None:
-                for t in (*self._kv[0], *self._kv[1]):
-                    self.device.free(t)
+                for j in range(self.cfg.num_layers):
+                    for t in self._kv.layer(j):
+                        self.device.free(t)
             if self.device.kind == "emulated":
-                self._kv = ([self.device.adopt(t, "kv") for t in cache.k],
-                            [self.device.adopt(t, "kv") for t in cache.v])
+                place = lambda t: self.device.adopt(t, "kv")  # noqa: E731
             else:
-                self._kv = ([self.device.empty(t.shape, t.dtype, "kv") for t in cache.k],
-                            [self.device.empty(t.shape, t.dtype, "kv") for t in cache.v])
+                place = lambda t: self.device.empty(t.shape, t.dtype, "kv")  # noqa: E731
+            self._kv = cache.like([tuple(place(t) for t in cache.layer(j)) for j in range(self.cfg.num_layers)])
             self._kv_src = cache
         return self._kv
-
-    def _write_kv(self, kv, j: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
-        kv[0][j].index_copy_(1, slots, k.transpose(0, 1))
-        kv[1][j].index_copy_(1, slots, v.transpose(0, 1))
 
     def _to_host(self, t: torch.Tensor) -> torch.Tensor:
         host = t.to("cpu")
@@ -185,7 +181,7 @@ class ExpertCacheExecutor(Executor):
 
     # ---- passes ----
     @torch.inference_mode()
-    def prefill(self, cache: RaggedKVCache, tokens: torch.Tensor, seq_lens: torch.Tensor,
+    def prefill(self, cache: RaggedKVCache | LatentKVCache, tokens: torch.Tensor, seq_lens: torch.Tensor,
                 offsets: torch.Tensor) -> torch.Tensor:
         m, dev, L = self.model, self.device.torch_device, self.cfg.num_layers
         self._prefill = True
@@ -204,8 +200,9 @@ class ExpertCacheExecutor(Executor):
         cos, sin = (r.to(dev) for r in m.rotary(positions, x.dtype))
         cu_dev = cu.to(dev)
         for j, layer in enumerate(m.layers):
-            q, k, v = layer.pre_attention(x, cos, sin)
-            self._write_kv(kv, j, k, v, slots)
+            q, entry = layer.attention_inputs(x, cos, sin)
+            kv.write(j, *entry, slots)
+            k, v = layer.prefill_kv(*entry)
             a = prefill_attention(q, k, v, cu_dev, self.scale, **attention_extras(m, j)).flatten(1)
             rows = every
             if j == L - 1:  # only the last token of each prompt feeds the LM head
@@ -214,7 +211,7 @@ class ExpertCacheExecutor(Executor):
         return self._to_host(m.logits(x))
 
     @torch.inference_mode()
-    def decode(self, cache: RaggedKVCache, micro_batches: list[MicroBatch]) -> list[torch.Tensor]:
+    def decode(self, cache: RaggedKVCache | LatentKVCache, micro_batches: list[MicroBatch]) -> list[torch.Tensor]:
         m, dev = self.model, self.device.torch_device
         self._prefill = False
         kv = self._kv_of(cache)
@@ -226,11 +223,10 @@ class ExpertCacheExecutor(Executor):
             x = m.embed_tokens(tok.to(dev))
             cos, sin = (r.to(dev) for r in m.rotary(pos, x.dtype))
             for j, layer in enumerate(m.layers):
-                q, k, v = layer.pre_attention(x, cos, sin)
-                self._write_kv(kv, j, k, v, slots)
-                a = device_decode_attention(q, kv[0][j], kv[1][j], off, lengths, self.scale,
-                                            **attention_extras(m, j)).flatten(1)
-                x = layer.post_attention(x, a, moe=self._moe(j, rows))
+                q, entry = layer.attention_inputs(x, cos, sin, decode=True)
+                kv.write(j, *entry, slots)
+                a = kv.attend(j, q, off, lengths, self.scale, **attention_extras(m, j)).flatten(1)
+                x = layer.post_attention(x, layer.decode_output(a), moe=self._moe(j, rows))
             outs.append(self._to_host(m.logits(x)))
         return outs
 

@@ -84,6 +84,15 @@ class ModelConfig:
         and RoPE key."""
         return self.mla.cache_width if self.mla else 2 * self.num_kv_heads * self.head_dim
 
+    def decode_widths(self) -> tuple[int, int, int]:
+        """Elements per token of decode's query, cache entry and attention output: what crosses between
+        a device and CPU attention (MLA: the absorbed query over the latent rows, attention in latent space)."""
+        if self.mla:
+            m = self.mla
+            return self.num_heads * m.cache_width, m.cache_width, self.num_heads * m.kv_lora_rank
+        q = self.num_heads * self.head_dim
+        return q, 2 * self.num_kv_heads * self.head_dim, q
+
     def is_sparse(self, layer: int) -> bool:
         return layer not in self.dense_layers
 

@@ -19,8 +19,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from cpu_kernels import decode_attention, prefill_attention
-from moelight.devices.device_attention import device_decode_attention
+from cpu_kernels import prefill_attention
 from moelight.devices.device_base import Device
 from moelight.devices.registry import create_device
 from moelight.models.causal_lm import MoECausalLM
@@ -42,6 +41,7 @@ from moelight.pipeline.weight_pager import (
 from moelight.runtime.executor import Executor, MicroBatch
 from moelight.runtime.forward import attention_extras
 from moelight.runtime.kv_cache import RaggedKVCache
+from moelight.runtime.latent_kv_cache import LatentKVCache
 
 
 class PipelineExecutor(Executor):
@@ -90,7 +90,7 @@ class PipelineExecutor(Executor):
             if owned:
                 device.close()
             raise
-        self.scale = self.cfg.head_dim**-0.5
+        self.scale = self.cfg.attention_scale
         # per layer: window and sinks for the CPU's attention (the sinks copied back to the host once)
         self.host_extras = [{k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v)
                              for k, v in attention_extras(model, j).items()} for j in range(self.cfg.num_layers)]
@@ -113,14 +113,14 @@ class PipelineExecutor(Executor):
     def _shape(self, mb_tokens, mb_context, paged_bytes, prompt_tokens: int = 0) -> GraphShape:
         c = self.cfg
         el = torch.empty((), dtype=self.dtype).element_size()
-        q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        q, entry, attn = c.decode_widths()
         return GraphShape(
             c.num_layers,
             tuple(mb_tokens),
             tuple(mb_context),
-            (q + 2 * kv) * el,
-            q * el,
-            2 * kv * el,
+            (q + entry) * el,
+            attn * el,
+            c.kv_elements_per_token * el,
             4 * c.vocab_size,
             paged_bytes,
             self.slot_base,
@@ -168,12 +168,13 @@ class PipelineExecutor(Executor):
         gu, dn = self.pager.table(j, (self.slot_base + j) % 2)
         return lambda h: layer.mlp.forward_with(h, gu, dn, F.linear)
 
-    def _post(self, j: int, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
+    def _post(self, j: int, x: torch.Tensor, attn: torch.Tensor, decode: bool = False) -> torch.Tensor:
         scratch = self.device.reserve(
             x.shape[0] * activation_bytes_per_token(self.cfg, self.dtype), "moe-scratch"
         )
         try:
-            return self.model.layers[j].post_attention(x, attn, moe=self._moe(j))
+            layer = self.model.layers[j]
+            return layer.post_attention(x, layer.decode_output(attn) if decode else attn, moe=self._moe(j))
         finally:
             self.device.release(scratch)
 
@@ -190,7 +191,8 @@ class PipelineExecutor(Executor):
     # ---- prefill ----
     @torch.inference_mode()
     def prefill(
-        self, cache: RaggedKVCache, tokens: torch.Tensor, seq_lens: torch.Tensor, offsets: torch.Tensor
+        self, cache: RaggedKVCache | LatentKVCache, tokens: torch.Tensor, seq_lens: torch.Tensor,
+        offsets: torch.Tensor,
     ) -> torch.Tensor:
         """All layers on the device; each layer's K/V go to the CPU cache. -> logits [B, vocab]."""
         m, dev = self.model, self.device.torch_device
@@ -222,14 +224,13 @@ class PipelineExecutor(Executor):
             elif op == "pre_attn":
 
                 def run():
-                    q, k, v = m.layers[j].pre_attention(held.get(("x", j))[0], out["cos"], out["sin"])
+                    q, entry = m.layers[j].attention_inputs(held.get(("x", j))[0], out["cos"], out["sin"])
                     held.put(("q", j), 1, q)
-                    held.put(("kv", j), 2, k, v)  # prefill attention and the copy to the CPU cache
+                    held.put(("kv", j), 2, *entry)  # prefill attention and the copy to the CPU cache
             elif op == "kv_d2h":
 
                 def run():
-                    k, v = held.get(("kv", j))
-                    out[("kvh", j)] = (self._to_host(k), self._to_host(v))
+                    out[("kvh", j)] = tuple(self._to_host(t) for t in held.get(("kv", j)))
                     held.done(("kv", j))
             elif op == "kv_write":
 
@@ -240,7 +241,8 @@ class PipelineExecutor(Executor):
                 def run():
                     h = self.device.reserve(prefill_attention_scratch(self.cfg, longest), "attn-scratch")
                     try:
-                        (q,), (k, v) = held.get(("q", j)), held.get(("kv", j))
+                        (q,), entry = held.get(("q", j)), held.get(("kv", j))
+                        k, v = m.layers[j].prefill_kv(*entry)
                         a = prefill_attention(q, k, v, cu.to(dev), self.scale, **attention_extras(m, j)).flatten(1)
                     finally:
                         self.device.release(h)
@@ -276,7 +278,7 @@ class PipelineExecutor(Executor):
 
     # ---- decode ----
     @torch.inference_mode()
-    def decode(self, cache: RaggedKVCache, micro_batches: list[MicroBatch]) -> list[torch.Tensor]:
+    def decode(self, cache: RaggedKVCache | LatentKVCache, micro_batches: list[MicroBatch]) -> list[torch.Tensor]:
         """One token for every sequence of every micro-batch -> logits [B_i, vocab] each."""
         m, dev, L = self.model, self.device.torch_device, self.cfg.num_layers
         mbs = [(tok, off, pos, off + pos, pos + 1) for tok, off, pos in micro_batches]
@@ -289,7 +291,6 @@ class PipelineExecutor(Executor):
             ),
         )
         held, out = HeldTensors(self.device), {}
-        c = self.cfg
 
         def bind(t: Task) -> Callable[[], None]:
             w = self._weights(t)
@@ -306,25 +307,23 @@ class PipelineExecutor(Executor):
             elif op == "pre_attn":
 
                 def run():
-                    q, k, v = m.layers[j].pre_attention(held.get(("x", j, i))[0], *out[("rope", i)])
+                    q, entry = m.layers[j].attention_inputs(held.get(("x", j, i))[0], *out[("rope", i)], decode=True)
                     users = 2 if attention_on_gpu(self.schedule) else 1  # FlexGen: GPU attention + copy out
                     held.put(("q", j, i), 1, q)
-                    held.put(("kv", j, i), users, k, v)
+                    held.put(("kv", j, i), users, *entry)
             elif op == "qkv_d2h":
 
                 def run():
-                    (q,), (k, v) = held.get(("q", j, i)), held.get(("kv", j, i))
-                    out[("qkvh", j, i)] = tuple(self._to_host(a) for a in (q, k, v))
+                    (q,), entry = held.get(("q", j, i)), held.get(("kv", j, i))
+                    out[("qkvh", j, i)] = (self._to_host(q), tuple(self._to_host(t) for t in entry))
                     held.done(("q", j, i))
                     held.done(("kv", j, i))
             elif op == "cpu_attn":
 
                 def run():
-                    q, k, v = out.pop(("qkvh", j, i))
-                    cache.write(j, k, v, slots)
-                    out[("ah", j, i)] = decode_attention(
-                        q, cache.k[j], cache.v[j], off, lengths, self.scale, **self.host_extras[j]
-                    ).flatten(1)
+                    q, entry = out.pop(("qkvh", j, i))
+                    cache.write(j, *entry, slots)
+                    out[("ah", j, i)] = cache.attend(j, q, off, lengths, self.scale, **self.host_extras[j]).flatten(1)
             elif op == "attn_h2d":
 
                 def run():
@@ -339,33 +338,31 @@ class PipelineExecutor(Executor):
                     dst = torch.cat(
                         [torch.arange(o, o + p) for o, p in zip(new_off.tolist(), pos.tolist(), strict=True)]
                     )
-                    shape = (c.num_kv_heads, int(lengths.sum()), c.head_dim)
-                    kd, vd = (self.device.empty(shape, self.dtype, "kv-buffer") for _ in range(2))
-                    for cached, d in ((cache.k[j], kd), (cache.v[j], vd)):
+                    bufs = []
+                    for cached in cache.layer(j):  # K and V, or MLA's latent rows: [heads, slots, width]
+                        shape = (cached.shape[0], int(lengths.sum()), cached.shape[2])
+                        d = self.device.empty(shape, self.dtype, "kv-buffer")
                         host = self.device.pinned(shape, self.dtype)
                         host[:, dst] = cached[:, src]
                         self.device.copy(d, host)
-                    out[("kvd", j, i)] = (kd, vd, new_off)
+                        bufs.append(d)
+                    out[("kvd", j, i)] = (cache.like([tuple(bufs)]), new_off)
             elif op == "gpu_attn":
 
                 def run():
-                    kd, vd, new_off = out.pop(("kvd", j, i))
-                    (q,), (k, v) = held.get(("q", j, i)), held.get(("kv", j, i))
-                    at = (new_off + pos).to(dev)
-                    kd.index_copy_(1, at, k.transpose(0, 1))
-                    vd.index_copy_(1, at, v.transpose(0, 1))
-                    a = device_decode_attention(q, kd, vd, new_off, lengths, self.scale,
-                                                **attention_extras(m, j)).flatten(1)
-                    self.device.free(kd)
-                    self.device.free(vd)
+                    packed, new_off = out.pop(("kvd", j, i))
+                    (q,), entry = held.get(("q", j, i)), held.get(("kv", j, i))
+                    packed.write(0, *entry, (new_off + pos).to(dev))
+                    a = packed.attend(0, q, new_off, lengths, self.scale, **attention_extras(m, j)).flatten(1)
+                    for t in packed.layer(0):
+                        self.device.free(t)
                     held.put(("attn", j, i), 1, a)
                     held.done(("q", j, i))
                     held.done(("kv", j, i))
             elif op == "kv_d2h":
 
                 def run():
-                    k, v = held.get(("kv", j, i))
-                    out[("newkv", j, i)] = (self._to_host(k), self._to_host(v))
+                    out[("newkv", j, i)] = tuple(self._to_host(t) for t in held.get(("kv", j, i)))
                     held.done(("kv", j, i))
             elif op == "kv_write":
 
@@ -375,7 +372,7 @@ class PipelineExecutor(Executor):
 
                 def run():
                     x, a = held.get(("x", j, i))[0], held.get(("attn", j, i))[0]
-                    held.put(("x", j + 1, i), 1, self._post(j, x, a))
+                    held.put(("x", j + 1, i), 1, self._post(j, x, a, decode=True))
                     held.done(("x", j, i))
                     held.done(("attn", j, i))
             elif op == "lm_head":

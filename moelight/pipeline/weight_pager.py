@@ -33,6 +33,10 @@ def activation_bytes_per_token(cfg, dtype: torch.dtype) -> int:
     for its top-k experts (router math in float32)."""
     h, f, k = cfg.hidden_size, cfg.intermediate_size, cfg.top_k
     q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    if cfg.mla:  # the larger of decode's absorbed q and prefill's q; prefill's expanded K and V beside the row
+        m = cfg.mla
+        q = cfg.num_heads * max(m.qk_head_dim, m.cache_width)
+        kv = (cfg.num_heads * (m.qk_head_dim + m.v_head_dim) + m.cache_width + 1) // 2
     return _elem(dtype) * (4 * h + 2 * q + 2 * kv + k * (2 * h + 3 * f)) + 4 * (2 * cfg.num_experts + 4 * k)
 
 
@@ -83,11 +87,7 @@ class MemoryPlan:
         prefill = (
             max_prefill_tokens * per_tok + prefill_attention_scratch(cfg, max_prompt_len) + max_batch * logits
         )
-        kv = (
-            2 * 2 * max_batch * (max_context + 1) * cfg.num_kv_heads * cfg.head_dim * el
-            if gpu_attention
-            else 0
-        )
+        kv = 2 * max_batch * (max_context + 1) * cfg.kv_elements_per_token * el if gpu_attention else 0
         return cls(
             non_expert,
             cfg.num_layers * n_resident * expert,
