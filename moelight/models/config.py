@@ -143,7 +143,8 @@ class ModelConfig:
         m = self.mla
         return {"kv_lora_rank": m.kv_lora_rank, "q_lora_rank": m.q_lora_rank or None,
                 "qk_nope_head_dim": m.qk_nope_head_dim, "qk_rope_head_dim": m.qk_rope_head_dim,
-                "v_head_dim": m.v_head_dim, "shared_expert_gate": False}
+                "v_head_dim": m.v_head_dim, "shared_expert_gate": False,
+                "score_bias": bool(self.group_routing and self.group_routing.score_bias)}
 
 
 def require(cfg: dict, where: str, *keys: str) -> None:
