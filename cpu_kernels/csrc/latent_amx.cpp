@@ -7,10 +7,10 @@
 //   1. scores S^T [keys x heads] = rows [keys x dk] . Q^T, with A the cache rows as stored and B the
 //      group's queries in AMX's pair layout (built once per item);
 //   2. an exact softmax per head over the chunk (heads in vector lanes; max, then exp, P in bf16);
-//   3. O [heads x dv] += P [heads x keys] . V, with V's row pairs interleaved into B tiles
-//      (AVX512-BF16's pair_rows, so O is in its "dot order" and undone when stored).
-// The chunk's rows are read from DRAM in step 1 and again from L2 in step 3 (a chunk of 512 rows of
-// 576 bf16 is 576 KiB). Only code between the pragmas is compiled for AMX; it runs after the CPU and
+//   3. O [heads x dv] += P [heads x keys] . V, with V's row pairs interleaved into B tiles 32 columns
+//      at a time, so they stay in L1 (AVX512-BF16's pair_rows: O is in its "dot order", undone when stored).
+// The chunk's rows are read from DRAM in step 1 and again from L2 in step 3 (256 rows of 576 bf16 are
+// 288 KiB; chunks of 128 to 512 rows measured alike, 64 slower). Only code between the pragmas is compiled for AMX; it runs after the CPU and
 // the OS (arch_prctl) said AMX may be used.
 #include <cstdint>
 #include <cstring>
@@ -97,7 +97,6 @@ template <int DK, int DV>
 void latent_attend_amx(const moelight::LatentArgs& a) {
   static_assert(DK % 32 == 0 && DV % 32 == 0, "AMX steps of 32");
   constexpr int KS = DK / 32;  // dim steps of the scores
-  constexpr int CT = DV / 16;  // column tiles of the output
   const int64_t n = a.n_keys, n64 = (n + 63) / 64 * 64;
   const int H = a.heads;
   // scratch (latent_amx_scratch_floats): query pairs, scores/probabilities, P rows, V tiles, O, a tail
@@ -105,12 +104,12 @@ void latent_attend_amx(const moelight::LatentArgs& a) {
   uint32_t* qv = reinterpret_cast<uint32_t*>(base);                      // DK/2 x 16
   float* st = base + DK / 2 * 16;                                        // n64 x 16
   uint16_t* pm = reinterpret_cast<uint16_t*>(st + n64 * 16);             // 16 x n64
-  uint16_t* vb = reinterpret_cast<uint16_t*>(st + n64 * 16 + 8 * n64);   // 2 x CT x 16 x 32
-  float* acc = reinterpret_cast<float*>(vb + 2 * CT * 512);              // 16 x DV
+  uint16_t* vb = reinterpret_cast<uint16_t*>(st + n64 * 16 + 8 * n64);   // 4 B tiles of 16 x 32
+  float* acc = reinterpret_cast<float*>(vb + 4 * 512);                  // 16 x DV
   uint16_t* tail = reinterpret_cast<uint16_t*>(acc + 16 * DV);           // 32 x DK
   const uint16_t* rows = static_cast<const uint16_t*>(a.rows);
   const uint32_t* q32 = static_cast<const uint32_t*>(a.q);
-  alignas(64) const uint16_t zeros[32] = {};
+  alignas(64) static const uint16_t zeros[DK] = {};
 
   for (int h0 = 0; h0 < H; h0 += 16) {
     const int hg = H - h0 < 16 ? H - h0 : 16;
@@ -176,39 +175,36 @@ void latent_attend_amx(const moelight::LatentArgs& a) {
       }
     }
 
-    // 3. O += P . V, 64 keys a step: V's row pairs interleaved into B tiles (two halves of 32 keys)
+    // 3. O += P . V, 64 keys a step, 32 columns at a time: the V row pairs of those columns interleaved
+    //    into four B tiles (lo / hi columns of each 32-key half) that stay in L1 for their products
     configure(hg, false);
     for (int h = 0; h < hg; ++h)
       for (int c = 0; c < DV; c += 16) V::store(acc + h * DV + c, V::zero());
     for (int64_t kb = 0; kb < n; kb += 64) {
-      for (int i = 0; i < 32; ++i) {
-        const int64_t t0 = kb + 2 * i, t1 = t0 + 1;
-        const uint16_t* r0 = t0 < n ? rows + t0 * DK : nullptr;
-        const uint16_t* r1 = t1 < n ? rows + t1 * DK : nullptr;
-        uint16_t* dst = vb + (i / 16) * CT * 512 + (i % 16) * 32;
-        for (int j = 0; j < DV / 32; ++j) {
-          R lo, hi;
-          V::pair_rows(r0 ? V::load_raw(r0 + 32 * j) : V::load_raw(zeros),
-                       r1 ? V::load_raw(r1 + 32 * j) : V::load_raw(zeros), lo, hi);
-          V::store(reinterpret_cast<float*>(dst + (2 * j) * 512), lo);
-          V::store(reinterpret_cast<float*>(dst + (2 * j + 1) * 512), hi);
-        }
-      }
+      const uint16_t* src[64];  // the step's rows; rows past the chunk read as zeros
+      for (int i = 0; i < 64; ++i) src[i] = kb + i < n ? rows + (kb + i) * DK : zeros;
       _tile_loadd(6, pm + kb, n64 * 2);
       _tile_loadd(7, pm + kb + 32, n64 * 2);
-      for (int c = 0; c < CT; c += 2) {
-        _tile_loadd(0, acc + c * 16, DV * 4);
-        _tile_loadd(2, vb + c * 512, 64);
-        _tile_loadd(3, vb + CT * 512 + c * 512, 64);
+      for (int j = 0; j < DV / 32; ++j) {
+        for (int i = 0; i < 32; ++i) {  // pair i: rows 2i, 2i + 1 -> tile (i / 16), row i % 16
+          R lo, hi;
+          V::pair_rows(V::load_raw(src[2 * i] + 32 * j), V::load_raw(src[2 * i + 1] + 32 * j), lo, hi);
+          uint16_t* dst = vb + (i / 16) * 1024 + (i % 16) * 32;
+          V::store(reinterpret_cast<float*>(dst), lo);
+          V::store(reinterpret_cast<float*>(dst + 512), hi);
+        }
+        _tile_loadd(0, acc + 32 * j, DV * 4);
+        _tile_loadd(2, vb, 64);
+        _tile_loadd(3, vb + 1024, 64);
         _tile_dpbf16ps(0, 6, 2);
         _tile_dpbf16ps(0, 7, 3);
-        _tile_loadd(1, acc + (c + 1) * 16, DV * 4);
-        _tile_loadd(4, vb + (c + 1) * 512, 64);
-        _tile_loadd(5, vb + CT * 512 + (c + 1) * 512, 64);
+        _tile_loadd(1, acc + 32 * j + 16, DV * 4);
+        _tile_loadd(4, vb + 512, 64);
+        _tile_loadd(5, vb + 1536, 64);
         _tile_dpbf16ps(1, 6, 4);
         _tile_dpbf16ps(1, 7, 5);
-        _tile_stored(0, acc + c * 16, DV * 4);
-        _tile_stored(1, acc + (c + 1) * 16, DV * 4);
+        _tile_stored(0, acc + 32 * j, DV * 4);
+        _tile_stored(1, acc + 32 * j + 16, DV * 4);
       }
     }
 

@@ -33,7 +33,7 @@ inline int64_t latent_scratch_floats(int64_t heads, int64_t dk, int64_t dv) {
 }
 
 // AMX (latent_amx.cpp): a bf16 cache and bf16 queries, work items of at most kAmxMaxKeys keys.
-constexpr int64_t kAmxMaxKeys = 512;
+constexpr int64_t kAmxMaxKeys = 256;
 inline int64_t latent_amx_scratch_floats(int64_t dk, int64_t dv) {
   const int64_t n64 = kAmxMaxKeys;  // a multiple of 64
   return 16 + dk / 2 * 16 + n64 * 16 + 8 * n64 + dv / 16 * 512 + 16 * dv + 16 * dk;
