@@ -14,6 +14,7 @@ the CPU has AMX, else AVX512-BF16 / AVX-512 / AVX2). The README job's decode att
 first row: 256 sequences of ~85 prompt tokens plus up to 64 new ones.
 
     python benchmarks/bench_latent_attention.py --output benchmarks/results/latent_attention.md
+    python benchmarks/bench_latent_attention.py --threads 1  # one core against one core's read rate
     python benchmarks/bench_latent_attention.py --quick      # one small case, to check it runs
 """
 
@@ -79,8 +80,11 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", type=int, default=7, help="kernel / probe alternations per case")
     ap.add_argument("--quick", action="store_true", help="one small case per shape")
+    ap.add_argument("--threads", type=int, help="threads for the kernels and the probe (default: torch's)")
     ap.add_argument("--output", type=Path)
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     cases = [(32, 128)] if args.quick else CASES
     pairs = 2 if args.quick else args.pairs
     bufs, evict = probe_buffers(), torch.ones(2**26)
