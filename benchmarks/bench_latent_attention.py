@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import subprocess
 import sys
 from pathlib import Path
 
@@ -34,6 +33,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_attention import cold_time, paired_bandwidth, probe_buffers, read_bw_now  # noqa: E402
+from markdown_report import commit, emit  # noqa: E402
 
 import cpu_kernels  # noqa: E402
 from cpu_kernels import decode_attention, latent_decode_attention  # noqa: E402
@@ -97,11 +97,9 @@ def main() -> None:
             rows.append((b, ctx, name, per, t, r))
             print(f"B={b} ctx={ctx} {name}: {per} B/token, {t * 1e3:.2f} ms, {r['ours_gbs']:.2f} GB/s, "
                   f"{r['ratio']:.2f} of the read bandwidth ({r['ratio_lo']:.2f}-{r['ratio_hi']:.2f})", flush=True)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=ROOT).stdout.strip()
     cpu = next((x.split(":", 1)[1].strip() for x in open("/proc/cpuinfo") if x.startswith("model name")), "?")
     lines = ["# Latent (MLA) decode attention against GQA at equal context (bf16 cache)", "",
-             f"`python benchmarks/bench_latent_attention.py` at {commit}, {cpu}, {torch.get_num_threads()} threads "
+             f"`python benchmarks/bench_latent_attention.py` at {commit()}, {cpu}, {torch.get_num_threads()} threads "
              f"(OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}), torch {torch.__version__}, "
              f"{platform.python_version()}; latent kernel {latent_path()}, GQA kernel {cpu_kernels.kernel_backend()}; "
              f"read bandwidth now {read_bw_now(bufs):.1f} GB/s", "",
@@ -110,10 +108,7 @@ def main() -> None:
     for b, ctx, name, per, t, r in rows:
         lines.append(f"| {b} x {ctx} | {name} | {per:,} | {t * 1e3:.2f} | {r['ours_gbs']:.2f} | "
                      f"{r['ratio']:.2f} ({r['ratio_lo']:.2f}-{r['ratio_hi']:.2f}) |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.output:
-        args.output.write_text(text)
+    emit(lines, args.output)
 
 
 if __name__ == "__main__":

@@ -15,12 +15,14 @@ Equivalent commands: `moelight simulate --model deepseek-v2-lite --hardware t4 -
 from __future__ import annotations
 
 import argparse
-import subprocess
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from markdown_report import commit, emit  # noqa: E402
 
 from hrm import WorkloadSpec, get_hardware, get_model  # noqa: E402
 from hrm import operators as ops  # noqa: E402
@@ -55,10 +57,8 @@ def main() -> None:
     args = ap.parse_args()
     wl = WorkloadSpec(args.prompt_len, args.gen_len, 418)
     rows = [row(h, m, wl) for h in args.hardware for m in MODELS]
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=ROOT).stdout.strip()
     lines = [f"# DeepSeek-V2-Lite against Mixtral 8x7B, simulated (MT-Bench-like: prompt {args.prompt_len}, "
-             f"gen {args.gen_len})", "", f"`python benchmarks/bench_simulate_deepseek.py` at {commit} (HRM presets, "
+             f"gen {args.gen_len})", "", f"`python benchmarks/bench_simulate_deepseek.py` at {commit()} (HRM presets, "
              "the GPUs' 16-bit type)", "",
              "| hardware | model | params (B) | KV / token (KiB) | plan N / mu | KV cache (GiB) | N the host's "
              "memory allows | plan e2e / decode tok/s, bound | simulated e2e / decode tok/s | simulated layer (ms), "
@@ -69,10 +69,7 @@ def main() -> None:
                      f"{r['plan_e2e']:.0f} / {r['plan_decode']:.0f}, "
                      f"{r['binding']} | {r['sim_e2e']:.0f} / {r['sim_decode']:.0f} | {r['sim_layer_ms']:.1f}, "
                      f"{r['sim_bound']} |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.output:
-        args.output.write_text(text)
+    emit(lines, args.output)
 
 
 if __name__ == "__main__":

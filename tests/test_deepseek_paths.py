@@ -48,19 +48,11 @@ def plain():
 
 
 def test_plain_engine_with_the_latent_kernel_matches_transformers(tmp_path):
-    transformers = pytest.importorskip("transformers")
+    pytest.importorskip("transformers")
     from moelight import LLM
+    from tests.test_deepseek_checkpoints import hf_model
 
-    cfg = transformers.DeepseekV3Config(**{k: v for k, v in KERNEL_SHAPE.items() if k != "model_type"},
-                                        initializer_range=0.2)
-    torch.manual_seed(0)
-    hf = transformers.DeepseekV3ForCausalLM(cfg).eval()
-    with torch.no_grad():
-        for name, p in hf.named_parameters():
-            if name.endswith("norm.weight"):
-                p.uniform_(0.5, 1.5)
-            elif name.endswith("_bias"):
-                p.uniform_(-0.3, 0.3)
+    hf = hf_model(**{k: v for k, v in KERNEL_SHAPE.items() if k != "model_type"})
     hf.save_pretrained(tmp_path / "m")
     (tmp_path / "m" / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "ByteTokenizer"}))
     llm = LLM(str(tmp_path / "m"), dtype="float32", batch_size=4, micro_batch_size=2)

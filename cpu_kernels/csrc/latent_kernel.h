@@ -87,7 +87,6 @@ inline void latent_scores(float* S, const void* q, const void* q_lo, int H, cons
 template <class V, class T, int DK, int DV>
 void latent_attend(const moelight::LatentArgs& a) {
   using R = typename V::R;
-  constexpr int NV = kKeyBlock / V::W;
   constexpr bool kDot = V::kBf16Dot && std::is_same<T, Bf16>::value;
   const int H = a.heads;
   float* qs = a.scratch;              // H x DK: scaled float32 queries (or bf16 halves qh, ql)
@@ -144,40 +143,9 @@ void latent_attend(const moelight::LatentArgs& a) {
       }
       latent_scores<V, DK, false, false>(P, qs, nullptr, H, vblk, a.scale);
     }
-    // Phase 2: online softmax per head (attend_kernel.h's lazy rescaling).
+    // Phase 2: online softmax per head (softmax_block_row).
     for (int r = 0; r < H; ++r) {
-      float* pr = P + r * kKeyBlock;
-      R s[NV];
-      for (int h = 0; h < NV; ++h) s[h] = V::load(pr + h * V::W);
-      if (nk < kKeyBlock) {
-        for (int h = 0; h < NV; ++h) s[h] = V::keep_first(s[h], nk - h * V::W, -__builtin_inff());
-      }
-      bool grow = false;
-      for (int h = 0; h < NV; ++h) grow |= V::any_gt(s[h], m[r] + kRescaleSlack);
-      R lsum = V::load(lv + r * V::W);
-      if (grow) {
-        R mx = s[0];
-        for (int h = 1; h < NV; ++h) mx = V::max(mx, s[h]);
-        const float bm = V::hmax(mx);
-        const float m_new = m[r] > bm ? m[r] : bm;
-        if (m[r] != -__builtin_inff()) {
-          const R av = V::set1(__builtin_expf(m[r] - m_new));
-          lsum = V::mul(lsum, av);
-          for (int c = 0; c < DV; c += V::W) V::store(acc + r * DV + c, V::mul(av, V::load(acc + r * DV + c)));
-        }
-        m[r] = m_new;
-      }
-      const R mv = V::set1(m[r]);
-      for (int h = 0; h < NV; ++h) {
-        R p = V::exp(V::sub(s[h], mv));
-        if (nk < kKeyBlock) p = V::keep_first(p, nk - h * V::W, 0.0f);
-        if constexpr (kDot) {
-          if (a.bf16_p) p = V::round_bf16(p);  // P.V takes P in bf16: sum what it uses
-        }
-        V::store(pr + h * V::W, p);
-        lsum = V::add(lsum, p);
-      }
-      V::store(lv + r * V::W, lsum);
+      softmax_block_row<V, DV>(P + r * kKeyBlock, nk, m[r], lv + r * V::W, acc + r * DV, kDot && a.bf16_p);
     }
     // Phase 3: acc += P.V over the rows' first DV columns, in head groups of 8, 4, 2, 1.
     for_row_groups(H, [&](auto group, int r) {
