@@ -1,11 +1,14 @@
-"""The README's main job on bench-1b's size in three families' shapes, and what limits each.
+"""The README's main job on bench-1b's size in four families' shapes, and what limits each.
 
 Presets (hrm/model_presets.py, dummy bf16 weights, ~0.79 B parameters each, 8 layers, hidden
 1024, 16 heads / 4 KV heads of 64):
 - bench-1b: Mixtral's shape, 8 experts of width 3584, top-2;
 - bench-qwen3-moe: Qwen3-MoE's many small experts, 128 of width 224, top-8, q/k norms;
 - bench-gpt-oss: GPT-OSS's shape, 32 experts of width 896, top-4, biases, clamped SwiGLU,
-  attention sinks, sliding window 128 on every other layer, YaRN rotary.
+  attention sinks, sliding window 128 on every other layer, YaRN rotary;
+- bench-deepseek: DeepSeek-V2-Lite's shape, multi-head latent attention (16 heads over a latent of
+  512 + a RoPE key of 64: the latent KV cache, absorbed decode through cpu_kernels' latent kernel),
+  64 experts of width 448 top-6, two shared experts, the first layer dense.
 
 Each runs the README job through `LLM` (the CLI's job path: plan, memory check, load,
 generate): 256 requests from workloads/examples/prompts.jsonl, 64 new tokens, EOS ignored.
@@ -15,6 +18,8 @@ MoE block's grouped expert matmuls are timed two ways: the engine's loop (one on
 matmul per expert) and torch._grouped_mm over all experts at once (no Python loop).
 
     python benchmarks/bench_families.py --output benchmarks/results/families.md
+    python benchmarks/bench_families.py --presets bench-1b bench-deepseek --runs 3   # DeepSeek beside Mixtral
+    python benchmarks/bench_families.py --presets bench-deepseek --num-requests 16 --gen-len 8   # a quick check
 """
 
 from __future__ import annotations
@@ -35,11 +40,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from moelight import LLM, SamplingParams  # noqa: E402
-from moelight.models.moe import expert_mix, route  # noqa: E402
+from moelight.models.moe import expert_mix  # noqa: E402
 from moelight.runtime.forward import attention_extras  # noqa: E402
-from moelight.runtime.kv_cache import RaggedKVCache  # noqa: E402
+from moelight.runtime.latent_kv_cache import kv_cache_class  # noqa: E402
 
-PRESETS = ("bench-1b", "bench-qwen3-moe", "bench-gpt-oss")
+PRESETS = ("bench-1b", "bench-qwen3-moe", "bench-gpt-oss", "bench-deepseek")
 
 
 def best(fn, reps: int = 5) -> float:
@@ -67,29 +72,27 @@ def layer_parts(llm: LLM, batch: int, context: int) -> dict[str, float]:
     x = (torch.randn(batch, cfg.hidden_size, generator=g) * 0.5).to(dtype)
     pos = torch.full((batch,), context - 1, dtype=torch.int64)
     cos, sin = model.rotary(pos, dtype)
-    cache = RaggedKVCache.allocate(cfg, [context + 8] * batch, dtype)
+    cache = kv_cache_class(cfg).allocate(cfg, [context + 8] * batch, dtype)
     for li in range(cfg.num_layers):
-        cache.k[li].normal_(generator=g)
-        cache.v[li].normal_(generator=g)
-    from cpu_kernels import decode_attention
+        for t in cache.layer(li):
+            t.normal_(generator=g)
 
     layer = model.layers[1]
-    q, k, v = layer.pre_attention(x, cos, sin)
+    q, _ = layer.attention_inputs(x, cos, sin, decode=True)
     lengths = pos + 1
-    scale = cfg.head_dim**-0.5
 
     def attend(li: int):
-        return decode_attention(q, cache.k[li], cache.v[li], cache.offsets, lengths, scale,
-                                **attention_extras(model, li)).flatten(1)
+        extras = attention_extras(model, li)
+        return cache.attend(li, q, cache.offsets, lengths, cfg.attention_scale, **extras).flatten(1)
 
     attn = attend(1)
     h = layer.post_attention_layernorm(x)
     moe = layer.mlp
     parts = {
-        "pre-attention": best(lambda: layer.pre_attention(x, cos, sin)),
+        "pre-attention": best(lambda: layer.attention_inputs(x, cos, sin, decode=True)),
         "attention (full)": best(lambda: attend(1)),
         "attention (layer 0)": best(lambda: attend(0)),
-        "post-attention": best(lambda: layer.post_attention(x, attn)),
+        "post-attention": best(lambda: layer.post_attention(x, layer.decode_output(attn))),
         "MoE block": best(lambda: moe(h)),
     }
     if hasattr(moe, "gate_up_proj") and not isinstance(moe.gate_up_proj, list):
@@ -98,7 +101,7 @@ def layer_parts(llm: LLM, batch: int, context: int) -> dict[str, float]:
     raw = getattr(llm, "_dense_experts", None)
     if raw is not None and cfg.model_type != "gpt_oss":
         gu, dn = raw
-        weights, experts = route(h, moe.gate.weight, moe.top_k, moe.normalize)
+        weights, experts = moe.route(h)
         parts["experts: loop (engine)"] = best(lambda: expert_mix(h, weights, experts, moe.gate_up_proj,
                                                                   moe.down_proj, moe.linear))
         parts["experts: torch._grouped_mm"] = best(lambda: grouped_mm_experts(h, weights, experts, gu, dn))
@@ -143,12 +146,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--num-requests", type=int, default=256)
     ap.add_argument("--gen-len", type=int, default=64)
-    ap.add_argument("--runs", type=int, default=1, help="repeat the three jobs, report min/median/max")
+    ap.add_argument("--runs", type=int, default=1, help="repeat the jobs, report min/median/max")
+    ap.add_argument("--presets", nargs="+", default=list(PRESETS), choices=PRESETS, help="which jobs to run")
     ap.add_argument("--output", type=Path)
     args = ap.parse_args()
-    rows: dict[str, list[dict]] = {p: [] for p in PRESETS}
+    rows: dict[str, list[dict]] = {p: [] for p in args.presets}
     for _ in range(args.runs):
-        for p in PRESETS:
+        for p in args.presets:
             r = run_preset(p, args.num_requests, args.gen_len)
             rows[p].append(r)
             print(json.dumps({k: v for k, v in r.items() if k != "parts"}), flush=True)
@@ -156,7 +160,8 @@ def main() -> None:
                             cwd=ROOT).stdout.strip()
     cpu = next((x.split(":", 1)[1].strip() for x in open("/proc/cpuinfo") if x.startswith("model name")), "?")
     lines = [f"# Families on the README job ({args.num_requests} requests, gen {args.gen_len}, bf16)", "",
-             f"`python benchmarks/bench_families.py --runs {args.runs}` at {commit}, {cpu}, "
+             f"`python benchmarks/bench_families.py --runs {args.runs} --presets {' '.join(args.presets)}` at "
+             f"{commit}, {cpu}, "
              f"{torch.get_num_threads()} threads, torch {torch.__version__}, {platform.python_version()}", "",
              "| preset | experts | N / micro | e2e tok/s (min / median / max) | prefill tok/s | decode tok/s | "
              "HRM e2e |", "|---|---|---|---|---|---|---|"]
@@ -170,13 +175,13 @@ def main() -> None:
                      f"{e2e[0]:.1f} / {statistics.median(e2e):.1f} / {e2e[-1]:.1f} | {med('prefill'):.0f} | "
                      f"{med('decode'):.0f} | {med('hrm'):.1f} |")
     lines += ["", "Decode layer parts (ms per layer pass, micro-batch at context 100, best of 5, last run):", "",
-              "| preset | " + " | ".join(rows[PRESETS[0]][-1]["parts"]) + " |",
-              "|---|" + "---|" * len(rows[PRESETS[0]][-1]["parts"])]
+              "| preset | " + " | ".join(rows[args.presets[0]][-1]["parts"]) + " |",
+              "|---|" + "---|" * len(rows[args.presets[0]][-1]["parts"])]
     for p, rs in rows.items():
         parts = rs[-1]["parts"]
-        cells = [f"{parts[k] * 1e3:.2f}" if k in parts else "–" for k in rows[PRESETS[0]][-1]["parts"]]
+        cells = [f"{parts[k] * 1e3:.2f}" if k in parts else "–" for k in rows[args.presets[0]][-1]["parts"]]
         lines.append(f"| {p} | " + " | ".join(cells) + " |")
-    extra = sorted({k for rs in rows.values() for k in rs[-1]["parts"]} - set(rows[PRESETS[0]][-1]["parts"]))
+    extra = sorted({k for rs in rows.values() for k in rs[-1]["parts"]} - set(rows[args.presets[0]][-1]["parts"]))
     for k in extra:
         lines.append("")
         lines.append(f"{k}: " + ", ".join(f"{p} {rs[-1]['parts'][k] * 1e3:.2f} ms" for p, rs in rows.items()

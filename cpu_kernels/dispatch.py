@@ -99,8 +99,14 @@ def prefill_attention(
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention over packed prompts: q [T, Hq, d], k/v [T, Hkv, d] -> [T, Hq, d].
-    `window`: each query sees itself and the window - 1 keys before it; `sinks` as in decode."""
-    if _cpp_ok(q, k, v):
+    `window`: each query sees itself and the window - 1 keys before it; `sinks` as in decode.
+    V may be narrower than q and k (MLA's expanded prefill): it is zero-padded to their width, which
+    keeps the kernels' (and torch's flash) equal-width path, and the output is cut back."""
+    dv = v.shape[-1]
+    if dv < q.shape[-1]:
+        v = torch.nn.functional.pad(v, (0, q.shape[-1] - dv))
+        return prefill_attention(q, k, v, cu_seqlens, scale, window, sinks)[..., :dv]
+    if _cpp_ok(q, k, v) and v.shape[-1] == q.shape[-1]:
         return torch.ops.moelight.prefill_attention(q, k, v, cu_seqlens, float(scale), window or 0, sinks)
     return prefill_attention_torch(q, k, v, cu_seqlens, scale, window, sinks)
 

@@ -55,14 +55,14 @@ def prefill_attention_torch(
     window: int | None = None,
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Causal attention over packed prompts: q [T, Hq, d], k/v [T, Hkv, d] -> [T, Hq, d].
+    """Causal attention over packed prompts: q [T, Hq, d], k [T, Hkv, d], v [T, Hkv, dv] -> [T, Hq, dv].
 
     `window`: each query sees itself and the window - 1 keys before it; `sinks` as in decode."""
     if window is not None or sinks is not None:
         return _prefill_masked(q, k, v, cu_seqlens, scale, window, sinks)
     T, Hq, d = q.shape
     Hkv = k.shape[1]
-    out = torch.empty_like(q)
+    out = q.new_empty(T, Hq, v.shape[-1])
     bounds = cu_seqlens.tolist()
     for s, e in zip(bounds[:-1], bounds[1:], strict=True):
         if e == s:

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hrm import latent_attention
 from hrm import operators as ops
 from hrm.dtypes import dtype_bytes
 from hrm.hardware import HardwareSpec, Level
@@ -90,8 +91,10 @@ def attention_time(hw: HardwareSpec, m: ModelSpec, mu, context, where: str = "cp
     """Seconds for decode attention of mu sequences at `context` tokens each, one layer,
     KV cache resident on `where` (the CPU in CGOPipe)."""
     lvl = level_of(hw, where)
-    return _t(op_time(ops.decode_attention(m, mu, context, dtype_bytes(dtype)), lvl, dtype,
-                      bandwidth=lvl.attention_bandwidth or None))
+    cost = ops.decode_attention(m, mu, context, dtype_bytes(dtype))
+    copies = kv_copies(hw, m) if where == "cpu" else 1  # MLA under TP: each rank reads its own latent copy
+    cost = ops.OpCost(cost.flops, cost.bytes * copies)
+    return _t(op_time(cost, lvl, dtype, bandwidth=lvl.attention_bandwidth or None))
 
 
 def post_attention_time(hw: HardwareSpec, m: ModelSpec, mu, where: str = "gpu", dtype: str = DEFAULT_DTYPE):
@@ -110,9 +113,10 @@ def prefill_layer_time(hw: HardwareSpec, m: ModelSpec, seqs, prompt, where: str 
     pre-attention + causal attention + post-attention on seqs*prompt tokens."""
     b, lvl = dtype_bytes(dtype), level_of(hw, where)
     tokens = np.asarray(seqs, float) * np.asarray(prompt, float)
-    total = (op_time(ops.qkv_proj(m, tokens, b), lvl, dtype)
+    total = (op_time(ops.qkv_proj(m, tokens, b, prefill=True), lvl, dtype)
              + op_time(ops.prefill_attention(m, seqs, prompt, b), lvl, dtype, peak=lvl.attention_peak(dtype))
-             + op_time(ops.o_proj(m, tokens, b), lvl, dtype) + op_time(ops.router(m, tokens, b), lvl, dtype)
+             + op_time(ops.o_proj(m, tokens, b, prefill=True), lvl, dtype)
+             + op_time(ops.router(m, tokens, b), lvl, dtype)
              + op_time(ops.moe_ffn(m, tokens, b), lvl, dtype)
              + elementwise_time(ops.pre_attention_elementwise(m, tokens, b), lvl)
              + elementwise_time(ops.post_attention_elementwise(m, tokens, b), lvl))
@@ -199,13 +203,16 @@ def d2h_time(hw: HardwareSpec, nbytes):
 
 # ---- sizes ----
 def qkv_bytes(m: ModelSpec, mu, dtype: str = DEFAULT_DTYPE):
-    """Bytes of Q, K and V of mu tokens (what goes GPU -> CPU after pre-attention)."""
-    return _t(np.asarray(mu, float) * (m.q_dim + 2 * m.kv_dim) * dtype_bytes(dtype))
+    """Bytes of Q, K and V of mu tokens (what goes GPU -> CPU after pre-attention; MLA: the absorbed
+    query and the new latent row)."""
+    width = latent_attention.decode_widths(m)[0] if m.latent else m.q_dim + 2 * m.kv_dim
+    return _t(np.asarray(mu, float) * width * dtype_bytes(dtype))
 
 
 def attention_output_bytes(m: ModelSpec, mu, dtype: str = DEFAULT_DTYPE):
-    """Bytes of the attention output of mu tokens (CPU -> GPU after CPU attention)."""
-    return _t(np.asarray(mu, float) * m.q_dim * dtype_bytes(dtype))
+    """Bytes of the attention output of mu tokens (CPU -> GPU after CPU attention; MLA: in latent space)."""
+    width = latent_attention.decode_widths(m)[1] if m.latent else m.q_dim
+    return _t(np.asarray(mu, float) * width * dtype_bytes(dtype))
 
 
 def hidden_bytes(m: ModelSpec, mu, dtype: str = DEFAULT_DTYPE):
@@ -223,7 +230,14 @@ def layer_non_expert_bytes(m: ModelSpec, dtype: str = DEFAULT_DTYPE) -> float:
     return float(m.attn_params_per_layer() * dtype_bytes(dtype))
 
 
-def kv_cache_bytes(m: ModelSpec, seqs, context, dtype: str = DEFAULT_DTYPE, layers: int = 1):
-    """Bytes of the KV cache of `seqs` sequences at `context` tokens, for `layers` layers."""
+def kv_cache_bytes(m: ModelSpec, seqs, context, dtype: str = DEFAULT_DTYPE, layers: int = 1, copies: int = 1):
+    """Bytes of the KV cache of `seqs` sequences at `context` tokens, for `layers` layers (`copies`:
+    kv_copies, the host copies tensor-parallel ranks keep)."""
     per = ops.kv_bytes_per_token_layer(m, dtype_bytes(dtype))
-    return _t(np.asarray(seqs, float) * np.asarray(context, float) * per * layers)
+    return _t(np.asarray(seqs, float) * np.asarray(context, float) * per * layers * copies)
+
+
+def kv_copies(hw: HardwareSpec, m: ModelSpec) -> int:
+    """Host copies of the KV cache: one (tensor-parallel ranks split GQA's KV heads), or one per GPU for
+    MLA, whose latent every rank keeps whole (moelight/parallel/__init__.py)."""
+    return hw.gpu_count if m.latent and hw.has_gpu and hw.gpu_count > 1 else 1

@@ -41,12 +41,25 @@ class ModelSpec:
     attention_sinks: bool = False  # one learned logit per query head (GPT-OSS)
     sliding_window: int = 0  # keys a sliding-window layer attends to
     num_sliding_layers: int = 0  # layers that attend through that window
+    shared_expert_gate: bool = True  # Qwen2-MoE's sigmoid gate on the shared expert (DeepSeek has none)
+    score_bias: bool = False  # a per-expert bias on the routing scores (DeepSeek-V3's e_score_correction_bias)
+    # multi-head latent attention (DeepSeek-V2/V3, Kimi-K2; hrm/latent_attention.py), 0: GQA
+    kv_lora_rank: int = 0
+    q_lora_rank: int = 0
+    qk_nope_head_dim: int = 0
+    qk_rope_head_dim: int = 0
+    v_head_dim: int = 0
 
     def __post_init__(self) -> None:
         if not 1 <= self.top_k <= self.num_experts:
             raise ValueError(f"top_k={self.top_k} must be in [1, num_experts={self.num_experts}]")
         if self.num_heads % self.num_kv_heads:
             raise ValueError("num_heads must be a multiple of num_kv_heads")
+
+    @property
+    def latent(self) -> bool:
+        """Attention through a cached latent (MLA) instead of per-head K and V."""
+        return self.kv_lora_rank > 0
 
     # ---- parameter counts (elements) ----
     @property
@@ -64,8 +77,22 @@ class ModelSpec:
         norms = {"": 0, "head": 2 * self.head_dim, "full": self.q_dim + self.kv_dim}[self.qk_norm]
         extra = ((h if self.o_bias else 0) + (self.num_heads if self.attention_sinks else 0)
                  + (self.num_experts if self.expert_bias else 0))
+        if self.latent:
+            return self.latent_attention_params() + 2 * h + h * self.num_experts + extra
         return (h * (self.q_dim + 2 * self.kv_dim) + self.q_dim * h + 2 * h + h * self.num_experts + bias + norms
                 + extra)
+
+    def latent_query_params(self) -> int:
+        """MLA's query path: q_a_proj, its norm and q_b_proj (or one q_proj), h -> H (nope + rope)."""
+        h, q, qk = self.hidden_size, self.q_lora_rank, self.qk_nope_head_dim + self.qk_rope_head_dim
+        return h * q + q + q * self.num_heads * qk if q else h * self.num_heads * qk
+
+    def latent_attention_params(self) -> int:
+        """MLA's attention weights of one layer: the query path, kv_a_proj_with_mqa and its norm, kv_b_proj
+        (per head: W_UK and W_UV), o_proj."""
+        h, r, e = self.hidden_size, self.kv_lora_rank, self.qk_rope_head_dim
+        heads, n, v = self.num_heads, self.qk_nope_head_dim, self.v_head_dim
+        return self.latent_query_params() + h * (r + e) + r + r * heads * (n + v) + heads * v * h
 
     def expert_params(self) -> int:
         """One expert: w1, w3 (h x f) and w2 (f x h), and their biases where the family has them."""
@@ -90,8 +117,10 @@ class ModelSpec:
         return round(self.sparse_fraction * self.num_experts * self.expert_params())
 
     def shared_expert_params(self) -> int:
-        """The shared expert of one sparse layer and its h -> 1 sigmoid gate."""
-        return 3 * self.hidden_size * self.shared_expert_size + self.hidden_size if self.shared_expert_size else 0
+        """The shared expert of one sparse layer and its h -> 1 sigmoid gate (where it has one)."""
+        if not self.shared_expert_size:
+            return 0
+        return 3 * self.hidden_size * self.shared_expert_size + (self.hidden_size if self.shared_expert_gate else 0)
 
     def dense_mlp_params(self) -> int:
         return 3 * self.hidden_size * self.dense_intermediate_size
@@ -102,10 +131,18 @@ class ModelSpec:
         return (n if self.tie_word_embeddings else 2 * n) + self.hidden_size
 
     def non_expert_params(self) -> int:
-        """Everything but the routed experts: attention, norms, routers, shared experts, dense MLPs."""
+        """Everything but the routed experts: attention, norms, routers (a dense layer has none; DeepSeek-V3's
+        carry a score bias), shared experts, dense MLPs."""
         sparse = self.num_layers - self.num_dense_layers
         return (self.num_layers * self.attn_params_per_layer() + sparse * self.shared_expert_params()
-                + self.num_dense_layers * self.dense_mlp_params() + self.embedding_params())
+                + self.num_dense_layers * self.dense_mlp_params() + self.embedding_params()
+                + self._router_difference())
+
+    def _router_difference(self) -> int:
+        """What attn_params_per_layer's one router per layer misses: none in the dense layers, V3's score bias."""
+        sparse = self.num_layers - self.num_dense_layers
+        return sparse * (self.num_experts if self.score_bias else 0) - self.num_dense_layers * (
+            self.hidden_size * self.num_experts + (self.num_experts if self.expert_bias else 0))
 
     def active_params(self) -> int:
         """Parameters one token uses: everything but the routed experts, plus top_k of them per sparse layer."""
@@ -123,7 +160,10 @@ class ModelSpec:
         h = self.hidden_size
         per_layer = 2 * h + h * self.num_experts + (self.num_experts if self.expert_bias else 0)
         per_layer += 2 * self.head_dim if self.qk_norm == "head" else 0
-        return self.embedding_params() + self.num_layers * per_layer
+        if self.latent:  # every rank computes the whole latent (see moelight/parallel/__init__.py): the
+            h, r, e, q = self.hidden_size, self.kv_lora_rank, self.qk_rope_head_dim, self.q_lora_rank
+            per_layer += h * (r + e) + r + (h * q + q if q else 0)  # latent's and low-rank query's first halves
+        return self.embedding_params() + self.num_layers * per_layer + self._router_difference()
 
     def tensor_parallel_problems(self, t: int) -> list[str]:
         """Every count a t-way tensor-parallel split must divide and t does not (empty: t works).
@@ -181,6 +221,8 @@ def model_from_hf_config(cfg: dict, name: str | None = None) -> ModelSpec:
             tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
             model_type="dbrx",
         )
+    if mtype in DEEPSEEK_TYPES:
+        return _deepseek(cfg, name or cfg.get("_name_or_path") or mtype)
     if mtype not in HF_MOE_TYPES:
         raise ValueError(f"unsupported model_type {mtype!r}; supported: dbrx, {', '.join(HF_MOE_TYPES)}")
     h = int(_need(cfg, "hidden_size"))
@@ -214,10 +256,54 @@ def model_from_hf_config(cfg: dict, name: str | None = None) -> ModelSpec:
         attention_sinks=bool(cfg.get("attention_sinks", mtype == "gpt_oss")),
         sliding_window=int(cfg.get("sliding_window") or 0) if sliding else 0,
         num_sliding_layers=len(sliding),
+        shared_expert_gate=bool(cfg.get("shared_expert_gate", True)),
+        score_bias=bool(cfg.get("score_bias", False)),
+        **_latent_fields(cfg),
     )
 
 
 HF_MOE_TYPES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "gpt_oss", "moelight")
+DEEPSEEK_TYPES = ("deepseek_v2", "deepseek_v3", "kimi_k2")
+
+
+def _latent_fields(cfg: dict) -> dict:
+    """MLA's shape where a config has it (DeepSeek's names; moelight's own dict uses them too)."""
+    if not cfg.get("kv_lora_rank"):
+        return {}
+    return {k: int(cfg.get(k) or 0) for k in ("kv_lora_rank", "q_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+                                               "v_head_dim")}
+
+
+def _deepseek(cfg: dict, name: str) -> ModelSpec:
+    """A DeepSeek-V2/V3 (or Kimi-K2) config.json: routed and shared experts of moe_intermediate_size, the
+    first `first_k_dense_replace` layers dense, MLA (no KV heads: every head reads the latent)."""
+    heads, layers = int(_need(cfg, "num_attention_heads")), int(_need(cfg, "num_hidden_layers"))
+    f = int(_need(cfg, "moe_intermediate_size"))
+    dense = min(int(cfg.get("first_k_dense_replace") or 0), layers)
+    shared = cfg.get("n_shared_experts", 1 if cfg.get("model_type") != "deepseek_v2" else 2) or 0
+    return ModelSpec(
+        name=name,
+        vocab_size=int(_need(cfg, "vocab_size")),
+        hidden_size=int(_need(cfg, "hidden_size")),
+        intermediate_size=f,
+        num_layers=layers,
+        num_experts=int(_need(cfg, "n_routed_experts", "num_local_experts", "num_experts")),
+        top_k=int(_need(cfg, "num_experts_per_tok")),
+        num_heads=heads,
+        num_kv_heads=heads,
+        head_dim=int(_need(cfg, "qk_rope_head_dim")),
+        rope_theta=float(cfg.get("rope_theta", 1e4)),
+        max_position=int(cfg.get("max_position_embeddings", 4096)),
+        tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
+        model_type=str(cfg["model_type"]),
+        shared_expert_size=int(shared) * f,
+        num_dense_layers=dense,
+        dense_intermediate_size=int(_need(cfg, "intermediate_size")) if dense else 0,
+        o_bias=bool(cfg.get("attention_bias", False)),
+        shared_expert_gate=False,
+        score_bias=cfg.get("topk_method", "greedy" if cfg["model_type"] == "deepseek_v2" else "noaux_tc") == "noaux_tc",
+        **_latent_fields({**cfg, "q_lora_rank": cfg.get("q_lora_rank", 1536)}),
+    )
 
 
 def _sliding_layers(cfg: dict, layers: int, mtype: str) -> list[int]:

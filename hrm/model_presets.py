@@ -61,6 +61,48 @@ PRESET_CONFIGS: dict[str, dict] = {
                       "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 4,
                       "num_local_experts": 32, "max_position_embeddings": 4096, "bos_token_id": 1,
                       "eos_token_id": 2, "pad_token_id": 0},
+    # DeepSeek (MLA, grouped routing, shared experts, dense first layers), from the published config.json
+    # files less their FP8 quantization_config and MTP layer (a preset has no weights to dequantise)
+    "deepseek-v2-lite": {"model_type": "deepseek_v2", "vocab_size": 102400, "hidden_size": 2048,
+                         "intermediate_size": 10944, "moe_intermediate_size": 1408, "num_hidden_layers": 27,
+                         "num_attention_heads": 16, "num_key_value_heads": 16, "n_routed_experts": 64,
+                         "n_shared_experts": 2, "num_experts_per_tok": 6, "first_k_dense_replace": 1,
+                         "kv_lora_rank": 512, "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64,
+                         "v_head_dim": 128, "topk_method": "greedy", "scoring_func": "softmax", "n_group": 1,
+                         "topk_group": 1, "routed_scaling_factor": 1.0, "norm_topk_prob": False,
+                         "rope_theta": 10000, "max_position_embeddings": 163840, "rms_norm_eps": 1e-6,
+                         "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                                          "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707},
+                         "bos_token_id": 100000, "eos_token_id": 100001},
+    "deepseek-v3": {**(_DEEPSEEK_V3 := {
+        "model_type": "deepseek_v3", "vocab_size": 129280, "hidden_size": 7168, "intermediate_size": 18432,
+        "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128,
+        "num_key_value_heads": 128, "n_routed_experts": 256, "n_shared_experts": 1, "num_experts_per_tok": 8,
+        "first_k_dense_replace": 3, "kv_lora_rank": 512, "q_lora_rank": 1536, "qk_nope_head_dim": 128,
+        "qk_rope_head_dim": 64, "v_head_dim": 128, "topk_method": "noaux_tc", "scoring_func": "sigmoid",
+        "n_group": 8, "topk_group": 4, "routed_scaling_factor": 2.5, "norm_topk_prob": True, "rope_theta": 10000,
+        "max_position_embeddings": 163840, "rms_norm_eps": 1e-6,
+        "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096, "beta_fast": 32,
+                         "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0},
+        "bos_token_id": 0, "eos_token_id": 1})},
+    # Kimi-K2: V3's architecture with other counts (64 heads, 384 experts in one group, one dense layer)
+    "kimi-k2": {**_DEEPSEEK_V3, "model_type": "kimi_k2", "vocab_size": 163840, "num_attention_heads": 64,
+                "num_key_value_heads": 64, "n_routed_experts": 384, "first_k_dense_replace": 1, "n_group": 1,
+                "topk_group": 1, "routed_scaling_factor": 2.827, "rope_theta": 50000.0,
+                "max_position_embeddings": 131072,
+                "rope_scaling": {"type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096,
+                                 "beta_fast": 1.0, "beta_slow": 1.0, "mscale": 1.0, "mscale_all_dim": 1.0},
+                "bos_token_id": 163584, "eos_token_id": 163585},
+    # bench-1b's size (8 layers, hidden 1024, ~88 M expert weights a layer) in DeepSeek-V2-Lite's shape:
+    # its attention (16 heads, latent 512 + RoPE 64, no q_lora), 64 experts top-6, two shared, one dense layer
+    "bench-deepseek": {"model_type": "deepseek_v2", "vocab_size": 32000, "hidden_size": 1024,
+                       "intermediate_size": 3584, "moe_intermediate_size": 448, "num_hidden_layers": 8,
+                       "num_attention_heads": 16, "n_routed_experts": 64, "n_shared_experts": 2,
+                       "num_experts_per_tok": 6, "first_k_dense_replace": 1, "kv_lora_rank": 512,
+                       "q_lora_rank": None, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
+                       "topk_method": "greedy", "scoring_func": "softmax", "routed_scaling_factor": 1.0,
+                       "norm_topk_prob": False, "rope_theta": 10000, "max_position_embeddings": 4096,
+                       "bos_token_id": 1, "eos_token_id": 2},
 }
 
 MODEL_PRESETS: dict[str, ModelSpec] = {name: model_from_hf_config(cfg, name=name)

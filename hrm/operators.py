@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from hrm import latent_attention as mla
 from hrm.model import ModelSpec
 
 
@@ -42,19 +43,24 @@ def experts_touched(m: ModelSpec, tokens):
     return e * (1.0 - np.power(1.0 - k / e, np.asarray(tokens, dtype=float)))
 
 
-def qkv_proj(m: ModelSpec, tokens, b: float) -> OpCost:
-    """Input RMSNorm + QKV projection of `tokens` tokens (rotary is negligible and folded in)."""
-    h, out = m.hidden_size, m.q_dim + 2 * m.kv_dim
+def qkv_proj(m: ModelSpec, tokens, b: float, prefill: bool = False) -> OpCost:
+    """Input RMSNorm + QKV projection of `tokens` tokens (rotary is negligible and folded in); MLA's
+    projections with decode's absorption or prefill's expansion (hrm/latent_attention.py)."""
     t = np.asarray(tokens, dtype=float)
+    if m.latent:
+        return OpCost(*mla.projections(m, t, b, prefill), t)
+    h, out = m.hidden_size, m.q_dim + 2 * m.kv_dim
     flops = 2.0 * t * h * out + 4.0 * t * h
     byts = (h * out + h) * b + t * (h + out) * b
     return OpCost(flops, byts, t)
 
 
-def o_proj(m: ModelSpec, tokens, b: float) -> OpCost:
-    """Attention output projection (H_q*d -> h) plus the residual add."""
-    h, q = m.hidden_size, m.q_dim
+def o_proj(m: ModelSpec, tokens, b: float, prefill: bool = False) -> OpCost:
+    """Attention output projection (H_q*d -> h) plus the residual add (MLA's decode: W_UV first)."""
     t = np.asarray(tokens, dtype=float)
+    if m.latent:
+        return OpCost(*mla.output(m, t, b, prefill), t)
+    h, q = m.hidden_size, m.q_dim
     return OpCost(2.0 * t * q * h + t * h, q * h * b + t * (q + 2 * h) * b, t)
 
 
@@ -94,8 +100,10 @@ def decode_attention(m: ModelSpec, seqs, context, b: float) -> OpCost:
     """Decode attention (no projections) of `seqs` sequences at `context` tokens each.
 
     FLOPs 4*H_q*d*ctx per sequence (QK^T and PV); bytes: the K and V cache 2*H_kv*d*ctx*b
-    plus the new q/k/v in and the output out.
+    plus the new q/k/v in and the output out. MLA: absorbed, every head over the latent rows.
     """
+    if m.latent:
+        return OpCost(*mla.decode_attention(m, seqs, context, b))
     s = np.asarray(seqs, dtype=float)
     c = m.attended_context(np.asarray(context, dtype=float))  # a sliding-window layer reads its window
     flops = 4.0 * m.q_dim * c * s
@@ -104,7 +112,9 @@ def decode_attention(m: ModelSpec, seqs, context, b: float) -> OpCost:
 
 
 def prefill_attention(m: ModelSpec, seqs, prompt, b: float) -> OpCost:
-    """Causal prefill attention (flash style, no score matrix in memory) of `seqs` prompts."""
+    """Causal prefill attention (flash style, no score matrix in memory) of `seqs` prompts (MLA: expanded)."""
+    if m.latent:
+        return OpCost(*mla.prefill_attention(m, seqs, prompt, b))
     s, p = np.asarray(seqs, dtype=float), np.asarray(prompt, dtype=float)
     # 4*Hq*d*p*keys, keys per query p/2 under the causal mask (at most the window in a sliding layer)
     flops = 4.0 * m.q_dim * p * m.attended_context(p / 2.0) * s
@@ -132,6 +142,9 @@ def pre_attention_elementwise(m: ModelSpec, tokens, b: float) -> OpCost:
     """Input RMSNorm and rotary on q and k (negate half, concatenate, two products, a sum:
     10 passes of b bytes) of `tokens` tokens. Memory-bound: no FLOPs counted."""
     t = np.asarray(tokens, dtype=float)
+    if m.latent:  # RoPE on q_pe and the shared k_pe; RMSNorm on the latent (and the low-rank query) too
+        rotated, normed = mla.rotary_and_norm_elements(m)
+        return OpCost(0.0 * t, rmsnorm_bytes(t * (m.hidden_size + normed), b) + 10.0 * t * rotated * b)
     byts = rmsnorm_bytes(t * m.hidden_size, b) + 10.0 * t * (m.q_dim + m.kv_dim) * b
     return OpCost(0.0 * t, byts)
 
@@ -152,8 +165,8 @@ def post_attention_elementwise(m: ModelSpec, tokens, b: float) -> OpCost:
 
 # ---- sizes in bytes ----
 def kv_bytes_per_token_layer(m: ModelSpec, b: float) -> float:
-    """K and V of one token in one layer."""
-    return 2.0 * m.kv_dim * b
+    """K and V of one token in one layer (MLA: its latent and RoPE key)."""
+    return float(mla.cache_width(m) * b) if m.latent else 2.0 * m.kv_dim * b
 
 
 def layer_expert_bytes(m: ModelSpec, b: float) -> float:
@@ -165,5 +178,5 @@ def activation_bytes_per_token(m: ModelSpec, b: float) -> float:
     attention output, router logits, and one expert's intermediate at a time shared
     by the k/E share of tokens routed to it)."""
     h, f = m.hidden_size, m.intermediate_size
-    per = 3 * h + (m.q_dim + 2 * m.kv_dim) + m.q_dim + m.num_experts + 2.0 * f * m.top_k / m.num_experts
-    return per * b
+    attn = mla.activation_elements(m) if m.latent else (m.q_dim + 2 * m.kv_dim) + m.q_dim
+    return (3 * h + attn + m.num_experts + 2.0 * f * m.top_k / m.num_experts) * b

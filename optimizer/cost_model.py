@@ -170,10 +170,11 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
     w_le = costs.layer_expert_bytes(m, dtype)
     w_e = L * w_le
     non_exp = float(m.non_expert_params() * b)
-    kv_mean_layer = costs.kv_cache_bytes(m, big_n, c_mean, dtype)
-    kv_total = costs.kv_cache_bytes(m, big_n, wl.stored_context, dtype, layers=L)
+    copies = costs.kv_copies(hw, m)  # MLA under TP: every rank keeps (and reads) its own latent
+    kv_mean_layer = costs.kv_cache_bytes(m, big_n, c_mean, dtype, copies=copies)
+    kv_total = costs.kv_cache_bytes(m, big_n, wl.stored_context, dtype, layers=L, copies=copies)
     kv_mb_layer = costs.kv_cache_bytes(m, mu, c_max, dtype)
-    new_kv = costs.kv_cache_bytes(m, big_n, 1, dtype)
+    new_kv = costs.kv_cache_bytes(m, big_n, 1, dtype, copies=copies)
     qkv_n, out_n = costs.qkv_bytes(m, big_n, dtype), costs.attention_output_bytes(m, big_n, dtype)
     zeros = np.zeros(shape)
 
@@ -189,7 +190,7 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
     t_cpu = n_mb * ((1 - f_g) * pre_post + (1 - a_g) * att) + zeros
 
     # ---- link and host memory (seconds), zero on a CPU-only host ----
-    kv_pre = costs.kv_cache_bytes(m, big_n, p_new, dtype)
+    kv_pre = costs.kv_cache_bytes(m, big_n, p_new, dtype, copies=copies)
     passes = wl.prefill_passes(mu, n_mb)  # prefill passes per batch (their dispatch overhead)
     loads = wl.prefill_weight_loads(mu, n_mb)  # how often prefill streams the paged weights
     if has_gpu:

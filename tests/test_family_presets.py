@@ -53,9 +53,9 @@ def test_average_layer_ffn_by_hand():
     assert cost.flops == pytest.approx(0.75 * sparse_flops + 0.25 * dense_flops)
     sparse_bytes = touched * 3 * h * 16 * b + (3 * h * 24 + h) * b
     assert cost.bytes == pytest.approx(0.75 * sparse_bytes + 0.25 * 3 * h * 40 * b + 2 * t * h * b)
-    # parameters: 3 sparse layers carry 8 experts and a shared expert, the dense one its MLP
-    attn = h * (32 + 2 * 16) + 32 * h + 2 * h + h * 8
-    assert m.non_expert_params() == 4 * attn + 3 * (3 * h * 24 + h) + 3 * h * 40 + 2 * 100 * h + h
+    # parameters: 3 sparse layers carry 8 experts, a router and a shared expert, the dense one its MLP
+    attn = h * (32 + 2 * 16) + 32 * h + 2 * h
+    assert m.non_expert_params() == 4 * attn + 3 * h * 8 + 3 * (3 * h * 24 + h) + 3 * h * 40 + 2 * 100 * h + h
     assert m.layer_expert_params() == round(0.75 * 8 * 3 * h * 16)
 
 

@@ -15,7 +15,7 @@ pytest.importorskip("transformers")
 
 from moelight import LLM, SamplingParams  # noqa: E402
 from moelight.loading.hf_config import load_config  # noqa: E402
-from moelight.runtime.kv_cache import RaggedKVCache  # noqa: E402
+from moelight.runtime.latent_kv_cache import kv_cache_class  # noqa: E402
 from moelight.runtime.plain_executor import PlainExecutor  # noqa: E402
 from tests.checkpoints import random_prompts  # noqa: E402
 
@@ -23,6 +23,10 @@ N_NEW = 8
 PROMPTS = random_prompts(5, 320, min_len=1, max_len=20, seed=3)
 COMMON = dict(vocab_size=320, max_position_embeddings=256, bos_token_id=1, eos_token_id=2, initializer_range=0.2)
 QWEN_SHAPE = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2)
+DEEPSEEK_SHAPE = dict(hidden_size=32, num_hidden_layers=3, num_attention_heads=4, intermediate_size=40,
+                      moe_intermediate_size=16, kv_lora_rank=16, qk_nope_head_dim=8, qk_rope_head_dim=8, v_head_dim=12)
+DEEPSEEK_YARN = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 64,
+                 "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707}
 
 # name -> (transformers config class, config kwargs, layout, shard size)
 VARIANTS = {
@@ -62,9 +66,27 @@ VARIANTS = {
         hidden_size=32, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4, head_dim=16,
         intermediate_size=16, num_local_experts=4, num_experts_per_tok=3, sliding_window=6,
         layer_types=["full_attention", "sliding_attention"]), "saved", "30KB"),
+    # DeepSeek (MLA): latent 16 + RoPE 8, nope 8, v 12; V2 softmax routing greedy / group-limited, V3 sigmoid
+    # noaux_tc with a score bias; with and without q_lora_rank; dense first layers; shared experts; YaRN mscale
+    "deepseek_v2-lite-greedy-no-q-lora": ("DeepseekV2Config", dict(
+        **DEEPSEEK_SHAPE, q_lora_rank=None, n_routed_experts=6, num_experts_per_tok=2, n_shared_experts=2,
+        first_k_dense_replace=1, topk_method="greedy"), "saved", None),
+    "deepseek_v2-group-limited-q-lora-yarn-sharded": ("DeepseekV2Config", dict(
+        **DEEPSEEK_SHAPE, q_lora_rank=12, n_routed_experts=8, num_experts_per_tok=3, n_shared_experts=1,
+        topk_method="group_limited_greedy", n_group=4, topk_group=2, routed_scaling_factor=1.5,
+        rope_scaling=DEEPSEEK_YARN), "saved", "30KB"),
+    "deepseek_v3-groups-q-lora-yarn-packed": ("DeepseekV3Config", dict(
+        **DEEPSEEK_SHAPE, q_lora_rank=24, n_routed_experts=8, num_experts_per_tok=2, n_group=4, topk_group=2,
+        first_k_dense_replace=1, routed_scaling_factor=2.5, rope_scaling=DEEPSEEK_YARN, num_nextn_predict_layers=0),
+        "packed", None),
+    "deepseek_v3-one-group-no-q-lora-rotate-half": ("DeepseekV3Config", dict(
+        **{**DEEPSEEK_SHAPE, "kv_lora_rank": 24, "v_head_dim": 8}, q_lora_rank=None, n_routed_experts=6,
+        num_experts_per_tok=2, n_group=1, topk_group=1, first_k_dense_replace=0, rope_interleave=False,
+        norm_topk_prob=False, num_nextn_predict_layers=0), "saved", "30KB"),
 }
 _MODEL_CLASS = {"Qwen2MoeConfig": "Qwen2MoeForCausalLM", "Qwen3MoeConfig": "Qwen3MoeForCausalLM",
-                "OlmoeConfig": "OlmoeForCausalLM", "DbrxConfig": "DbrxForCausalLM", "GptOssConfig": "GptOssForCausalLM"}
+                "OlmoeConfig": "OlmoeForCausalLM", "DbrxConfig": "DbrxForCausalLM", "GptOssConfig": "GptOssForCausalLM",
+                "DeepseekV2Config": "DeepseekV2ForCausalLM", "DeepseekV3Config": "DeepseekV3ForCausalLM"}
 
 
 def make_hf(config_class: str, kwargs: dict, seed: int):
@@ -139,7 +161,7 @@ def test_family_matches_transformers(family_ref):
 
     model = build_model(load_config(folder), torch.float32, folder)
     for p in PROMPTS[:3]:
-        cache = RaggedKVCache.allocate(model.config, [len(p)], torch.float32)
+        cache = kv_cache_class(model.config).allocate(model.config, [len(p)], torch.float32)
         ours = PlainExecutor(model).prefill(cache, torch.tensor(p), torch.tensor([len(p)]), cache.offsets)[0]
         with torch.no_grad():
             theirs = hf(torch.tensor([p])).logits[0, -1].float()
@@ -206,8 +228,9 @@ def test_unsupported_model_type_lists_the_supported_ones(tmp_path):
     from moelight.errors import ConfigError
 
     folder = _folder("olmoe-top3-clip", tmp_path)
-    _edit(folder, model_type="deepseek_v3")
-    with pytest.raises(ConfigError, match="'deepseek_v3' is not supported.*mixtral, qwen2_moe, qwen3_moe, olmoe, dbrx"):
+    _edit(folder, model_type="jamba")
+    with pytest.raises(ConfigError, match="'jamba' is not supported.*mixtral, qwen2_moe, qwen3_moe, olmoe, dbrx, "
+                                          "gpt_oss, deepseek_v2, deepseek_v3"):
         LLM(str(folder))
 
 

@@ -26,10 +26,11 @@ PARAMS = [SamplingParams(max_tokens=3 + (k % 3) * 2, temperature=0.0, ignore_eos
 EXEC_KW = dict(max_prefill_tokens=48, max_prompt_len=16, max_batch=8, max_context=64,
                h2d_bandwidth=4e9, d2h_bandwidth=4e9)
 # (family, schedule, r_w): every schedule on Mixtral; OLMoE all-reduces inside pre-attention
-# (its q/k norm spans the heads of every rank); GPT-OSS's sinks and windows on CPU and GPU attention
+# (its q/k norm spans the heads of every rank); GPT-OSS's sinks and windows on CPU and GPU attention;
+# DeepSeek's MLA: heads split, each rank's CPU attention over its own copy of the latent
 CASES = [("mixtral", s, r_w) for s in SCHEDULES for r_w in (0.0, 0.5)] + [
     ("olmoe-full-qk-norm-clip", "cgopipe", 0.25), ("gpt_oss-sinks-window-biases", "cgopipe", 0.0),
-    ("gpt_oss-sinks-window-biases", "flexgen", 0.5)]
+    ("gpt_oss-sinks-window-biases", "flexgen", 0.5), ("deepseek_v3-mla-groups-shared-dense", "cgopipe", 0.25)]
 
 
 def _free_port() -> int:

@@ -11,7 +11,7 @@ import torch
 from moelight.engine.generation import Engine
 from moelight.models.config import ModelConfig
 from moelight.parallel import TensorParallelError, shard_config, shard_model, tensor_parallel_problems
-from moelight.runtime.kv_cache import RaggedKVCache
+from moelight.runtime.latent_kv_cache import kv_cache_class
 from moelight.runtime.plain_executor import PlainExecutor
 from moelight.sampling.params import SamplingParams
 from tests.checkpoints import random_prompts
@@ -30,7 +30,7 @@ def _generate(model, prompts=PROMPTS):
 
 def _prefill_logits(model, prompts=PROMPTS):
     lens = torch.tensor([len(p) for p in prompts])
-    cache = RaggedKVCache.pool(model.config, int(lens.sum()), model.embed_tokens.weight.dtype)
+    cache = kv_cache_class(model.config).pool(model.config, int(lens.sum()), model.embed_tokens.weight.dtype)
     offsets = torch.cumsum(lens, 0) - lens
     tokens = torch.tensor([t for p in prompts for t in p])
     return PlainExecutor(model).prefill(cache, tokens, lens, offsets)

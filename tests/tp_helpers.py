@@ -19,6 +19,11 @@ _QWEN = {"vocab_size": 300, "hidden_size": 64, "num_hidden_layers": 3, "num_atte
          "num_key_value_heads": 4, "max_position_embeddings": 256, "rope_theta": 1e4, "bos_token_id": 1,
          "eos_token_id": 2}
 
+_DEEPSEEK = {"vocab_size": 300, "hidden_size": 64, "num_hidden_layers": 3, "num_attention_heads": 8,
+             "intermediate_size": 48, "moe_intermediate_size": 16, "kv_lora_rank": 16, "qk_nope_head_dim": 8,
+             "qk_rope_head_dim": 8, "v_head_dim": 12, "max_position_embeddings": 256, "rope_theta": 1e4,
+             "bos_token_id": 1, "eos_token_id": 2}
+
 # every family, at shapes 2 and 4 divide (heads, KV heads, expert / shared / dense widths)
 FAMILY_CONFIGS: dict[str, dict] = {
     "mixtral": _MIXTRAL,
@@ -42,6 +47,15 @@ FAMILY_CONFIGS: dict[str, dict] = {
                                     "num_experts_per_tok": 2, "sliding_window": 4, "rope_theta": 1e4,
                                     "max_position_embeddings": 256, "attention_bias": True, "swiglu_limit": 7.0,
                                     "eos_token_id": 2},
+    # MLA with heads split and the latent replicated; V3's grouped sigmoid router with its score bias,
+    # shared experts, a dense first layer; V2's softmax greedy router without q_lora_rank
+    "deepseek_v3-mla-groups-shared-dense": {**_DEEPSEEK, "model_type": "deepseek_v3", "q_lora_rank": 24,
+                                            "n_routed_experts": 8, "num_experts_per_tok": 2, "n_group": 4,
+                                            "topk_group": 2, "first_k_dense_replace": 1, "n_shared_experts": 2,
+                                            "routed_scaling_factor": 2.5, "num_nextn_predict_layers": 0},
+    "deepseek_v2-mla-no-q-lora": {**_DEEPSEEK, "model_type": "deepseek_v2", "q_lora_rank": None,
+                                  "n_routed_experts": 6, "num_experts_per_tok": 2, "n_shared_experts": 1,
+                                  "topk_method": "greedy"},
 }
 
 

@@ -11,7 +11,7 @@
 namespace {
 
 constexpr int kKeyBlock = 16;
-constexpr float kRescaleSlack = 8.0f;  // see the online softmax in attend_kernel.h
+constexpr float kRescaleSlack = 8.0f;  // see softmax_block_row
 constexpr int kMaxRows = 64;  // rows per pass; more rows re-read K/V (never in practice)
 // Rows per pass for head dim D: keeps the stack scratch of one call under ~150 KB.
 template <int D> constexpr int rows_per_pass() { return D > 128 ? kMaxRows / 2 : kMaxRows; }
@@ -192,6 +192,49 @@ inline void load_block(float* dst, const T* src, int64_t st, int nk) {
       }
     }
   }
+}
+
+// One row's online softmax over a block of kKeyBlock scores at pr (the first `valid` real), with lazy
+// rescaling: the reference max m only moves when a score exceeds it by more than kRescaleSlack, so
+// p = exp(s - m) <= e^8 cannot overflow, while most blocks skip the horizontal max, the scalar exp
+// and the rescale of the row's D accumulators. Probabilities replace the scores in pr (rounded to
+// bf16 when round_p: P.V then takes P in bf16, and the sum must add what it uses); lv holds the
+// row's lane-wise sum.
+template <class V, int D>
+inline void softmax_block_row(float* pr, int valid, float& m, float* lv, float* acc, bool round_p) {
+  using R = typename V::R;
+  constexpr int NV = kKeyBlock / V::W;
+  R s[NV];
+  for (int h = 0; h < NV; ++h) s[h] = V::load(pr + h * V::W);
+  for (int h = 0; h < NV; ++h) {
+    if (valid < kKeyBlock) s[h] = V::keep_first(s[h], valid - h * V::W, -__builtin_inff());
+  }
+  bool grow = false;
+  for (int h = 0; h < NV; ++h) grow |= V::any_gt(s[h], m + kRescaleSlack);
+  R lsum = V::load(lv);
+  if (grow) {
+    R mx = s[0];
+    for (int h = 1; h < NV; ++h) mx = V::max(mx, s[h]);
+    const float bm = V::hmax(mx);
+    const float m_new = m > bm ? m : bm;
+    if (m != -__builtin_inff()) {  // on the first block acc and lsum are still zero
+      const R av = V::set1(__builtin_expf(m - m_new));
+      lsum = V::mul(lsum, av);
+      for (int c = 0; c < D; c += V::W) V::store(acc + c, V::mul(av, V::load(acc + c)));
+    }
+    m = m_new;
+  }
+  const R mv = V::set1(m);
+  for (int h = 0; h < NV; ++h) {
+    R p = V::exp(V::sub(s[h], mv));
+    if (valid < kKeyBlock) p = V::keep_first(p, valid - h * V::W, 0.0f);
+    if constexpr (V::kBf16Dot) {
+      if (round_p) p = V::round_bf16(p);
+    }
+    V::store(pr + h * V::W, p);
+    lsum = V::add(lsum, p);
+  }
+  V::store(lv, lsum);
 }
 
 // Position in the even/odd chunk order of natural element c (see load_block).

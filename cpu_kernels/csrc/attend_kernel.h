@@ -49,7 +49,6 @@ inline void store_out(void* base, moelight::KvDtype dt, int64_t off, typename V:
 template <class V, class T, int D>
 void attend_rows(const moelight::AttnArgs& a, int r0, int nr) {
   using R = typename V::R;
-  constexpr int NV = kKeyBlock / V::W;  // score vectors per key block
   alignas(64) float qs[rows_per_pass<D>() * D];
   alignas(64) float acc[rows_per_pass<D>() * D];
   alignas(64) float P[rows_per_pass<D>() * kKeyBlock];
@@ -133,7 +132,7 @@ void attend_rows(const moelight::AttnArgs& a, int r0, int nr) {
     } else {
       scores_f32<V, D>(P, qs, nr, kblk, kst, vt);
     }
-    // Phase 2: online softmax per row, scores in P replaced by probabilities.
+    // Phase 2: online softmax per row (softmax_block_row), scores in P replaced by probabilities.
     for (int r = 0; r < nr; ++r) {
       const int valid = limit[r] - kb >= kKeyBlock ? kKeyBlock : static_cast<int>(limit[r] - kb);
       float* pr = P + r * kKeyBlock;
@@ -141,40 +140,7 @@ void attend_rows(const moelight::AttnArgs& a, int r0, int nr) {
         for (int t = 0; t < kKeyBlock; ++t) pr[t] = 0.0f;
         continue;
       }
-      R s[NV];
-      for (int h = 0; h < NV; ++h) s[h] = V::load(pr + h * V::W);
-      for (int h = 0; h < NV; ++h) {
-        if (valid < kKeyBlock) s[h] = V::keep_first(s[h], valid - h * V::W, -__builtin_inff());
-      }
-      // Lazy rescaling: the reference max m[r] only moves when a score exceeds it by more
-      // than kRescaleSlack, so p = exp(s - m) <= e^8 cannot overflow, while most blocks skip
-      // the horizontal max, the scalar exp and the rescale of acc.
-      bool grow = false;
-      for (int h = 0; h < NV; ++h) grow |= V::any_gt(s[h], m[r] + kRescaleSlack);
-      R lsum = V::load(lv + r * V::W);
-      if (grow) {
-        R mx = s[0];
-        for (int h = 1; h < NV; ++h) mx = V::max(mx, s[h]);
-        const float bm = V::hmax(mx);
-        const float m_new = m[r] > bm ? m[r] : bm;
-        if (m[r] != -__builtin_inff()) {  // on the first block acc and lsum are still zero
-          const R av = V::set1(__builtin_expf(m[r] - m_new));
-          lsum = V::mul(lsum, av);
-          for (int c = 0; c < D; c += V::W) V::store(acc + r * D + c, V::mul(av, V::load(acc + r * D + c)));
-        }
-        m[r] = m_new;
-      }
-      const R mv = V::set1(m[r]);
-      for (int h = 0; h < NV; ++h) {
-        R p = V::exp(V::sub(s[h], mv));
-        if (valid < kKeyBlock) p = V::keep_first(p, valid - h * V::W, 0.0f);
-        if constexpr (kDot) {
-          if (a.bf16_p) p = V::round_bf16(p);  // P.V takes P in bf16: sum what it uses
-        }
-        V::store(pr + h * V::W, p);
-        lsum = V::add(lsum, p);
-      }
-      V::store(lv + r * V::W, lsum);
+      softmax_block_row<V, D>(pr, valid, m[r], lv + r * V::W, acc + r * D, kDot && a.bf16_p);
     }
 
     // Phase 3: acc += P.V, in row groups of 8, 4, 2, 1.

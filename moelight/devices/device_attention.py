@@ -18,9 +18,11 @@ from cpu_kernels import prefill_attention
 def batched_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, offsets: torch.Tensor,
                              lengths: torch.Tensor, max_len: int, scale: float, window: int | None = None,
                              sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """q [B, Hq, d] over the ragged cache [Hkv, T, d] (offsets / lengths [B] on q's device,
-    max_len >= every length, a host int) -> [B, Hq, d] in q's dtype."""
+    """q [B, Hq, d] over the ragged cache: keys [Hkv, T, d], values [Hkv, T, dv] (MLA's latent: the
+    keys' first dv columns; offsets / lengths [B] on q's device, max_len >= every length, a host
+    int) -> [B, Hq, dv] in q's dtype."""
     B, Hq, d = q.shape
+    dv = v_cache.shape[-1]
     Hkv = k_cache.shape[0]
     g = Hq // Hkv
     if window is not None:
@@ -31,7 +33,7 @@ def batched_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
     valid = span[None, :] < lengths[:, None]  # [B, M]
     idx = torch.where(valid, offsets[:, None] + span[None, :], 0).reshape(-1)
     k = k_cache.index_select(1, idx).view(Hkv, B, max_len, d).float()
-    v = v_cache.index_select(1, idx).view(Hkv, B, max_len, d).float()
+    v = v_cache.index_select(1, idx).view(Hkv, B, max_len, dv).float()
     qh = q.float().view(B, Hkv, g, d).transpose(0, 1)  # [Hkv, B, g, d]
     s = torch.matmul(qh, k.transpose(-1, -2)) * scale  # [Hkv, B, g, M]
     s = s.masked_fill(~valid[None, :, None, :], float("-inf"))
@@ -41,8 +43,8 @@ def batched_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
         p = torch.softmax(both - both.amax(dim=-1, keepdim=True), dim=-1)[..., :-1]
     else:
         p = torch.softmax(s, dim=-1)
-    out = torch.matmul(p, v)  # [Hkv, B, g, d]
-    return out.transpose(0, 1).reshape(B, Hq, d).to(q.dtype)
+    out = torch.matmul(p, v)  # [Hkv, B, g, dv]
+    return out.transpose(0, 1).reshape(B, Hq, dv).to(q.dtype)
 
 
 def device_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_host: torch.Tensor, scale: float,

@@ -21,7 +21,7 @@ from moelight.engine.sequence import Sequence, SequenceResult
 from moelight.errors import NumericalError
 from moelight.models.causal_lm import MoECausalLM
 from moelight.runtime.executor import Executor
-from moelight.runtime.kv_cache import RaggedKVCache
+from moelight.runtime.latent_kv_cache import kv_cache_class
 from moelight.runtime.plain_executor import PlainExecutor
 from moelight.sampling.logits_processors import RowState, bad_word_ids
 from moelight.sampling.logprobs import position_logprobs, prompt_logprobs
@@ -70,7 +70,8 @@ class Engine:
         self.model = model
         self.share_tokens = share_tokens
         self.executor = executor or PlainExecutor(model)
-        self.paged = prefix_sharing and self.executor.supports_paged
+        self.paged = (prefix_sharing and self.executor.supports_paged
+                      and kv_cache_class(model.config).supports_paged)
         self.eos = set(eos_token_ids)
         self.max_prefill_tokens = max_prefill_tokens
         self.refill = refill
@@ -139,7 +140,8 @@ class _Run:
         sched = self.sched = Scheduler(self.seqs, batch_size, micro_batch_size, prompts=paged)
         self.kv = sched.kv
         model = self.engine.model
-        self.cache = RaggedKVCache.pool(model.config, sched.capacity, model.embed_tokens.weight.dtype)
+        self.cache = kv_cache_class(model.config).pool(model.config, sched.capacity,
+                                                         model.embed_tokens.weight.dtype)
         wave = None
         while True:
             new = sched.admit()

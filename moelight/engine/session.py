@@ -93,7 +93,7 @@ class EngineSession:
         plan.info["tensor_parallel"] = self.ranks
         kv_tokens = largest_batch_tokens(prompts, params, plan.batch_size, turn)
         loaded = weight_bytes(self.config, self.source.dtype) if self.model is not None else 0
-        check_fits(self.config, self.source.dtype, kv_tokens, available=available_bytes() + loaded)
+        check_fits(self.config, self.source.dtype, kv_tokens, available=available_bytes() + loaded, ranks=self.ranks)
         return plan
 
     def load(self) -> None:

@@ -35,6 +35,7 @@ from moelight.models.causal_lm import MoECausalLM
 from moelight.runtime.executor import Executor, MicroBatch
 from moelight.runtime.forward import attention_extras
 from moelight.runtime.kv_cache import RaggedKVCache
+from moelight.runtime.latent_kv_cache import LatentKVCache
 
 
 def expert_bytes(model: MoECausalLM) -> int:
@@ -46,7 +47,7 @@ def expert_bytes(model: MoECausalLM) -> int:
 def kv_bytes(model: MoECausalLM, tokens: int) -> int:
     """The KV cache of `tokens` slots on the device."""
     c = model.config
-    return 2 * c.num_layers * c.num_kv_heads * c.head_dim * tokens * model.embed_tokens.weight.element_size()
+    return c.num_layers * c.kv_elements_per_token * tokens * model.embed_tokens.weight.element_size()
 
 
 def _total(counts: dict, experts: int) -> list[int]:
@@ -101,9 +102,9 @@ class ExpertCacheExecutor(Executor):
                 for p in (mlp.gate_up_proj, mlp.down_proj):
                     p.data = device.pin(p.data)
         self.worker = CopyWorker(device, self._chunks)
-        self.scale = cfg.head_dim**-0.5
-        self._kv_src: RaggedKVCache | None = None
-        self._kv: tuple[list, list] | None = None
+        self.scale = cfg.attention_scale
+        self._kv_src: RaggedKVCache | LatentKVCache | None = None
+        self._kv: RaggedKVCache | LatentKVCache | None = None
         self._prefill = False
         self._streams = itertools.count()
         self.counts = DecodeCounts(device)
@@ -190,19 +191,19 @@ class ExpertCacheExecutor(Executor):
         self.cache.release(seq)
 
     # ---- KV cache on the device ----
-    def _kv_of(self, cache: RaggedKVCache) -> tuple[list, list]:
+    def _kv_of(self, cache: RaggedKVCache | LatentKVCache) -> RaggedKVCache | LatentKVCache:
         """The engine's cache, on the device: counted where the device is emulated (the engine's
         tensors are already in this memory), a device copy of its layout on CUDA."""
         if cache is not self._kv_src:
             if self._kv is not None:
-                for t in (*self._kv[0], *self._kv[1]):
-                    self.device.free(t)
+                for j in range(self.cfg.num_layers):
+                    for t in self._kv.layer(j):
+                        self.device.free(t)
             if self.device.kind == "emulated":
-                self._kv = ([self.device.adopt(t, "kv") for t in cache.k],
-                            [self.device.adopt(t, "kv") for t in cache.v])
+                place = lambda t: self.device.adopt(t, "kv")  # noqa: E731
             else:
-                self._kv = ([self.device.empty(t.shape, t.dtype, "kv") for t in cache.k],
-                            [self.device.empty(t.shape, t.dtype, "kv") for t in cache.v])
+                place = lambda t: self.device.empty(t.shape, t.dtype, "kv")  # noqa: E731
+            self._kv = cache.like([tuple(place(t) for t in cache.layer(j)) for j in range(self.cfg.num_layers)])
             self._kv_src = cache
         return self._kv
 
@@ -215,7 +216,7 @@ class ExpertCacheExecutor(Executor):
 
     # ---- passes ----
     @torch.inference_mode()
-    def prefill(self, cache: RaggedKVCache, tokens: torch.Tensor, seq_lens: torch.Tensor,
+    def prefill(self, cache: RaggedKVCache | LatentKVCache, tokens: torch.Tensor, seq_lens: torch.Tensor,
                 offsets: torch.Tensor) -> torch.Tensor:
         m, L = self.model, self.cfg.num_layers
         self._prefill = True
@@ -235,8 +236,9 @@ class ExpertCacheExecutor(Executor):
             x = m.embed_tokens(self._upload(tokens))
             cos, sin = self._upload(cos), self._upload(sin)
             for j, layer in enumerate(m.layers):
-                q, k, v = layer.pre_attention(x, cos, sin)
-                self._write_kv(kv, j, k, v, slots)
+                q, entry = layer.attention_inputs(x, cos, sin)
+                kv.write(j, *entry, slots)
+                k, v = layer.prefill_kv(*entry)
                 a = device_prefill_attention(q, k, v, cu, self.scale, **attention_extras(m, j)).flatten(1)
                 rows = every
                 if j == L - 1:  # only the last token of each prompt feeds the LM head
@@ -245,7 +247,7 @@ class ExpertCacheExecutor(Executor):
             return self.device.to_host(m.logits(x))
 
     @torch.inference_mode()
-    def decode(self, cache: RaggedKVCache, micro_batches: list[MicroBatch]) -> list[torch.Tensor]:
+    def decode(self, cache: RaggedKVCache | LatentKVCache, micro_batches: list[MicroBatch]) -> list[torch.Tensor]:
         m = self.model
         self._prefill = False
         kv = self._kv_of(cache)
@@ -259,11 +261,11 @@ class ExpertCacheExecutor(Executor):
                 x = m.embed_tokens(self._upload(tok))
                 cos, sin = self._upload(cos), self._upload(sin)
                 for j, layer in enumerate(m.layers):
-                    q, k, v = layer.pre_attention(x, cos, sin)
-                    self._write_kv(kv, j, k, v, slots)
-                    a = batched_decode_attention(q, kv[0][j], kv[1][j], off_d, len_d, longest,
+                    q, entry = layer.attention_inputs(x, cos, sin, decode=True)
+                    kv.write(j, *entry, slots)
+                    a = batched_decode_attention(q, *kv.key_value(j), off_d, len_d, longest,
                                                  self.scale, **attention_extras(m, j)).flatten(1)
-                    x = layer.post_attention(x, a, moe=self._moe(j, rows))
+                    x = layer.post_attention(x, layer.decode_output(a), moe=self._moe(j, rows))
                 outs.append(self.device.to_host(m.logits(x)))
         return outs
 

@@ -9,11 +9,14 @@ from moelight.errors import ConfigError
 from moelight.models import family
 from moelight.models.config import ModelConfig
 
+# checkpoints whose quantised weights are dequantised at load: GPT-OSS's MXFP4 experts, DeepSeek's FP8 blocks
+_DEQUANTISED_AT_LOAD = {("mxfp4", "gpt_oss"), ("fp8", "deepseek_v2"), ("fp8", "deepseek_v3"), ("fp8", "kimi_k2")}
+
 
 def config_from_hf_dict(cfg: dict, where: str = "config.json") -> ModelConfig:
     """Read a Hugging Face config dict through its family's adapter, with errors that name the file."""
     quant = (cfg.get("quantization_config") or {}).get("quant_method")
-    if quant and (quant, cfg.get("model_type")) != ("mxfp4", "gpt_oss"):  # GPT-OSS's MXFP4 experts: dequantised
+    if quant and (quant, cfg.get("model_type")) not in _DEQUANTISED_AT_LOAD:
         raise ConfigError(f"{where}: a {quant!r}-quantised checkpoint; moelight loads unquantised (float32, "
                           "bfloat16, float16) weights only: use the model's original checkpoint")
     return family(cfg.get("model_type"), where).config_from_hf(cfg, where)

@@ -23,6 +23,9 @@ FAMILIES = {
     "olmoe": "olmoe",
     "dbrx": "dbrx",
     "gpt_oss": "gpt_oss",
+    "deepseek_v2": "deepseek",
+    "deepseek_v3": "deepseek",
+    "kimi_k2": "deepseek",  # Kimi-K2 ships DeepSeek-V3's architecture under its own model_type
 }
 
 

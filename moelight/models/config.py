@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from moelight.errors import ConfigError
+from moelight.models.grouped_routing import GroupRouting
+from moelight.models.mla_config import LatentAttention
 
 
 @dataclass(frozen=True)
@@ -46,6 +48,10 @@ class ModelConfig:
     attention_sinks: bool = False  # a learned per-head logit in every softmax's denominator (GPT-OSS)
     swiglu_limit: float = 0.0  # clamp of GPT-OSS's SwiGLU (gate <= limit, |up| <= limit); 0: plain SwiGLU
     swiglu_alpha: float = 1.702  # GPT-OSS's gate * sigmoid(alpha * gate)
+    mla: LatentAttention | None = None  # multi-head latent attention (DeepSeek); None: GQA
+    group_routing: GroupRouting | None = None  # DeepSeek's grouped router; None: softmax top-k (route())
+    fp8_block: tuple[int, ...] = ()  # FP8 checkpoints: the weights' scale block, dequantised at load
+    ignored_layers: int = 0  # checkpoint layers after the last that are not run (DeepSeek's MTP head)
 
     def __post_init__(self) -> None:
         if self.head_dim == 0:
@@ -64,7 +70,28 @@ class ModelConfig:
         d["dense_layers"] = list(self.dense_layers)
         d["sliding_layers"] = list(self.sliding_layers)
         d["rope_scaling"] = dict(self.rope_scaling)
+        d["fp8_block"] = list(self.fp8_block)
         return d
+
+    @property
+    def attention_scale(self) -> float:
+        """The softmax scale of q . k."""
+        return self.mla.softmax_scale if self.mla else self.head_dim**-0.5
+
+    @property
+    def kv_elements_per_token(self) -> int:
+        """What the KV cache keeps of one token in one layer: K and V of every KV head, or MLA's latent
+        and RoPE key."""
+        return self.mla.cache_width if self.mla else 2 * self.num_kv_heads * self.head_dim
+
+    def decode_widths(self) -> tuple[int, int, int]:
+        """Elements per token of decode's query, cache entry and attention output: what crosses between
+        a device and CPU attention (MLA: the absorbed query over the latent rows, attention in latent space)."""
+        if self.mla:
+            m = self.mla
+            return self.num_heads * m.cache_width, m.cache_width, self.num_heads * m.kv_lora_rank
+        q = self.num_heads * self.head_dim
+        return q, 2 * self.num_kv_heads * self.head_dim, q
 
     def is_sparse(self, layer: int) -> bool:
         return layer not in self.dense_layers
@@ -107,7 +134,17 @@ class ModelConfig:
                 "mlp_only_layers": list(self.dense_layers), "qkv_bias": self.qkv_bias, "qk_norm": self.qk_norm,
                 "o_bias": self.o_bias, "expert_bias": self.model_type == "gpt_oss",
                 "attention_sinks": self.attention_sinks, "sliding_window": self.sliding_window,
-                "sliding_layers": list(self.sliding_layers)}
+                "sliding_layers": list(self.sliding_layers)} | self._latent_fields()
+
+    def _latent_fields(self) -> dict:
+        """MLA's shape under DeepSeek's config names (the HRM reads them from any config)."""
+        if self.mla is None:
+            return {}
+        m = self.mla
+        return {"kv_lora_rank": m.kv_lora_rank, "q_lora_rank": m.q_lora_rank or None,
+                "qk_nope_head_dim": m.qk_nope_head_dim, "qk_rope_head_dim": m.qk_rope_head_dim,
+                "v_head_dim": m.v_head_dim, "shared_expert_gate": False,
+                "score_bias": bool(self.group_routing and self.group_routing.score_bias)}
 
 
 def require(cfg: dict, where: str, *keys: str) -> None:

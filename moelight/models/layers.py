@@ -131,6 +131,20 @@ class DecoderLayerBase(nn.Module):
         q, k, v = a.heads(*a.qkv(self.input_layernorm(x)))
         return apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v
 
+    # What the executors call, so one runtime serves GQA and latent attention (DeepSeek overrides these):
+    def attention_inputs(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, decode: bool = False):
+        """(q, cache entry): the query and what the KV cache keeps of each token, here (k, v)."""
+        q, k, v = self.pre_attention(x, cos, sin)
+        return q, (k, v)
+
+    def prefill_kv(self, *entry: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """A prompt's K and V for its causal attention, from its cache entries."""
+        return entry  # type: ignore[return-value]
+
+    def decode_output(self, attn: torch.Tensor) -> torch.Tensor:
+        """Decode attention's output [T, ...] as the O projection takes it."""
+        return attn
+
     @staticmethod
     def tp_reduce(partial: torch.Tensor) -> torch.Tensor:
         """Sum of a row-parallel output over tensor-parallel ranks (moelight/parallel swaps in an

@@ -1,5 +1,6 @@
-"""Rotary position embeddings: the plain RoPE inverse frequencies and YaRN's (GPT-OSS), computed
-as transformers computes them, so cos/sin match to the last bit in float32."""
+"""Rotary position embeddings: the plain RoPE inverse frequencies and YaRN's (GPT-OSS, DeepSeek with
+its `mscale` / `mscale_all_dim`), computed as transformers computes them, so cos/sin match to the last
+bit in float32."""
 
 from __future__ import annotations
 
@@ -24,7 +25,9 @@ def _yarn(p: dict, d: int, base: float) -> tuple[torch.Tensor, float]:
     factor, original = float(p["factor"]), int(p["original_max_position_embeddings"])
     attention_factor = p.get("attention_factor")
     if attention_factor is None:
-        attention_factor = 1.0 if factor <= 1 else 0.1 * math.log(factor) + 1.0
+        mscale, mscale_all_dim = p.get("mscale"), p.get("mscale_all_dim")
+        attention_factor = (yarn_mscale(factor, mscale) / yarn_mscale(factor, mscale_all_dim)
+                            if mscale and mscale_all_dim else yarn_mscale(factor))
     beta_fast, beta_slow = p.get("beta_fast") or 32, p.get("beta_slow") or 1
 
     def correction_dim(rotations: float) -> float:
@@ -41,6 +44,11 @@ def _yarn(p: dict, d: int, base: float) -> tuple[torch.Tensor, float]:
     extrapolate = 1 - ramp
     inv_freq = (1.0 / (factor * pos_freqs)) * (1 - extrapolate) + (1.0 / pos_freqs) * extrapolate
     return inv_freq, float(attention_factor)
+
+
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature for a context stretched `factor` times (1 when not stretched)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
 
 
 def rotary_cos_sin(positions: torch.Tensor, cfg: ModelConfig, dtype: torch.dtype):

@@ -1,6 +1,7 @@
 """Megatron-style tensor-parallel shards of a loaded model: one rank's slice of every layer.
 
-Each rank holds 1/N of the attention heads (q/k/v rows, O-projection columns, sinks) and
+Each rank holds 1/N of the attention heads (q/k/v rows, O-projection columns, sinks; MLA's
+per-head up-projections, with the latent replicated: see moelight/parallel/__init__.py) and
 1/N of every expert's intermediate dimension (gate and up rows, down columns), the same for
 shared experts and dense MLPs; embeddings, norms, routers and the LM head are replicated.
 A rank's model is an ordinary `MoECausalLM` built from a config with N times fewer heads and
@@ -73,6 +74,9 @@ def _rank0(t: torch.Tensor, r: int, n: int) -> torch.Tensor:
 # parameter-name suffix -> how rank r of n takes its part; anything else is replicated
 _RULES: list[tuple[re.Pattern, Callable[[torch.Tensor, int, int], torch.Tensor]]] = [
     (re.compile(r"self_attn\.[qkv]_proj\.(weight|bias)$"), _rows),
+    # MLA: the per-head up-projections are split by head; the latent's own projections and norms
+    # (q_a_proj, kv_a_proj_with_mqa, *_layernorm) are replicated, so every rank has the whole latent
+    (re.compile(r"self_attn\.(q_b_proj|kv_b_proj)\.weight$"), _rows),
     (re.compile(r"self_attn\.o_proj\.weight$"), lambda t, r, n: _rows(t, r, n, 1)),
     (re.compile(r"self_attn\.o_proj\.bias$"), _rank0),
     (re.compile(r"self_attn\.sinks$"), _rows),

@@ -28,11 +28,24 @@ def _norm(n: int, el: int) -> int:
     return 20 * n + 2 * el * n + 16
 
 
+def attention_widths(cfg: ModelConfig) -> tuple[int, int]:
+    """Elements per token of the widest query and of K + V over two (MLA: the larger of decode's
+    absorbed query and prefill's; prefill's expanded K and V beside the latent row)."""
+    if cfg.mla:
+        m = cfg.mla
+        return (cfg.num_heads * max(m.qk_head_dim, m.cache_width),
+                (cfg.num_heads * (m.qk_head_dim + m.v_head_dim) + m.cache_width + 1) // 2)
+    return cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+
+
 def layer_pass_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype, expert_groups: int = 2) -> int:
     """Bytes one layer pass (pre- and post-attention) allocates per token, none freed before it ends."""
     el, h, f, E, k = _elem(dtype), cfg.hidden_size, cfg.intermediate_size, cfg.num_experts, cfg.top_k
-    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    q, kv = attention_widths(cfg)
     pre = _norm(h, el) + 2 * el * (q + 2 * kv) + 5 * el * (q + kv)  # projections (+ bias / clip), rotary
+    if cfg.mla:  # the low-rank projections and their norms
+        m = cfg.mla
+        pre += _norm(m.q_lora_rank, el) + _norm(m.kv_lora_rank, el) + 2 * el * (m.q_lora_rank + m.cache_width)
     if cfg.qk_norm:
         pre += _norm(q, el) + _norm(kv, el)
     act = 6 if cfg.swiglu_limit else 2  # clamped SwiGLU: clamps, sums, sigmoid; plain: silu and product
@@ -52,7 +65,7 @@ def held_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
     """Tensors a pass keeps per token between its tasks: hidden states in and out, q/k/v, the
     attention output, rotary tables, the token id and position."""
     el = _elem(dtype)
-    q, kv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+    q, kv = attention_widths(cfg)
     return el * (2 * cfg.hidden_size + 2 * q + 2 * kv + 2 * cfg.head_dim) + 16
 
 
@@ -70,7 +83,7 @@ def gpu_decode_attention_bytes(cfg: ModelConfig, dtype: torch.dtype, batch: int,
     """FlexGen's GPU attention over one micro-batch: its packed K/V buffers, the keys and values
     gathered per sequence in the dtype and in float32, scores and their softmax in float32."""
     el = _elem(dtype)
-    kv = 2 * batch * context * cfg.num_kv_heads * cfg.head_dim
+    kv = batch * context * (2 * cfg.mla.cache_width if cfg.mla else cfg.kv_elements_per_token)  # MLA: K row, V latent
     return kv * el + kv * (el + 4) + 4 * 4 * batch * cfg.num_heads * context + 16 * batch * context
 
 

@@ -15,19 +15,19 @@ from collections.abc import Callable
 
 import torch
 
-from cpu_kernels import decode_attention
 from moelight.devices.device_attention import batched_decode_attention, device_prefill_attention
 from moelight.devices.device_base import current_event
 from moelight.pipeline.held_tensors import HeldTensors
 from moelight.pipeline.schedule import Task, attention_on_gpu
 from moelight.runtime.forward import attention_extras
 from moelight.runtime.kv_cache import RaggedKVCache
+from moelight.runtime.latent_kv_cache import LatentKVCache
 
 
 class PassTasks:
     """Shared plumbing of a prefill or decode pass."""
 
-    def __init__(self, ex, cache: RaggedKVCache) -> None:
+    def __init__(self, ex, cache: RaggedKVCache | LatentKVCache) -> None:
         self.ex, self.m, self.cache = ex, ex.model, cache
         self.dev, self.staging = ex.device, ex.staging
         self.held, self.out = HeldTensors(ex.device), {}
@@ -99,28 +99,28 @@ class PrefillTasks(PassTasks):
 
     def op_pre_attn(self, j, i):
         def run():
-            q, k, v = self.m.layers[j].pre_attention(self.held.get(("x", j))[0], *self.out["rope"])
+            q, entry = self.m.layers[j].attention_inputs(self.held.get(("x", j))[0], *self.out["rope"])
             self.held.put(("q", j), 1, q)
-            self.held.put(("kv", j), 2, k, v)  # prefill attention and the copy to the CPU cache
+            self.held.put(("kv", j), 2, *entry)  # prefill attention and the copy to the CPU cache
         return run
 
     def op_kv_d2h(self, j, i):
         def run():
-            k, v = self.held.get(("kv", j))
-            self.out[("kvh", j)] = (self.to_host(k), self.to_host(v))
+            self.out[("kvh", j)] = tuple(self.to_host(t) for t in self.held.get(("kv", j)))
             self.held.done(("kv", j))
         return run
 
     def op_kv_write(self, j, i):
         def run():
-            kh, vh = self.out.pop(("kvh", j))
-            self.cache.write(j, kh, vh, self.slots)
-            self.give(kh, vh)
+            hosts = self.out.pop(("kvh", j))
+            self.cache.write(j, *hosts, self.slots)
+            self.give(*hosts)
         return run
 
     def op_prefill_attn(self, j, i):
         def run():
-            (q,), (k, v) = self.held.get(("q", j)), self.held.get(("kv", j))
+            (q,), entry = self.held.get(("q", j)), self.held.get(("kv", j))
+            k, v = self.m.layers[j].prefill_kv(*entry)  # MLA: K and V expanded from the latent
             a = device_prefill_attention(q, k, v, self.cu, self.ex.scale, **attention_extras(self.m, j)).flatten(1)
             self.held.put(("attn", j), 1, a)
             self.held.done(("q", j))
@@ -186,15 +186,16 @@ class DecodeTasks(PassTasks):
 
     def op_pre_attn(self, j, i):
         def run():
-            q, k, v = self.m.layers[j].pre_attention(self.held.get(("x", j, i))[0], *self.out[("rope", i)])
+            q, entry = self.m.layers[j].attention_inputs(self.held.get(("x", j, i))[0], *self.out[("rope", i)],
+                                                         decode=True)
             self.held.put(("q", j, i), 1, q)
-            self.held.put(("kv", j, i), 2 if self.gpu_attention else 1, k, v)  # FlexGen: GPU attention + copy out
+            self.held.put(("kv", j, i), 2 if self.gpu_attention else 1, *entry)  # FlexGen: GPU attention + copy out
         return run
 
     def op_qkv_d2h(self, j, i):
         def run():
-            (q,), (k, v) = self.held.get(("q", j, i)), self.held.get(("kv", j, i))
-            self.out[("qkvh", j, i)] = tuple(self.to_host(a) for a in (q, k, v))
+            (q,), entry = self.held.get(("q", j, i)), self.held.get(("kv", j, i))
+            self.out[("qkvh", j, i)] = (self.to_host(q), tuple(self.to_host(t) for t in entry))
             self.held.done(("q", j, i))
             self.held.done(("kv", j, i))
         return run
@@ -203,11 +204,10 @@ class DecodeTasks(PassTasks):
         mb = self.mbs[i]
 
         def run():
-            q, k, v = self.out.pop(("qkvh", j, i))
-            self.cache.write(j, k, v, mb["slots"])
-            a = decode_attention(q, self.cache.k[j], self.cache.v[j], mb["off"], mb["lengths"], self.ex.scale,
-                                 **self.ex.host_extras[j]).flatten(1)
-            self.give(q, k, v)
+            q, entry = self.out.pop(("qkvh", j, i))
+            self.cache.write(j, *entry, mb["slots"])
+            a = self.cache.attend(j, q, mb["off"], mb["lengths"], self.ex.scale, **self.ex.host_extras[j]).flatten(1)
+            self.give(q, *entry)
             staged = self.staging.take(a.shape, a.dtype)  # the H2D source must be pinned
             staged.copy_(a)
             self.out[("ah", j, i)] = staged
@@ -219,12 +219,12 @@ class DecodeTasks(PassTasks):
         return run
 
     def op_kv_h2d(self, j, i):
-        mb, c = self.mbs[i], self.ex.cfg
+        mb = self.mbs[i]
 
         def run():
-            shape = (c.num_kv_heads, mb["kv_len"], c.head_dim)
             bufs = []
-            for cached in (self.cache.k[j], self.cache.v[j]):
+            for cached in self.cache.layer(j):  # K and V, or MLA's latent rows: [heads, slots, width]
+                shape = (cached.shape[0], mb["kv_len"], cached.shape[2])
                 host = self.staging.take(shape, self.ex.dtype)
                 host[:, mb["dst"]] = cached[:, mb["src"]]
                 bufs.append(self.to_device(host, "kv-buffer"))
@@ -235,15 +235,14 @@ class DecodeTasks(PassTasks):
         mb, up = self.mbs[i], self.dev.upload
 
         def run():
-            kd, vd = self.out.pop(("kvd", j, i))
-            (q,), (k, v) = self.held.get(("q", j, i)), self.held.get(("kv", j, i))
-            at = up(mb["at"])
-            kd.index_copy_(1, at, k.transpose(0, 1))
-            vd.index_copy_(1, at, v.transpose(0, 1))
-            a = batched_decode_attention(q, kd, vd, up(mb["new_off"]), up(mb["lengths_pinned"]), mb["max_len"],
-                                         self.ex.scale, **attention_extras(self.m, j)).flatten(1)
-            self.dev.free(kd)
-            self.dev.free(vd)
+            bufs = self.out.pop(("kvd", j, i))
+            packed = self.cache.like([bufs])
+            (q,), entry = self.held.get(("q", j, i)), self.held.get(("kv", j, i))
+            packed.write(0, *entry, up(mb["at"]))
+            a = batched_decode_attention(q, *packed.key_value(0), up(mb["new_off"]), up(mb["lengths_pinned"]),
+                                         mb["max_len"], self.ex.scale, **attention_extras(self.m, j)).flatten(1)
+            for t in bufs:
+                self.dev.free(t)
             self.held.put(("attn", j, i), 1, a)
             self.held.done(("q", j, i))
             self.held.done(("kv", j, i))
@@ -251,8 +250,7 @@ class DecodeTasks(PassTasks):
 
     def op_kv_d2h(self, j, i):
         def run():
-            k, v = self.held.get(("kv", j, i))
-            self.out[("newkv", j, i)] = (self.to_host(k), self.to_host(v))
+            self.out[("newkv", j, i)] = tuple(self.to_host(t) for t in self.held.get(("kv", j, i)))
             self.held.done(("kv", j, i))
         return run
 
@@ -260,15 +258,15 @@ class DecodeTasks(PassTasks):
         mb = self.mbs[i]
 
         def run():
-            kh, vh = self.out.pop(("newkv", j, i))
-            self.cache.write(j, kh, vh, mb["slots"])
-            self.give(kh, vh)
+            hosts = self.out.pop(("newkv", j, i))
+            self.cache.write(j, *hosts, mb["slots"])
+            self.give(*hosts)
         return run
 
     def op_post_attn(self, j, i):
         def run():
             x, a = self.held.get(("x", j, i))[0], self.held.get(("attn", j, i))[0]
-            self.held.put(("x", j + 1, i), 1, self.ex.post_attention(j, x, a))
+            self.held.put(("x", j + 1, i), 1, self.ex.post_attention(j, x, a, decode=True))
             self.held.done(("x", j, i))
             self.held.done(("attn", j, i))
         return run

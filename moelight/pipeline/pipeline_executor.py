@@ -41,6 +41,7 @@ from moelight.pipeline.weight_pager import WeightPager
 from moelight.runtime.executor import Executor, MicroBatch
 from moelight.runtime.forward import attention_extras
 from moelight.runtime.kv_cache import RaggedKVCache
+from moelight.runtime.latent_kv_cache import LatentKVCache
 
 
 class PipelineExecutor(Executor):
@@ -97,7 +98,7 @@ class PipelineExecutor(Executor):
             raise
         self.staging = HostBuffers(device)
         self.counts = DecodeCounts(device)
-        self.scale = self.cfg.head_dim**-0.5
+        self.scale = self.cfg.attention_scale
         # per layer: window and sinks for the CPU's attention (the sinks copied back to the host once)
         self.host_extras = [{k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v)
                              for k, v in attention_extras(model, j).items()} for j in range(self.cfg.num_layers)]
@@ -120,14 +121,14 @@ class PipelineExecutor(Executor):
     def _shape(self, mb_tokens, mb_context, paged_bytes, prompt_tokens: int = 0) -> GraphShape:
         c = self.cfg
         el = torch.empty((), dtype=self.dtype).element_size()
-        q, kv = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        q, entry, attn = c.decode_widths()
         return GraphShape(
             c.num_layers,
             tuple(mb_tokens),
             tuple(mb_context),
-            (q + 2 * kv) * el,
-            q * el,
-            2 * kv * el,
+            (q + entry) * el,
+            attn * el,
+            c.kv_elements_per_token * el,
             4 * c.vocab_size,
             paged_bytes,
             self.slot_base,
@@ -170,9 +171,12 @@ class PipelineExecutor(Executor):
             return lambda: self.pager.upload(t.page, t.n_pages, t.slot, t.pin_slot, t.layer)
         return None
 
-    def post_attention(self, j: int, x: torch.Tensor, attn: torch.Tensor) -> torch.Tensor:
-        """Layer j's post-attention; a sparse layer's experts from the page table of this pass."""
+    def post_attention(self, j: int, x: torch.Tensor, attn: torch.Tensor, decode: bool = False) -> torch.Tensor:
+        """Layer j's post-attention (decode: attention as the cache returned it, MLA's in latent space);
+        a sparse layer's experts from the page table of this pass."""
         layer = self.model.layers[j]
+        if decode:
+            attn = layer.decode_output(attn)
         if not self.cfg.is_sparse(j):
             return layer.post_attention(x, attn)  # a dense layer: its MLP is resident on the device
         table = self.pager.table(j, (self.slot_base + j) % 2)
@@ -187,7 +191,8 @@ class PipelineExecutor(Executor):
     # ---- prefill ----
     @torch.inference_mode()
     def prefill(
-        self, cache: RaggedKVCache, tokens: torch.Tensor, seq_lens: torch.Tensor, offsets: torch.Tensor
+        self, cache: RaggedKVCache | LatentKVCache, tokens: torch.Tensor, seq_lens: torch.Tensor,
+        offsets: torch.Tensor,
     ) -> torch.Tensor:
         """All layers on the device; each layer's K/V go to the CPU cache. -> logits [B, vocab]."""
         tasks = PrefillTasks(self, cache, tokens, seq_lens, offsets)
@@ -198,7 +203,7 @@ class PipelineExecutor(Executor):
 
     # ---- decode ----
     @torch.inference_mode()
-    def decode(self, cache: RaggedKVCache, micro_batches: list[MicroBatch]) -> list[torch.Tensor]:
+    def decode(self, cache: RaggedKVCache | LatentKVCache, micro_batches: list[MicroBatch]) -> list[torch.Tensor]:
         """One token for every sequence of every micro-batch -> logits [B_i, vocab] each."""
         tasks = DecodeTasks(self, cache, micro_batches)
         graph = build_decode(self.schedule, self._shape([len(t) for t, *_ in micro_batches],

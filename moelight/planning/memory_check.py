@@ -38,8 +38,11 @@ def parameter_count(cfg: ModelConfig) -> int:
                if not (cfg.tie_word_embeddings and name == "lm_head.weight"))
 
 
-def kv_bytes(cfg: ModelConfig, tokens: int, dtype: torch.dtype) -> int:
-    return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * tokens * dtype_bytes(dtype)
+def kv_bytes(cfg: ModelConfig, tokens: int, dtype: torch.dtype, ranks: int = 1) -> int:
+    """The host KV cache of `tokens` token slots. Tensor-parallel ranks split GQA's KV heads (the cache
+    once in all), and each keep a whole copy of MLA's latent (moelight/parallel/__init__.py)."""
+    copies = ranks if cfg.mla is not None else 1
+    return copies * cfg.num_layers * cfg.kv_elements_per_token * tokens * dtype_bytes(dtype)
 
 
 def available_bytes() -> int:
@@ -58,11 +61,12 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
-def check_fits(cfg: ModelConfig, dtype: torch.dtype, batch_kv_tokens: int, available: int | None = None) -> dict:
+def check_fits(cfg: ModelConfig, dtype: torch.dtype, batch_kv_tokens: int, available: int | None = None,
+               ranks: int = 1) -> dict:
     """Raise OutOfMemoryPlan naming the shortfall if weights + one batch's KV cache do not fit."""
     available = available_bytes() if available is None else available
     need_w = weight_bytes(cfg, dtype)
-    need_kv = kv_bytes(cfg, batch_kv_tokens, dtype)
+    need_kv = kv_bytes(cfg, batch_kv_tokens, dtype, ranks)
     budget = int(HEADROOM * available)
     if need_w + need_kv > budget:
         gib = 2**30

@@ -52,8 +52,9 @@ class PackedLinear(nn.Module):
         return packed_linear(x, self.packed, self.bias)
 
 
-# routers stay dense: the MoE block's route() reads their weight, and an h -> 1 gate gains nothing from packing
-_KEEP_DENSE = ("gate", "shared_expert_gate")
+# routers stay dense: the MoE block's route() reads their weight, and an h -> 1 gate gains nothing from packing;
+# MLA's kv_b_proj too: its absorbed decode reads the weight per head
+_KEEP_DENSE = ("gate", "shared_expert_gate", "kv_b_proj")
 
 
 def pack_model(model: MoECausalLM, quantize: str = "none", group: int = 128, fused_experts: bool | None = None) -> bool:

@@ -1,16 +1,19 @@
 """Whole-model passes for the plain (single-device) executor: prefill and one decode step.
 
 Both walk the layers as pre-attention -> KV write -> attention -> post-attention, the
-split CGOPipe pipelines across devices.
+split CGOPipe pipelines across devices. A layer says what its cache keeps and how its attention
+reads it (`attention_inputs`, `prefill_kv`, `decode_output`): GQA's K and V, or MLA's latent rows
+read by the absorbed decode; the cache (RaggedKVCache or LatentKVCache) attends accordingly.
 """
 
 from __future__ import annotations
 
 import torch
 
-from cpu_kernels import decode_attention, paged_decode_attention, paged_prefill_attention, prefill_attention
+from cpu_kernels import paged_prefill_attention, prefill_attention
 from moelight.models.causal_lm import MoECausalLM
 from moelight.runtime.kv_cache import RaggedKVCache
+from moelight.runtime.latent_kv_cache import LatentKVCache
 from moelight.runtime.paged_layout import PagedLayout
 
 KVPlace = torch.Tensor | PagedLayout  # ragged offsets [B] or block tables
@@ -27,8 +30,8 @@ def attention_extras(model: MoECausalLM, layer: int) -> dict:
 
 @torch.inference_mode()
 def prefill(
-    model: MoECausalLM, cache: RaggedKVCache, tokens: torch.Tensor, seq_lens: torch.Tensor, place: KVPlace,
-    rows: torch.Tensor | None = None,
+    model: MoECausalLM, cache: RaggedKVCache | LatentKVCache, tokens: torch.Tensor, seq_lens: torch.Tensor,
+    place: KVPlace, rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Packed prompts tokens [T] (seq_lens [B]; `place`: cache offsets [B], or block tables whose
     `starts` say how many leading positions are cached already and the tokens are the rest) -> last
@@ -46,32 +49,23 @@ def prefill(
     else:
         slots = torch.repeat_interleave(place, seq_lens) + positions
     last = cu[1:] - 1 if rows is None else rows
-    scale = model.config.head_dim**-0.5
+    scale = model.config.attention_scale
     x = model.embed_tokens(tokens)
     cos, sin = model.rotary(positions, x.dtype)
     n_layers = len(model.layers)
     for li, layer in enumerate(model.layers):
-        q, k, v = layer.pre_attention(x, cos, sin)
-        cache.write(li, k, v, slots)
-        if paged:
+        q, entry = layer.attention_inputs(x, cos, sin)
+        cache.write(li, *entry, slots)
+        if paged:  # a paged cache holds K and V (prefix sharing is off for latent caches)
             attn = paged_prefill_attention(q, cache.k[li], cache.v[li], place.tables, cached, cu, place.page_size,
                                            scale, **attention_extras(model, li))
         else:
-            attn = prefill_attention(q, k, v, cu, scale, **attention_extras(model, li))
+            attn = prefill_attention(q, *layer.prefill_kv(*entry), cu, scale, **attention_extras(model, li))
         attn = attn.flatten(1)
         if li == n_layers - 1:  # only the last token of each prompt feeds the LM head
             x, attn = x[last], attn[last]
         x = layer.post_attention(x, attn)
     return x
-
-
-def decode_attend(cache: RaggedKVCache, li: int, q: torch.Tensor, place: KVPlace, lengths: torch.Tensor,
-                  scale: float, extras: dict) -> torch.Tensor:
-    """Decode attention of q [B, Hq, d] over layer li of the engine's cache, ragged or paged."""
-    if isinstance(place, PagedLayout):
-        return paged_decode_attention(q, cache.k[li], cache.v[li], place.tables, lengths, place.page_size, scale,
-                                      **extras)
-    return decode_attention(q, cache.k[li], cache.v[li], place, lengths, scale, **extras)
 
 
 def decode_slots(place: KVPlace, positions: torch.Tensor) -> torch.Tensor:
@@ -83,17 +77,18 @@ def decode_slots(place: KVPlace, positions: torch.Tensor) -> torch.Tensor:
 
 @torch.inference_mode()
 def decode_step(
-    model: MoECausalLM, cache: RaggedKVCache, tokens: torch.Tensor, place: KVPlace, positions: torch.Tensor
+    model: MoECausalLM, cache: RaggedKVCache | LatentKVCache, tokens: torch.Tensor, place: KVPlace,
+    positions: torch.Tensor,
 ) -> torch.Tensor:
     """One new token per sequence: tokens [B] at positions [B] -> hidden state [B, h]."""
     slots = decode_slots(place, positions)
     lengths = positions + 1
-    scale = model.config.head_dim**-0.5
+    scale = model.config.attention_scale
     x = model.embed_tokens(tokens)
     cos, sin = model.rotary(positions, x.dtype)
     for li, layer in enumerate(model.layers):
-        q, k, v = layer.pre_attention(x, cos, sin)
-        cache.write(li, k, v, slots)
-        attn = decode_attend(cache, li, q, place, lengths, scale, attention_extras(model, li)).flatten(1)
-        x = layer.post_attention(x, attn)
+        q, entry = layer.attention_inputs(x, cos, sin, decode=True)
+        cache.write(li, *entry, slots)
+        attn = cache.attend(li, q, place, lengths, scale, **attention_extras(model, li)).flatten(1)
+        x = layer.post_attention(x, layer.decode_output(attn))
     return x

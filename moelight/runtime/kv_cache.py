@@ -13,12 +13,15 @@ from dataclasses import dataclass
 
 import torch
 
+from cpu_kernels import decode_attention, paged_decode_attention
 from moelight.models.config import ModelConfig
 from moelight.runtime.host_memory import empty_huge
+from moelight.runtime.paged_layout import PagedLayout
 
 
 @dataclass
 class RaggedKVCache:
+    supports_paged = True  # a block table may place its slots (prefix sharing): copy_pages, attend(PagedLayout)
     k: list[torch.Tensor]
     v: list[torch.Tensor]
     offsets: torch.Tensor  # int64 [S]: first slot of each sequence
@@ -60,3 +63,25 @@ class RaggedKVCache:
         dst = torch.cat([torch.arange(b * page_size, (b + 1) * page_size) for _, b in copies])
         for t in (*self.k, *self.v):
             t.index_copy_(1, dst, t.index_select(1, src))
+
+    def layer(self, j: int) -> tuple[torch.Tensor, ...]:
+        """Layer j's tensors, in the order a cache entry lists them (K, V)."""
+        return self.k[j], self.v[j]
+
+    def key_value(self, j: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The keys and values attention reads in layer j."""
+        return self.k[j], self.v[j]
+
+    def attend(self, j: int, q: torch.Tensor, place: torch.Tensor | PagedLayout, lengths: torch.Tensor, scale: float,
+               **extras) -> torch.Tensor:
+        """Decode attention of q [B, Hq, d] over layer j (extras: a sliding window, sinks) -> [B, Hq, d];
+        `place`: each sequence's first slot [B], or its block-table row (a paged cache)."""
+        if isinstance(place, PagedLayout):
+            return paged_decode_attention(q, self.k[j], self.v[j], place.tables, lengths, place.page_size, scale,
+                                          **extras)
+        return decode_attention(q, self.k[j], self.v[j], place, lengths, scale, **extras)
+
+    def like(self, layers: list[tuple[torch.Tensor, ...]], offsets: torch.Tensor | None = None) -> RaggedKVCache:
+        """A cache of this layout over other tensors (device copies, packed buffers), one (k, v) per layer."""
+        offs = self.offsets if offsets is None else offsets
+        return RaggedKVCache([k for k, _ in layers], [v for _, v in layers], offs, self.capacity)

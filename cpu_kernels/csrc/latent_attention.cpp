@@ -1,0 +1,180 @@
+// Latent (MLA) decode attention over the latent KV cache (one absorbed query per sequence and head).
+//
+// Work item = (sequence, key chunk), all heads at once, so each cached row is read from DRAM once
+// per step whatever the number of heads (latent_kernel.h). Long sequences are split into chunks
+// (flash-decoding) so that few long sequences still spread over all threads; the partials
+// (unnormalised acc, running max m, sum l per head) are merged afterwards, as decode_attention.cpp
+// does. Registered as torch.ops.moelight.latent_decode_attention (a fragment of the library that
+// ops.cpp defines).
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <omp.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstring>
+#include <vector>
+
+#include "latent_kernels.h"
+#include "rows_out.h"
+
+namespace moelight {
+namespace {
+
+struct Chunk {
+  int64_t b, start, n;
+  int64_t part;  // -1: the whole sequence, written normalised into the output
+};
+
+KvDtype dtype_of(const at::Tensor& t) {
+  switch (t.scalar_type()) {
+    case at::kFloat: return KvDtype::F32;
+    case at::kBFloat16: return KvDtype::BF16;
+    case at::kHalf: return KvDtype::F16;
+    default: TORCH_CHECK(false, "moelight: latent attention does not support dtype ", t.scalar_type());
+  }
+}
+
+std::atomic<bool> g_amx_allowed{true};  // set_latent_amx: tests run the AVX-512 path on AMX machines too
+
+// The AMX kernel where it applies (a bf16 cache and bf16 queries on an AMX CPU, AVX512-BF16 active),
+// else the active ISA's; `amx` says which.
+LatentFn latent_fn(KvDtype dtype, KvDtype q_dtype, int64_t dk, int64_t dv, bool& amx) {
+  const char* isa = active_isa();
+  amx = false;
+  if (std::strcmp(isa, "avx512bf16") == 0 && q_dtype == KvDtype::BF16 && g_amx_allowed.load()) {
+    if (LatentFn fn = amx_latent_fn(dtype, dk, dv)) {
+      amx = true;
+      return fn;
+    }
+  }
+  if (std::strcmp(isa, "avx512bf16") == 0) return avx512bf16_latent_fn(dtype, dk, dv);
+  if (std::strcmp(isa, "avx512") == 0) return avx512_latent_fn(dtype, dk, dv);
+  if (std::strcmp(isa, "avx2") == 0) return avx2_latent_fn(dtype, dk, dv);
+  return nullptr;
+}
+
+}  // namespace
+
+at::Tensor latent_decode_attention(const at::Tensor& q, const at::Tensor& cache, const at::Tensor& offsets,
+                                   const at::Tensor& lengths, double scale, int64_t latent_dim) {
+  TORCH_CHECK(q.dim() == 3 && cache.dim() == 3 && cache.size(0) == 1, "moelight: q [B, H, W], cache [1, T, W]");
+  const int64_t B = q.size(0), H = q.size(1), W = q.size(2), T = cache.size(1), dv = latent_dim;
+  TORCH_CHECK(cache.size(2) == W && cache.stride(2) == 1 && cache.stride(1) == W,
+              "moelight: latent cache rows must be contiguous and as wide as q");
+  TORCH_CHECK(0 < dv && dv <= W && offsets.numel() == B && lengths.numel() == B, "moelight: latent shapes");
+  const bool native = q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf;
+  const at::Tensor qc = native ? q.contiguous() : q.to(at::kFloat).contiguous();
+  const KvDtype io = dtype_of(qc);
+  bool amx = false;
+  const LatentFn fn = latent_fn(dtype_of(cache), io, W, dv, amx);
+  TORCH_CHECK(fn != nullptr, "moelight: no latent kernel for this CPU / row width ", W, " / latent ", dv);
+  const at::Tensor offs = offsets.to(at::kLong).contiguous();
+  const at::Tensor lens = lengths.to(at::kLong).contiguous();
+  const int64_t* op = offs.data_ptr<int64_t>();
+  const int64_t* lp = lens.data_ptr<int64_t>();
+  at::Tensor out = at::empty({B, H, dv}, qc.options());
+
+  const int nt = at::get_num_threads();
+  int64_t total = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(lp[b] >= 0 && op[b] >= 0 && op[b] + lp[b] <= T, "moelight: sequence ", b, " out of cache");
+    total += lp[b];
+  }
+  // Chunk length: long enough to stream, short enough for ~4 chunks per thread.
+  int64_t chunk = std::max<int64_t>(256, (total + 4 * nt - 1) / (4 * nt));
+  chunk = (chunk + 15) / 16 * 16;
+  if (amx) chunk = std::min(chunk, kAmxMaxKeys);  // its two passes over a chunk find it in L2
+  std::vector<Chunk> chunks;
+  std::vector<int64_t> split_first;  // per split sequence: its first part; parts are consecutive
+  std::vector<int64_t> split_seq;
+  int64_t n_parts = 0;
+  for (int64_t b = 0; b < B; ++b) {
+    if (lp[b] <= chunk) {
+      chunks.push_back({b, 0, lp[b], -1});
+      continue;
+    }
+    split_first.push_back(n_parts);
+    split_seq.push_back(b);
+    for (int64_t s = 0; s < lp[b]; s += chunk) chunks.push_back({b, s, std::min(chunk, lp[b] - s), n_parts++});
+  }
+  split_first.push_back(n_parts);
+
+  at::Tensor part_acc = at::empty({n_parts, H, dv}, q.options().dtype(at::kFloat));
+  at::Tensor part_ml = at::empty({n_parts, 2, H}, q.options().dtype(at::kFloat));
+  float* pacc = part_acc.data_ptr<float>();
+  float* pml = part_ml.data_ptr<float>();
+  const int64_t scratch_len = amx ? latent_amx_scratch_floats(W, dv) : latent_scratch_floats(H, W, dv);
+  std::vector<std::vector<float>> scratch(nt, std::vector<float>(scratch_len));
+  const char* qp = static_cast<const char*>(qc.data_ptr());
+  char* outp = static_cast<char*>(out.data_ptr());
+  const char* cp = static_cast<const char*>(cache.data_ptr());
+  const int64_t qes = qc.element_size(), ces = cache.element_size();
+  const int64_t n_chunks = static_cast<int64_t>(chunks.size());
+  // Every parallel region wakes the OpenMP workers: tiny calls (< 256 KiB of rows) stay on this thread.
+  const bool parallel = n_chunks > 1 && total * W * ces >= (256 << 10);
+
+#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (parallel)
+  for (int64_t w = 0; w < n_chunks; ++w) {
+    const Chunk& c = chunks[w];
+    LatentArgs a{};
+    a.q = qp + c.b * H * W * qes;
+    a.q_dtype = io;
+    a.rows = cp + (op[c.b] + c.start) * W * ces;
+    a.n_keys = c.n;
+    a.heads = static_cast<int>(H);
+    a.scale = static_cast<float>(scale);
+    a.bf16_p = io != KvDtype::F32;
+    a.scratch = scratch[parallel ? omp_get_thread_num() : 0].data();
+    if (c.part < 0) {
+      a.out = outp + c.b * H * dv * qes;
+      a.out_dtype = io;
+    } else {
+      a.out = pacc + c.part * H * dv;
+      a.out_dtype = KvDtype::F32;
+      a.m = pml + c.part * 2 * H;
+      a.l = a.m + H;
+    }
+    fn(a);
+  }
+
+  // Merge split sequences: rescale each part to the common max, then normalise.
+  const int64_t n_splits = static_cast<int64_t>(split_seq.size());
+  const at::ScalarType out_t = out.scalar_type();
+#pragma omp parallel for num_threads(nt) schedule(static) if (n_splits > 1 && parallel)
+  for (int64_t s = 0; s < n_splits; ++s) {
+    std::vector<float> row(dv);
+    for (int64_t h = 0; h < H; ++h) {
+      float mx = -INFINITY;
+      for (int64_t p = split_first[s]; p < split_first[s + 1]; ++p) mx = std::max(mx, pml[p * 2 * H + h]);
+      std::fill(row.begin(), row.end(), 0.0f);
+      float denom = 0.0f;
+      for (int64_t p = split_first[s]; p < split_first[s + 1]; ++p) {
+        const float w = std::exp(pml[p * 2 * H + h] - mx);
+        denom += w * pml[p * 2 * H + H + h];
+        const float* src = pacc + (p * H + h) * dv;
+        for (int64_t c = 0; c < dv; ++c) row[c] += w * src[c];
+      }
+      const float inv = denom > 0.0f ? 1.0f / denom : 0.0f;
+      for (int64_t c = 0; c < dv; ++c) row[c] *= inv;
+      store_row(outp, out_t, (split_seq[s] * H + h) * dv, row.data(), dv);
+    }
+  }
+  return out.scalar_type() == q.scalar_type() ? out : out.to(q.scalar_type());
+}
+
+}  // namespace moelight
+
+TORCH_LIBRARY_FRAGMENT(moelight, m) {
+  m.def("latent_decode_attention(Tensor q, Tensor cache, Tensor offsets, Tensor lengths, float scale, "
+        "int latent_dim) -> Tensor");
+  // AMX on or off for the latent kernel (tests); returns whether it is now used where it applies
+  m.def("set_latent_amx(bool allowed) -> bool", [](bool allowed) {
+    moelight::g_amx_allowed.store(allowed);
+    return allowed && moelight::amx_usable();
+  });
+}
+
+TORCH_LIBRARY_IMPL(moelight, CPU, m) { m.impl("latent_decode_attention", &moelight::latent_decode_attention); }

@@ -1,0 +1,49 @@
+// Plain-C++ interface of the latent (MLA) decode kernel, as kernels.h is for the GQA ones: the ISA
+// translation units that instantiate it never include torch headers.
+#pragma once
+#include <cstdint>
+
+#include "kernels.h"
+
+namespace moelight {
+
+// One work item: every query head of one sequence against keys [0, n_keys) of its latent rows.
+// A row is [latent (dv), RoPE key (dk - dv)]; the score of head h is q_h . row, its value the
+// row's first dv elements. Rows are contiguous (stride dk elements of the cache dtype).
+struct LatentArgs {
+  const void* q;      // heads rows of dk elements (absorbed queries, unscaled), in q_dtype
+  KvDtype q_dtype;
+  const void* rows;   // n_keys rows of dk elements, in the cache dtype
+  int64_t n_keys;
+  int heads;
+  float scale;
+  void* out;          // heads rows of dv elements in out_dtype (F32 for partials)
+  KvDtype out_dtype;
+  bool bf16_p;        // P.V may take P rounded to bf16 (the output is 16-bit anyway)
+  float* m;           // nullptr: write softmax-normalised rows; else the unnormalised accumulator
+  float* l;           // and each head's running max m and sum l (split-K partials)
+  float* scratch;     // latent_scratch_floats(heads, dk, dv) floats for this call's thread
+};
+
+using LatentFn = void (*)(const LatentArgs&);
+
+// Floats of per-thread scratch one call needs (queries, accumulators, scores, one widened block).
+inline int64_t latent_scratch_floats(int64_t heads, int64_t dk, int64_t dv) {
+  return heads * dk + heads * dv + 2 * heads * 16 + 16 * dk + heads;
+}
+
+// AMX (latent_amx.cpp): a bf16 cache and bf16 queries, work items of at most kAmxMaxKeys keys.
+constexpr int64_t kAmxMaxKeys = 256;
+inline int64_t latent_amx_scratch_floats(int64_t dk, int64_t dv) {
+  const int64_t n64 = kAmxMaxKeys;  // a multiple of 64
+  return 16 + dk / 2 * 16 + n64 * 16 + 8 * n64 + dv / 16 * 512 + 16 * dv + 16 * dk;
+}
+bool amx_usable();  // the CPU has AMX-BF16 and the OS let this process use its tiles
+
+// nullptr when (dtype, dk, dv) has no instantiation for that ISA.
+LatentFn amx_latent_fn(KvDtype dtype, int64_t dk, int64_t dv);
+LatentFn avx512bf16_latent_fn(KvDtype dtype, int64_t dk, int64_t dv);
+LatentFn avx512_latent_fn(KvDtype dtype, int64_t dk, int64_t dv);
+LatentFn avx2_latent_fn(KvDtype dtype, int64_t dk, int64_t dv);
+
+}  // namespace moelight

@@ -1,0 +1,108 @@
+"""The latent (MLA) decode kernel against a float64 reference: every ISA the CPU offers (AMX, AVX512-BF16,
+AVX-512, AVX2), every cache dtype, DeepSeek's row shape and the small test shape, head counts that do
+and do not fill a tile, ragged lengths from 0 to split sequences; the dispatch and the torch fallback."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from cpu_kernels import kernel_backend, latent_decode_attention
+from cpu_kernels.latent import LATENT_SHAPES, latent_decode_attention_torch
+
+CPP = kernel_backend() != "torch"
+needs_cpp = pytest.mark.skipif(not CPP, reason="C++ kernels unavailable")
+LENGTHS = [1, 5, 16, 17, 33, 700, 0, 1500]  # 700 and 1500 are split into chunks and merged
+
+
+def reference64(q, cache, offsets, lengths, scale, dv):
+    out = torch.empty(q.shape[0], q.shape[1], dv, dtype=torch.float64)
+    for b, (o, n) in enumerate(zip(offsets.tolist(), lengths.tolist(), strict=True)):
+        rows = cache[0, o : o + n].double()
+        p = torch.softmax(q[b].double() @ rows.T * scale, dim=-1)
+        out[b] = p @ rows[:, :dv]
+    return out
+
+
+def case(w: int, dt: torch.dtype, heads: int, seed: int = 0, lengths=LENGTHS, q_dtype=None):
+    g = torch.Generator().manual_seed(seed)
+    lens = torch.tensor(lengths)
+    caps = lens + 3  # slack after each sequence, as the engine's regions have
+    offs = torch.cumsum(caps, 0) - caps
+    cache = torch.randn(1, int(caps.sum()), w, generator=g).to(dt)
+    q = (torch.randn(len(lens), heads, w, generator=g) * 0.2).to(q_dtype or dt)
+    return q, cache, offs, lens
+
+
+def within_rounding(got: torch.Tensor, want: torch.Tensor) -> None:
+    """Error at the output's own rounding: two ulps of the largest value."""
+    tol = 2 * torch.finfo(got.dtype).eps * float(want.abs().max())
+    err = float((got.double() - want).abs().max())
+    assert err <= tol, f"max error {err:.3g} > {tol:.3g}"
+
+
+def isas() -> list[str]:
+    if not CPP:
+        return []
+    best = torch.ops.moelight.set_isa("auto")
+    order = ["avx512bf16", "avx512", "avx2"]
+    return order[order.index(best):] if best in order else []
+
+
+@pytest.fixture(params=["amx", *isas()])
+def isa(request):
+    if request.param == "amx":
+        if not CPP or torch.ops.moelight.set_isa("auto") != "avx512bf16" or not torch.ops.moelight.set_latent_amx(True):
+            pytest.skip("no AMX on this CPU (or the OS refused its tiles)")
+    else:
+        torch.ops.moelight.set_isa(request.param)
+        torch.ops.moelight.set_latent_amx(False)
+    yield request.param
+    torch.ops.moelight.set_isa("auto")
+    torch.ops.moelight.set_latent_amx(True)
+
+
+@needs_cpp
+@pytest.mark.parametrize("w,dv", LATENT_SHAPES)
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16, torch.float16])
+def test_kernel_matches_float64_on_every_isa(isa, w, dv, dt):
+    for heads in (1, 3, 16, 20):  # 20: a full tile of 16 heads and a partial one
+        q, cache, offs, lens = case(w, dt, heads, seed=heads)
+        got = latent_decode_attention(q, cache, offs, lens, w**-0.5 * 2, dv)
+        assert got.shape == (len(lens), heads, dv) and got.dtype == dt
+        within_rounding(got, reference64(q, cache, offs, lens, w**-0.5 * 2, dv))
+        assert (got[lens == 0] == 0).all()  # no keys: zeros, as the GQA kernel gives
+
+
+@needs_cpp
+def test_float32_queries_over_a_bf16_cache(isa):
+    """A float32 model's queries over a bf16 cache: q keeps ~16 bits (split into two bf16 parts)."""
+    q, cache, offs, lens = case(576, torch.bfloat16, 16, q_dtype=torch.float32)
+    got = latent_decode_attention(q, cache, offs, lens, 0.05, 512)
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.double(), reference64(q, cache, offs, lens, 0.05, 512), rtol=0, atol=2e-5)
+
+
+@needs_cpp
+def test_one_long_sequence_spreads_and_merges(isa):
+    q, cache, offs, lens = case(96, torch.bfloat16, 16, lengths=[5000])
+    within_rounding(latent_decode_attention(q, cache, offs, lens, 0.1, 64),
+                    reference64(q, cache, offs, lens, 0.1, 64))
+
+
+def test_torch_path_for_other_shapes_and_the_fallback(monkeypatch):
+    """Row widths without a C++ instantiation (and MOELIGHT_CPU_KERNELS=torch) run the reference."""
+    q, cache, offs, lens = case(24, torch.float32, 4, lengths=[3, 9])
+    torch.testing.assert_close(latent_decode_attention(q, cache, offs, lens, 0.3, 16).double(),
+                               reference64(q, cache, offs, lens, 0.3, 16), rtol=0, atol=1e-6)
+    with pytest.raises(ValueError, match=r"cache \[1, T, W\]"):
+        latent_decode_attention_torch(q, cache[..., :20], offs, lens, 0.3, 16)
+
+
+@needs_cpp
+def test_kernel_refuses_what_it_cannot_read():
+    q, cache, offs, lens = case(576, torch.bfloat16, 16, lengths=[4, 4])
+    with pytest.raises(RuntimeError, match="out of cache"):
+        torch.ops.moelight.latent_decode_attention(q, cache, offs, torch.tensor([4, 400]), 0.1, 512)
+    with pytest.raises(RuntimeError, match="no latent kernel"):
+        torch.ops.moelight.latent_decode_attention(q[..., :544], cache[..., :544].contiguous(), offs, lens, 0.1, 512)
