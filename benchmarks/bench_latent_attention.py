@@ -70,10 +70,8 @@ def case(shape: tuple, b: int, ctx: int, dtype: torch.dtype):
 
 
 def latent_path() -> str:
-    backend = cpu_kernels.kernel_backend()
-    if backend == "cpp-avx512bf16" and torch.ops.moelight.set_latent_amx(True):
-        return "cpp-amx"
-    return backend
+    """The latent kernel's path: AMX tiles on the AMX level (bf16 cache), else the attention ISA's."""
+    return cpu_kernels.kernel_backend()
 
 
 def main() -> None:

@@ -12,7 +12,6 @@
 #include <torch/library.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <vector>
@@ -37,20 +36,18 @@ KvDtype dtype_of(const at::Tensor& t) {
   }
 }
 
-std::atomic<bool> g_amx_allowed{true};  // set_latent_amx: tests run the AVX-512 path on AMX machines too
-
-// The AMX kernel where it applies (a bf16 cache and bf16 queries on an AMX CPU, AVX512-BF16 active),
-// else the active ISA's; `amx` says which.
+// The AMX kernel where it applies (a bf16 cache and bf16 queries, the AMX level active: set_isa("avx512bf16")
+// runs the AVX-512 path on an AMX machine), else the active ISA's; `amx` says which.
 LatentFn latent_fn(KvDtype dtype, KvDtype q_dtype, int64_t dk, int64_t dv, bool& amx) {
   const char* isa = active_isa();
   amx = false;
-  if (std::strcmp(isa, "avx512bf16") == 0 && q_dtype == KvDtype::BF16 && g_amx_allowed.load()) {
+  if (std::strcmp(isa, "amx") == 0 && q_dtype == KvDtype::BF16) {
     if (LatentFn fn = amx_latent_fn(dtype, dk, dv)) {
       amx = true;
       return fn;
     }
   }
-  if (std::strcmp(isa, "avx512bf16") == 0) return avx512bf16_latent_fn(dtype, dk, dv);
+  if (std::strcmp(isa, "amx") == 0 || std::strcmp(isa, "avx512bf16") == 0) return avx512bf16_latent_fn(dtype, dk, dv);
   if (std::strcmp(isa, "avx512") == 0) return avx512_latent_fn(dtype, dk, dv);
   if (std::strcmp(isa, "avx2") == 0) return avx2_latent_fn(dtype, dk, dv);
   return nullptr;
@@ -170,11 +167,6 @@ at::Tensor latent_decode_attention(const at::Tensor& q, const at::Tensor& cache,
 TORCH_LIBRARY_FRAGMENT(moelight, m) {
   m.def("latent_decode_attention(Tensor q, Tensor cache, Tensor offsets, Tensor lengths, float scale, "
         "int latent_dim) -> Tensor");
-  // AMX on or off for the latent kernel (tests); returns whether it is now used where it applies
-  m.def("set_latent_amx(bool allowed) -> bool", [](bool allowed) {
-    moelight::g_amx_allowed.store(allowed);
-    return allowed && moelight::amx_usable();
-  });
 }
 
 TORCH_LIBRARY_IMPL(moelight, CPU, m) { m.impl("latent_decode_attention", &moelight::latent_decode_attention); }

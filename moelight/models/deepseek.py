@@ -51,10 +51,11 @@ class DeepseekMoE(nn.Module):
         return self.gate(x)
 
     def forward_with(self, x: torch.Tensor, gate_up_proj, down_proj, linear, routing=None,
-                     compute_order=None) -> torch.Tensor:
-        """As SparseMoE.forward_with: the runtime may supply the expert weights, routing and order."""
+                     compute_order=None, counts=None) -> torch.Tensor:
+        """As SparseMoE.forward_with: the runtime may supply the expert weights, routing, order and counts."""
         weights, experts = self.route(x) if routing is None else routing
-        out = expert_mix(x, weights, experts, gate_up_proj, down_proj, linear, compute_order=compute_order)
+        out = expert_mix(x, weights, experts, gate_up_proj, down_proj, linear, compute_order=compute_order,
+                         counts=counts)
         return out + self.shared_expert(x) if hasattr(self, "shared_expert") else out
 
 
