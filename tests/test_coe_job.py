@@ -72,6 +72,25 @@ def test_a_coe_job_through_the_cli(tmp_path):
     assert read_jsonl(tmp_path / "alone.jsonl")[0]["output_token_ids"] == outs["grouped"]["r1"][1]
 
 
+def test_a_coe_job_carries_the_sampling_fields(tmp_path):
+    """n samples, stop strings, seeds and logprobs reach each routed model as a local job's do."""
+    spec = _spec(tmp_path)
+    extra = {"n": 2, "temperature": 0.9, "seed": 5, "stop": ["e"], "logprobs": 2, "max_tokens": 6}
+    records = [{"id": "c", "prompt": "def f(x):\n    return", **extra}, {"id": "s", "prompt": "Tell me", **extra}]
+    data = write_jsonl(tmp_path / "req.jsonl", records)
+    common = ["--dtype", "float32", "--device", "cpu", "--hardware", "cpu-server", "--no-progress"]
+    res = CliRunner().invoke(app, ["run", "--dataset", str(data), "--model", str(spec), "--output",
+                                   str(tmp_path / "coe.jsonl"), *common])
+    assert res.exit_code == 0, res.output
+    coe = {r["id"]: r for r in read_jsonl(tmp_path / "coe.jsonl")}
+    assert coe["c"]["model"] == "code" and len(coe["c"]["outputs"]) == 2 and coe["c"]["outputs"][1]["logprobs"]
+    alone = CliRunner().invoke(app, ["run", "--dataset", str(write_jsonl(tmp_path / "one.jsonl", records[:1])),
+                                     "--model", str(CKPT), "--output", str(tmp_path / "alone.jsonl"), *common])
+    assert alone.exit_code == 0, alone.output
+    want = read_jsonl(tmp_path / "alone.jsonl")[0]
+    assert {k: v for k, v in coe["c"].items() if k != "model"} == {k: v for k, v in want.items() if k != "model"}
+
+
 def test_unroutable_requests_are_all_reported_before_any_model_loads(tmp_path):
     spec = _spec(tmp_path, {"keywords": {"def ": "code"}})  # no default
     data = write_jsonl(tmp_path / "req.jsonl", [{"id": "x", "prompt": "hi"}, {"id": "y", "prompt": "yo"},

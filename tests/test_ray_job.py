@@ -246,6 +246,26 @@ def test_openai_batch_and_parquet_keep_the_local_shapes(cluster, tmp_path):
     assert sorted(zip(remote.column("id").to_pylist(), remote.column("output").to_pylist(), strict=True)) == key
 
 
+def test_sampling_fields_travel_through_ray_as_locally(cluster, tmp_path):
+    """n samples, stop strings, seeds, penalties, logprobs, prompt_logprobs and a JSON response format
+    reach the replicas, and their records come back whole."""
+    extra = {"n": 2, "temperature": 0.9, "seed": 5, "stop": ["ea"], "logprobs": 2, "prompt_logprobs": 1,
+             "presence_penalty": 0.5, "max_tokens": 8}
+    data = _prompts(tmp_path / "p.jsonl", 5, extra)
+    with open(data, "a") as f:
+        f.write(json.dumps({"id": "js", "prompt": "a JSON object:", "max_tokens": 12,
+                            "response_format": {"type": "json_object"}}) + "\n")
+    outs = {}
+    for name, more in (("local", {}), ("ray", {"ray": "local"})):
+        out = tmp_path / f"{name}.jsonl"
+        run_job(RunOptions(dataset=data, output=out, **ENGINE, **more))
+        outs[name] = {r["id"]: {k: v for k, v in r.items() if k != "model"}
+                      for r in map(json.loads, out.read_text().splitlines())}
+    assert outs["ray"] == outs["local"]
+    r0 = outs["ray"]["r0"]
+    assert len(r0["outputs"]) == 2 and r0["outputs"][0]["logprobs"] and r0["prompt_logprobs"]
+
+
 def test_the_processor_runs_a_ray_dataset(cluster, job):
     from moelight.ray import ProcessorConfig, build_processor
 

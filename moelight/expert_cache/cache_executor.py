@@ -217,7 +217,8 @@ class ExpertCacheExecutor(Executor):
     # ---- passes ----
     @torch.inference_mode()
     def prefill(self, cache: RaggedKVCache | LatentKVCache, tokens: torch.Tensor, seq_lens: torch.Tensor,
-                offsets: torch.Tensor) -> torch.Tensor:
+                offsets: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits of each prompt's last token, or of the packed positions `rows` (prompt logprobs)."""
         m, L = self.model, self.cfg.num_layers
         self._prefill = True
         kv = self._kv_of(cache)
@@ -228,9 +229,12 @@ class ExpertCacheExecutor(Executor):
         for s in seqs:
             self.cache.policy.begin(s)
         every = [(s, slice(int(a), int(b))) for s, a, b in zip(seqs, cu[:-1], cu[1:], strict=True)]
-        only_last = [(s, slice(i, i + 1)) for i, s in enumerate(seqs)]
+        last = cu[1:] - 1 if rows is None else rows
+        picked = torch.bincount(torch.bucketize(last, cu[1:], right=True), minlength=len(seqs))  # rows per prompt
+        only_last = [(s, slice(a, a + n)) for s, a, n in zip(seqs, (torch.cumsum(picked, 0) - picked).tolist(),
+                                                             picked.tolist(), strict=True)]
         cos, sin = m.rotary(positions, m.embed_tokens.weight.dtype)
-        slots, last = torch.repeat_interleave(offsets, seq_lens) + positions, cu[1:] - 1
+        slots = torch.repeat_interleave(offsets, seq_lens) + positions
         with self.device.compute():
             slots, last = self._upload(slots), self._upload(last)
             x = m.embed_tokens(self._upload(tokens))
@@ -240,10 +244,10 @@ class ExpertCacheExecutor(Executor):
                 kv.write(j, *entry, slots)
                 k, v = layer.prefill_kv(*entry)
                 a = device_prefill_attention(q, k, v, cu, self.scale, **attention_extras(m, j)).flatten(1)
-                rows = every
-                if j == L - 1:  # only the last token of each prompt feeds the LM head
-                    x, a, rows = x.index_select(0, last), a.index_select(0, last), only_last
-                x = layer.post_attention(x, a, moe=self._moe(j, rows))
+                routed = every
+                if j == L - 1:  # only the last token of each prompt (or the asked rows) feeds the LM head
+                    x, a, routed = x.index_select(0, last), a.index_select(0, last), only_last
+                x = layer.post_attention(x, a, moe=self._moe(j, routed))
             return self.device.to_host(m.logits(x))
 
     @torch.inference_mode()

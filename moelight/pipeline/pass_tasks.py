@@ -80,7 +80,7 @@ class PassTasks:
 class PrefillTasks(PassTasks):
     """All layers on the device for one packed chunk of prompts; each layer's K/V go to the CPU cache."""
 
-    def __init__(self, ex, cache, tokens, seq_lens, offsets) -> None:
+    def __init__(self, ex, cache, tokens, seq_lens, offsets, rows=None) -> None:
         super().__init__(ex, cache)
         cu = torch.zeros(len(seq_lens) + 1, dtype=torch.int64)
         torch.cumsum(seq_lens, 0, out=cu[1:])
@@ -88,7 +88,7 @@ class PrefillTasks(PassTasks):
         self.cu, self.slots = cu, torch.repeat_interleave(offsets, seq_lens) + positions
         cos, sin = self.m.rotary(positions, ex.dtype)
         self.host = {"tokens": self.pinned(tokens), "cos": self.pinned(cos), "sin": self.pinned(sin),
-                     "last": self.pinned(cu[1:] - 1)}
+                     "last": self.pinned(cu[1:] - 1 if rows is None else rows)}  # the rows the LM head sees
 
     def op_embed(self, j, i):
         def run():

@@ -192,10 +192,12 @@ class PipelineExecutor(Executor):
     @torch.inference_mode()
     def prefill(
         self, cache: RaggedKVCache | LatentKVCache, tokens: torch.Tensor, seq_lens: torch.Tensor,
-        offsets: torch.Tensor,
+        offsets: torch.Tensor, rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """All layers on the device; each layer's K/V go to the CPU cache. -> logits [B, vocab]."""
-        tasks = PrefillTasks(self, cache, tokens, seq_lens, offsets)
+        """All layers on the device; each layer's K/V go to the CPU cache. -> logits [B, vocab] of each
+        prompt's last token, or of the packed positions `rows` (prompt logprobs: the LM head's output
+        for every asked row is on the device at once)."""
+        tasks = PrefillTasks(self, cache, tokens, seq_lens, offsets, rows)
         T = int(seq_lens.sum())
         self._pass(build_prefill(self._shape([len(seq_lens)], [float(seq_lens.float().mean())],
                                              self.pager.paged_bytes, prompt_tokens=T)), tasks)

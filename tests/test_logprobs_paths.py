@@ -1,0 +1,62 @@
+"""prompt_logprobs and logprobs through every execution path that produces logits: CGOPipe on the
+emulated device (each schedule), latency mode (the device expert cache) and tensor parallelism give
+transformers' float32 log-softmax, as the plain CPU engine does (tests/test_model_families.py checks
+that one for every family)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from moelight import LLM, SamplingParams  # noqa: E402
+from tests.checkpoints import make_hf_model, save_checkpoint  # noqa: E402
+
+# 8 heads, 4 KV heads: two ranks divide it
+SHAPE = dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=4, intermediate_size=48,
+             num_hidden_layers=2, vocab_size=320)
+PROMPTS = [[5, 17, 33, 2, 90, 41, 7], [101, 3, 3, 250, 12], [9, 8, 7, 6, 5, 4, 3, 2, 1, 300, 77]]
+PARAMS = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=3, prompt_logprobs=3)
+PATHS = {
+    "cgopipe": dict(device="emulated", hardware="t4", mode="throughput", schedule="cgopipe"),
+    "flexgen": dict(device="emulated", hardware="t4", mode="throughput", schedule="flexgen"),
+    "latency": dict(device="emulated", hardware="t4", mode="latency"),
+    "tp2": dict(device="emulated", hardware="t4", mode="throughput", gpus=2),
+}
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    hf = make_hf_model(seed=4, **SHAPE)
+    return hf.eval(), save_checkpoint(hf, tmp_path_factory.mktemp("logprob_paths") / "ckpt")
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_logprobs_through_every_path_are_transformers_log_softmax(checkpoint, path):
+    hf, folder = checkpoint
+    llm = LLM(str(folder), dtype="float32", batch_size=3, micro_batch_size=2, skip_tokenizer_init=True,
+              **PATHS[path])
+    try:
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], PARAMS)
+        report = llm.last_report
+    finally:
+        llm.close()
+    if path == "latency":
+        assert report.cache, "latency mode did not run the expert cache"
+    else:
+        assert report.runtime.get("schedule") == PATHS[path].get("schedule", "cgopipe"), report.runtime
+        assert report.policy.get("tensor_parallel", 1) == PATHS[path].get("gpus", 1)
+    for p, out in zip(PROMPTS, outs, strict=True):
+        sample = out.outputs[0]
+        with torch.no_grad():
+            ref = torch.log_softmax(hf(torch.tensor([p + sample.token_ids])).logits[0].float(), -1)
+        assert sample.token_ids == ref[len(p) - 1:-1].argmax(-1).tolist(), path  # greedy
+        assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(p)
+        entries = [(out.prompt_logprobs[i], p[i], ref[i - 1]) for i in range(1, len(p))]
+        entries += [(sample.logprobs[t], sample.token_ids[t], ref[len(p) - 1 + t]) for t in range(4)]
+        for entry, token, row in entries:
+            assert abs(entry[token].logprob - float(row[token])) < 1e-4, path
+            assert entry[token].rank == int((row > row[token]).sum()) + 1
+            for lp, tid in zip(*torch.topk(row, 3), strict=True):
+                assert abs(entry[int(tid)].logprob - float(lp)) < 1e-4, path
