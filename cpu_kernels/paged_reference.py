@@ -20,7 +20,7 @@ def paged_slots(table: torch.Tensor, positions: torch.Tensor, page_size: int) ->
 
 def sequence_slots(table_row: torch.Tensor, n: int, page_size: int) -> torch.Tensor:
     """Slots of positions [0, n) of one sequence."""
-    pos = torch.arange(n, dtype=torch.int64)
+    pos = torch.arange(n, dtype=torch.int64, device=table_row.device)
     return table_row[pos // page_size] * page_size + pos % page_size
 
 
@@ -53,8 +53,8 @@ def paged_attention_torch(
         ks, vs = k_cache[:, slots].float(), v_cache[:, slots].float()  # [Hkv, L, d]
         qs = q[s:e].float().transpose(0, 1).reshape(Hkv, group, n, d)
         scores = torch.matmul(qs, ks.unsqueeze(1).transpose(-1, -2)) * scale  # [Hkv, g, n, L]
-        qpos = torch.arange(start, start + n)[:, None]
-        kpos = torch.arange(start + n)[None, :]
+        qpos = torch.arange(start, start + n, device=q.device)[:, None]  # on q's device: the reference serves GPUs
+        kpos = torch.arange(start + n, device=q.device)[None, :]
         visible = kpos <= qpos
         if window is not None:
             visible &= kpos > qpos - window

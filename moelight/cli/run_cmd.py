@@ -80,7 +80,7 @@ def run(
     enable_prefix_caching: bool = Opt(True, "--enable-prefix-caching/--no-enable-prefix-caching",
                                       help="compute a prefix shared by requests (a system prompt, few-shot examples, "
                                       "the n samples of a prompt) once and share its KV pages (default on; the "
-                                      "CPU executor)"),
+                                      "CPU executor and CGOPipe, not latency mode or MLA models)"),
 ) -> None:
     """Generate for every request of a dataset; stream results to --output; print a report."""
     from moelight.jobs.dataset_job import run_job

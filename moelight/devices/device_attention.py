@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from cpu_kernels import prefill_attention
+from cpu_kernels.paged_reference import paged_attention_torch
 
 
 def batched_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, offsets: torch.Tensor,
@@ -53,3 +54,26 @@ def device_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     tensor, so splitting the batch reads nothing back from the device."""
     assert cu_host.device.type == "cpu", "prompt bounds must be host data"
     return prefill_attention(q, k, v, cu_host, scale, window=window, sinks=sinks)
+
+
+def prefix_table(cached: list[int], seq_lens: list[int]) -> torch.Tensor:
+    """Where device_prefix_prefill_attention finds each position of each sequence in its keys [prefixes of
+    every sequence, then the packed new tokens]: int64 [B, longest] (host data, to upload pinned)."""
+    total_prefix, rows, pre, new = sum(cached), [], 0, 0
+    for c, n in zip(cached, seq_lens, strict=True):
+        rows.append(list(range(pre, pre + c)) + list(range(total_prefix + new, total_prefix + new + n)))
+        pre, new = pre + c, new + n
+    width = max((len(r) for r in rows), default=0)
+    return torch.tensor([r + [0] * (width - len(r)) for r in rows], dtype=torch.int64).reshape(len(rows), width)
+
+
+def device_prefix_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_prefix: torch.Tensor,
+                                    v_prefix: torch.Tensor, table: torch.Tensor, cached: torch.Tensor,
+                                    cu_host: torch.Tensor, scale: float, window: int | None = None,
+                                    sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """Prompts whose first `cached` [B] positions are in a shared KV cache already (prefix sharing): the
+    new tokens' q [T, Hq, d] over the uploaded prefixes' keys [Hkv, P, d] and their own k/v [T, Hkv, d],
+    causal from their positions, through `table` (prefix_table, on the device)."""
+    keys = torch.cat([k_prefix, k.transpose(0, 1)], 1)
+    values = torch.cat([v_prefix, v.transpose(0, 1)], 1)
+    return paged_attention_torch(q, keys, values, table, cached, cu_host, 1, scale, window, sinks)

@@ -15,13 +15,19 @@ from collections.abc import Callable
 
 import torch
 
-from moelight.devices.device_attention import batched_decode_attention, device_prefill_attention
+from moelight.devices.device_attention import (
+    batched_decode_attention,
+    device_prefill_attention,
+    device_prefix_prefill_attention,
+    prefix_table,
+)
 from moelight.devices.device_base import current_event
 from moelight.pipeline.held_tensors import HeldTensors
 from moelight.pipeline.schedule import Task, attention_on_gpu
-from moelight.runtime.forward import attention_extras
+from moelight.runtime.forward import KVPlace, attention_extras, decode_slots
 from moelight.runtime.kv_cache import RaggedKVCache
 from moelight.runtime.latent_kv_cache import LatentKVCache
+from moelight.runtime.paged_layout import PagedLayout
 
 
 class PassTasks:
@@ -80,12 +86,21 @@ class PassTasks:
 class PrefillTasks(PassTasks):
     """All layers on the device for one packed chunk of prompts; each layer's K/V go to the CPU cache."""
 
-    def __init__(self, ex, cache, tokens, seq_lens, offsets, rows=None) -> None:
+    def __init__(self, ex, cache, tokens, seq_lens, place: KVPlace, rows=None) -> None:
         super().__init__(ex, cache)
         cu = torch.zeros(len(seq_lens) + 1, dtype=torch.int64)
         torch.cumsum(seq_lens, 0, out=cu[1:])
         positions = torch.arange(int(cu[-1]), dtype=torch.int64) - torch.repeat_interleave(cu[:-1], seq_lens)
-        self.cu, self.slots = cu, torch.repeat_interleave(offsets, seq_lens) + positions
+        self.cu, self.prefix = cu, None
+        if isinstance(place, PagedLayout):  # the tokens follow each row's cached positions (prefix sharing)
+            cached = place.cached(len(seq_lens))
+            positions += torch.repeat_interleave(cached, seq_lens)
+            self.slots = place.slots(positions, torch.repeat_interleave(torch.arange(len(seq_lens)), seq_lens))
+            if bool((cached > 0).any()):  # attention reads the prefixes from the CPU cache, uploaded per layer
+                self.prefix = {"cached": cached, "slots": place.row_slots(cached.tolist()),
+                               "table": self.pinned(prefix_table(cached.tolist(), seq_lens.tolist()))}
+        else:
+            self.slots = torch.repeat_interleave(place, seq_lens) + positions
         cos, sin = self.m.rotary(positions, ex.dtype)
         self.host = {"tokens": self.pinned(tokens), "cos": self.pinned(cos), "sin": self.pinned(sin),
                      "last": self.pinned(cu[1:] - 1 if rows is None else rows)}  # the rows the LM head sees
@@ -121,7 +136,14 @@ class PrefillTasks(PassTasks):
         def run():
             (q,), entry = self.held.get(("q", j)), self.held.get(("kv", j))
             k, v = self.m.layers[j].prefill_kv(*entry)  # MLA: K and V expanded from the latent
-            a = device_prefill_attention(q, k, v, self.cu, self.ex.scale, **attention_extras(self.m, j)).flatten(1)
+            if self.prefix is None:
+                a = device_prefill_attention(q, k, v, self.cu, self.ex.scale, **attention_extras(self.m, j))
+            else:  # the prefixes' K/V gathered from the CPU cache into pinned buffers, used in this task
+                pre, up = self.prefix, self.dev.upload
+                kp, vp = (up(self.pinned(t[:, pre["slots"]])) for t in self.cache.key_value(j))
+                a = device_prefix_prefill_attention(q, k, v, kp, vp, up(pre["table"]), pre["cached"], self.cu,
+                                                    self.ex.scale, **attention_extras(self.m, j))
+            a = a.flatten(1)
             self.held.put(("attn", j), 1, a)
             self.held.done(("q", j))
             self.held.done(("kv", j))
@@ -164,10 +186,14 @@ class DecodeTasks(PassTasks):
             lengths = pos + 1
             cos, sin = self.m.rotary(pos, ex.dtype)
             mb = {"tok": self.pinned(tok), "cos": self.pinned(cos), "sin": self.pinned(sin), "off": off, "pos": pos,
-                  "slots": off + pos, "lengths": lengths}
+                  "slots": decode_slots(off, pos), "lengths": lengths}
             if self.gpu_attention:  # FlexGen: the micro-batch's KV gathered into one packed device buffer
                 new_off = torch.cumsum(lengths, 0) - lengths
-                mb["src"] = torch.cat([torch.arange(o, o + p) for o, p in zip(off.tolist(), pos.tolist(), strict=True)])
+                if isinstance(off, PagedLayout):
+                    mb["src"] = off.row_slots(pos.tolist())
+                else:
+                    mb["src"] = torch.cat([torch.arange(o, o + p) for o, p in zip(off.tolist(), pos.tolist(),
+                                                                                 strict=True)])
                 mb["dst"] = torch.cat([torch.arange(o, o + p) for o, p in zip(new_off.tolist(), pos.tolist(),
                                                                              strict=True)])
                 mb["kv_len"], mb["max_len"] = int(lengths.sum()), int(lengths.max())

@@ -42,10 +42,14 @@ from moelight.runtime.executor import Executor, MicroBatch
 from moelight.runtime.forward import attention_extras
 from moelight.runtime.kv_cache import RaggedKVCache
 from moelight.runtime.latent_kv_cache import LatentKVCache
+from moelight.runtime.paged_layout import PagedLayout
 
 
 class PipelineExecutor(Executor):
-    """CGOPipe runtime (and the comparison schedules) over a Device."""
+    """CGOPipe runtime (and the comparison schedules) over a Device. Reads block tables (prefix
+    sharing): CPU attention through the paged kernels, GPU attention over the prefixes uploaded."""
+
+    supports_paged = True
 
     def __init__(
         self,
@@ -192,7 +196,7 @@ class PipelineExecutor(Executor):
     @torch.inference_mode()
     def prefill(
         self, cache: RaggedKVCache | LatentKVCache, tokens: torch.Tensor, seq_lens: torch.Tensor,
-        offsets: torch.Tensor, rows: torch.Tensor | None = None,
+        offsets: torch.Tensor | PagedLayout, rows: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """All layers on the device; each layer's K/V go to the CPU cache. -> logits [B, vocab] of each
         prompt's last token, or of the packed positions `rows` (prompt logprobs: the LM head's output

@@ -68,3 +68,8 @@ class PagedLayout:
     def cached(self, rows: int) -> torch.Tensor:
         """Positions already in the cache per row (zeros when none are)."""
         return self.starts if self.starts is not None else torch.zeros(rows, dtype=torch.int64)
+
+    def row_slots(self, counts: list[int]) -> torch.Tensor:
+        """Cache slots of positions [0, counts[b]) of every row b, row after row (a prefix to read)."""
+        return torch.cat([self.slots(torch.arange(n), torch.full((n,), b)) for b, n in enumerate(counts)]
+                         + [torch.zeros(0, dtype=torch.int64)])

@@ -1,0 +1,68 @@
+"""Prefix sharing through the CGOPipe runtime on the emulated device, every schedule: CPU attention
+through the block tables, GPU prefill attention over the prefixes uploaded from the CPU cache,
+FlexGen's KV gathered through them; the same tokens, logprobs and prompt logprobs as the plain
+engine without sharing, with shared prefixes computed once."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from moelight.engine.generation import Engine, GenerationStats
+from moelight.loading.weights import build_model
+from moelight.models.config import ModelConfig
+from moelight.pipeline.pipeline_executor import PipelineExecutor
+from moelight.pipeline.schedule import SCHEDULES
+from moelight.sampling.params import SamplingParams
+from tests.test_prefix_sharing import CFG, _prompts
+
+EXEC_KW = dict(max_prefill_tokens=64, max_prompt_len=80, max_batch=8, max_context=128)
+
+
+def _window_sinks_config() -> ModelConfig:
+    from moelight.loading.presets import preset_config
+
+    cfg = preset_config("bench-gpt-oss")
+    return ModelConfig(**{**cfg.__dict__, "num_layers": 2, "vocab_size": 512, "hidden_size": 64,
+                          "intermediate_size": 64, "num_experts": 4, "top_k": 2, "sliding_window": 8,
+                          "max_position_embeddings": 512})
+
+
+def _generate(model, prompts, params, executor=None, share=True):
+    stats = GenerationStats()
+    engine = Engine(model, (2,), 64, executor=executor, prefix_sharing=share)
+    out = engine.generate(prompts, params, list(range(len(prompts))), 6, 2, stats=stats)
+    return out, stats
+
+
+def _assert_same(got, ref, what):
+    for a, b in zip(ref, got, strict=True):
+        assert a.token_ids == b.token_ids, what
+        for x, y in zip(a.logprobs, b.logprobs, strict=True):
+            assert x.keys() == y.keys() and all(abs(x[t].logprob - y[t].logprob) < 1e-4 for t in x), what
+        for x, y in zip(a.prompt_logprobs or [], b.prompt_logprobs or [], strict=True):
+            assert (x is None and y is None) or all(abs(x[t].logprob - y[t].logprob) < 1e-4 for t in x), what
+
+
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss-window-sinks"])
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_the_pipeline_runtime_shares_prefixes_with_the_plain_engines_results(schedule, family):
+    cfg = CFG if family == "mixtral" else _window_sinks_config()
+    # weights scaled up from the default initialisation so the logits have structure
+    model = build_model(cfg, torch.float32, None, seed=3)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith(("proj", "gate_up_proj", "down_proj", "weight")) and p.dim() >= 2:
+                p.mul_(4.0)
+    prompts = _prompts()
+    params = [SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=2,
+                             prompt_logprobs=2 if k == 3 else None) for k in range(len(prompts))]
+    ref, _ = _generate(model, prompts, params, share=False)
+    ex = PipelineExecutor(model, schedule, "emulated", r_w=0.5, **EXEC_KW)
+    try:
+        got, stats = _generate(model, prompts, params, executor=ex)
+    finally:
+        ex.close()
+    _assert_same(got, ref, f"{family} {schedule}")
+    assert stats.prefix_reused_tokens > 0
+    assert stats.prefill_computed_tokens + stats.prefix_reused_tokens == sum(map(len, prompts))
