@@ -1,7 +1,8 @@
 """prompt_logprobs and logprobs through every execution path that produces logits: CGOPipe on the
-emulated device (each schedule), latency mode (the device expert cache) and tensor parallelism give
-transformers' float32 log-softmax, as the plain CPU engine does (tests/test_model_families.py checks
-that one for every family)."""
+emulated device (each schedule), latency mode (the device expert cache) and tensor parallelism (the
+pipeline paths with a shared prefix read through the paged cache) give transformers' float32
+log-softmax, as the plain CPU engine does (tests/test_model_families.py checks that one for every
+family)."""
 
 from __future__ import annotations
 
@@ -16,8 +17,12 @@ from tests.checkpoints import make_hf_model, save_checkpoint  # noqa: E402
 # 8 heads, 4 KV heads: two ranks divide it
 SHAPE = dict(hidden_size=64, num_attention_heads=8, num_key_value_heads=4, intermediate_size=48,
              num_hidden_layers=2, vocab_size=320)
-PROMPTS = [[5, 17, 33, 2, 90, 41, 7], [101, 3, 3, 250, 12], [9, 8, 7, 6, 5, 4, 3, 2, 1, 300, 77]]
-PARAMS = SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=3, prompt_logprobs=3)
+SYSTEM = [(7 * i + 3) % 311 + 3 for i in range(34)]  # two full KV pages shared (prefix sharing where it runs)
+PROMPTS = [[5, 17, 33, 2, 90, 41, 7], SYSTEM + [101, 3, 3, 250, 12], SYSTEM + [9, 8, 7, 6, 5, 4, 3, 2, 1, 300, 77]]
+# the last prompt asks for no prompt logprobs, so it reads the second's pages (a prompt_logprobs request
+# computes every position)
+PARAMS = [SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True, logprobs=3,
+                         prompt_logprobs=3 if k < 2 else None) for k in range(3)]
 PATHS = {
     "cgopipe": dict(device="emulated", hardware="t4", mode="throughput", schedule="cgopipe"),
     "flexgen": dict(device="emulated", hardware="t4", mode="throughput", schedule="flexgen"),
@@ -45,15 +50,19 @@ def test_logprobs_through_every_path_are_transformers_log_softmax(checkpoint, pa
     if path == "latency":
         assert report.cache, "latency mode did not run the expert cache"
     else:
+        assert report.prefix_reused_tokens == 32, report.prefix_reused_tokens  # the second prompt reads the first's
         assert report.runtime.get("schedule") == PATHS[path].get("schedule", "cgopipe"), report.runtime
         assert report.policy.get("tensor_parallel", 1) == PATHS[path].get("gpus", 1)
+    assert [o.prompt_logprobs is not None for o in outs] == [True, True, False]
     for p, out in zip(PROMPTS, outs, strict=True):
         sample = out.outputs[0]
         with torch.no_grad():
             ref = torch.log_softmax(hf(torch.tensor([p + sample.token_ids])).logits[0].float(), -1)
         assert sample.token_ids == ref[len(p) - 1:-1].argmax(-1).tolist(), path  # greedy
-        assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(p)
-        entries = [(out.prompt_logprobs[i], p[i], ref[i - 1]) for i in range(1, len(p))]
+        entries = []
+        if out.prompt_logprobs is not None:
+            assert out.prompt_logprobs[0] is None and len(out.prompt_logprobs) == len(p)
+            entries = [(out.prompt_logprobs[i], p[i], ref[i - 1]) for i in range(1, len(p))]
         entries += [(sample.logprobs[t], sample.token_ids[t], ref[len(p) - 1 + t]) for t in range(4)]
         for entry, token, row in entries:
             assert abs(entry[token].logprob - float(row[token])) < 1e-4, path
