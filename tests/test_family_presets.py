@@ -70,6 +70,23 @@ def test_plan_and_simulate_take_every_family_preset(name, hw):
     assert says(r.output, "schedule cgopipe")
 
 
+@pytest.mark.parametrize("hw", ["t4", "l4"])
+def test_deepseek_v2_lite_plans_and_simulates_on_one_gpu(hw):
+    r = CliRunner().invoke(app, ["plan", "--model", "deepseek-v2-lite", "--hardware", hw, "--gen-len", "64"])
+    assert r.exit_code == 0, r.output
+    assert says(r.output, f"model deepseek-v2-lite on {hw}")
+    r = CliRunner().invoke(app, ["simulate", "--model", "deepseek-v2-lite", "--hardware", hw, "--gen-len", "32"])
+    assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize("hw", ["s6", "s9"])
+def test_deepseek_v3_on_the_multi_gpu_presets_says_what_does_not_fit(hw):
+    """671 B parameters do not fit a 416 GB host: the plan says so, with the sizes."""
+    r = CliRunner().invoke(app, ["plan", "--model", "deepseek-v3", "--hardware", hw, "--gen-len", "64"])
+    assert r.exit_code != 0
+    assert says(r.output, "no policy fits deepseek-v3") and says(r.output, "CPU memory short")
+
+
 def test_sliding_window_layers_read_their_window_by_hand():
     """GPT-OSS-like: half the layers attend to 128 keys; decode attention at 1000 tokens reads
     (1000 + 128) / 2 keys per layer on average; below the window, all of them."""
@@ -96,7 +113,7 @@ def test_a_real_shape_preset_that_does_not_fit_says_so_before_loading(tmp_path, 
                                  "--output", str(tmp_path / "o.jsonl"), "--hardware", "cpu-server", "--device", "cpu",
                                  "--gpus", "0"])
     assert r.exit_code == 2, r.output
-    assert says(r.output, "does not fit") and not (tmp_path / "o.jsonl").exists()
+    assert says(r.output, "no policy fits deepseek-v3") and says(r.output, "CPU memory short") and not (tmp_path / "o.jsonl").exists()
 
 
 def test_engine_builds_each_family_preset_on_the_meta_device():

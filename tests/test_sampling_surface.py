@@ -129,6 +129,18 @@ def test_every_constrained_output_parses_and_validates_on_random_weights(llm, te
         assert _valid(json.loads(o.outputs[0].text)), o.outputs[0].text
 
 
+def test_a_string_of_bounded_length_admits_no_control_character(llm):
+    """JSON strings carry control characters escaped only (RFC 8259): inside "name" (maxLength 6) the
+    mask leaves no raw byte below 0x20, and leaves the printable ones."""
+    c = llm.session.sampling.grammars.constraint(StructuredOutputsParams(json=SCHEMA))
+    for t in llm.tokenizer.encode('{"n": 5, "name": "a', add_bos=False):  # the schema's keys, sorted
+        assert c.accept(t)
+    row = torch.zeros(llm.config.vocab_size)
+    c.mask(row)
+    byte = llm.tokenizer.encode("\x01\t\x1fb", add_bos=False)
+    assert [bool(torch.isinf(row[i])) for i in byte] == [True, True, True, False]
+
+
 def test_choice_regex_and_grammar(llm):
     def one(**kw):
         return llm.generate(["pick"], SamplingParams(max_tokens=20, temperature=1.0, seed=5,

@@ -65,6 +65,19 @@ def _vocab_type(spec: dict) -> tuple[str, bool]:
     return "RAW", False
 
 
+# xgrammar 0.2.8 spells a length-bounded JSON string's characters as [^"\\\r\n], which admits raw
+# control characters that JSON forbids (RFC 8259 section 7) and its unbounded strings exclude
+_BOUNDED_STRING_CHAR = r'[^\"\\\r\n]'
+_JSON_STRING_CHAR = r'[^\0-\x1f\"\\\r\n]'
+
+
+def json_schema_grammar(schema: str) -> str:
+    """The schema's grammar as EBNF, every string character a JSON string character (compact whitespace:
+    an object ends sooner)."""
+    text = str(_xgr().Grammar.from_json_schema(schema, any_whitespace=False))
+    return text.replace(_BOUNDED_STRING_CHAR, _JSON_STRING_CHAR)
+
+
 class GrammarCache:
     """Compiled grammars of one tokenizer, each distinct constraint compiled once."""
 
@@ -79,7 +92,7 @@ class GrammarCache:
         schema, regex, choice, grammar, json_object = key
         try:
             if schema is not None:
-                return self.compiler.compile_json_schema(schema, any_whitespace=False)  # compact: ends sooner
+                return self.compiler.compile_grammar(json_schema_grammar(schema))
             if json_object:
                 return self.compiler.compile_builtin_json_grammar()
             if regex is not None:
