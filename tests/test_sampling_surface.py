@@ -12,6 +12,7 @@ from moelight import LLM, SamplingParams
 from moelight.sampling.logits_processors import RowState, apply_processors, bad_word_ids
 from moelight.sampling.params import StructuredOutputsParams
 from moelight.sampling.sampler import _min_p
+from moelight.tokenization.tokenizer import ByteTokenizer
 
 
 @pytest.fixture(scope="module")
@@ -139,6 +140,8 @@ def test_a_string_of_bounded_length_admits_no_control_character(llm):
     c.mask(row)
     byte = llm.tokenizer.encode("\x01\t\x1fb", add_bos=False)
     assert [bool(torch.isinf(row[i])) for i in byte] == [True, True, True, False]
+    lead = ByteTokenizer.OFFSET + 0xED  # a surrogate's UTF-8: 0xED 0xA0 0x80 (no character)
+    assert c.accept(lead) and not c.accept(ByteTokenizer.OFFSET + 0xA0)
 
 
 def test_choice_regex_and_grammar(llm):

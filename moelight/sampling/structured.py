@@ -66,9 +66,11 @@ def _vocab_type(spec: dict) -> tuple[str, bool]:
 
 
 # xgrammar 0.2.8 spells a length-bounded JSON string's characters as [^"\\\r\n], which admits raw
-# control characters that JSON forbids (RFC 8259 section 7) and its unbounded strings exclude
+# control characters that JSON forbids (RFC 8259 section 7) and its unbounded strings exclude; the
+# UTF-8 encodings of surrogates (not characters) go too. (Byte sequences above U+10FFFF still pass
+# its byte-level matcher: a byte-level vocabulary on random weights can draw them.)
 _BOUNDED_STRING_CHAR = r'[^\"\\\r\n]'
-_JSON_STRING_CHAR = r'[^\0-\x1f\"\\\r\n]'
+_JSON_STRING_CHAR = r'[^\0-\x1f\"\\\r\n\ud800-\udfff]'
 
 
 def json_schema_grammar(schema: str) -> str:
