@@ -1,8 +1,7 @@
 """prompt_logprobs and logprobs through every execution path that produces logits: CGOPipe on the
-emulated device (each schedule), latency mode (the device expert cache) and tensor parallelism (the
-pipeline paths with a shared prefix read through the paged cache) give transformers' float32
-log-softmax, as the plain CPU engine does (tests/test_model_families.py checks that one for every
-family)."""
+emulated device (each schedule), latency mode (the device expert cache) and tensor parallelism, with
+a shared prefix read through the paged cache, give transformers' float32 log-softmax, as the plain
+CPU engine does (tests/test_model_families.py checks that one for every family)."""
 
 from __future__ import annotations
 
@@ -47,10 +46,10 @@ def test_logprobs_through_every_path_are_transformers_log_softmax(checkpoint, pa
         report = llm.last_report
     finally:
         llm.close()
+    assert report.prefix_reused_tokens == 32, report.prefix_reused_tokens  # the last prompt reads the second's
     if path == "latency":
         assert report.cache, "latency mode did not run the expert cache"
     else:
-        assert report.prefix_reused_tokens == 32, report.prefix_reused_tokens  # the second prompt reads the first's
         assert report.runtime.get("schedule") == PATHS[path].get("schedule", "cgopipe"), report.runtime
         assert report.policy.get("tensor_parallel", 1) == PATHS[path].get("gpus", 1)
     assert [o.prompt_logprobs is not None for o in outs] == [True, True, False]

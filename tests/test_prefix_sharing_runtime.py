@@ -1,7 +1,8 @@
-"""Prefix sharing through the CGOPipe runtime on the emulated device, every schedule: CPU attention
-through the block tables, GPU prefill attention over the prefixes uploaded from the CPU cache,
-FlexGen's KV gathered through them; the same tokens, logprobs and prompt logprobs as the plain
-engine without sharing, with shared prefixes computed once."""
+"""Prefix sharing through the device runtimes on the emulated device. CGOPipe, every schedule: CPU
+attention through the block tables, GPU prefill attention over the prefixes uploaded from the CPU
+cache, FlexGen's KV gathered through them. Latency mode: attention over the device's KV pages
+through the block tables, each sample's expert record under its own key. The same tokens, logprobs
+and prompt logprobs as the plain engine without sharing, with shared prefixes computed once."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ import pytest
 import torch
 
 from moelight.engine.generation import Engine, GenerationStats
+from moelight.expert_cache.cache_executor import ExpertCacheExecutor
+from moelight.expert_cache.policy_registry import make_policy
 from moelight.loading.weights import build_model
 from moelight.models.config import ModelConfig
 from moelight.pipeline.pipeline_executor import PipelineExecutor
@@ -17,6 +20,16 @@ from moelight.sampling.params import SamplingParams
 from tests.test_prefix_sharing import CFG, _prompts
 
 EXEC_KW = dict(max_prefill_tokens=64, max_prompt_len=80, max_batch=8, max_context=128)
+
+
+def _structured_model(cfg: ModelConfig):
+    """Weights scaled up from the default initialisation so the logits have structure."""
+    model = build_model(cfg, torch.float32, None, seed=3)
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            if p.dim() >= 2:
+                p.mul_(4.0)
+    return model
 
 
 def _window_sinks_config() -> ModelConfig:
@@ -47,13 +60,7 @@ def _assert_same(got, ref, what):
 @pytest.mark.parametrize("family", ["mixtral", "gpt_oss-window-sinks"])
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_the_pipeline_runtime_shares_prefixes_with_the_plain_engines_results(schedule, family):
-    cfg = CFG if family == "mixtral" else _window_sinks_config()
-    # weights scaled up from the default initialisation so the logits have structure
-    model = build_model(cfg, torch.float32, None, seed=3)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith(("proj", "gate_up_proj", "down_proj", "weight")) and p.dim() >= 2:
-                p.mul_(4.0)
+    model = _structured_model(CFG if family == "mixtral" else _window_sinks_config())
     prompts = _prompts()
     params = [SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=2,
                              prompt_logprobs=2 if k == 3 else None) for k in range(len(prompts))]
@@ -66,3 +73,22 @@ def test_the_pipeline_runtime_shares_prefixes_with_the_plain_engines_results(sch
     _assert_same(got, ref, f"{family} {schedule}")
     assert stats.prefix_reused_tokens > 0
     assert stats.prefill_computed_tokens + stats.prefix_reused_tokens == sum(map(len, prompts))
+
+
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss-window-sinks"])
+@pytest.mark.parametrize("policy", ["lru", "combined"])
+def test_latency_mode_shares_prefixes_with_the_plain_engines_results(policy, family):
+    cfg = CFG if family == "mixtral" else _window_sinks_config()
+    model = _structured_model(cfg)
+    prompts = _prompts()
+    params = [SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=2,
+                             prompt_logprobs=2 if k == 3 else None) for k in range(len(prompts))]
+    ref, _ = _generate(model, prompts, params, share=False)
+    ex = ExpertCacheExecutor(model, 2 * cfg.num_layers, make_policy(policy, cfg.num_layers, cfg.num_experts),
+                             "emulated", prefetch_per_layer=1, device_memory=256 << 20)
+    try:
+        got, stats = _generate(model, prompts, params, executor=ex)
+    finally:
+        ex.close()
+    _assert_same(got, ref, f"{family} latency {policy}")
+    assert stats.prefix_reused_tokens > 0

@@ -79,8 +79,8 @@ def run(
                        help="refill freed KV slots with waiting requests (default), or run static batches of N"),
     enable_prefix_caching: bool = Opt(True, "--enable-prefix-caching/--no-enable-prefix-caching",
                                       help="compute a prefix shared by requests (a system prompt, few-shot examples, "
-                                      "the n samples of a prompt) once and share its KV pages (default on; the "
-                                      "CPU executor and CGOPipe, not latency mode or MLA models)"),
+                                      "the n samples of a prompt) once and share its KV pages (default on; "
+                                      "not for DeepSeek's latent cache)"),
 ) -> None:
     """Generate for every request of a dataset; stream results to --output; print a report."""
     from moelight.jobs.dataset_job import run_job

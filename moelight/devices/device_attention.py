@@ -20,19 +20,25 @@ def batched_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
                              lengths: torch.Tensor, max_len: int, scale: float, window: int | None = None,
                              sinks: torch.Tensor | None = None) -> torch.Tensor:
     """q [B, Hq, d] over the ragged cache: keys [Hkv, T, d], values [Hkv, T, dv] (MLA's latent: the
-    keys' first dv columns; offsets / lengths [B] on q's device, max_len >= every length, a host
-    int) -> [B, Hq, dv] in q's dtype."""
+    keys' first dv columns; offsets / lengths [B] on q's device, or a paged cache's slot table
+    [B, >= max_len] for offsets; max_len >= every length, a host int) -> [B, Hq, dv] in q's dtype."""
     B, Hq, d = q.shape
     dv = v_cache.shape[-1]
     Hkv = k_cache.shape[0]
     g = Hq // Hkv
+    skip = None
     if window is not None:
         skip = (lengths - window).clamp(min=0)
-        offsets, lengths = offsets + skip, lengths - skip
+        lengths = lengths - skip
         max_len = min(max_len, window)
     span = torch.arange(max_len, device=q.device)
     valid = span[None, :] < lengths[:, None]  # [B, M]
-    idx = torch.where(valid, offsets[:, None] + span[None, :], 0).reshape(-1)
+    at = span[None, :] if skip is None else skip[:, None] + span[None, :]  # positions read
+    if offsets.dim() == 2:  # a paged cache's slot table [B, >= every length]
+        slots = offsets.gather(1, at.clamp(max=offsets.shape[1] - 1).expand(B, max_len))
+    else:
+        slots = offsets[:, None] + at
+    idx = torch.where(valid, slots, 0).reshape(-1)
     k = k_cache.index_select(1, idx).view(Hkv, B, max_len, d).float()
     v = v_cache.index_select(1, idx).view(Hkv, B, max_len, dv).float()
     qh = q.float().view(B, Hkv, g, d).transpose(0, 1)  # [Hkv, B, g, d]

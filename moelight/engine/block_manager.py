@@ -186,7 +186,7 @@ class BlockManager:
             pages = self.seqs[j].pages
             table[r, : len(pages)] = torch.tensor(pages, dtype=torch.int64)
         starts = torch.tensor([self.seqs[j].cached for j in rows], dtype=torch.int64) if with_starts else None
-        return PagedLayout(table, self.page_size, starts)
+        return PagedLayout(table, self.page_size, starts, torch.tensor(rows, dtype=torch.int64))
 
     # ---- decode ----
     def copy_on_write(self, writes: dict[int, int]) -> list[tuple[int, int]]:
@@ -211,7 +211,7 @@ class BlockManager:
 
     def release(self, j: int) -> int:
         """Sequence j finished: its pages lose a holder; named ones stay findable until evicted.
-        Returns its first page's first slot (the id executors know it by)."""
+        Returns j, the id executors know it by (the layout's `keys`: twins share their first page)."""
         s = self.seqs.pop(j)
         for page in s.pages + ([s.cow_page] if s.cow_page is not None else []):
             self.refs[page] -= 1
@@ -224,4 +224,4 @@ class BlockManager:
                     del self.by_hash[self.page_hash.pop(page)]
                     del self.pending[page]
                 self.pool.give(page, 1)
-        return s.pages[0] * self.page_size
+        return j

@@ -222,7 +222,7 @@ class _Run:
     def _decode_step(self, batches: list[list[int]]) -> None:
         copies = self.kv.copy_on_write({j: self.seqs[j].position for mb in batches for j in mb})
         if copies:
-            self.cache.copy_pages(copies, self.kv.page_size)
+            self.executor.copy_pages(self.cache, copies, self.kv.page_size)
         inputs = []
         for mb in batches:
             tokens = torch.tensor([self.seqs[j].out[-1] for j in mb], dtype=torch.int64)

@@ -100,8 +100,8 @@ class Scheduler:
         return [list(mb) for mb in self.micro_batches if mb]
 
     def finish(self, j: int) -> int:
-        """Sequence j ended: it leaves its micro-batch and its room is free; returns its KV offset (paged:
-        its first page's first slot)."""
+        """Sequence j ended: it leaves its micro-batch and its room is free; returns the id executors know
+        it by (ragged: its KV offset; paged: j)."""
         for mb in self.micro_batches:
             if j in mb:
                 mb.remove(j)

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from cpu_kernels.paged_reference import paged_attention_torch
 from moelight.devices.compute_counter import DecodeCounts
 from moelight.devices.device_attention import batched_decode_attention, device_prefill_attention
 from moelight.devices.device_base import Device, nbytes_of
@@ -33,9 +34,10 @@ from moelight.expert_cache.cache_state import CacheStats, ExpertCache, Fetch
 from moelight.expert_cache.copy_worker import CopyWorker
 from moelight.models.causal_lm import MoECausalLM
 from moelight.runtime.executor import Executor, MicroBatch
-from moelight.runtime.forward import attention_extras
+from moelight.runtime.forward import attention_extras, decode_slots
 from moelight.runtime.kv_cache import RaggedKVCache
 from moelight.runtime.latent_kv_cache import LatentKVCache
+from moelight.runtime.paged_layout import PagedLayout
 
 
 def expert_bytes(model: MoECausalLM) -> int:
@@ -61,6 +63,11 @@ def non_expert_bytes(model: MoECausalLM) -> int:
 
 
 class ExpertCacheExecutor(Executor):
+    """Latency mode's runtime: the KV cache and a cache of experts on the device. Reads block tables
+    (prefix sharing) through its own copy of the engine's KV pages."""
+
+    supports_paged = True
+
     def __init__(self, model: MoECausalLM, slots: int, policy: CachePolicy, device: str | Device = "emulated",
                  prefetch_per_layer: int = 0, device_memory: int | None = None, cpu_max_tokens: int = 0,
                  max_tokens: int = 4096, pin_experts: bool = True, **device_kwargs) -> None:
@@ -187,8 +194,17 @@ class ExpertCacheExecutor(Executor):
         return out
 
     def release_sequence(self, seq: int) -> None:
-        """The engine finished the sequence at this KV offset: its activation record goes."""
+        """The engine finished the sequence it knows by `seq` (its KV offset, or its key when paged): its
+        activation record goes."""
         self.cache.release(seq)
+
+    def copy_pages(self, cache, copies: list[tuple[int, int]], page_size: int) -> None:
+        """Copy-on-write in the engine's cache and in the device's copy of it (the one attention reads)."""
+        cache.copy_pages(copies, page_size)
+        kv = self._kv_of(cache)
+        if kv.k[0].data_ptr() != cache.k[0].data_ptr():  # CUDA: a copy of its own (emulated: the same tensors)
+            with self.device.compute():
+                kv.copy_pages(copies, page_size)
 
     # ---- KV cache on the device ----
     def _kv_of(self, cache: RaggedKVCache | LatentKVCache) -> RaggedKVCache | LatentKVCache:
@@ -217,15 +233,26 @@ class ExpertCacheExecutor(Executor):
     # ---- passes ----
     @torch.inference_mode()
     def prefill(self, cache: RaggedKVCache | LatentKVCache, tokens: torch.Tensor, seq_lens: torch.Tensor,
-                offsets: torch.Tensor, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """Logits of each prompt's last token, or of the packed positions `rows` (prompt logprobs)."""
+                offsets: torch.Tensor | PagedLayout, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """Logits of each prompt's last token, or of the packed positions `rows` (prompt logprobs). Paged
+        (prefix sharing): the tokens follow each row's cached positions, and attention reads the
+        device's cache through the block tables."""
         m, L = self.model, self.cfg.num_layers
         self._prefill = True
         kv = self._kv_of(cache)
         cu = torch.zeros(len(seq_lens) + 1, dtype=torch.int64)
         torch.cumsum(seq_lens, 0, out=cu[1:])
         positions = torch.arange(int(cu[-1]), dtype=torch.int64) - torch.repeat_interleave(cu[:-1], seq_lens)
-        seqs = [int(o) for o in offsets]
+        paged = isinstance(offsets, PagedLayout)
+        if paged:
+            cached = offsets.cached(len(seq_lens))
+            positions += torch.repeat_interleave(cached, seq_lens)
+            slots = offsets.slots(positions, torch.repeat_interleave(torch.arange(len(seq_lens)), seq_lens))
+            seqs = offsets.keys.tolist()
+            paged = bool((cached > 0).any())  # attention reads the cache only where a prefix is there
+        else:
+            slots = torch.repeat_interleave(offsets, seq_lens) + positions
+            seqs = [int(o) for o in offsets]
         for s in seqs:
             self.cache.policy.begin(s)
         every = [(s, slice(int(a), int(b))) for s, a, b in zip(seqs, cu[:-1], cu[1:], strict=True)]
@@ -234,16 +261,20 @@ class ExpertCacheExecutor(Executor):
         only_last = [(s, slice(a, a + n)) for s, a, n in zip(seqs, (torch.cumsum(picked, 0) - picked).tolist(),
                                                              picked.tolist(), strict=True)]
         cos, sin = m.rotary(positions, m.embed_tokens.weight.dtype)
-        slots = torch.repeat_interleave(offsets, seq_lens) + positions
         with self.device.compute():
             slots, last = self._upload(slots), self._upload(last)
+            table = self._upload(offsets.tables) if paged else None
             x = m.embed_tokens(self._upload(tokens))
             cos, sin = self._upload(cos), self._upload(sin)
             for j, layer in enumerate(m.layers):
                 q, entry = layer.attention_inputs(x, cos, sin)
                 kv.write(j, *entry, slots)
-                k, v = layer.prefill_kv(*entry)
-                a = device_prefill_attention(q, k, v, cu, self.scale, **attention_extras(m, j)).flatten(1)
+                if paged:  # a K/V cache (prefix sharing is off for latent caches)
+                    a = paged_attention_torch(q, *kv.key_value(j), table, cached, cu, offsets.page_size, self.scale,
+                                              **attention_extras(m, j))
+                else:
+                    a = device_prefill_attention(q, *layer.prefill_kv(*entry), cu, self.scale, **attention_extras(m, j))
+                a = a.flatten(1)
                 routed = every
                 if j == L - 1:  # only the last token of each prompt (or the asked rows) feeds the LM head
                     x, a, routed = x.index_select(0, last), a.index_select(0, last), only_last
@@ -256,8 +287,16 @@ class ExpertCacheExecutor(Executor):
         self._prefill = False
         kv = self._kv_of(cache)
         outs = []
-        host = [(tok, off, off + pos, pos + 1, int(pos.max()) + 1, *m.rotary(pos, m.embed_tokens.weight.dtype),
-                 [(int(s), slice(i, i + 1)) for i, s in enumerate(off)]) for tok, off, pos in micro_batches]
+        host = []
+        for tok, off, pos in micro_batches:
+            longest = int(pos.max()) + 1
+            if isinstance(off, PagedLayout):  # attention gathers through each row's slots
+                keys, where = off.keys.tolist(), off.slot_table((pos + 1).tolist(), longest)
+            else:
+                keys, where = off.tolist(), off
+            host.append((tok, where, decode_slots(off, pos), pos + 1, longest,
+                         *m.rotary(pos, m.embed_tokens.weight.dtype),
+                         [(s, slice(i, i + 1)) for i, s in enumerate(keys)]))
         with self.counts.step(self.cfg.num_layers * len(micro_batches)), self.device.compute():
             # the host data is prepared above: reading it is no sync
             for tok, off, slots, lengths, longest, cos, sin, rows in host:

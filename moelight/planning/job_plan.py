@@ -68,9 +68,8 @@ def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
         except ValueError as e:
             raise PlanError(f"--gpus {opts.gpus}: {e}") from None
     mspec = model_from_hf_config(cfg.to_hf_dict(), name=opts.model)
-    # prefix sharing runs where the executor reads block tables (the plain CPU one, CGOPipe; not latency
-    # mode's expert cache) over K and V (not MLA's latent)
-    sharing = opts.enable_prefix_caching and opts.mode != "latency" and cfg.mla is None
+    # prefix sharing runs on every executor over K and V caches (not MLA's latent)
+    sharing = opts.enable_prefix_caching and cfg.mla is None
     workload = workload_of(prompts, params, opts.max_prefill_tokens, sharing)
     t0 = time.perf_counter()
     if solved is not None:

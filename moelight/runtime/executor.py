@@ -37,6 +37,10 @@ class Executor(ABC):
     def decode(self, cache: RaggedKVCache, micro_batches: list[MicroBatch]) -> list[torch.Tensor]:
         """One token per sequence of every micro-batch -> logits [B_i, vocab] per micro-batch."""
 
+    def copy_pages(self, cache: RaggedKVCache, copies: list[tuple[int, int]], page_size: int) -> None:
+        """Copy-on-write of paged KV (source, destination pages) wherever this executor keeps the cache."""
+        cache.copy_pages(copies, page_size)
+
     def release_sequence(self, offset: int) -> None:  # noqa: B027 - most executors keep nothing per sequence
         """The sequence at KV offset `offset` finished; forget what was kept for it."""
 

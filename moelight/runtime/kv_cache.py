@@ -59,8 +59,9 @@ class RaggedKVCache:
     def copy_pages(self, copies: list[tuple[int, int]], page_size: int) -> None:
         """Copy whole pages (source, destination) of every layer: a paged sequence's own copy of a page
         it shared (copy-on-write, engine/block_manager.py)."""
-        src = torch.cat([torch.arange(a * page_size, (a + 1) * page_size) for a, _ in copies])
-        dst = torch.cat([torch.arange(b * page_size, (b + 1) * page_size) for _, b in copies])
+        dev = self.k[0].device  # a device's copy of the cache (latency mode) copies there
+        src = torch.cat([torch.arange(a * page_size, (a + 1) * page_size, device=dev) for a, _ in copies])
+        dst = torch.cat([torch.arange(b * page_size, (b + 1) * page_size, device=dev) for _, b in copies])
         for t in (*self.k, *self.v):
             t.index_copy_(1, dst, t.index_select(1, src))
 

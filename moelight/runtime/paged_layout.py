@@ -59,6 +59,7 @@ class PagedLayout:
     tables: torch.Tensor  # int64 [B, pages]
     page_size: int
     starts: torch.Tensor | None = None  # prefill: positions of each row already in the cache (int64 [B])
+    keys: torch.Tensor | None = None  # the rows' sequences: the id an executor keeps per-sequence state under
 
     def slots(self, positions: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """Cache slots of `positions` [N] of block-table rows `rows` [N]."""
@@ -73,3 +74,10 @@ class PagedLayout:
         """Cache slots of positions [0, counts[b]) of every row b, row after row (a prefix to read)."""
         return torch.cat([self.slots(torch.arange(n), torch.full((n,), b)) for b, n in enumerate(counts)]
                          + [torch.zeros(0, dtype=torch.int64)])
+
+    def slot_table(self, lengths: list[int], width: int) -> torch.Tensor:
+        """int64 [B, width]: row b's slots of positions [0, lengths[b]), zeros after (attention's gather)."""
+        table = torch.zeros(len(lengths), width, dtype=torch.int64)
+        for b, n in enumerate(lengths):
+            table[b, :n] = self.slots(torch.arange(n), torch.full((n,), b))
+        return table
