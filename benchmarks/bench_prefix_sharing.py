@@ -27,6 +27,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from markdown_report import emit  # noqa: E402
 
 from cpu_kernels import kernel_backend  # noqa: E402
 from moelight import LLM, SamplingParams  # noqa: E402
@@ -109,11 +112,7 @@ def main() -> None:
         if r[1] == "on / off":
             cells[5] = f"{r[5]:.2f}x"
         lines.append("| " + " | ".join(cells) + " |")
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(text)
+    emit(lines, args.output)
 
 
 if __name__ == "__main__":

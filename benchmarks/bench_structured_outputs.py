@@ -23,6 +23,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from markdown_report import emit  # noqa: E402
 
 from cpu_kernels import kernel_backend  # noqa: E402
 from moelight import LLM, SamplingParams  # noqa: E402
@@ -120,11 +123,7 @@ def main() -> None:
               f"Constrained outputs whose JSON closed within {args.gen_len} tokens: {finished} of "
               f"{args.batch * args.repeat}, of which {checked} parse and satisfy the schema (checked by hand); the "
               "rest stopped at max_tokens inside the object."]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.output:
-        args.output.parent.mkdir(parents=True, exist_ok=True)
-        args.output.write_text(text)
+    emit(lines, args.output)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""What the DeepSeek benchmarks share: the commit they ran at, and a Markdown report printed and saved."""
+"""What benchmarks share: the commit they ran at, and a Markdown report printed and saved."""
 
 from __future__ import annotations
 
@@ -18,4 +18,5 @@ def emit(lines: list[str], output: Path | None) -> None:
     text = "\n".join(lines) + "\n"
     print(text)
     if output:
+        output.parent.mkdir(parents=True, exist_ok=True)
         output.write_text(text)
