@@ -26,12 +26,13 @@ TRAINED = ROOT / "tests" / "data" / "stdlib-moe"
 # README text -> what runs here (each a whole word or option value)
 SUBSTITUTIONS = [
     ("--num-requests 256", "--num-requests 6"), ("--gen-len 64", "--gen-len 3"), ("--gen-len 256", "--gen-len 3"),
-    ("bench-1b", "tiny"), ("/models/Mixtral-8x7B-v0.1", "tiny"), (" DIR ", f" {TRAINED} "),
+    ("bench-1b", "tiny"), ("/models/Mixtral-8x7B-v0.1", "tiny"), (" DIR ", f" {shlex.quote(str(TRAINED))} "),
     ("--num-cpus 16", "--num-cpus 2"), ("--ray-replicas 2-8", "--ray-replicas 1"),
     ("--ray-cpus-per-replica 8", "--ray-cpus-per-replica 1"),
     ("max_tokens=64", "max_tokens=3"), ("max_tokens=16", "max_tokens=3"), ("replicas=(1, 4)", "replicas=1"),
     ("num_cpus=8", "num_cpus=1"), ("batch_size=512", "batch_size=4"), ("gen_len\": 128", "gen_len\": 3"),
-    (" workloads/examples/prompts.jsonl", f" {ROOT / 'workloads' / 'examples' / 'prompts.jsonl'}"),
+    # quoted: the clone's path may hold spaces
+    (" workloads/examples/prompts.jsonl", f" {shlex.quote(str(ROOT / 'workloads' / 'examples' / 'prompts.jsonl'))}"),
 ]
 SKIPPED = ("pip install", "python -m pytest")  # the install step and this very suite
 
