@@ -57,21 +57,27 @@ def _assert_same(got, ref, what):
             assert (x is None and y is None) or all(abs(x[t].logprob - y[t].logprob) < 1e-4 for t in x), what
 
 
-@pytest.mark.parametrize("family", ["mixtral", "gpt_oss-window-sinks"])
-@pytest.mark.parametrize("schedule", SCHEDULES)
-def test_the_pipeline_runtime_shares_prefixes_with_the_plain_engines_results(schedule, family):
-    model = _structured_model(CFG if family == "mixtral" else _window_sinks_config())
+def _shares_as_the_plain_engine(model, executor, what):
+    """The job through `executor` with sharing against the plain engine without: the same results."""
     prompts = _prompts()
     params = [SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=2,
                              prompt_logprobs=2 if k == 3 else None) for k in range(len(prompts))]
     ref, _ = _generate(model, prompts, params, share=False)
-    ex = PipelineExecutor(model, schedule, "emulated", r_w=0.5, **EXEC_KW)
     try:
-        got, stats = _generate(model, prompts, params, executor=ex)
+        got, stats = _generate(model, prompts, params, executor=executor)
     finally:
-        ex.close()
-    _assert_same(got, ref, f"{family} {schedule}")
+        executor.close()
+    _assert_same(got, ref, what)
     assert stats.prefix_reused_tokens > 0
+    return stats, prompts
+
+
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss-window-sinks"])
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_the_pipeline_runtime_shares_prefixes_with_the_plain_engines_results(schedule, family):
+    model = _structured_model(CFG if family == "mixtral" else _window_sinks_config())
+    ex = PipelineExecutor(model, schedule, "emulated", r_w=0.5, **EXEC_KW)
+    stats, prompts = _shares_as_the_plain_engine(model, ex, f"{family} {schedule}")
     assert stats.prefill_computed_tokens + stats.prefix_reused_tokens == sum(map(len, prompts))
 
 
@@ -80,15 +86,6 @@ def test_the_pipeline_runtime_shares_prefixes_with_the_plain_engines_results(sch
 def test_latency_mode_shares_prefixes_with_the_plain_engines_results(policy, family):
     cfg = CFG if family == "mixtral" else _window_sinks_config()
     model = _structured_model(cfg)
-    prompts = _prompts()
-    params = [SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=2,
-                             prompt_logprobs=2 if k == 3 else None) for k in range(len(prompts))]
-    ref, _ = _generate(model, prompts, params, share=False)
     ex = ExpertCacheExecutor(model, 2 * cfg.num_layers, make_policy(policy, cfg.num_layers, cfg.num_experts),
                              "emulated", prefetch_per_layer=1, device_memory=256 << 20)
-    try:
-        got, stats = _generate(model, prompts, params, executor=ex)
-    finally:
-        ex.close()
-    _assert_same(got, ref, f"{family} latency {policy}")
-    assert stats.prefix_reused_tokens > 0
+    _shares_as_the_plain_engine(model, ex, f"{family} latency {policy}")

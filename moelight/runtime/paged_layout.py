@@ -70,14 +70,15 @@ class PagedLayout:
         """Positions already in the cache per row (zeros when none are)."""
         return self.starts if self.starts is not None else torch.zeros(rows, dtype=torch.int64)
 
+    def slot_table(self, lengths: list[int], width: int) -> torch.Tensor:
+        """int64 [B, width]: row b's slots of positions [0, lengths[b]), zeros after (attention's gather);
+        one gather over the block tables, no loop over rows (decode builds one per step)."""
+        pos = torch.arange(width)
+        pages = (pos // self.page_size).clamp(max=self.tables.shape[1] - 1).expand(len(lengths), width)
+        table = self.tables.gather(1, pages) * self.page_size + pos % self.page_size
+        return table.masked_fill(pos >= torch.tensor(lengths, dtype=torch.int64)[:, None], 0)
+
     def row_slots(self, counts: list[int]) -> torch.Tensor:
         """Cache slots of positions [0, counts[b]) of every row b, row after row (a prefix to read)."""
-        return torch.cat([self.slots(torch.arange(n), torch.full((n,), b)) for b, n in enumerate(counts)]
-                         + [torch.zeros(0, dtype=torch.int64)])
-
-    def slot_table(self, lengths: list[int], width: int) -> torch.Tensor:
-        """int64 [B, width]: row b's slots of positions [0, lengths[b]), zeros after (attention's gather)."""
-        table = torch.zeros(len(lengths), width, dtype=torch.int64)
-        for b, n in enumerate(lengths):
-            table[b, :n] = self.slots(torch.arange(n), torch.full((n,), b))
-        return table
+        table = self.slot_table(counts, max(counts, default=0))
+        return table[torch.arange(table.shape[1]) < torch.tensor(counts, dtype=torch.int64)[:, None]]
