@@ -76,6 +76,7 @@ setup(
     ],
     extras_require={
         "test": ["pytest", "transformers", "matplotlib", "ruff", "import-linter", "xgrammar>=0.2", "lm-eval>=0.4.9",
+                 "compressed-tensors",
                  "accelerate"],
         "plot": ["matplotlib"],
         "ray": ["ray[data]>=2.50"],

@@ -16,6 +16,9 @@ def _mixtral(vocab, hidden, f, layers, experts, top_k, heads, kv, head_dim, max_
 
 # Each preset is the config.json of its model (at the real shape, from the published checkpoints),
 # so the engine (moelight/loading/presets.py, through its family adapters) and the HRM read the same numbers.
+_MXFP4 = {"quant_method": "mxfp4", "modules_to_not_convert": [
+    "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head"]}
+
 PRESET_CONFIGS: dict[str, dict] = {
     "tiny": _mixtral(512, 64, 128, 2, 4, 2, 4, 2, 16, 2048),
     "bench-1b": _mixtral(32000, 1024, 3584, 8, 8, 2, 16, 4, 64, 4096),
@@ -41,6 +44,7 @@ PRESET_CONFIGS: dict[str, dict] = {
                     "num_experts": 64, "num_experts_per_tok": 8, "norm_topk_prob": False, "rope_theta": 10000.0,
                     "rms_norm_eps": 1e-5, "max_position_embeddings": 4096, "eos_token_id": 50279,
                     "pad_token_id": 1},
+    # the GPT-OSS checkpoints ship their experts in MXFP4, so their presets do too (dummy codes, kept packed)
     "gpt-oss-20b": {**(_GPT_OSS := {
         "model_type": "gpt_oss", "vocab_size": 201088, "hidden_size": 2880, "intermediate_size": 2880,
         "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64, "num_experts_per_tok": 4,
@@ -48,8 +52,8 @@ PRESET_CONFIGS: dict[str, dict] = {
         "rope_scaling": {"rope_type": "yarn", "factor": 32.0, "beta_fast": 32.0, "beta_slow": 1.0,
                          "original_max_position_embeddings": 4096, "truncate": False},
         "swiglu_limit": 7.0, "eos_token_id": 200002, "pad_token_id": 199999}),
-        "num_hidden_layers": 24, "num_local_experts": 32},
-    "gpt-oss-120b": {**_GPT_OSS, "num_hidden_layers": 36, "num_local_experts": 128},
+        "num_hidden_layers": 24, "num_local_experts": 32, "quantization_config": _MXFP4},
+    "gpt-oss-120b": {**_GPT_OSS, "num_hidden_layers": 36, "num_local_experts": 128, "quantization_config": _MXFP4},
     # bench-1b's size (8 layers, hidden 1024, ~88 M expert weights a layer) in the other families'
     # expert shapes, for the CPU benchmark: Qwen3-MoE's many small experts, GPT-OSS's few wide ones
     "bench-qwen3-moe": {"model_type": "qwen3_moe", "vocab_size": 32000, "hidden_size": 1024,

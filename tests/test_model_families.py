@@ -237,13 +237,13 @@ def test_unsupported_model_type_lists_the_supported_ones(tmp_path):
         LLM(str(folder))
 
 
-@pytest.mark.parametrize("method", ["gptq", "awq"])
+@pytest.mark.parametrize("method", ["bitsandbytes", "hqq"])  # GPTQ / AWQ / compressed-tensors: test_int_checkpoints
 def test_quantised_checkpoints_say_so_by_name(tmp_path, method):
     from moelight.errors import ConfigError
 
     folder = _folder("qwen3_moe-dense-first-packed", tmp_path)
     _edit(folder, quantization_config={"quant_method": method, "bits": 4})
-    with pytest.raises(ConfigError, match=f"'{method}'-quantised checkpoint"):
+    with pytest.raises(ConfigError, match=f"'{method}'-quantised qwen3_moe checkpoint; moelight reads GPTQ"):
         LLM(str(folder))
 
 

@@ -22,6 +22,7 @@ from dataclasses import replace
 from moelight.engine import executor_factory
 from moelight.engine.generation import Engine
 from moelight.engine.options import EngineOptions
+from moelight.loading.expert_storage import with_expert_format
 from moelight.loading.model_source import load_model
 from moelight.loading.resolved_model import ResolvedModel, resolve
 from moelight.parallel import shard_config
@@ -58,6 +59,7 @@ class EngineSession:
                               f"(this host's --device auto is {self.device})")
         if self.device == "cuda":
             self._fit_dtype_to_gpu()
+        self._choose_expert_format()
         self.group = tensor_parallel
         self.ranks = tensor_parallel.world if tensor_parallel else tensor_parallel_degree(opts, self.device)
         if self.ranks > 1:
@@ -82,6 +84,16 @@ class EngineSession:
             self.source, self.dtype_name = self.resolved.source, self.resolved.dtype_name
         if note and self.log:
             self.log(note)
+
+    def _choose_expert_format(self) -> None:
+        """Hold the routed experts quantized from load on (--quantize, or a quantized checkpoint kept as
+        shipped on the CPU): the memory check and the loader then see the smaller experts."""
+        method, group = self.opts.quantization()
+        cfg = with_expert_format(self.config, self.source.dtype, self.device, method, group)
+        self.resolved = replace(self.resolved, source=replace(self.source, config=cfg))
+        self.source, self.config = self.resolved.source, cfg
+        if cfg.expert_format is not None and self.log:
+            self.log(f"routed experts held as {cfg.expert_format.fmt} ({cfg.expert_format.origin})")
 
     # ---- plan -> memory check -> load -> generate ----
     def plan(self, prompts: list[list[int]], params: list[SamplingParams], turn: int = 1,

@@ -19,9 +19,11 @@ import torch
 from safetensors import safe_open
 
 from moelight.errors import WeightsError
+from moelight.loading.int_checkpoints import dequantized, quantized_modules, read_module
 from moelight.models import family
 from moelight.models.causal_lm import MoECausalLM
 from moelight.models.config import ModelConfig
+from moelight.models.quantized_experts import QuantizedExperts, hold_experts_quantized, quantized_experts_of
 from moelight.models.targets import Target
 
 
@@ -73,8 +75,9 @@ def check_not_truncated(path: Path) -> None:
 
 
 def load_weights(model: MoECausalLM, model_dir: Path) -> None:
-    """Fill `model` (already in its target dtype) from the checkpoint, checking every shape."""
-    params = dict(model.named_parameters())
+    """Fill `model` (already in its target dtype) from the checkpoint, checking every shape. Quantized
+    experts (models/quantized_experts.py) are filled as the parameter they stand for."""
+    params = _fillable(model)
     fill_parameters(model.config, model_dir, {n: p.numel() for n, p in params.items()}, params.__getitem__)
 
 
@@ -91,7 +94,11 @@ def fill_parameters(cfg: ModelConfig, model_dir: Path, numels: dict[str, int],
             check_not_truncated(path)
             f = stack.enter_context(_open(path))
             handles.update({raw: (f, path) for raw in f.keys()})
-        for raw, (f, path) in handles.items():
+        modules = _quantized_modules(cfg, handles, model_dir)  # GPTQ / AWQ / compressed-tensors layers
+        parts = {part for found in modules.values() for part in found.values()}
+        names = [n for n in handles if n not in parts] + list(modules)
+        for raw in names:
+            path = handles[raw][1] if raw in handles else handles[next(iter(modules[raw].values()))][1]
             for t in targets_of(raw, cfg) or ():
                 if t.param not in numels:
                     _unknown(t.param, raw, path, cfg)
@@ -101,8 +108,14 @@ def fill_parameters(cfg: ModelConfig, model_dir: Path, numels: dict[str, int],
                     if t.companion not in handles:
                         raise WeightsError(f"{path}: {raw} needs {t.companion}, which the checkpoint lacks")
                     extra = (_read(*handles[t.companion], t.companion),)
-                filled[t.param] = filled.get(t.param, 0) + _copy(dest(t.param), t, _read(f, path, raw), path,
-                                                                 raw, extra)
+                target = dest(t.param)
+                if raw in modules:  # kept quantized where the experts are held so, else dequantised
+                    piece = read_module(cfg.checkpoint_scheme, {p: _read(*handles[n], n) for p, n in
+                                                                modules[raw].items()})
+                    tensor = piece if isinstance(target, QuantizedExperts) else dequantized(piece)
+                else:
+                    tensor = _read(*handles[raw], raw)
+                filled[t.param] = filled.get(t.param, 0) + _copy(target, t, tensor, path, raw, extra)
                 if on_filled is not None and filled[t.param] == numels[t.param]:
                     on_filled(t.param)
     if cfg.tie_word_embeddings:
@@ -111,6 +124,20 @@ def fill_parameters(cfg: ModelConfig, model_dir: Path, numels: dict[str, int],
     if missing:
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
         raise WeightsError(f"{model_dir}: checkpoint is missing weights for: {shown}")
+
+
+def _quantized_modules(cfg: ModelConfig, handles: dict, model_dir: Path) -> dict[str, dict[str, str]]:
+    if cfg.checkpoint_scheme is None:
+        return {}
+    return quantized_modules(handles, cfg.checkpoint_scheme, str(model_dir))
+
+
+def _fillable(model: MoECausalLM) -> dict:
+    """Parameter name -> what the checkpoint fills: the parameters, with each QuantizedExperts in place
+    of its codes and scales."""
+    quantized = quantized_experts_of(model)
+    params = {n: p for n, p in model.named_parameters() if n.rpartition(".")[0] not in quantized}
+    return params | quantized
 
 
 def _open(path: Path):
@@ -139,7 +166,7 @@ def _copy(param: torch.Tensor, t: Target, tensor: torch.Tensor, path: Path, name
     if t.index and isinstance(t.index[0], int) and t.index[0] >= param.shape[0]:
         raise WeightsError(f"{path}: {name} but config.json has num_local_experts={param.shape[0]} "
                            "(the number of experts)")
-    target = param[t.index] if t.index else param
+    target = param[t.index]  # index (): all of it (a QuantizedExperts gives a view that quantizes on copy)
     if t.transform is not None:
         try:
             tensor = t.transform(tensor, *extra)
@@ -151,15 +178,21 @@ def _copy(param: torch.Tensor, t: Target, tensor: torch.Tensor, path: Path, name
             f"{path}: tensor {name} has shape {tuple(tensor.shape)}, config.json implies {tuple(target.shape)}"
         )
     with torch.no_grad():
-        target.copy_(tensor)
+        try:
+            target.copy_(tensor)
+        except ValueError as e:  # a quantized piece in another format than the experts are held in
+            raise WeightsError(f"{path}: tensor {name}: {e}") from None
     return target.numel()
 
 
 def init_dummy_weights(model: MoECausalLM, seed: int = 0) -> None:
     """Random weights with the scale of a trained model, for benchmarking without files."""
     gen = torch.Generator().manual_seed(seed)
-    for name, p in model.named_parameters():
-        dummy_fill(name, p, gen)
+    for name, p in _fillable(model).items():
+        if isinstance(p, torch.Tensor):
+            dummy_fill(name, p, gen)
+        else:
+            p.fill_dummy(gen)
 
 
 @torch.no_grad()
@@ -176,12 +209,15 @@ def dummy_fill(name: str, t: torch.Tensor, gen: torch.Generator) -> None:
 
 
 def empty_model(cfg: ModelConfig, dtype: torch.dtype) -> MoECausalLM:
-    """The model's parameters allocated in `dtype` on the CPU, uninitialised (no init pass)."""
+    """The model's parameters allocated in `dtype` on the CPU, uninitialised (no init pass); routed
+    experts in `cfg.expert_format` when it has one."""
     previous = torch.get_default_dtype()
     torch.set_default_dtype(dtype)
     try:
         with torch.device("meta"):
             model = MoECausalLM(cfg)
+            if cfg.expert_format is not None:
+                hold_experts_quantized(model, cfg.expert_format)
     finally:
         torch.set_default_dtype(previous)
     return model.to_empty(device="cpu")

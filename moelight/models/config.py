@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 from moelight.errors import ConfigError
+from moelight.models.expert_format import ExpertFormat, IntScheme
 from moelight.models.grouped_routing import GroupRouting
 from moelight.models.mla_config import LatentAttention
 
@@ -52,6 +53,9 @@ class ModelConfig:
     group_routing: GroupRouting | None = None  # DeepSeek's grouped router; None: softmax top-k (route())
     fp8_block: tuple[int, ...] = ()  # FP8 checkpoints: the weights' scale block, dequantised at load
     ignored_layers: int = 0  # checkpoint layers after the last that are not run (DeepSeek's MTP head)
+    checkpoint_quant: str = ""  # the checkpoint's quant_method ('mxfp4', 'fp8', 'gptq', 'awq', ...); '': 16-bit
+    checkpoint_scheme: IntScheme | None = None  # GPTQ / AWQ / compressed-tensors: how its weights are packed
+    expert_format: ExpertFormat | None = None  # the run holds the routed experts in this format (expert_format.py)
 
     def __post_init__(self) -> None:
         if self.head_dim == 0:

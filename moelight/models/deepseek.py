@@ -20,7 +20,7 @@ from torch import nn
 
 from moelight.errors import ConfigError
 from moelight.models.config import ModelConfig, check_act, eos_ids_of, require, rope_theta_of
-from moelight.models.fp8 import dequantize_fp8_blocks
+from moelight.models.fp8 import dequantize_fp8_blocks, fp8_piece
 from moelight.models.grouped_routing import METHODS, GroupRouter, GroupRouting
 from moelight.models.latent_attention import MultiHeadLatentAttention
 from moelight.models.layers import DecoderLayerBase, RMSNorm, SwiGLU
@@ -100,8 +100,9 @@ def tensor_targets(raw: str, cfg: ModelConfig) -> list[Target] | None:
     if not (cfg.fp8_block and _FP8_WEIGHT.search(name)):
         return targets
     block = cfg.fp8_block
-    return [replace(t, transform=lambda w, s: dequantize_fp8_blocks(w, s, block), companion=raw + "_scale_inv")
-            for t in targets]
+    keep = cfg.expert_format is not None and ".experts." in name  # routed experts held in e4m3
+    read = fp8_piece if keep else dequantize_fp8_blocks
+    return [replace(t, transform=lambda w, s: read(w, s, block), companion=raw + "_scale_inv") for t in targets]
 
 
 # transformers' defaults for fields a config.json may leave out, per model type

@@ -1,11 +1,14 @@
 """FP8 (e4m3) weights with block scales, as DeepSeek-V3 / R1 and Kimi-K2 ship them: dequantised at
-load into the run's dtype. Each `[block_out, block_in]` tile of a weight shares one float32 scale,
-stored beside it as `<name>_scale_inv` (`[ceil(out / block_out), ceil(in / block_in)]`); the value is
-the e4m3 number times its tile's scale (DeepSeek's `weight_dequant`)."""
+load into the run's dtype, or, for routed experts in a bfloat16 CPU run, kept in e4m3 (`fp8_piece`).
+Each `[block_out, block_in]` tile of a weight shares one float32 scale, stored beside it as
+`<name>_scale_inv` (`[ceil(out / block_out), ceil(in / block_in)]`); the value is the e4m3 number
+times its tile's scale (DeepSeek's `weight_dequant`)."""
 
 from __future__ import annotations
 
 import torch
+
+from moelight.models.quantized_experts import QuantPiece
 
 FP8_DTYPES = (torch.float8_e4m3fn,)
 
@@ -36,3 +39,14 @@ def quantize_fp8_blocks(weight: torch.Tensor, block: tuple[int, int]) -> tuple[t
     scale_inv = amax / torch.finfo(torch.float8_e4m3fn).max
     scale = scale_inv.repeat_interleave(bo, 0)[:out].repeat_interleave(bi, 1)[:, :inp]
     return (weight.float() / scale).to(torch.float8_e4m3fn), scale_inv
+
+
+def fp8_piece(weight: torch.Tensor, scale_inv: torch.Tensor, block: tuple[int, ...]) -> QuantPiece:
+    """The same weight kept in e4m3 for the fused kernel: codes [out, in] and a float32 scale per row and
+    `block[1]` columns (each tile's scale repeated down its rows)."""
+    (out, inp), (bo, bi) = weight.shape, block
+    if inp % bi or tuple(scale_inv.shape) != (-(-out // bo), inp // bi):
+        raise ValueError(f"scale_inv has shape {tuple(scale_inv.shape)}, a weight of shape {(out, inp)} in "
+                         f"{bo}x{bi} blocks needs {(-(-out // bo), inp // bi)}")
+    scales = scale_inv.float().repeat_interleave(bo, 0)[:out]
+    return QuantPiece("fp8", weight.view(torch.uint8), scales.contiguous())

@@ -18,7 +18,7 @@ from torch import nn
 from moelight.models.config import ModelConfig, check_act, eos_ids_of, require, rope_theta_of
 from moelight.models.layers import Attention, DecoderLayerBase, RMSNorm
 from moelight.models.moe import expert_mix
-from moelight.models.mxfp4 import dequantize_mxfp4
+from moelight.models.mxfp4 import dequantize_mxfp4, mxfp4_piece
 from moelight.models.targets import Target, hf_style_targets, strip_model_prefix
 
 
@@ -98,10 +98,12 @@ def tensor_targets(raw: str, cfg: ModelConfig) -> list[Target] | None:
         return None  # read with its blocks
     if kind == "_blocks":
         scales = raw[: -len("_blocks")] + "_scales"
+        # kept packed when the run holds its experts in MXFP4 (loading/expert_storage.py)
+        read = mxfp4_piece if cfg.expert_format is not None else dequantize_mxfp4
         if which == "down_proj":  # [E, h, f/32, 16] -> [E, h, f], already (out, in)
-            return [Target(f"{mlp}.down_proj", (), dequantize_mxfp4, companion=scales)]
+            return [Target(f"{mlp}.down_proj", (), read, companion=scales)]
         # [E, 2f, h/32, 16] -> [E, 2f, h] (out, in), gate and up interleaved row by row
-        return [Target(f"{mlp}.gate_up_proj", idx, lambda b, s, j=j: dequantize_mxfp4(b, s)[:, j::2], scales)
+        return [Target(f"{mlp}.gate_up_proj", idx, lambda b, s, j=j: read(b, s)[:, j::2], scales)
                 for j, idx in enumerate(halves)]
     if which == "down_proj":  # weight [E, f, h] used as x @ w; bias [E, h]
         if kind == "_bias":

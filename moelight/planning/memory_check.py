@@ -23,7 +23,15 @@ def dtype_bytes(dtype: torch.dtype) -> int:
 
 
 def weight_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
-    return parameter_count(cfg) * dtype_bytes(dtype)
+    """Every weight in `dtype`, routed experts in `cfg.expert_format` where the run holds them quantized."""
+    form = cfg.expert_format
+    if form is None:
+        return parameter_count(cfg) * dtype_bytes(dtype)
+    e, h, f = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
+    sparse = sum(cfg.is_sparse(i) for i in range(cfg.num_layers))
+    dense_experts = sparse * e * 3 * h * f
+    held = sparse * e * (form.matrix_bytes(2 * f, h) + form.matrix_bytes(h, f))
+    return (parameter_count(cfg) - dense_experts) * dtype_bytes(dtype) + held
 
 
 @functools.lru_cache(maxsize=32)

@@ -1,0 +1,58 @@
+"""Which form a run holds its routed experts in, decided before anything is loaded.
+
+- `--quantize int8|int4`: round-to-nearest at load (each checkpoint tensor quantized as it is read,
+  dummy weights drawn as codes), so the 16-bit experts are never in memory at once.
+- A checkpoint that ships quantized experts (GPT-OSS's MXFP4, DeepSeek-V3's FP8 blocks, GPTQ / AWQ /
+  compressed-tensors int4, int8 and FP8) keeps them as shipped on the CPU in bfloat16, where the fused
+  kernel multiplies them directly (act-order GPTQ aside: loading/int_checkpoints.py).
+- Otherwise (float32 runs, checked bit for bit against transformers; cuda / emulated, whose paged
+  experts are 16-bit) the experts are dequantised into the run's dtype at load, as before.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+
+from cpu_kernels.expert_quant import int4_group_for
+from moelight.errors import ConfigError
+from moelight.loading.int_checkpoints import expert_format_of
+from moelight.models.config import ModelConfig
+from moelight.models.expert_format import ExpertFormat
+
+# the checkpoint formats the kernel reads as shipped, and their group along K (FP8: its block's columns)
+_SHIPPED = {"mxfp4": ("mxfp4", 32), "fp8": ("fp8", 128)}
+
+
+def choose_expert_format(cfg: ModelConfig, dtype: torch.dtype, device: str, method: str,
+                         group: int = 128) -> ExpertFormat | None:
+    """The run's expert format, None for the run's dtype. `method`: --quantize ('none', 'int8', 'int4')."""
+    widths = (cfg.hidden_size, cfg.intermediate_size)
+    if method != "none":
+        if cfg.checkpoint_quant:
+            raise ConfigError(f"--quantize {method}: this checkpoint's experts are already {cfg.checkpoint_quant}-"
+                              "quantized; leave --quantize out to run them as shipped")
+        if method == "int8":
+            return ExpertFormat("int8", 0, origin="--quantize int8")
+        try:
+            g = int4_group_for(*widths, preferred=group)
+        except ValueError as e:
+            raise ConfigError(f"--quantize int4: {e}") from None
+        return ExpertFormat("uint4", g, zero=True, origin=f"--quantize int4 (group {g})")
+    if device != "cpu" or dtype != torch.bfloat16:
+        return None  # dequantised at load
+    if cfg.checkpoint_scheme is not None:
+        return expert_format_of(cfg.checkpoint_scheme, widths)
+    if cfg.checkpoint_quant in _SHIPPED:
+        fmt, g = _SHIPPED[cfg.checkpoint_quant]
+        if fmt == "fp8":  # a scale per block of columns (each row of a block repeats it)
+            g = int(cfg.fp8_block[1])
+        if g % 32 == 0 and all(w % g == 0 for w in widths):  # the kernel's strips are 32 columns wide
+            return ExpertFormat(fmt, g, origin=f"checkpoint {cfg.checkpoint_quant}")
+    return None  # dequantised at load
+
+
+def with_expert_format(cfg: ModelConfig, dtype: torch.dtype, device: str, method: str,
+                       group: int = 128) -> ModelConfig:
+    return replace(cfg, expert_format=choose_expert_format(cfg, dtype, device, method, group))

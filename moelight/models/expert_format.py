@@ -1,0 +1,55 @@
+"""How a run stores its routed experts when they are not in the run's dtype.
+
+The fused CPU expert kernel (cpu_kernels/expert_mix) multiplies every `QuantMatrix` format directly:
+int8 (a scale per output row), 4-bit codes (a scale and an additive term per row and group of K:
+`--quantize int4`, GPTQ / AWQ zero points), FP8 e4m3 (block scales) and MXFP4 (a power-of-two scale
+per 32 values). An `ExpertFormat` on the model's config makes the model hold its experts in that
+format from the start (models/quantized_experts.py), so a model whose 16-bit experts would not fit
+in memory loads straight into the smaller form.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# format -> bits per code; the kernels' names (cpu_kernels/expert_pack.FORMATS)
+CODE_BITS = {"int8": 8, "fp8": 8, "uint4": 4, "mxfp4": 4}
+
+
+@dataclass(frozen=True)
+class ExpertFormat:
+    fmt: str  # 'int8' | 'fp8' | 'uint4' | 'mxfp4'
+    group: int = 0  # K elements sharing a scale; 0: the whole row (per output channel)
+    zero: bool = False  # an additive term per (row, group): uint4's -8 s, GPTQ / AWQ zero points
+    origin: str = ""  # what chose it, for messages: 'checkpoint mxfp4', '--quantize int4'
+
+    def __post_init__(self) -> None:
+        if self.fmt not in CODE_BITS:
+            raise ValueError(f"expert format {self.fmt!r}: one of {', '.join(CODE_BITS)}")
+
+    def group_of(self, k: int) -> int:
+        """The group size along a matrix's input width `k`."""
+        return k if self.group == 0 else self.group
+
+    def matrix_bytes(self, n: int, k: int) -> int:
+        """Bytes of one [n, k] matrix in this format: codes, float32 scales (and additive terms)."""
+        groups = -(-k // self.group_of(k))
+        per_group = 4 * (2 if self.zero else 1)
+        return n * (k * CODE_BITS[self.fmt] // 8 + groups * per_group)
+
+    def bits_per_weight(self, n: int, k: int) -> float:
+        return 8.0 * self.matrix_bytes(n, k) / (n * k)
+
+
+@dataclass(frozen=True)
+class IntScheme:
+    """A GPTQ / AWQ / compressed-tensors checkpoint's weight quantization (loading/int_checkpoints.py)."""
+
+    method: str  # 'gptq' | 'awq' | 'compressed-tensors'
+    layout: str  # 'gptq' | 'awq' | 'pack-quantized' | 'float-quantized'
+    bits: int  # 4 or 8
+    group: int  # input columns per scale; -1: the whole row
+    sym: bool = True
+    act_order: bool = False  # groups named per column by g_idx
+    zeros_minus_one: bool = False  # GPTQ's original checkpoint format stores each zero point less one
+    block: tuple[int, ...] = ()  # FP8 block scales [rows, columns]
