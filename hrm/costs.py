@@ -123,6 +123,13 @@ def prefill_layer_time(hw: HardwareSpec, m: ModelSpec, seqs, prompt, where: str 
     return _t(total)
 
 
+def expert_dequantize_time(hw: HardwareSpec, m: ModelSpec, dtype: str = DEFAULT_DTYPE):
+    """Seconds a GPU spends dequantizing one layer's quantized experts per layer pass (0 for 16-bit)."""
+    if not m.expert_bits or not hw.has_gpu:
+        return 0.0
+    return float(op_time(ops.expert_dequantize(m, dtype_bytes(dtype)), level_of(hw, "gpu"), dtype))
+
+
 def layer_overhead_time(hw: HardwareSpec, passes, where: str = "cpu"):
     """Fixed dispatch cost (Python, kernel launches) of `passes` layer passes on `where`."""
     return _t(np.asarray(passes, float) * level_of(hw, where).layer_overhead_s)

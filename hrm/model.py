@@ -43,6 +43,7 @@ class ModelSpec:
     num_sliding_layers: int = 0  # layers that attend through that window
     shared_expert_gate: bool = True  # Qwen2-MoE's sigmoid gate on the shared expert (DeepSeek has none)
     score_bias: bool = False  # a per-expert bias on the routing scores (DeepSeek-V3's e_score_correction_bias)
+    expert_bits: float = 0.0  # bits per routed-expert weight held quantized (codes and scales); 0: the dtype's
     # multi-head latent attention (DeepSeek-V2/V3, Kimi-K2; hrm/latent_attention.py), 0: GQA
     kv_lora_rank: int = 0
     q_lora_rank: int = 0
@@ -93,6 +94,10 @@ class ModelSpec:
         h, r, e = self.hidden_size, self.kv_lora_rank, self.qk_rope_head_dim
         heads, n, v = self.num_heads, self.qk_nope_head_dim, self.v_head_dim
         return self.latent_query_params() + h * (r + e) + r + r * heads * (n + v) + heads * v * h
+
+    def expert_weight_bytes(self, b: float) -> float:
+        """Bytes per routed-expert weight: the quantized format's, else the dtype's `b`."""
+        return self.expert_bits / 8.0 if self.expert_bits else b
 
     def expert_params(self) -> int:
         """One expert: w1, w3 (h x f) and w2 (f x h), and their biases where the family has them."""

@@ -75,7 +75,7 @@ def expert_ffn(m: ModelSpec, tokens, b: float) -> OpCost:
     """One expert (w1, w3, w2) on `tokens` tokens: 6*h*f*t FLOPs, 3*h*f*b weight bytes."""
     h, f = m.hidden_size, m.intermediate_size
     t = np.asarray(tokens, dtype=float)
-    return OpCost(6.0 * h * f * t, 3.0 * h * f * b + 2.0 * t * h * b, t)
+    return OpCost(6.0 * h * f * t, 3.0 * h * f * m.expert_weight_bytes(b) + 2.0 * t * h * b, t)
 
 
 def moe_ffn(m: ModelSpec, tokens, b: float) -> OpCost:
@@ -86,7 +86,7 @@ def moe_ffn(m: ModelSpec, tokens, b: float) -> OpCost:
     t = np.asarray(tokens, dtype=float)
     s, d = m.sparse_fraction, 1.0 - m.sparse_fraction
     touched = experts_touched(m, t)
-    routed_flops, routed_bytes = 6.0 * h * f * m.top_k * t, touched * 3.0 * h * f * b
+    routed_flops, routed_bytes = 6.0 * h * f * m.top_k * t, touched * 3.0 * h * f * m.expert_weight_bytes(b)
     fs, fd = m.shared_expert_size, m.dense_intermediate_size
     shared_flops = (6.0 * h * fs + 2.0 * h) * t if fs else 0.0 * t
     shared_bytes = (3.0 * h * fs + h) * b if fs else 0.0
@@ -170,7 +170,17 @@ def kv_bytes_per_token_layer(m: ModelSpec, b: float) -> float:
 
 
 def layer_expert_bytes(m: ModelSpec, b: float) -> float:
-    return m.layer_expert_params() * b
+    """One layer's routed experts as held (quantized: what a page moves over the link)."""
+    return m.layer_expert_params() * m.expert_weight_bytes(b)
+
+
+def expert_dequantize(m: ModelSpec, b: float) -> OpCost:
+    """A GPU dequantizing one layer's quantized experts into the dtype before its GEMMs: every
+    code and scale read, every weight written (a pure memory pass); nothing for 16-bit experts."""
+    if not m.expert_bits:
+        return OpCost(0.0, 0.0)
+    params = m.layer_expert_params()
+    return OpCost(2.0 * params, params * (m.expert_bits / 8.0 + b))
 
 
 def activation_bytes_per_token(m: ModelSpec, b: float) -> float:

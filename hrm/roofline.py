@@ -73,7 +73,7 @@ def ffn_intensities(m: ModelSpec, batch, micro_batch, b: float, r_w: float = 0.0
     mb: OpCost = moe_ffn(m, micro_batch, b)
     i_gpu = mb.intensity
     flops_batch = 6.0 * m.hidden_size * m.intermediate_size * m.top_k * np.asarray(batch, float)
-    moved = max(1e-30, (1.0 - r_w)) * m.layer_expert_params() * b
+    moved = max(1e-30, (1.0 - r_w)) * m.layer_expert_params() * m.expert_weight_bytes(b)
     return i_gpu, flops_batch / moved
 
 

@@ -186,7 +186,9 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
     pre_post = pre_post + costs.layer_overhead_time(hw, 1.0, ffn_lvl)
     # tensor parallelism: the layer's two all-reduces hold the GPU stream (zero on one GPU)
     reduce = costs.layer_allreduce_time(hw, m, mu, dtype) if f_g else 0.0
-    t_gpu = n_mb * (f_g * (pre_post + reduce) + a_g * att) + zeros
+    # quantized experts: the GPU dequantizes the layer's experts once per layer pass before its GEMMs
+    dequant = costs.expert_dequantize_time(hw, m, dtype) if f_g else 0.0
+    t_gpu = n_mb * (f_g * (pre_post + reduce) + a_g * att) + dequant + zeros
     t_cpu = n_mb * ((1 - f_g) * pre_post + (1 - a_g) * att) + zeros
 
     # ---- link and host memory (seconds), zero on a CPU-only host ----
@@ -243,6 +245,8 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
         gpu_mem["non_expert_weights"] = _aff(non_exp + (t - 1) * m.replicated_params() * b, shape=shape)
         gpu_mem["resident_experts"] = _aff(0.0, w_e, 0.0, shape)
         gpu_mem["paged_weight_buffers"] = _aff(2 * w_le, -2 * w_le, 0.0, shape)
+        if m.expert_bits:  # quantized experts: one layer expanded into the dtype for its GEMMs
+            gpu_mem["dequantized_layer"] = _aff(float(m.layer_expert_params() * b), shape=shape)
     if f_g or a_g:
         gpu_mem["activations"] = _aff(t * act, shape=shape)
     if a_g:

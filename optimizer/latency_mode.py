@@ -50,7 +50,7 @@ def cache_slots(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, batch: int, dt
     kv = costs.kv_cache_bytes(m, batch, wl.max_context, dtype, layers=m.num_layers)
     act = batch * max(1.0, wl.peak_prompt) * ops.activation_bytes_per_token(m, b) + batch * m.vocab_size * 4.0
     room = alpha * hw.gpu.memory_bytes - m.non_expert_params() * b - kv - act
-    expert = m.expert_params() * b
+    expert = m.expert_params() * m.expert_weight_bytes(b)
     total = (m.num_layers - m.num_dense_layers) * m.num_experts
     slots = min(total, int(max(0.0, room) // expert))
     return slots if slots >= m.num_experts else 0

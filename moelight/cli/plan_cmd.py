@@ -97,6 +97,8 @@ def register(app: typer.Typer) -> None:
                                  "cache), or auto: predict both for --requests and pick the faster"),
         requests: int | None = typer.Option(None, "--requests", min=1, help="requests in the job (for --mode; "
                                             "default: the throughput plan's batch)"),
+        quantize: str = typer.Option("none", "--quantize", help="routed experts held as int8 or int4 (as `run "
+                                     "--quantize`): the bytes they read, page over the link and hold"),
     ) -> None:
         """Search the HRM policy (batch, micro-batch, placement, r_w, r_c) and explain it."""
         from hrm import WorkloadSpec, get_hardware, get_model
@@ -134,6 +136,15 @@ def register(app: typer.Typer) -> None:
             workload = WorkloadSpec(prompt_len, gen_len, max_prompt_len, padded, prefill_chunk=prefill_chunk)
         except ValueError as e:
             raise typer.BadParameter(str(e)) from None
+        if quantize != "none":
+            from moelight.models.expert_format import quantize_format
+
+            method, _, group = quantize.partition("-g")
+            try:
+                form = quantize_format(method, (mspec.hidden_size, mspec.intermediate_size), int(group or 128))
+            except ValueError as e:
+                raise typer.BadParameter(str(e), param_hint="--quantize") from None
+            mspec = replace(mspec, expert_bits=form.expert_bits(mspec.hidden_size, mspec.intermediate_size))
         if family not in FAMILIES:
             raise typer.BadParameter(f"unknown family {family!r}; valid: {', '.join(FAMILIES)}",
                                      param_hint="--family")
@@ -153,6 +164,8 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(f"{mode!r}: choose throughput, latency or auto", param_hint="--mode")
         lines = _modes(res, used_hw(hw, gpus), mspec, workload, dtype, requests or res.policy.batch_size, mode)
         typer.echo(res.to_json() if as_json else format_plan(res))
+        if mspec.expert_bits and not as_json:
+            typer.echo(f"routed experts held as {quantize}: {mspec.expert_bits:.2f} bits per weight")
         if lines and not as_json:
             typer.echo(lines)
         if save_policy is not None:

@@ -52,16 +52,16 @@ class EngineSession:
         self.source, self.config = self.resolved.source, self.resolved.config
         self.tokenizer, self.eos, self.dtype_name = self.resolved.tokenizer, self.resolved.eos, self.resolved.dtype_name
         self.device = resolve_device(opts.device)
-        if opts.quantize != "none" and self.device != "cpu":
-            from moelight.engine.options import OptionError
-
-            raise OptionError(f"--quantize {opts.quantize} runs on the CPU executor only: add --device cpu "
-                              f"(this host's --device auto is {self.device})")
         if self.device == "cuda":
             self._fit_dtype_to_gpu()
-        self._choose_expert_format()
         self.group = tensor_parallel
         self.ranks = tensor_parallel.world if tensor_parallel else tensor_parallel_degree(opts, self.device)
+        if opts.quantize != "none" and self.ranks > 1:
+            from moelight.engine.options import OptionError
+
+            raise OptionError(f"--quantize {opts.quantize} over {self.ranks} tensor-parallel ranks: each rank's "
+                              "shard loads 16-bit experts; run quantized experts on one device (--gpus 1) or the CPU")
+        self._choose_expert_format()
         if self.ranks > 1:
             shard_config(self.config, self.ranks)  # heads / sizes that N does not divide: say so now
             if opts.gpus is None:  # plan for the GPUs that will run (a preset's count)

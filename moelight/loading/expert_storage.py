@@ -15,11 +15,10 @@ from dataclasses import replace
 
 import torch
 
-from cpu_kernels.expert_quant import int4_group_for
 from moelight.errors import ConfigError
 from moelight.loading.int_checkpoints import expert_format_of
 from moelight.models.config import ModelConfig
-from moelight.models.expert_format import ExpertFormat
+from moelight.models.expert_format import ExpertFormat, quantize_format
 
 # the checkpoint formats the kernel reads as shipped, and their group along K (FP8: its block's columns)
 _SHIPPED = {"mxfp4": ("mxfp4", 32), "fp8": ("fp8", 128)}
@@ -33,13 +32,10 @@ def choose_expert_format(cfg: ModelConfig, dtype: torch.dtype, device: str, meth
         if cfg.checkpoint_quant:
             raise ConfigError(f"--quantize {method}: this checkpoint's experts are already {cfg.checkpoint_quant}-"
                               "quantized; leave --quantize out to run them as shipped")
-        if method == "int8":
-            return ExpertFormat("int8", 0, origin="--quantize int8")
         try:
-            g = int4_group_for(*widths, preferred=group)
+            return quantize_format(method, widths, group)
         except ValueError as e:
-            raise ConfigError(f"--quantize int4: {e}") from None
-        return ExpertFormat("uint4", g, zero=True, origin=f"--quantize int4 (group {g})")
+            raise ConfigError(f"--quantize {method}: {e}") from None
     if device != "cpu" or dtype != torch.bfloat16:
         return None  # dequantised at load
     if cfg.checkpoint_scheme is not None:

@@ -37,8 +37,27 @@ class ExpertFormat:
         per_group = 4 * (2 if self.zero else 1)
         return n * (k * CODE_BITS[self.fmt] // 8 + groups * per_group)
 
-    def bits_per_weight(self, n: int, k: int) -> float:
-        return 8.0 * self.matrix_bytes(n, k) / (n * k)
+    def expert_bits(self, hidden: int, intermediate: int) -> float:
+        """Bits per weight of one expert (gate_up [2f, h] and down [h, f]), scales included: what the
+        HRM counts for the bytes a layer's experts read, page and hold (hrm.ModelSpec.expert_bits)."""
+        h, f = hidden, intermediate
+        return 8.0 * (self.matrix_bytes(2 * f, h) + self.matrix_bytes(h, f)) / (3 * h * f)
+
+
+INT4_GROUPS = (128, 64, 32)
+
+
+def quantize_format(method: str, widths: tuple[int, ...], group: int = 128) -> ExpertFormat:
+    """`--quantize int8` (a scale per output channel) or `int4` (the largest group <= `group` that divides
+    every expert width, a scale and an offset per group); ValueError naming what does not fit."""
+    if method == "int8":
+        return ExpertFormat("int8", 0, origin="--quantize int8")
+    if method != "int4":
+        raise ValueError(f"--quantize {method!r}: none, int8 or int4")
+    for g in INT4_GROUPS:
+        if g <= group and all(w % g == 0 for w in widths):
+            return ExpertFormat("uint4", g, zero=True, origin=f"--quantize int4 (group {g})")
+    raise ValueError(f"no int4 group size in {INT4_GROUPS} (at most {group}) divides the expert widths {widths}")
 
 
 @dataclass(frozen=True)

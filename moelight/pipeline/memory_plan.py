@@ -108,10 +108,9 @@ class MemoryPlan:
         """max_batch: the largest micro-batch; max_sequences: the most sequences of a decode pass."""
         cfg = model.config
         dtype = model.embed_tokens.weight.dtype
-        el = _elem(dtype)
-        expert = 3 * cfg.hidden_size * cfg.intermediate_size * el
         non_expert = sum(p.numel() * p.element_size() for n, p in model.named_parameters()
-                         if not n.endswith(("mlp.gate_up_proj", "mlp.down_proj")))
+                         if not _routed_expert(n))
+        resident, paged, dequantized = expert_stack_bytes(model, n_resident)
         groups = 2 if 0 < n_resident < cfg.num_experts else 1
         layer = layer_pass_bytes_per_token(cfg, dtype, groups)
         held = held_bytes_per_token(cfg, dtype)
@@ -121,5 +120,30 @@ class MemoryPlan:
                    + max_batch * logits)
         n_kv = 2 if gpu_attention else 0
         kv = n_kv * gpu_decode_attention_bytes(cfg, dtype, max_batch, max_context + 1)
-        return cls(non_expert, cfg.num_layers * n_resident * expert, 2 * (cfg.num_experts - n_resident) * expert,
-                   max(decode, prefill), kv)
+        sparse = sum(cfg.is_sparse(j) for j in range(cfg.num_layers))
+        return cls(non_expert, sparse * resident + dequantized, 2 * paged, max(decode, prefill), kv)
+
+
+def _routed_expert(name: str) -> bool:
+    return any(name.endswith(f"mlp.{m}") or f"mlp.{m}." in name for m in ("gate_up_proj", "down_proj"))
+
+
+def expert_stack_bytes(model: MoECausalLM, n_resident: int) -> tuple[int, int, int]:
+    """(one layer's resident stacks, one paged slot, the dequantized layer and the temporaries of
+    dequantizing it) in device bytes, laid out as the weight pager lays them (pipeline/expert_stacks.py);
+    the last is 0 for 16-bit experts."""
+    from moelight.models.quantized_experts import QuantizedExperts
+    from moelight.pipeline.expert_stacks import DEQUANTIZE_SCRATCH, StackLayout
+
+    cfg = model.config
+    n_paged = cfg.num_experts - n_resident
+    mlp = next((layer.mlp for j, layer in enumerate(model.layers) if cfg.is_sparse(j)), None)
+    if mlp is not None and isinstance(mlp.gate_up_proj, QuantizedExperts):
+        layouts = [StackLayout.quantized(n, mlp.gate_up_proj, mlp.down_proj) for n in (n_resident, n_paged)]
+        dense = StackLayout.dense(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size,
+                                  model.embed_tokens.weight.dtype).nbytes + DEQUANTIZE_SCRATCH
+    else:
+        dtype = model.embed_tokens.weight.dtype
+        layouts = [StackLayout.dense(n, cfg.hidden_size, cfg.intermediate_size, dtype) for n in (n_resident, n_paged)]
+        dense = 0
+    return layouts[0].nbytes, layouts[1].nbytes if n_paged else 0, dense

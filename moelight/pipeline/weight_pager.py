@@ -23,14 +23,13 @@ import torch
 from moelight.devices.device_base import Device
 from moelight.models.causal_lm import MoECausalLM
 from moelight.models.grouped_experts import ExpertGroup, GroupedExperts
-
-
-def _elem(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
+from moelight.models.quantized_experts import QuantizedExperts
+from moelight.pipeline.expert_stacks import StackLayout, dequantize_stacks
 
 
 class WeightPager:
-    """Owns the device copies of the weights and moves the paged experts."""
+    """Owns the device copies of the weights and moves the paged experts (as bytes: 16-bit stacks, or
+    quantized ones that the device dequantizes before the layer's GEMMs, pipeline/expert_stacks.py)."""
 
     def __init__(self, model: MoECausalLM, device: Device, r_w: float) -> None:
         cfg = model.config
@@ -41,9 +40,16 @@ class WeightPager:
         self.dtype = model.embed_tokens.weight.dtype
         f, h = cfg.intermediate_size, cfg.hidden_size
         self.gu_shape, self.dn_shape = (2 * f, h), (h, f)
-        self.expert_elems = 3 * f * h
-        self.paged_elems = self.n_paged * self.expert_elems
-        self.paged_bytes = self.paged_elems * _elem(self.dtype)
+        self.sparse = [cfg.is_sparse(j) for j in range(cfg.num_layers)]  # a dense layer pages nothing
+        first = next((layer.mlp for j, layer in enumerate(model.layers) if self.sparse[j]), None)
+        self.quantized = first is not None and isinstance(first.gate_up_proj, QuantizedExperts)
+        if self.quantized:
+            self.resident_layout = StackLayout.quantized(self.n_resident, first.gate_up_proj, first.down_proj)
+            self.paged_layout = StackLayout.quantized(self.n_paged, first.gate_up_proj, first.down_proj)
+        else:
+            self.resident_layout = StackLayout.dense(self.n_resident, h, f, self.dtype)
+            self.paged_layout = StackLayout.dense(self.n_paged, h, f, self.dtype)
+        self.paged_bytes = self.paged_layout.nbytes if self.n_paged else 0
 
         # non-expert modules: resident on the device
         for mod, tag in [(model.embed_tokens, "embed"), (model.norm, "norm"), (model.lm_head, "lm_head")]:
@@ -51,58 +57,54 @@ class WeightPager:
         for layer in model.layers:  # all but the routed experts: attention, norms, router, a shared expert
             for name, mod in layer.named_children():
                 for sub in (mod.children() if name == "mlp" else (mod,)):
-                    device.to_device_module(sub, "non-expert")
+                    if not isinstance(sub, QuantizedExperts):
+                        device.to_device_module(sub, "non-expert")
 
-        self.resident_gu: list[torch.Tensor] = []
-        self.resident_dn: list[torch.Tensor] = []
-        self.cpu_pages: list[torch.Tensor | None] = []  # per layer: flat [paged_elems] in CPU memory
-        self.sparse = [cfg.is_sparse(j) for j in range(cfg.num_layers)]  # a dense layer pages nothing
+        self.resident: list[dict[str, torch.Tensor] | None] = []  # per layer: its resident stacks on the device
+        self.cpu_pages: list[torch.Tensor | None] = []  # per layer: the paged stacks, flat bytes in CPU memory
         for j, layer in enumerate(model.layers):
-            r = self.n_resident
             if not self.sparse[j]:  # its dense MLP went to the device with the other non-expert modules
-                self.resident_gu.append(device.empty((0, *self.gu_shape), self.dtype, "resident-experts"))
-                self.resident_dn.append(device.empty((0, *self.dn_shape), self.dtype, "resident-experts"))
+                self.resident.append(None)
                 self.cpu_pages.append(None)
                 continue
-            gu, dn = layer.mlp.gate_up_proj.detach(), layer.mlp.down_proj.detach()
-            dgu = device.empty((r, *self.gu_shape), self.dtype, "resident-experts")
-            ddn = device.empty((r, *self.dn_shape), self.dtype, "resident-experts")
-            dgu.copy_(gu[:r])
-            ddn.copy_(dn[:r])
-            self.resident_gu.append(dgu)
-            self.resident_dn.append(ddn)
-            flat = torch.empty(self.paged_elems, dtype=self.dtype)
-            stack_gu, stack_dn = self._views(flat)
-            stack_gu.copy_(gu[r:])
-            stack_dn.copy_(dn[r:])
+            gu, dn = layer.mlp.gate_up_proj, layer.mlp.down_proj
+            on_device = device.empty((self.resident_layout.nbytes,), torch.uint8, "resident-experts")
+            staged = torch.empty(self.resident_layout.nbytes, dtype=torch.uint8)
+            self.resident_layout.fill(staged, gu, dn, 0)
+            on_device.copy_(staged)
+            self.resident.append(self.resident_layout.views(on_device))
+            flat = torch.empty(self.paged_bytes, dtype=torch.uint8)
+            self.paged_layout.fill(flat, gu, dn, self.n_resident)
             self.cpu_pages.append(flat)
-        self.slots = [device.empty((self.paged_elems,), self.dtype, "paged-slot", lane="h2d") for _ in range(2)]
+        self.slots = [device.empty((self.paged_bytes,), torch.uint8, "paged-slot", lane="h2d") for _ in range(2)]
         for s in self.slots:
             device.record_stream(s, "gpu")
-        self.slot_views = [self._views(s) for s in self.slots]
+        self.slot_views = [self.paged_layout.views(s) for s in self.slots]
         self.pinned: list[torch.Tensor] = []
-
-    def _views(self, flat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """The paged experts' gate/up stack [n, 2f, h] and down stack [n, h, f] in a flat buffer."""
-        n_gu = self.n_paged * self.gu_shape[0] * self.gu_shape[1]
-        return flat[:n_gu].view(self.n_paged, *self.gu_shape), flat[n_gu:].view(self.n_paged, *self.dn_shape)
+        self.dense: tuple[torch.Tensor, torch.Tensor] | None = None  # quantized: one layer's experts expanded
+        self.dense_layer: int | None = None
+        if self.quantized:
+            e = cfg.num_experts
+            self.dense = (device.empty((e, *self.gu_shape), self.dtype, "dequantized-experts"),
+                          device.empty((e, *self.dn_shape), self.dtype, "dequantized-experts"))
 
     # ---- pages ----
     def page_range(self, page: int, n_pages: int) -> tuple[int, int]:
-        per = -(-self.paged_elems // n_pages)
-        return min(page * per, self.paged_elems), min((page + 1) * per, self.paged_elems)
+        """Bytes [start, end) of the paged buffer that page `page` of `n_pages` holds."""
+        per = -(-self.paged_bytes // n_pages)
+        return min(page * per, self.paged_bytes), min((page + 1) * per, self.paged_bytes)
 
     def ensure_pinned(self, n_pages: int) -> None:
         """Two pinned staging buffers of one page each (grown when pages get larger)."""
-        need = -(-self.paged_elems // max(1, n_pages))
+        need = -(-self.paged_bytes // max(1, n_pages))
         if not self.pinned or self.pinned[0].numel() < need:
-            self.pinned = [self.device.pinned((need,), self.dtype) for _ in range(2)]
+            self.pinned = [self.device.pinned((need,), torch.uint8) for _ in range(2)]
 
     def page_bytes(self, page: int, n_pages: int, layer: int = 0) -> int:
         if not self.sparse[layer % self.n_layers]:
             return 0
         s, e = self.page_range(page, n_pages)
-        return (e - s) * _elem(self.dtype)
+        return e - s
 
     def stage(self, layer: int, page: int, n_pages: int, pin_slot: int) -> None:
         """Hop 1: CPU memory -> pinned buffer (host memcpy on the pin lane)."""
@@ -120,8 +122,20 @@ class WeightPager:
         self.device.copy(self.slots[slot][s:e], self.pinned[pin_slot][: e - s])
 
     def table(self, layer: int, slot: int) -> GroupedExperts:
-        """A layer's experts on the device: its resident stack and the stacks in `slot`."""
+        """A layer's experts on the device: its resident stack and the stacks in `slot` (quantized: both
+        expanded into the dense buffer by the layer's first micro-batch, on the compute lane after the
+        slot's upload; a layer's experts are the same every pass, so the buffer is reused until the
+        next layer needs it)."""
         layer %= self.n_layers
-        gus, dns = self.slot_views[slot]
-        return GroupedExperts((ExpertGroup(0, self.resident_gu[layer], self.resident_dn[layer]),
-                               ExpertGroup(self.n_resident, gus, dns)), self.n_experts)
+        views = self.slot_views[slot]
+        if not self.quantized:
+            res = self.resident[layer]
+            return GroupedExperts((ExpertGroup(0, res["gate_up"], res["down"]),
+                                   ExpertGroup(self.n_resident, views["gate_up"], views["down"])), self.n_experts)
+        gu, dn = self.dense
+        if self.dense_layer != layer:
+            r = self.n_resident
+            dequantize_stacks(self.resident_layout, self.resident[layer], gu[:r], dn[:r])
+            dequantize_stacks(self.paged_layout, views, gu[r:], dn[r:])
+            self.dense_layer = layer
+        return GroupedExperts((ExpertGroup(0, gu, dn),), self.n_experts)

@@ -1,0 +1,119 @@
+"""A layer's routed experts as contiguous stacks in one flat byte buffer, and their dequantization.
+
+The weight pager moves bytes: a layer's paged experts are one flat buffer in CPU memory, cut into
+pages, copied to a device slot of the same layout. `StackLayout` says where each stack lies:
+16-bit experts are two stacks (gate_up [n, 2f, h], down [n, h, f]); quantized experts
+(`--quantize int8|int4`, models/quantized_experts.py) are their codes, scales and offsets, so the
+link carries a quarter (int4) or half (int8) of the 16-bit bytes. A GPU runs its GEMMs in the
+run's dtype: `dequantize_stacks` expands quantized stacks into dense ones on the device (torch
+ops, chunked so the float32 temporaries stay small), computing what `cpu_kernels.expert_pack.dequantize`
+computes, so a device run matches a dense model holding the dequantized weights.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from moelight.models.expert_format import ExpertFormat
+from moelight.models.quantized_experts import QuantizedExperts
+
+_ALIGN = 64  # bytes: every stack starts aligned for any element type
+E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+CHUNK_ELEMENTS = 1 << 20  # weights dequantized at once
+DEQUANTIZE_SCRATCH = 40 * CHUNK_ELEMENTS  # device bytes of its temporaries (nibbles as int64, float32 values)
+
+
+@dataclass(frozen=True)
+class Stack:
+    name: str  # 'gate_up', 'down' or, quantized, 'gate_up.codes', 'down.scales', ...
+    dtype: torch.dtype
+    shape: tuple[int, ...]  # one expert's
+    offset: int  # bytes from the buffer's start, for expert 0
+
+    def nbytes(self, n: int) -> int:
+        count = n
+        for d in self.shape:
+            count *= d
+        return count * torch.empty((), dtype=self.dtype).element_size()
+
+
+class StackLayout:
+    """n experts of one layer: each stack [n, *shape] contiguous, stacks one after another."""
+
+    def __init__(self, n: int, parts: list[tuple[str, torch.dtype, tuple[int, ...]]],
+                 form: ExpertFormat | None = None, group: tuple[int, int] = (0, 0)) -> None:
+        self.n, self.form, self.group = n, form, group
+        self.stacks, at = [], 0
+        for name, dtype, shape in parts:
+            s = Stack(name, dtype, shape, at)
+            self.stacks.append(s)
+            at += -(-s.nbytes(n) // _ALIGN) * _ALIGN
+        self.nbytes = at
+
+    @classmethod
+    def dense(cls, n: int, hidden: int, intermediate: int, dtype: torch.dtype) -> StackLayout:
+        return cls(n, [("gate_up", dtype, (2 * intermediate, hidden)), ("down", dtype, (hidden, intermediate))])
+
+    @classmethod
+    def quantized(cls, n: int, gate_up: QuantizedExperts, down: QuantizedExperts) -> StackLayout:
+        parts = []
+        for side, q in (("gate_up", gate_up), ("down", down)):
+            parts += [(f"{side}.{k}", t.dtype, tuple(t.shape[1:])) for k, t in _parts(q).items()]
+        return cls(n, parts, gate_up.form, (gate_up.group, down.group))
+
+    def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Each stack of a flat uint8 buffer of `nbytes`, viewed as its [n, *shape] tensor."""
+        out = {}
+        for s in self.stacks:
+            raw = flat[s.offset: s.offset + s.nbytes(self.n)]
+            out[s.name] = raw.view(s.dtype).view(self.n, *s.shape)
+        return out
+
+    def fill(self, flat: torch.Tensor, gate_up, down, first: int) -> None:
+        """Copy experts first .. first + n - 1 of a layer (dense tensors or QuantizedExperts) in."""
+        sources = {}
+        for side, w in (("gate_up", gate_up), ("down", down)):
+            if isinstance(w, QuantizedExperts):
+                sources |= {f"{side}.{k}": t for k, t in _parts(w).items()}
+            else:
+                sources[side] = w.detach()
+        for name, view in self.views(flat).items():
+            view.copy_(sources[name][first: first + self.n])
+
+
+def _parts(q: QuantizedExperts) -> dict[str, torch.Tensor]:
+    parts = {"codes": q.codes.detach(), "scales": q.scales.detach()}
+    if q.offsets is not None:
+        parts["offsets"] = q.offsets.detach()
+    return parts
+
+
+def dequantize_stacks(layout: StackLayout, views: dict[str, torch.Tensor], gate_up_out: torch.Tensor,
+                      down_out: torch.Tensor) -> None:
+    """Quantized stacks (on the device) -> dense [n, 2f, h] and [n, h, f] in the outputs' dtype."""
+    for side, out, group in (("gate_up", gate_up_out, layout.group[0]), ("down", down_out, layout.group[1])):
+        codes, scales = views[f"{side}.codes"], views[f"{side}.scales"]
+        offsets = views.get(f"{side}.offsets")
+        rows = max(1, CHUNK_ELEMENTS // out.shape[-1])
+        for e in range(layout.n):
+            for r in range(0, out.shape[1], rows):
+                sl = slice(r, r + rows)
+                values = _code_values(layout.form.fmt, codes[e, sl])  # [rows, K] float32
+                g = values.view(values.shape[0], -1, group) * scales[e, sl].unsqueeze(-1)
+                if offsets is not None:
+                    g = g + offsets[e, sl].unsqueeze(-1)
+                out[e, sl].copy_(g.view(values.shape))
+
+
+def _code_values(fmt: str, codes: torch.Tensor) -> torch.Tensor:
+    if fmt == "int8":
+        return codes.float()
+    if fmt == "fp8":
+        return codes.view(torch.float8_e4m3fn).float()
+    low, high = (codes & 0x0F).long(), (codes >> 4).long()
+    if fmt == "mxfp4":
+        lut = torch.tensor(E2M1, dtype=torch.float32, device=codes.device)
+        low, high = lut[low], lut[high]
+    return torch.stack((low.float(), high.float()), dim=-1).flatten(-2)
