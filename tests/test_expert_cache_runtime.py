@@ -16,7 +16,7 @@ import pytest
 from hrm import get_hardware, model_from_hf_config
 from moelight.errors import NumericalError
 from moelight.expert_cache import cache_executor
-from moelight.expert_cache.cache_executor import ExpertCacheExecutor, expert_bytes, non_expert_bytes
+from moelight.expert_cache.cache_executor import ExpertCacheExecutor, non_expert_bytes
 from moelight.expert_cache.cache_simulator import PassTimer, simulate_cache
 from moelight.expert_cache.eam import EAMCollection, eam_of
 from moelight.expert_cache.policy_registry import NEEDS_PREDICTOR, POLICIES, make_policy
@@ -33,6 +33,12 @@ CKPT = Path(__file__).parent / "data" / "stdlib-moe"  # benchmarks/train_small_m
 SNIPPETS = ["def __init__(self, name, value=None):\n    ", "import os\nimport sys\n\n\ndef main(", "class Error(",
             "    for i in range(len(items)):\n        ", "    \"\"\"Return the number of", "if __name__ == ",
             "    raise ValueError(f\"", "    with open(path) as f:\n        "]
+
+
+def expert_bytes(model) -> int:
+    """One routed expert's weights (gate, up and down) in the model's dtype, counted from its shape."""
+    c = model.config
+    return 3 * c.hidden_size * c.intermediate_size * model.embed_tokens.weight.element_size()
 
 
 @pytest.fixture(scope="module")

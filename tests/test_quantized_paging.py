@@ -1,4 +1,4 @@
-"""Quantized experts on the CGOPipe runtime (pipeline/expert_stacks.py, pipeline/weight_pager.py).
+"""Quantized experts on the CGOPipe runtime (runtime/expert_stacks.py, pipeline/weight_pager.py).
 
 The resident experts and the paged slots hold the experts' codes and scales (a quarter of the
 16-bit bytes for int4), the link carries them so, and the device expands a layer's experts into
@@ -131,3 +131,26 @@ def test_hrm_counts_quantized_expert_bytes_and_the_planner_predicts_the_gain():
                 method, (m.hidden_size, m.intermediate_size)).expert_bits(m.hidden_size, m.intermediate_size))
             tok_s[method] = plan(hw, spec, wl, "float16").e2e_tok_s
         assert tok_s["none"] < tok_s["int8"] <= tok_s["int4"] * 1.01, (hw_name, tok_s)
+
+
+@pytest.mark.parametrize("policy", ["lru", "combined"])
+def test_latency_mode_caches_quantized_experts(job, policy):
+    """Latency mode's slots hold the experts' bytes; the same tokens and logits as the cache over the
+    dense model of the dequantized values (the combined policy also runs small misses on the CPU,
+    expanded there)."""
+    from moelight.expert_cache.cache_executor import ExpertCacheExecutor
+    from moelight.expert_cache.policy_registry import make_policy
+
+    prompts, params = job
+    held, reference = _quantized_pair("int4", torch.float32)
+    runs, moved = [], []
+    for model in (held, reference):
+        ex = ExpertCacheExecutor(model, 5, make_policy(policy, CFG.num_layers, CFG.num_experts), "emulated",
+                                 cpu_max_tokens=2)
+        try:
+            runs.append(run_job(model, ex, prompts, params, 9, 2, max_prefill_tokens=32))
+            moved.append(ex.cache_stats.fetched_bytes)
+        finally:
+            ex.close()
+    assert_same_run(runs[0], runs[1], rtol=1e-5, atol=1e-5, what=f"latency mode, {policy}")
+    assert 0 < moved[0] < 0.2 * moved[1]

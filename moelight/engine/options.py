@@ -81,9 +81,6 @@ class EngineOptions:
         _choice("--mode", self.mode, MODES)
         _choice("--cache-policy", self.cache_policy, ("auto", *CACHE_POLICIES))
         _choice("--quantize", self.quantize, QUANTIZE)
-        if self.quantize != "none" and self.mode == "latency":
-            raise OptionError(f"--quantize {self.quantize} with --mode latency: the expert cache holds 16-bit "
-                              "experts; quantized experts run on the CPU executor and in throughput mode")
         bounds = (("--batch-size", self.batch_size, 1), ("--micro-batch-size", self.micro_batch_size, 1),
                   ("--gpus", self.gpus, 0), ("--max-prefill-tokens", self.max_prefill_tokens, 1),
                   ("--prefetch-per-layer", self.prefetch_per_layer, 0))

@@ -32,18 +32,14 @@ from moelight.devices.registry import create_device
 from moelight.expert_cache.cache_policy import CachePolicy
 from moelight.expert_cache.cache_state import CacheStats, ExpertCache, Fetch
 from moelight.expert_cache.copy_worker import CopyWorker
+from moelight.expert_cache.expert_slots import expert_slots, slot_bytes
 from moelight.models.causal_lm import MoECausalLM
+from moelight.models.quantized_experts import QuantizedExperts
 from moelight.runtime.executor import Executor, MicroBatch
 from moelight.runtime.forward import attention_extras, decode_slots
 from moelight.runtime.kv_cache import RaggedKVCache
 from moelight.runtime.latent_kv_cache import LatentKVCache
 from moelight.runtime.paged_layout import PagedLayout
-
-
-def expert_bytes(model: MoECausalLM) -> int:
-    """One routed expert's weights (gate, up and down) in the model's dtype."""
-    c = model.config
-    return 3 * c.hidden_size * c.intermediate_size * model.embed_tokens.weight.element_size()
 
 
 def kv_bytes(model: MoECausalLM, tokens: int) -> int:
@@ -59,7 +55,7 @@ def _total(counts: dict, experts: int) -> list[int]:
 
 def non_expert_bytes(model: MoECausalLM) -> int:
     return sum(nbytes_of(p) for n, p in model.named_parameters()
-               if not n.endswith(("mlp.gate_up_proj", "mlp.down_proj")))
+               if not any(f"mlp.{m}" in n for m in ("gate_up_proj", "down_proj")))
 
 
 class ExpertCacheExecutor(Executor):
@@ -87,7 +83,8 @@ class ExpertCacheExecutor(Executor):
         self.stream_slots = [slots, slots + 1] if policy.stream_prefill else []  # DuoServe's prefill buffers
         slots += len(self.stream_slots)
         if isinstance(device, str):
-            need = non_expert_bytes(model) + slots * expert_bytes(model) + kv_bytes(model, max_tokens)
+            per_slot, once = slot_bytes(model)
+            need = non_expert_bytes(model) + slots * per_slot + once + kv_bytes(model, max_tokens)
             capacity = device_memory or (2 * need if device == "emulated" else None)  # activations: < need
             device = create_device(device, capacity_bytes=capacity, **device_kwargs)
         self.device = device
@@ -96,18 +93,9 @@ class ExpertCacheExecutor(Executor):
         for layer in model.layers:  # all but the routed experts, as the CGOPipe pager places them
             for name, mod in layer.named_children():
                 for sub in (mod.children() if name == "mlp" else (mod,)):
-                    device.to_device_module(sub, "non-expert")
-        f, h = cfg.intermediate_size, cfg.hidden_size
-        dtype = model.embed_tokens.weight.dtype
-        self.slot_gu = device.empty((slots, 2 * f, h), dtype, "expert-slots", lane="h2d")  # the copies write them
-        self.slot_dn = device.empty((slots, h, f), dtype, "expert-slots", lane="h2d")
-        for t in (self.slot_gu, self.slot_dn):
-            device.record_stream(t, "gpu")
-        if pin_experts:
-            for j in self.moe_layers:
-                mlp = model.layers[j].mlp
-                for p in (mlp.gate_up_proj, mlp.down_proj):
-                    p.data = device.pin(p.data)
+                    if not isinstance(sub, QuantizedExperts):
+                        device.to_device_module(sub, "non-expert")
+        self.slots = expert_slots(model, self.moe_layers, slots, device, pin_experts)  # 16-bit or quantized
         self.worker = CopyWorker(device, self._chunks)
         self.scale = cfg.attention_scale
         self._kv_src: RaggedKVCache | LatentKVCache | None = None
@@ -131,13 +119,7 @@ class ExpertCacheExecutor(Executor):
     def _chunks(self, f: Fetch) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
         """A fetch's copies: one chunk, or ProMoE's three (gate, up, down), each a list of pairs."""
         layer, e = divmod(f.source if f.source >= 0 else f.key, self.E)
-        mlp = self.model.layers[self.moe_layers[layer]].mlp
-        gu, dn = mlp.gate_up_proj[e].detach(), mlp.down_proj[e].detach()
-        dgu, ddn = self.slot_gu[f.slot], self.slot_dn[f.slot]
-        if self.cache.policy.copy_chunks == 3:
-            half = gu.shape[0] // 2
-            return [[(dgu[:half], gu[:half])], [(dgu[half:], gu[half:])], [(ddn, dn)]]
-        return [[(dgu, gu), (ddn, dn)]]
+        return self.slots.chunks(self.moe_layers[layer], e, f.slot, self.cache.policy.copy_chunks)
 
     def _issue(self, fetches: list[Fetch]) -> None:
         for key in self.cache.evicted_now:
@@ -319,7 +301,8 @@ class ExpertCacheExecutor(Executor):
             self.device.synchronize()
         finally:
             self.device.close()
-            self.slot_gu = self.slot_dn = self._kv = self._kv_src = None
+            self.slots.close()
+            self._kv = self._kv_src = None
 
 
 def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -342,11 +325,10 @@ class _Table:
 
     def get(self, e: int, gate_up: bool) -> torch.Tensor:
         if e in self.on_cpu:
-            return (self.mlp.gate_up_proj if gate_up else self.mlp.down_proj)[e].detach()
+            return self.ex.slots.on_host(self.ex.moe_layers[self.layer], e, gate_up)
         if gate_up:  # the expert's first use: its copy must be done
             self.ex.worker.wait(self.layer * self.ex.E + e)
-        s = self.slot[e]
-        return self.ex.slot_gu[s] if gate_up else self.ex.slot_dn[s]
+        return self.ex.slots.on_device(self.slot[e], gate_up)
 
 
 class _StreamTable:
@@ -374,7 +356,7 @@ class _StreamTable:
                 self.ex.worker.used([self.ex.stream_slots[(n + 1) % 2]])
                 self._copy(n + 1)
             self.ex.worker.wait(self.keys[n])
-        return self.ex.slot_gu[slot] if gate_up else self.ex.slot_dn[slot]
+        return self.ex.slots.on_device(slot, gate_up)
 
 
 class _View:

@@ -130,10 +130,10 @@ def _routed_expert(name: str) -> bool:
 
 def expert_stack_bytes(model: MoECausalLM, n_resident: int) -> tuple[int, int, int]:
     """(one layer's resident stacks, one paged slot, the dequantized layer and the temporaries of
-    dequantizing it) in device bytes, laid out as the weight pager lays them (pipeline/expert_stacks.py);
+    dequantizing it) in device bytes, laid out as the weight pager lays them (runtime/expert_stacks.py);
     the last is 0 for 16-bit experts."""
     from moelight.models.quantized_experts import QuantizedExperts
-    from moelight.pipeline.expert_stacks import DEQUANTIZE_SCRATCH, StackLayout
+    from moelight.runtime.expert_stacks import DEQUANTIZE_SCRATCH, StackLayout
 
     cfg = model.config
     n_paged = cfg.num_experts - n_resident

@@ -24,12 +24,12 @@ from moelight.devices.device_base import Device
 from moelight.models.causal_lm import MoECausalLM
 from moelight.models.grouped_experts import ExpertGroup, GroupedExperts
 from moelight.models.quantized_experts import QuantizedExperts
-from moelight.pipeline.expert_stacks import StackLayout, dequantize_stacks
+from moelight.runtime.expert_stacks import StackLayout, dequantize_stacks
 
 
 class WeightPager:
     """Owns the device copies of the weights and moves the paged experts (as bytes: 16-bit stacks, or
-    quantized ones that the device dequantizes before the layer's GEMMs, pipeline/expert_stacks.py)."""
+    quantized ones that the device dequantizes before the layer's GEMMs, runtime/expert_stacks.py)."""
 
     def __init__(self, model: MoECausalLM, device: Device, r_w: float) -> None:
         cfg = model.config

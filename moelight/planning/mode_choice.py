@@ -29,8 +29,6 @@ def apply_mode(plan, opts, mspec, workload, requests: int, device: str, ranks: i
         info.update(mode="throughput", mode_reason="--mode throughput")
         return plan
     why_not = _no_latency_mode(device, plan.hardware, ranks)
-    if not why_not and opts.quantize != "none":
-        why_not = "the expert cache holds 16-bit experts (--quantize pages quantized experts in throughput mode)"
     if not why_not and opts.mode == "auto" and opts.policy != "auto":
         why_not = f"--policy {opts.policy} is a throughput-mode policy"
     if why_not:
