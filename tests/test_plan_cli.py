@@ -111,3 +111,17 @@ def test_plan_auto_dtype_is_the_gpus_faster_16_bit_type(hardware, want):
     assert json.loads(r.output)["policy"]["dtype"] == want
     cpu = _plan("--model", "bench-1b", "--hardware", hardware, "--gpus", "0", "--json")
     assert json.loads(cpu.output)["policy"]["dtype"] == "bfloat16"
+
+
+@pytest.mark.parametrize("hardware", ["s1", "s2"])
+def test_plan_quantize_shows_the_predicted_gain(hardware):
+    e2e = {}
+    for q in ("none", "int8", "int4"):
+        r = _plan("--model", "mixtral-8x7b", "--hardware", hardware, "--dtype", "float16", "--quantize", q, "--json")
+        assert r.exit_code == 0, r.output
+        e2e[q] = json.loads(r.output)["e2e_tok_s"]
+    assert e2e["none"] * 1.2 < e2e["int8"] <= e2e["int4"] * 1.01, e2e
+    r = _plan("--model", "mixtral-8x7b", "--hardware", hardware, "--quantize", "int4")
+    assert says(r.output, "routed experts held as int4: 4.50 bits per weight")
+    r = _plan("--model", "mixtral-8x7b", "--hardware", hardware, "--quantize", "int3")
+    assert r.exit_code != 0 and says(r.output, "none, int8 or int4")
