@@ -104,7 +104,7 @@ def test_mxfp4_experts_kept_packed_match_dequantised(tmp_path):
     assert kept_cfg.expert_format == ExpertFormat("mxfp4", 32, origin="checkpoint mxfp4")
     # float32 runs (checked against transformers) and GPU runs dequantise at load
     assert choose_expert_format(shipped, torch.float32, "cpu", "none") is None
-    assert choose_expert_format(shipped, torch.bfloat16, "emulated", "none") is None
+    assert choose_expert_format(shipped, torch.bfloat16, "emulated", "none", ranks=2) is None  # TP shards
     kept = build_model(kept_cfg, torch.bfloat16, folder)
     reference = build_model(shipped, torch.bfloat16, folder)  # MXFP4 values are exact in bf16
     assert kept.layers[0].mlp.gate_up_proj.nbytes() * 3 < reference.layers[0].mlp.gate_up_proj.numel() * 2
@@ -160,7 +160,7 @@ def test_real_presets_fit_a_24_gib_machine_only_quantized():
     check_fits(oss, torch.bfloat16, 64 * 256, available=22 * gib)
     qwen = with_expert_format(PRESETS["qwen3-30b-a3b"], torch.bfloat16, "cpu", "int4")
     check_fits(qwen, torch.bfloat16, 64 * 256, available=22 * gib)
-    for dense in (with_expert_format(PRESETS["gpt-oss-20b"], torch.bfloat16, "emulated", "none"),
+    for dense in (with_expert_format(PRESETS["gpt-oss-20b"], torch.bfloat16, "emulated", "none", ranks=2),
                   PRESETS["qwen3-30b-a3b"]):
         with pytest.raises(OutOfMemoryPlan, match="short by"):
             check_fits(dense, torch.bfloat16, 64 * 512, available=22 * gib)
@@ -190,3 +190,31 @@ def test_fp8_experts_kept_in_e4m3_match_dequantised(tmp_path):
     assert kept.layers[sparse].mlp.gate_up_proj.packed.fmt2 == "fp8"
     prompts = _prompts(shipped.vocab_size)
     assert _rel(_logits(kept, prompts), _logits(reference, prompts)) < 2e-2
+
+
+def test_mxfp4_experts_paged_as_shipped_on_a_gpu(tmp_path):
+    """One GPU pages GPT-OSS's MXFP4 experts as shipped and expands them before its GEMMs: the same
+    logits, pass by pass, as the runtime over the checkpoint dequantised at load (MXFP4 values and
+    their power-of-two scales are exact in bf16)."""
+    from moelight.pipeline.pipeline_executor import PipelineExecutor
+    from moelight.sampling.params import SamplingParams
+    from tests.runtime_check import assert_same_run, run_job
+
+    folder = tmp_path / "gpt_oss"
+    _gpt_oss_mxfp4_checkpoint(folder)
+    shipped = load_config(folder)
+    kept_cfg = with_expert_format(shipped, torch.bfloat16, "emulated", "none")
+    assert kept_cfg.expert_format.fmt == "mxfp4"
+    prompts = _prompts(300)
+    params = [SamplingParams(max_tokens=4, temperature=0.0, ignore_eos=True)] * len(prompts)
+    runs = []
+    for cfg in (kept_cfg, shipped):
+        model = build_model(cfg, torch.bfloat16, folder)
+        ex = PipelineExecutor(model, "cgopipe", "emulated", r_w=0.5, max_prefill_tokens=64, max_prompt_len=32,
+                              max_batch=4, max_context=40)
+        try:
+            runs.append(run_job(model, ex, prompts, params, 4, 2, max_prefill_tokens=64))
+            assert ex.pager.quantized == (cfg is kept_cfg)
+        finally:
+            ex.close()
+    assert_same_run(runs[0], runs[1], rtol=0, atol=0, what="MXFP4 paged as shipped")

@@ -3,10 +3,11 @@
 - `--quantize int8|int4`: round-to-nearest at load (each checkpoint tensor quantized as it is read,
   dummy weights drawn as codes), so the 16-bit experts are never in memory at once.
 - A checkpoint that ships quantized experts (GPT-OSS's MXFP4, DeepSeek-V3's FP8 blocks, GPTQ / AWQ /
-  compressed-tensors int4, int8 and FP8) keeps them as shipped on the CPU in bfloat16, where the fused
-  kernel multiplies them directly (act-order GPTQ aside: loading/int_checkpoints.py).
-- Otherwise (float32 runs, checked bit for bit against transformers; cuda / emulated, whose paged
-  experts are 16-bit) the experts are dequantised into the run's dtype at load, as before.
+  compressed-tensors int4, int8 and FP8) keeps them as shipped: on the CPU in bfloat16, where the
+  fused kernel multiplies them directly, and on one GPU in a 16-bit dtype, which pages them so and
+  expands them before its GEMMs (act-order GPTQ aside: loading/int_checkpoints.py).
+- Otherwise (float32 runs, checked bit for bit against transformers; tensor-parallel shards) the
+  experts are dequantised into the run's dtype at load.
 """
 
 from __future__ import annotations
@@ -25,8 +26,9 @@ _SHIPPED = {"mxfp4": ("mxfp4", 32), "fp8": ("fp8", 128)}
 
 
 def choose_expert_format(cfg: ModelConfig, dtype: torch.dtype, device: str, method: str,
-                         group: int = 128) -> ExpertFormat | None:
-    """The run's expert format, None for the run's dtype. `method`: --quantize ('none', 'int8', 'int4')."""
+                         group: int = 128, ranks: int = 1) -> ExpertFormat | None:
+    """The run's expert format, None for the run's dtype. `method`: --quantize ('none', 'int8', 'int4');
+    `ranks`: tensor-parallel ranks (their shards load 16-bit experts)."""
     widths = (cfg.hidden_size, cfg.intermediate_size)
     if method != "none":
         if cfg.checkpoint_quant:
@@ -36,7 +38,9 @@ def choose_expert_format(cfg: ModelConfig, dtype: torch.dtype, device: str, meth
             return quantize_format(method, widths, group)
         except ValueError as e:
             raise ConfigError(f"--quantize {method}: {e}") from None
-    if device != "cpu" or dtype != torch.bfloat16:
+    on_cpu = device == "cpu" and dtype == torch.bfloat16  # the fused kernel multiplies the codes
+    on_gpu = device != "cpu" and dtype in (torch.bfloat16, torch.float16) and ranks == 1  # paged as shipped
+    if not (on_cpu or on_gpu):
         return None  # dequantised at load
     if cfg.checkpoint_scheme is not None:
         return expert_format_of(cfg.checkpoint_scheme, widths)
@@ -50,5 +54,5 @@ def choose_expert_format(cfg: ModelConfig, dtype: torch.dtype, device: str, meth
 
 
 def with_expert_format(cfg: ModelConfig, dtype: torch.dtype, device: str, method: str,
-                       group: int = 128) -> ModelConfig:
-    return replace(cfg, expert_format=choose_expert_format(cfg, dtype, device, method, group))
+                       group: int = 128, ranks: int = 1) -> ModelConfig:
+    return replace(cfg, expert_format=choose_expert_format(cfg, dtype, device, method, group, ranks))
