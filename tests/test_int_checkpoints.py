@@ -1,4 +1,5 @@
-"""GPTQ, AWQ and compressed-tensors checkpoints read as they ship (loading/int_checkpoints.py).
+"""GPTQ, AWQ, compressed-tensors and block-scaled FP8 checkpoints read as they ship
+(loading/int_checkpoints.py).
 
 Each case quantizes every linear layer of a small Mixtral (attention and experts; router and LM head
 stay dense, as quantizers leave them) round-to-nearest into integer codes, scales and zero points,
@@ -104,6 +105,13 @@ def _fp8(w, bits, group, sym, v1, act_order):
     return {"weight": q, "weight_scale": scale}, q.float() * scale
 
 
+def _fp8_block(w, bits, group, sym, v1, act_order):
+    from moelight.models.fp8 import dequantize_fp8_blocks, quantize_fp8_blocks
+
+    q, s = quantize_fp8_blocks(w, (32, 32))
+    return {"weight": q, "weight_scale_inv": s}, dequantize_fp8_blocks(q, s, (32, 32))
+
+
 CASES = {  # name: (packer, bits, group, sym, GPTQ v1 zeros, act order, quantization_config)
     "gptq-int4-sym": (_gptq, 4, 32, True, True, False,
                       {"quant_method": "gptq", "bits": 4, "group_size": 32, "sym": True, "desc_act": False}),
@@ -124,9 +132,12 @@ CASES = {  # name: (packer, bits, group, sym, GPTQ v1 zeros, act order, quantiza
         "num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"}}),
     "ct-fp8": (_fp8, 8, -1, True, False, False, {"format": "float-quantized", "weights": {
         "num_bits": 8, "type": "float", "symmetric": True, "strategy": "channel"}}),
+    "fp8-block": (_fp8_block, 8, 32, True, False, False,  # Qwen3-FP8 style
+                  {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [32, 32]}),
 }
 KEPT = {"gptq-int4-sym": "uint4", "gptq-int4-asym-v2": "uint4", "gptq-int4-desc-act": None, "gptq-int8-asym": "int8",
-        "awq-gemm": "uint4", "ct-w4a16-sym": "uint4", "ct-w4a16-asym": "uint4", "ct-w8a16": "int8", "ct-fp8": "fp8"}
+        "awq-gemm": "uint4", "ct-w4a16-sym": "uint4", "ct-w4a16-asym": "uint4", "ct-w8a16": "int8", "ct-fp8": "fp8",
+        "fp8-block": "fp8"}
 
 
 def _quant_config(raw: dict) -> dict:

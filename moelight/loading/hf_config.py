@@ -15,7 +15,7 @@ from moelight.models.config import ModelConfig
 # in that format where the fused CPU kernel runs them (loading/expert_storage.py), dequantised at load elsewhere
 _FAMILY_FORMATS = {("mxfp4", "gpt_oss"), ("fp8", "deepseek_v2"), ("fp8", "deepseek_v3"), ("fp8", "kimi_k2")}
 # GPTQ / AWQ / compressed-tensors (loading/int_checkpoints.py): families whose experts are per-expert linear layers
-INT_METHODS = ("gptq", "awq", "compressed-tensors")
+INT_METHODS = ("gptq", "awq", "compressed-tensors", "fp8")
 PER_EXPERT_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3", "kimi_k2")
 
 
@@ -23,11 +23,13 @@ def config_from_hf_dict(cfg: dict, where: str = "config.json") -> ModelConfig:
     """Read a Hugging Face config dict through its family's adapter, with errors that name the file."""
     quant_cfg = cfg.get("quantization_config") or {}
     quant, mtype = quant_cfg.get("quant_method"), cfg.get("model_type")
-    scheme = scheme_of(quant_cfg, where) if quant in INT_METHODS and mtype in PER_EXPERT_FAMILIES else None
+    generic = quant in INT_METHODS and mtype in PER_EXPERT_FAMILIES and (quant, mtype) not in _FAMILY_FORMATS
+    scheme = scheme_of(quant_cfg, where) if generic else None
     if quant and scheme is None and (quant, mtype) not in _FAMILY_FORMATS:
-        raise ConfigError(f"{where}: a {quant!r}-quantised {mtype} checkpoint; moelight reads GPTQ, AWQ and "
-                          f"compressed-tensors checkpoints of {', '.join(PER_EXPERT_FAMILIES)}, GPT-OSS's MXFP4 "
-                          "and DeepSeek's FP8, and unquantised weights: use the model's original checkpoint")
+        raise ConfigError(f"{where}: a {quant!r}-quantised {mtype} checkpoint; moelight reads GPTQ, AWQ, "
+                          "compressed-tensors and block-scaled FP8 checkpoints of "
+                          f"{', '.join(PER_EXPERT_FAMILIES)}, GPT-OSS's MXFP4, and unquantised weights: use the "
+                          "model's original checkpoint")
     config = family(mtype, where).config_from_hf(cfg, where)
     return replace(config, checkpoint_quant=quant, checkpoint_scheme=scheme) if quant else config
 

@@ -1,4 +1,6 @@
-"""Integer- and FP8-quantized checkpoints as they ship: GPTQ, AWQ (GEMM) and compressed-tensors.
+"""Integer- and FP8-quantized checkpoints as they ship: GPTQ, AWQ (GEMM), compressed-tensors, and FP8
+with block scales in the families whose own weight map does not read them (Qwen3-FP8 style; DeepSeek's
+is models/deepseek.py).
 
 Each quantized linear layer is a group of tensors under its module's name (GPTQ `qweight`, `qzeros`,
 `scales`, `g_idx`; AWQ `qweight`, `qzeros`, `scales`; compressed-tensors `weight_packed`,
@@ -20,14 +22,17 @@ import torch
 
 from moelight.errors import ConfigError, WeightsError
 from moelight.models.expert_format import ExpertFormat, IntScheme
+from moelight.models.fp8 import dequantize_fp8_blocks, fp8_piece
 from moelight.models.quantized_experts import QuantPiece
 
 _AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)  # AWQ GEMM: nibble i of a word holds column 8c + _AWQ_ORDER[i]
 _PARTS = {"gptq": ("qweight", "qzeros", "scales", "g_idx"), "awq": ("qweight", "qzeros", "scales"),
           "pack-quantized": ("weight_packed", "weight_scale", "weight_zero_point", "weight_shape", "weight_g_idx"),
-          "float-quantized": ("weight", "weight_scale")}
+          "float-quantized": ("weight", "weight_scale"), "fp8-block": ("weight", "weight_scale_inv")}
+_FLOAT = ("float-quantized", "fp8-block")
 _NEEDED = {"gptq": ("qweight", "qzeros", "scales"), "awq": ("qweight", "qzeros", "scales"),
-           "pack-quantized": ("weight_packed", "weight_scale"), "float-quantized": ("weight", "weight_scale")}
+           "pack-quantized": ("weight_packed", "weight_scale"), "float-quantized": ("weight", "weight_scale"),
+           "fp8-block": ("weight", "weight_scale_inv")}
 
 
 def scheme_of(quant: dict, where: str) -> IntScheme | None:
@@ -47,6 +52,12 @@ def scheme_of(quant: dict, where: str) -> IntScheme | None:
                                   not quant.get("zero_point", True)), where)
     if method == "compressed-tensors":
         return _compressed_tensors(quant, where)
+    if method == "fp8":  # Qwen3-FP8 style: e4m3 weights, `weight_scale_inv` per [rows, columns] block
+        block = quant.get("weight_block_size")
+        if quant.get("fmt", "e4m3") != "e4m3" or not (isinstance(block, list) and len(block) == 2):
+            raise ConfigError(f"{where}: an FP8 checkpoint with fmt {quant.get('fmt')!r} and weight_block_size "
+                              f"{block!r}; moelight reads e4m3 weights with [rows, columns] block scales")
+        return IntScheme("fp8", "fp8-block", 8, int(block[1]), block=(int(block[0]), int(block[1])))
     return None
 
 
@@ -85,7 +96,7 @@ def expert_format_of(s: IntScheme, widths: tuple[int, ...]) -> ExpertFormat | No
         return None
     group = 0 if s.group == -1 else s.group
     origin = f"checkpoint {s.method}"
-    if s.layout == "float-quantized":
+    if s.layout in _FLOAT:
         return ExpertFormat("fp8", group, origin=origin)
     return ExpertFormat("uint4" if s.bits == 4 else "int8", group, zero=True, origin=origin)
 
@@ -97,7 +108,8 @@ def quantized_modules(names, s: IntScheme, where: str) -> dict[str, dict[str, st
     names = set(names)
     for name in names:
         module, _, part = name.rpartition(".")
-        if part in parts and (s.layout != "float-quantized" or f"{module}.weight_scale" in names):
+        scale = _PARTS[s.layout][1]  # a float layout's `weight` is quantized only beside its scale
+        if part in parts and (s.layout not in _FLOAT or f"{module}.{scale}" in names):
             modules.setdefault(f"{module}.weight", {})[part] = name
     needed = _NEEDED[s.layout] + (("weight_zero_point",) if s.layout == "pack-quantized" and not s.sym else ())
     for weight, found in modules.items():
@@ -113,6 +125,10 @@ def read_module(s: IntScheme, t: dict[str, torch.Tensor]) -> QuantPiece | torch.
     groups are not contiguous (act order) or it is not a 4- / 8-bit integer or FP8 layout we keep."""
     if s.layout == "float-quantized":
         return _fp8_piece(s, t["weight"], t["weight_scale"])
+    if s.layout == "fp8-block":
+        if t["weight"].shape[1] % s.block[1]:  # the last column block cut short: no whole groups along K
+            return dequantize_fp8_blocks(t["weight"], t["weight_scale_inv"], s.block)
+        return fp8_piece(t["weight"], t["weight_scale_inv"], s.block)
     u, zero, scale, g_idx = _unpacked(s, t)
     n, k = u.shape
     group = k if s.group == -1 else s.group
