@@ -34,7 +34,7 @@ from moelight.expert_cache.cache_state import CacheStats, ExpertCache, Fetch
 from moelight.expert_cache.copy_worker import CopyWorker
 from moelight.expert_cache.expert_slots import expert_slots, slot_bytes
 from moelight.models.causal_lm import MoECausalLM
-from moelight.models.quantized_experts import QuantizedExperts
+from moelight.models.quantized_experts import QuantizedExperts, routed_expert_param
 from moelight.runtime.executor import Executor, MicroBatch
 from moelight.runtime.forward import attention_extras, decode_slots
 from moelight.runtime.kv_cache import RaggedKVCache
@@ -55,7 +55,7 @@ def _total(counts: dict, experts: int) -> list[int]:
 
 def non_expert_bytes(model: MoECausalLM) -> int:
     return sum(nbytes_of(p) for n, p in model.named_parameters()
-               if not any(f"mlp.{m}" in n for m in ("gate_up_proj", "down_proj")))
+               if not routed_expert_param(n))
 
 
 class ExpertCacheExecutor(Executor):

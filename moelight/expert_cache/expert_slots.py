@@ -15,25 +15,18 @@ import torch
 
 from moelight.devices.device_base import Device
 from moelight.models.causal_lm import MoECausalLM
-from moelight.models.quantized_experts import QuantizedExperts
+from moelight.models.quantized_experts import held_quantized
 from moelight.runtime.expert_stacks import DEQUANTIZE_SCRATCH, StackLayout, dequantize_stacks
-
-
-def quantized_experts_held(model: MoECausalLM) -> bool:
-    cfg = model.config
-    mlp = next((layer.mlp for j, layer in enumerate(model.layers) if cfg.is_sparse(j)), None)
-    return mlp is not None and isinstance(mlp.gate_up_proj, QuantizedExperts)
 
 
 def slot_bytes(model: MoECausalLM) -> tuple[int, int]:
     """(device bytes per expert slot, device bytes needed once beside the slots): quantized, a slot is
     the expert's byte row and the once-only part its expansion buffer and temporaries."""
-    cfg = model.config
-    if not quantized_experts_held(model):
+    cfg, held = model.config, held_quantized(model)
+    if held is None:
         return 3 * cfg.hidden_size * cfg.intermediate_size * model.embed_tokens.weight.element_size(), 0
-    mlp = next(layer.mlp for j, layer in enumerate(model.layers) if cfg.is_sparse(j))
     dense = StackLayout.dense(1, cfg.hidden_size, cfg.intermediate_size, model.embed_tokens.weight.dtype)
-    return StackLayout.quantized(1, mlp.gate_up_proj, mlp.down_proj).nbytes, dense.nbytes + DEQUANTIZE_SCRATCH
+    return StackLayout.quantized(1, *held).nbytes, dense.nbytes + DEQUANTIZE_SCRATCH
 
 
 class DenseSlots:
@@ -76,8 +69,7 @@ class QuantizedSlots:
     def __init__(self, model: MoECausalLM, layers: list[int], slots: int, device: Device, pin: bool) -> None:
         cfg, dtype = model.config, model.embed_tokens.weight.dtype
         f, h = cfg.intermediate_size, cfg.hidden_size
-        first = model.layers[layers[0]].mlp
-        self.layout = StackLayout.quantized(1, first.gate_up_proj, first.down_proj)
+        self.layout = StackLayout.quantized(1, *held_quantized(model))
         self.host: dict[int, torch.Tensor] = {}  # layer -> [E, row bytes]: each expert's byte row
         for j in layers:
             mlp = model.layers[j].mlp
@@ -111,5 +103,5 @@ class QuantizedSlots:
 
 
 def expert_slots(model: MoECausalLM, layers: list[int], slots: int, device: Device, pin: bool):
-    cls = QuantizedSlots if quantized_experts_held(model) else DenseSlots
+    cls = QuantizedSlots if held_quantized(model) is not None else DenseSlots
     return cls(model, layers, slots, device, pin)

@@ -44,28 +44,25 @@ class ExpertFormat:
         return 8.0 * (self.matrix_bytes(2 * f, h) + self.matrix_bytes(h, f)) / (3 * h * f)
 
 
-INT4_GROUPS = (128, 64, 32)
-
-
 def quantize_format(method: str, widths: tuple[int, ...], group: int = 128) -> ExpertFormat:
     """`--quantize int8` (a scale per output channel) or `int4` (the largest group <= `group` that divides
     every expert width, a scale and an offset per group); ValueError naming what does not fit."""
+    from cpu_kernels.expert_quant import int4_group_for  # here: importing cpu_kernels loads its library
+
     if method == "int8":
         return ExpertFormat("int8", 0, origin="--quantize int8")
     if method != "int4":
         raise ValueError(f"--quantize {method!r}: none, int8 or int4")
-    for g in INT4_GROUPS:
-        if g <= group and all(w % g == 0 for w in widths):
-            return ExpertFormat("uint4", g, zero=True, origin=f"--quantize int4 (group {g})")
-    raise ValueError(f"no int4 group size in {INT4_GROUPS} (at most {group}) divides the expert widths {widths}")
+    g = int4_group_for(*widths, preferred=group)
+    return ExpertFormat("uint4", g, zero=True, origin=f"--quantize int4 (group {g})")
 
 
 @dataclass(frozen=True)
 class IntScheme:
     """A GPTQ / AWQ / compressed-tensors checkpoint's weight quantization (loading/int_checkpoints.py)."""
 
-    method: str  # 'gptq' | 'awq' | 'compressed-tensors'
-    layout: str  # 'gptq' | 'awq' | 'pack-quantized' | 'float-quantized'
+    method: str  # 'gptq' | 'awq' | 'compressed-tensors' | 'fp8'
+    layout: str  # 'gptq' | 'awq' | 'pack-quantized' | 'float-quantized' | 'fp8-block'
     bits: int  # 4 or 8
     group: int  # input columns per scale; -1: the whole row
     sym: bool = True

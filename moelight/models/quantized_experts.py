@@ -153,5 +153,20 @@ def hold_experts_quantized(model: nn.Module, form: ExpertFormat) -> None:
                 setattr(moe, name, QuantizedExperts(form, e, n, k))
 
 
+def held_quantized(model: nn.Module) -> tuple[QuantizedExperts, QuantizedExperts] | None:
+    """(gate_up, down) of the first MoE layer when the model holds its experts quantized, else None
+    (every MoE layer holds them alike)."""
+    cfg = model.config
+    mlp = next((layer.mlp for j, layer in enumerate(model.layers) if cfg.is_sparse(j)), None)
+    if mlp is None or not isinstance(mlp.gate_up_proj, QuantizedExperts):
+        return None
+    return mlp.gate_up_proj, mlp.down_proj
+
+
+def routed_expert_param(name: str) -> bool:
+    """A parameter of the routed experts (`...mlp.gate_up_proj`, or a part of one held quantized)."""
+    return any(name.endswith(f"mlp.{m}") or f"mlp.{m}." in name for m in ("gate_up_proj", "down_proj"))
+
+
 def quantized_experts_of(model: nn.Module) -> dict[str, QuantizedExperts]:
     return {name: m for name, m in model.named_modules() if isinstance(m, QuantizedExperts)}

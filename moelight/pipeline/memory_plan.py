@@ -17,6 +17,7 @@ import torch
 
 from moelight.models.causal_lm import MoECausalLM
 from moelight.models.config import ModelConfig
+from moelight.models.quantized_experts import held_quantized, routed_expert_param
 
 
 def _elem(dtype: torch.dtype) -> int:
@@ -109,7 +110,7 @@ class MemoryPlan:
         cfg = model.config
         dtype = model.embed_tokens.weight.dtype
         non_expert = sum(p.numel() * p.element_size() for n, p in model.named_parameters()
-                         if not _routed_expert(n))
+                         if not routed_expert_param(n))
         resident, paged, dequantized = expert_stack_bytes(model, n_resident)
         groups = 2 if 0 < n_resident < cfg.num_experts else 1
         layer = layer_pass_bytes_per_token(cfg, dtype, groups)
@@ -124,22 +125,17 @@ class MemoryPlan:
         return cls(non_expert, sparse * resident + dequantized, 2 * paged, max(decode, prefill), kv)
 
 
-def _routed_expert(name: str) -> bool:
-    return any(name.endswith(f"mlp.{m}") or f"mlp.{m}." in name for m in ("gate_up_proj", "down_proj"))
-
-
 def expert_stack_bytes(model: MoECausalLM, n_resident: int) -> tuple[int, int, int]:
     """(one layer's resident stacks, one paged slot, the dequantized layer and the temporaries of
     dequantizing it) in device bytes, laid out as the weight pager lays them (runtime/expert_stacks.py);
     the last is 0 for 16-bit experts."""
-    from moelight.models.quantized_experts import QuantizedExperts
     from moelight.runtime.expert_stacks import DEQUANTIZE_SCRATCH, StackLayout
 
     cfg = model.config
     n_paged = cfg.num_experts - n_resident
-    mlp = next((layer.mlp for j, layer in enumerate(model.layers) if cfg.is_sparse(j)), None)
-    if mlp is not None and isinstance(mlp.gate_up_proj, QuantizedExperts):
-        layouts = [StackLayout.quantized(n, mlp.gate_up_proj, mlp.down_proj) for n in (n_resident, n_paged)]
+    held = held_quantized(model)
+    if held is not None:
+        layouts = [StackLayout.quantized(n, *held) for n in (n_resident, n_paged)]
         dense = StackLayout.dense(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size,
                                   model.embed_tokens.weight.dtype).nbytes + DEQUANTIZE_SCRATCH
     else:

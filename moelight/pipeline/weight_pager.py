@@ -23,7 +23,7 @@ import torch
 from moelight.devices.device_base import Device
 from moelight.models.causal_lm import MoECausalLM
 from moelight.models.grouped_experts import ExpertGroup, GroupedExperts
-from moelight.models.quantized_experts import QuantizedExperts
+from moelight.models.quantized_experts import QuantizedExperts, held_quantized
 from moelight.runtime.expert_stacks import StackLayout, dequantize_stacks
 
 
@@ -41,11 +41,11 @@ class WeightPager:
         f, h = cfg.intermediate_size, cfg.hidden_size
         self.gu_shape, self.dn_shape = (2 * f, h), (h, f)
         self.sparse = [cfg.is_sparse(j) for j in range(cfg.num_layers)]  # a dense layer pages nothing
-        first = next((layer.mlp for j, layer in enumerate(model.layers) if self.sparse[j]), None)
-        self.quantized = first is not None and isinstance(first.gate_up_proj, QuantizedExperts)
-        if self.quantized:
-            self.resident_layout = StackLayout.quantized(self.n_resident, first.gate_up_proj, first.down_proj)
-            self.paged_layout = StackLayout.quantized(self.n_paged, first.gate_up_proj, first.down_proj)
+        held = held_quantized(model)
+        self.quantized = held is not None
+        if held is not None:
+            self.resident_layout = StackLayout.quantized(self.n_resident, *held)
+            self.paged_layout = StackLayout.quantized(self.n_paged, *held)
         else:
             self.resident_layout = StackLayout.dense(self.n_resident, h, f, self.dtype)
             self.paged_layout = StackLayout.dense(self.n_paged, h, f, self.dtype)
