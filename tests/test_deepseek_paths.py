@@ -5,6 +5,7 @@ against the expanded attention it replaces; the latent cache's size."""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import pytest
@@ -19,6 +20,8 @@ from moelight.pipeline.schedule import SCHEDULES
 from moelight.runtime.latent_kv_cache import LatentKVCache, kv_cache_class
 from moelight.sampling.params import SamplingParams
 from tests.checkpoints import random_prompts
+from tests.conftest import device_kinds
+from tests.runtime_check import assert_close_run_on_gpu, run_job
 from tests.tp_helpers import random_model
 
 # kv_lora_rank 64 + RoPE 32: a row width the C++ latent kernel is built for (cpu_kernels.latent.LATENT_SHAPES)
@@ -65,29 +68,48 @@ def test_plain_engine_with_the_latent_kernel_matches_transformers(tmp_path):
     assert ours == theirs
 
 
+def _check(model, ref, ex, device: str, what: str) -> None:
+    """The plain engine's tokens on the emulated device; on CUDA its logits within cuBLAS rounding."""
+    if device == "emulated":
+        assert tokens(model, ex) == ref
+    else:
+        got = run_job(ex.model, ex, PROMPTS, PARAMS, 6, 2, max_prefill_tokens=48)
+        assert_close_run_on_gpu(got, run_job(model, None, PROMPTS, PARAMS, 6, 2, max_prefill_tokens=48), what=what)
+
+
+@pytest.mark.parametrize("device", device_kinds())
 @pytest.mark.parametrize("r_w", [0.0, 0.5])
 @pytest.mark.parametrize("schedule", SCHEDULES)
-def test_cgopipe_on_the_emulated_device_gives_the_plain_tokens(plain, schedule, r_w):
+def test_cgopipe_on_the_device_gives_the_plain_tokens(plain, schedule, r_w, device):
     """CPU attention over the latent cache (cgopipe, flexgen-cpu, overlap-unpaged) and FlexGen's GPU
     attention over latent rows fetched to the device: the absorbed query and W_UV run on the device."""
     model, ref = plain
-    ex = PipelineExecutor(model, schedule, "emulated", r_w=r_w, **EXEC_KW)
+    if device == "cuda":  # over a copy: its non-expert modules move to the GPU
+        kw = {k: v for k, v in EXEC_KW.items() if not k.endswith("bandwidth")}
+        ex = PipelineExecutor(copy.deepcopy(model), schedule, "cuda", r_w=r_w, **kw)
+    else:
+        ex = PipelineExecutor(model, schedule, "emulated", r_w=r_w, **EXEC_KW)
     try:
-        assert tokens(model, ex) == ref
+        _check(model, ref, ex, device, f"{schedule} r_w={r_w}")
         assert ex.pager.sparse == [False, True, True]  # the dense first layer pages nothing
     finally:
         ex.close()
 
 
+@pytest.mark.parametrize("device", device_kinds())
 @pytest.mark.parametrize("policy", ["lru", "combined"])
-def test_latency_mode_gives_the_plain_tokens(plain, policy):
+def test_latency_mode_gives_the_plain_tokens(plain, policy, device):
     model, ref = plain
     cfg = model.config
     layers = sum(cfg.is_sparse(j) for j in range(cfg.num_layers))
-    ex = ExpertCacheExecutor(model, 10, make_policy(policy, layers, cfg.num_experts), "emulated",
-                             device_memory=64 << 20, cpu_max_tokens=2, h2d_bandwidth=4e9, d2h_bandwidth=4e9)
+    pol = make_policy(policy, layers, cfg.num_experts)
+    if device == "cuda":
+        ex = ExpertCacheExecutor(copy.deepcopy(model), 10, pol, "cuda", cpu_max_tokens=2)
+    else:
+        ex = ExpertCacheExecutor(model, 10, pol, "emulated", device_memory=64 << 20, cpu_max_tokens=2,
+                                 h2d_bandwidth=4e9, d2h_bandwidth=4e9)
     try:
-        assert tokens(model, ex) == ref
+        _check(model, ref, ex, device, f"latency {policy}")
         assert ex.cache_stats.misses > 0
     finally:
         ex.close()

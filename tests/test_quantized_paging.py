@@ -26,7 +26,7 @@ from moelight.models.quantized_experts import QuantizedExperts, hold_experts_qua
 from moelight.pipeline.pipeline_executor import PipelineExecutor
 from moelight.runtime.cpu_linear import pack_model
 from moelight.sampling.params import SamplingParams
-from tests.runtime_check import assert_same_run, run_job, swap_paged_experts
+from tests.runtime_check import assert_close_run_on_gpu, assert_same_run, run_job, swap_paged_experts
 from tests.test_pipeline_executor import CFG, EXEC_KW
 from tests.tp_helpers import random_model
 
@@ -80,6 +80,25 @@ def test_float32_runtime_equals_the_dequantized_model(job, method):
     share = {"int4": 0.2, "int8": 0.28}[method]  # (4 bits + a scale and an offset per 32, or 8 + 1 scale a row) / 32
     assert quantized and paged < share * ref_paged
     assert peak <= planned
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("method", ["int4", "int8"])
+def test_on_a_gpu_the_paged_codes_expand_to_the_dequantized_model(job, method):
+    """CUDA: the link carries codes and scales, the GPU expands them; the plain engine's run of the
+    dense model of the dequantized values, within cuBLAS rounding."""
+    prompts, params = job
+    held, reference = _quantized_pair(method, torch.float32)
+    kw = {k: v for k, v in EXEC_KW.items() if not k.endswith("bandwidth")}
+    ex = PipelineExecutor(copy.deepcopy(held), "cgopipe", "cuda", r_w=0.5, **kw)
+    try:
+        got = run_job(ex.model, ex, prompts, params, 9, 2, max_prefill_tokens=32)
+        assert ex.pager.quantized
+    finally:
+        ex.close()
+    assert_close_run_on_gpu(got, run_job(reference, None, prompts, params, 9, 2, max_prefill_tokens=32),
+                            what=f"{method} on the GPU")
 
 
 def test_a_swapped_paged_expert_is_seen(job):

@@ -34,6 +34,7 @@ from moelight.expert_cache.cache_state import CacheStats, ExpertCache, Fetch
 from moelight.expert_cache.copy_worker import CopyWorker
 from moelight.expert_cache.expert_slots import expert_slots, slot_bytes
 from moelight.models.causal_lm import MoECausalLM
+from moelight.models.moe import expert_output
 from moelight.models.quantized_experts import QuantizedExperts, routed_expert_param
 from moelight.runtime.executor import Executor, MicroBatch
 from moelight.runtime.forward import attention_extras, decode_slots
@@ -88,6 +89,8 @@ class ExpertCacheExecutor(Executor):
             capacity = device_memory or (2 * need if device == "emulated" else None)  # activations: < need
             device = create_device(device, capacity_bytes=capacity, **device_kwargs)
         self.device = device
+        # what an expert run on the CPU needs besides its weights (GPT-OSS's biases), kept on the host
+        self._host_terms = {j: _host_terms(model.layers[j].mlp) for j in self.moe_layers}
         for mod in (model.embed_tokens, model.norm, model.lm_head):
             device.to_device_module(mod, "non-expert")
         for layer in model.layers:  # all but the routed experts, as the CGOPipe pager places them
@@ -155,13 +158,34 @@ class ExpertCacheExecutor(Executor):
             on_device = [e for e in needed if e not in on_cpu]
             if policy.reorder:  # ProMoE: what has arrived first, what is still coming last
                 on_device.sort(key=lambda e: (self.worker.pending(i * E + e), e))
-            table = _Table(self, i, on_device, on_cpu, mlp)
-            out = mlp.forward_with(h, table.gate_up, table.down, _linear, routing=(weights, experts),
-                                   compute_order=on_cpu + on_device, counts=_total(counts, E))
+            ready = self._on_cpu(j, h, weights, ex, on_cpu) if on_cpu else None
+            table = _Table(self, i, on_device)
+            out = mlp.forward_with(h, table.gate_up, table.down, F.linear, routing=(weights, experts),
+                                   compute_order=on_cpu + on_device, counts=_total(counts, E), ready=ready)
             self.worker.used(table.slots)
             return out
 
         return run
+
+    def _on_cpu(self, j: int, h: torch.Tensor, weights: torch.Tensor, ex: np.ndarray, on_cpu: list[int]) -> dict:
+        """The experts that run next to their host copies (CoServe): the layer's input and routing
+        weights come back in one read (the layer's second and last sync), each expert's weighted rows
+        go up from page-locked memory as `expert_mix`'s ready pieces."""
+        back = self.device.to_host(torch.cat([h.double(), weights.double()], 1))  # exact for both dtypes
+        x, w = back[:, : h.shape[1]].to(h.dtype), back[:, h.shape[1] :].to(weights.dtype).reshape(-1, 1)
+        activation, gate_up_bias, down_bias = self._host_terms[j]
+        flat, k, ready = ex.reshape(-1), ex.shape[1], {}
+        for e in on_cpu:
+            pairs = torch.from_numpy(np.flatnonzero(flat == e))  # in token order, as expert_mix sorts them
+            if len(pairs) == 0:
+                continue
+            rows = pairs // k
+            y = expert_output(x.index_select(0, rows), w.index_select(0, pairs), self.slots.on_host(j, e, True),
+                              self.slots.on_host(j, e, False), F.linear, activation,
+                              None if gate_up_bias is None else gate_up_bias[e],
+                              None if down_bias is None else down_bias[e])
+            ready[e] = (self.device.upload(self.device.pin(rows)), self.device.upload(self.device.pin(y)))
+        return ready
 
     def _streamed(self, mlp, i: int, h, weights, experts, counts) -> torch.Tensor:
         """DuoServe's prefill: the layer's experts stream through two slots of their own, in
@@ -170,7 +194,7 @@ class ExpertCacheExecutor(Executor):
         needed = [int(e) for e in np.flatnonzero(sum(counts.values()))]
         self.cache.stats.streamed += len(needed)
         table = _StreamTable(self, i, needed)
-        out = mlp.forward_with(h, table.gate_up, table.down, _linear, routing=(weights, experts),
+        out = mlp.forward_with(h, table.gate_up, table.down, F.linear, routing=(weights, experts),
                                counts=_total(counts, self.E))
         self.worker.used(self.stream_slots)
         return out
@@ -180,6 +204,7 @@ class ExpertCacheExecutor(Executor):
         activation record goes."""
         self.cache.release(seq)
 
+    @torch.inference_mode()  # the device's copy was made inside a pass: an inference tensor
     def copy_pages(self, cache, copies: list[tuple[int, int]], page_size: int) -> None:
         """Copy-on-write in the engine's cache and in the device's copy of it (the one attention reads)."""
         cache.copy_pages(copies, page_size)
@@ -305,27 +330,23 @@ class ExpertCacheExecutor(Executor):
             self._kv = self._kv_src = None
 
 
-def _linear(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """F.linear where the weight lives: an expert run on the CPU takes its tokens there and back."""
-    if w.device == x.device:
-        return F.linear(x, w)
-    return F.linear(x.to(w.device), w).to(x.device)
+def _host_terms(mlp) -> tuple:
+    """The block's expert activation and biases, the biases copied to the host (before they move)."""
+    activation, gate_up_bias, down_bias = mlp.expert_terms()
+    return activation, *(None if b is None else b.detach().cpu().clone() for b in (gate_up_bias, down_bias))
 
 
 class _Table:
     """A layer's page table as expert_mix indexes it: a slot view that is waited for when first
-    used (so the experts compute as they arrive), or the host copy of an expert run on the CPU."""
+    used (so the experts compute as they arrive)."""
 
-    def __init__(self, ex: ExpertCacheExecutor, layer: int, on_device: list[int], on_cpu: list[int], mlp) -> None:
-        self.ex, self.layer, self.mlp = ex, layer, mlp
-        self.on_cpu = set(on_cpu)
+    def __init__(self, ex: ExpertCacheExecutor, layer: int, on_device: list[int]) -> None:
+        self.ex, self.layer = ex, layer
         self.slot = {e: int(ex.cache.slot_of[layer * ex.E + e]) for e in on_device}
         self.slots = list(self.slot.values())
         self.gate_up, self.down = _View(self, True), _View(self, False)
 
     def get(self, e: int, gate_up: bool) -> torch.Tensor:
-        if e in self.on_cpu:
-            return self.ex.slots.on_host(self.ex.moe_layers[self.layer], e, gate_up)
         if gate_up:  # the expert's first use: its copy must be done
             self.ex.worker.wait(self.layer * self.ex.E + e)
         return self.ex.slots.on_device(self.slot[e], gate_up)

@@ -25,7 +25,7 @@ from moelight.models.grouped_routing import METHODS, GroupRouter, GroupRouting
 from moelight.models.latent_attention import MultiHeadLatentAttention
 from moelight.models.layers import DecoderLayerBase, RMSNorm, SwiGLU
 from moelight.models.mla_config import LatentAttention
-from moelight.models.moe import expert_mix
+from moelight.models.moe import expert_mix, swiglu
 from moelight.models.rope import yarn_mscale
 from moelight.models.targets import Target, hf_style_targets, strip_model_prefix
 
@@ -50,12 +50,15 @@ class DeepseekMoE(nn.Module):
     def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.gate(x)
 
+    def expert_terms(self):
+        return swiglu, None, None
+
     def forward_with(self, x: torch.Tensor, gate_up_proj, down_proj, linear, routing=None,
-                     compute_order=None, counts=None) -> torch.Tensor:
+                     compute_order=None, counts=None, ready=None) -> torch.Tensor:
         """As SparseMoE.forward_with: the runtime may supply the expert weights, routing, order and counts."""
         weights, experts = self.route(x) if routing is None else routing
         out = expert_mix(x, weights, experts, gate_up_proj, down_proj, linear, compute_order=compute_order,
-                         counts=counts)
+                         counts=counts, ready=ready)
         return out + self.shared_expert(x) if hasattr(self, "shared_expert") else out
 
 

@@ -59,12 +59,15 @@ class GptOssMoE(nn.Module):
         top, experts = torch.topk(self.gate(x), self.top_k, dim=-1)
         return torch.softmax(top, dim=-1, dtype=top.dtype), experts  # softmax after top-k, no renormalising
 
+    def expert_terms(self):
+        return self.clamped_swiglu, self.expert_bias.gate_up, self.expert_bias.down
+
     def forward_with(self, x: torch.Tensor, gate_up_proj, down_proj, linear, routing=None,
-                     compute_order=None, counts=None) -> torch.Tensor:
+                     compute_order=None, counts=None, ready=None) -> torch.Tensor:
         weights, experts = self.route(x) if routing is None else routing
         return expert_mix(x, weights, experts, gate_up_proj, down_proj, linear, self.clamped_swiglu,
                           self.expert_bias.gate_up, self.expert_bias.down, compute_order=compute_order,
-                          counts=counts)
+                          counts=counts, ready=ready)
 
     def clamped_swiglu(self, gate_up: torch.Tensor) -> torch.Tensor:
         gate, up = gate_up.chunk(2, dim=-1)

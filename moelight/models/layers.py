@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from moelight.models.config import ModelConfig
-from moelight.models.moe import expert_mix, route
+from moelight.models.moe import expert_mix, route, swiglu
 
 
 class RMSNorm(nn.Module):
@@ -107,14 +107,18 @@ class SparseMoE(nn.Module):
         """Routing weights and expert ids [T, k] of x [T, h]."""
         return route(x, self.gate.weight, self.top_k, self.normalize)
 
+    def expert_terms(self):
+        """(activation, gate_up bias, down bias) of the routed experts, for a runtime that runs some elsewhere."""
+        return swiglu, None, None
+
     def forward_with(self, x: torch.Tensor, gate_up_proj, down_proj, linear, routing=None,
-                     compute_order=None, counts=None) -> torch.Tensor:
+                     compute_order=None, counts=None, ready=None) -> torch.Tensor:
         """The block over routed-expert weights a runtime supplies (a page table of device buffers),
         with the routing it already computed (`route`) if it needed it first (and its tokens per
         expert, if on the host), and the order it wants the experts computed in (the sum is the same)."""
         weights, experts = self.route(x) if routing is None else routing
         out = expert_mix(x, weights, experts, gate_up_proj, down_proj, linear, compute_order=compute_order,
-                         counts=counts)
+                         counts=counts, ready=ready)
         if hasattr(self, "shared_expert"):
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out

@@ -25,6 +25,21 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def expert_output(x_rows: torch.Tensor, pair_weight: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,
+                  linear=F.linear, activation=swiglu, gate_up_bias: torch.Tensor | None = None,
+                  down_bias: torch.Tensor | None = None) -> torch.Tensor:
+    """One expert over its rows, weighted by the rows' routing weights: scaled in float32 and rounded
+    once to x's dtype, as the reference does (a runtime that runs an expert elsewhere, on the CPU
+    next to its host copy, computes exactly this)."""
+    gu = linear(x_rows, gate_up)
+    if gate_up_bias is not None:
+        gu = gu + gate_up_bias
+    y = linear(activation(gu), down)
+    if down_bias is not None:
+        y = y + down_bias
+    return (y * pair_weight).to(x_rows.dtype)
+
+
 def expert_mix(
     x: torch.Tensor,
     weights: torch.Tensor,
@@ -37,6 +52,7 @@ def expert_mix(
     down_bias: torch.Tensor | None = None,
     compute_order: list[int] | None = None,
     counts: list[int] | None = None,
+    ready: dict[int, tuple[torch.Tensor, torch.Tensor]] | None = None,
 ) -> torch.Tensor:
     """x [T, h], routing weights / expert ids [T, k] -> sum of the weighted expert outputs [T, h].
 
@@ -49,7 +65,8 @@ def expert_mix(
     still sums them in ascending order. `counts` (tokens per expert) are given where the caller has
     the routing on the host already (no read-back of the device's); a `GroupedExperts` table runs
     the grouped kernels instead, with no host sync at all; experts packed for the fused CPU kernel
-    (runtime/fused_experts.py) run all at once there.
+    (runtime/fused_experts.py) run all at once there. `ready` holds experts' (token rows, weighted
+    output) computed elsewhere (`expert_output` on the CPU): they are summed in their place.
     """
     if compute_order is None and hasattr(gate_up_proj, "fused_mix"):
         return gate_up_proj.fused_mix(x, weights, experts)
@@ -71,21 +88,18 @@ def expert_mix(
 
     def one(e: int) -> tuple[torch.Tensor, torch.Tensor]:
         rows = token_of_pair[starts[e] : starts[e + 1]]
-        gate_up = linear(x.index_select(0, rows), gate_up_proj[e])
-        if gate_up_bias is not None:
-            gate_up = gate_up + gate_up_bias[e]
-        y = linear(activation(gate_up), down_proj[e])
-        if down_bias is not None:
-            y = y + down_bias[e]
-        # scale in float32, round once, as the reference does
-        return rows, (y * pair_weight[starts[e] : starts[e + 1]]).to(x.dtype)
+        return rows, expert_output(x.index_select(0, rows), pair_weight[starts[e] : starts[e + 1]], gate_up_proj[e],
+                                   down_proj[e], linear, activation,
+                                   None if gate_up_bias is None else gate_up_bias[e],
+                                   None if down_bias is None else down_bias[e])
 
     if compute_order is None:
         for e, n in enumerate(counts):
             if n:
                 out.index_add_(0, *one(e))
         return out
-    done = {e: one(e) for e in compute_order if counts[e]}
+    ready = ready or {}
+    done = {e: ready[e] if e in ready else one(e) for e in compute_order if counts[e]}
     for e in sorted(done):
         out.index_add_(0, *done[e])
     return out
