@@ -64,6 +64,18 @@ def op_time(cost: ops.OpCost, level: Level, dtype: str = DEFAULT_DTYPE, peak=Non
     return np.maximum(np.asarray(cost.flops, float) / p, np.asarray(cost.bytes, float) / bandwidth)
 
 
+def moe_ffn_time(m: ModelSpec, tokens, lvl: Level, dtype: str = DEFAULT_DTYPE):
+    """A layer's FFN on `tokens` tokens at the level's expert-kernel rate (its GEMM rate without one)."""
+    cost = ops.moe_ffn(m, tokens, dtype_bytes(dtype))
+    return op_time(cost, lvl, dtype, peak=lvl.expert_peak(dtype, cost.rows))
+
+
+def expert_time(m: ModelSpec, tokens, lvl: Level, dtype: str = DEFAULT_DTYPE):
+    """One routed expert on `tokens` tokens at the level's expert-kernel rate."""
+    cost = ops.expert_ffn(m, tokens, dtype_bytes(dtype))
+    return op_time(cost, lvl, dtype, peak=lvl.expert_peak(dtype, cost.rows))
+
+
 def elementwise_time(cost: ops.OpCost, level: Level):
     """Element-wise work at the level's measured element-wise rate. Levels without one (the
     datasheet presets) count it as fused into the GEMMs, as the paper's HRM does: zero."""
@@ -102,7 +114,7 @@ def post_attention_time(hw: HardwareSpec, m: ModelSpec, mu, where: str = "gpu", 
     with the layer's expert weights resident on `where`."""
     b, lvl = dtype_bytes(dtype), level_of(hw, where)
     total = (op_time(ops.o_proj(m, mu, b), lvl, dtype) + op_time(ops.router(m, mu, b), lvl, dtype)
-             + op_time(ops.moe_ffn(m, mu, b), lvl, dtype)
+             + moe_ffn_time(m, mu, lvl, dtype)
              + elementwise_time(ops.post_attention_elementwise(m, mu, b), lvl))
     return _t(total)
 
@@ -117,7 +129,7 @@ def prefill_layer_time(hw: HardwareSpec, m: ModelSpec, seqs, prompt, where: str 
              + op_time(ops.prefill_attention(m, seqs, prompt, b), lvl, dtype, peak=lvl.attention_peak(dtype))
              + op_time(ops.o_proj(m, tokens, b, prefill=True), lvl, dtype)
              + op_time(ops.router(m, tokens, b), lvl, dtype)
-             + op_time(ops.moe_ffn(m, tokens, b), lvl, dtype)
+             + moe_ffn_time(m, tokens, lvl, dtype)
              + elementwise_time(ops.pre_attention_elementwise(m, tokens, b), lvl)
              + elementwise_time(ops.post_attention_elementwise(m, tokens, b), lvl))
     return _t(total)

@@ -47,6 +47,9 @@ class Level:
     # bytes/s a memory-bound GEMM (decode: few rows per weight) streams its weights at; small-M kernels
     # reach far less than a copy does (0: the level's bandwidth)
     gemm_bandwidth: float = 0.0
+    # dtype -> [[rows per expert, FLOP/s], ...] of the engine's routed-expert kernel where it is not the
+    # GEMM above (the fused CPU kernel: on hosts where oneDNN does not pack bf16 it runs ~5x aten's rate)
+    expert_gemm_flops: dict[str, list[list[float]]] = field(default_factory=dict)
 
     def gemm_peak(self, dtype: str, rows=None):
         """FLOP/s of a GEMM with `rows` rows (M): the measured curve interpolated in log M,
@@ -58,6 +61,13 @@ class Level:
         fs = np.array([c[1] for c in curve], float)
         r = np.log(np.maximum(1.0, np.asarray(rows, float)))
         return np.interp(r, ms, fs)
+
+    def expert_peak(self, dtype: str, rows=None):
+        """FLOP/s of the routed experts at `rows` tokens per expert: the expert kernel's curve, else the GEMM's."""
+        curve = self.expert_gemm_flops.get(canonical_dtype(dtype)) if rows is not None else None
+        if not curve:
+            return self.gemm_peak(dtype, rows)
+        return replace(self, gemm_flops={canonical_dtype(dtype): curve}).gemm_peak(dtype, rows)
 
     def attention_peak(self, dtype: str) -> float:
         return self.attention_flops.get(canonical_dtype(dtype)) or self.peak_flops(dtype)
@@ -80,6 +90,7 @@ class Level:
             bandwidth=self.bandwidth * t,
             flops={k: v * t for k, v in self.flops.items()},
             gemm_flops={k: [[m, f * t] for m, f in c] for k, c in self.gemm_flops.items()},
+            expert_gemm_flops={k: [[m, f * t] for m, f in c] for k, c in self.expert_gemm_flops.items()},
             attention_bandwidth=self.attention_bandwidth * t,
             attention_flops={k: v * t for k, v in self.attention_flops.items()},
             elementwise_bandwidth=self.elementwise_bandwidth * t,

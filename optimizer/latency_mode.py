@@ -83,14 +83,17 @@ def predict_latency_mode(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, reque
         miss = fetch + expert
         if cpu_offload:  # the expert next to its host copy, the tokens over the link and back
             moved = 2 * per * m.hidden_size * b / hw.link.h2d
-            miss = min(miss, float(costs.op_time(ops.expert_ffn(m, per, b), hw.cpu, dtype)) + moved)
+            miss = min(miss, float(costs.expert_time(m, per, hw.cpu, dtype)) + moved)
         return compute, touched * (1.0 - h) * miss * m.sparse_fraction
 
+    # each layer pass pays the GPU's measured dispatch cost, each step the driving level's fixed one
+    passes = float(costs.layer_overhead_time(hw, m.num_layers, "gpu"))
     dec_c, dec_f = layer(batch, batch, ops.decode_attention(m, batch, wl.mean_context, b))
-    step = m.num_layers * (dec_c + dec_f) + t(ops.lm_head(m, batch, b))
+    step = m.num_layers * (dec_c + dec_f) + t(ops.lm_head(m, batch, b)) + passes \
+        + float(costs.step_overhead_time(hw, 1.0, "gpu"))
     prompt = wl.effective_prompt
     pre_c, pre_f = layer(batch * prompt, batch, ops.prefill_attention(m, batch, prompt, b))
-    prefill_batch = m.num_layers * (pre_c + pre_f)
+    prefill_batch = m.num_layers * (pre_c + pre_f) + passes
     g = wl.gen_len
     sizes = [batch] * (requests // batch) + ([requests % batch] if requests % batch else [])
     t_pre = sum(prefill_batch * n / batch for n in sizes)

@@ -88,6 +88,41 @@ def test_profile_gemm_curve_is_measured_with_the_engine_kernel():
     assert [m for m, _ in curve] == [1.0, 8.0] and all(f > 0 for _, f in curve)
 
 
+def test_the_moe_ffn_runs_at_the_expert_kernels_rate_where_one_is_measured(tmp_path):
+    """The fused CPU expert kernel's curve prices the routed experts; the GEMM curve the rest, and the
+    experts too where no expert curve was measured (old profiles, GPUs, no C++ kernels)."""
+    m = get_model("bench-1b")
+    fast = [[1, 4e9], [16, 64e9], [256, 1024e9]]  # 4x the GEMM curve
+    plain = _level(gemm_flops={"bfloat16": CURVE})
+    lvl = _level(gemm_flops={"bfloat16": CURVE}, expert_gemm_flops={"bfloat16": fast})
+    assert lvl.expert_peak("bfloat16", 16) == pytest.approx(64e9) and plain.expert_peak("bfloat16", 16) == 16e9
+    assert lvl.expert_peak("float32", 16) == lvl.gemm_peak("float32", 16)  # no curve for the dtype
+    ffn = ops.moe_ffn(m, 256, 2.0)
+    assert float(costs.moe_ffn_time(m, 256, plain, "bfloat16")) == pytest.approx(
+        4 * float(costs.moe_ffn_time(m, 256, lvl, "bfloat16")))
+    assert float(costs.moe_ffn_time(m, 256, plain, "bfloat16")) == pytest.approx(
+        float(ffn.flops) / float(plain.gemm_peak("bfloat16", ffn.rows)))
+    assert costs.lm_head_time(HardwareSpec("h", lvl), m, 4, "cpu") == costs.lm_head_time(HardwareSpec("h", plain), m, 4,
+                                                                                        "cpu")
+    assert float(costs.expert_time(m, 16, lvl, "bfloat16")) == pytest.approx(
+        float(ops.expert_ffn(m, 16, 2.0).flops) / 64e9)
+    assert HardwareSpec.load(HardwareSpec("p", lvl).save(tmp_path / "hw.json")).cpu == lvl
+    assert lvl.scaled(2).expert_peak("bfloat16", 16) == pytest.approx(128e9)
+
+
+def test_profile_measures_the_fused_expert_kernel():
+    pytest.importorskip("torch")
+    from cpu_kernels import kernel_backend
+    from moelight.profiling.expert_kernel_curve import measure_expert_curve
+
+    curve = measure_expert_curve(quick=True)
+    if kernel_backend() == "torch":
+        assert curve == {}
+        return
+    rows = [m for m, _ in curve["bfloat16"]]
+    assert rows == [1.0, 16.0, 128.0] and all(f > 0 for _, f in curve["bfloat16"])
+
+
 def test_elementwise_bytes_by_hand():
     m = get_model("tiny")  # h=64 f=128 E=4 k=2 Hq=4 Hkv=2 d=16: q_dim 64, kv_dim 32
     assert float(ops.rmsnorm_bytes(10, 2.0)) == 10 * (6 + 8 + 4 + 8 + 6 + 4)  # bf16: 36 per element

@@ -63,3 +63,19 @@ def test_end_to_end_throughput_formula():
     assert res.prefill_tok_s == pytest.approx(8 * 10 / res.prefill_time)
     head = 2 * costs.lm_head_time(HW, TINY, 4, "gpu")
     assert res.decode_step_time == pytest.approx(2 * res.layer_times["T_layer"] + head)
+
+
+def test_latency_mode_pays_the_gpus_dispatch_per_layer_pass_and_step():
+    """A decode step of latency mode: each of its L layer passes costs the GPU level's measured
+    dispatch, the step its fixed cost (without them a small model on a fast GPU was predicted at
+    millions of tokens per second)."""
+    import dataclasses
+
+    from optimizer.latency_mode import predict_latency_mode
+
+    base = predict_latency_mode(HW, TINY, WL, requests=8, batch=4, dtype="bfloat16", slots=8)
+    gpu = dataclasses.replace(HW.gpu, layer_overhead_s=1e-3, step_overhead_s=5e-4)
+    slow = predict_latency_mode(dataclasses.replace(HW, gpu=gpu), TINY, WL, requests=8, batch=4, dtype="bfloat16",
+                                slots=8)
+    assert slow.step_seconds - base.step_seconds == pytest.approx(TINY.num_layers * 1e-3 + 5e-4)
+    assert slow.prefill_seconds - base.prefill_seconds == pytest.approx(2 * TINY.num_layers * 1e-3)  # 2 batches

@@ -17,6 +17,9 @@ def _describe(hw) -> str:
     for dt, curve in c.gemm_flops.items():
         lines.append(f"     GEMM {dt} (packed, GFLOP/s by rows M): "
                      + ", ".join(f"{m:g}: {f / 1e9:.0f}" for m, f in curve))
+    for dt, curve in c.expert_gemm_flops.items():
+        lines.append(f"     routed experts {dt} (fused kernel, GFLOP/s by rows per expert): "
+                     + ", ".join(f"{m:g}: {f / 1e9:.0f}" for m, f in curve))
     if c.attention_bandwidth or c.attention_flops:
         lines.append(f"     attention kernels: decode reads KV at {c.attention_bandwidth / 1e9:.1f} GB/s, "
                      "prefill "

@@ -63,7 +63,7 @@ class PassTimer:
     def cpu_expert(self, tokens: int) -> float:
         """K*n + B on the CPU (CoServe's placement cost), plus the tokens' round trip over the link."""
         moved = tokens * self.m.hidden_size * self.b
-        return (float(costs.op_time(ops.expert_ffn(self.m, tokens, self.b), self.cpu, self.dtype))
+        return (float(costs.expert_time(self.m, tokens, self.cpu, self.dtype))
                 + moved / self.link.d2h + moved / self.link.h2d)
 
     def cpu_crossover(self) -> int:

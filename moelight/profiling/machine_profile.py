@@ -25,6 +25,7 @@ import platform
 from dataclasses import replace
 
 from hrm.hardware import HardwareSpec, Level, Link
+from moelight.profiling.expert_kernel_curve import measure_expert_curve
 from moelight.profiling.timing import best_time
 
 GEMM_ROWS = (1, 4, 16, 64, 256, 1024)
@@ -239,10 +240,11 @@ def measure_cpu(quick: bool = False) -> Level:
     except (RuntimeError, ImportError):  # no attention kernels: the HRM falls back to the roofs
         pass
     layer_oh, step_oh = measure_overheads(torch.bfloat16, quick)
+    experts = measure_expert_curve(quick)
     return Level(f"cpu-{os.cpu_count()}c-{platform.machine()}", _cpu_memory_bytes(), bw, flops,
                  gemm_flops=curves, attention_bandwidth=att_bw, attention_flops=att_flops,
                  layer_overhead_s=layer_oh, step_overhead_s=step_oh,
-                 elementwise_bandwidth=measure_elementwise(torch.bfloat16, quick))
+                 elementwise_bandwidth=measure_elementwise(torch.bfloat16, quick), expert_gemm_flops=experts)
 
 
 def measure_gpu(quick: bool = False) -> tuple[Level, Link, int] | None:

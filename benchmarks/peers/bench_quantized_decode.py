@@ -1,0 +1,134 @@
+"""Quantized experts beside llama.cpp's quantized formats: bf16 / int8 / int4 moelight against
+llama.cpp's BF16 / Q8_0 / Q4_K_M on the same bench-1b weights, at small batches (where decode is
+bound by reading the weights) and at the README job's batch.
+
+- moelight: the README's `moelight run` with `--num-requests B --batch-size B` (and `--quantize`),
+  the prompts of the README job, figures from the report it saves. Dummy int8 / int4 weights are drawn
+  as codes, not quantized from the bf16 ones: the speed is the same, the values are not.
+- llama.cpp: `llama-batched-bench` (build_llama_cpp.sh, plus its `llama-quantize` target) on the GGUF
+  gguf_from_moelight.py writes, quantized by llama-quantize; prompt = the job's mean prompt,
+  `-npl B`.
+
+    bash benchmarks/peers/build_llama_cpp.sh && cmake --build <llama.cpp>/build --target llama-quantize
+    python benchmarks/peers/bench_quantized_decode.py --batches 1 8 --gen-len 32 --runs 3 \\
+        --output benchmarks/results/quantized_decode.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_peers import PROMPTS, ROOT, job_prompts, machine  # noqa: E402
+from gguf_from_moelight import DEFAULT_LLAMA, write_gguf  # noqa: E402
+
+FORMATS = [("bf16", None, "BF16"), ("int8", "int8", "Q8_0"), ("int4", "int4", "Q4_K_M")]
+
+
+def run_moelight(out_dir: Path, batch: int, gen: int, quantize: str | None) -> dict:
+    out = out_dir / "results.jsonl"
+    cmd = ["moelight", "run", "--dataset", str(PROMPTS), "--model", "bench-1b", "--load-format", "dummy",
+           "--num-requests", str(batch), "--batch-size", str(batch), "--gen-len", str(gen), "--ignore-eos",
+           "--overwrite", "--no-progress", "--output", str(out)]
+    if quantize:
+        cmd += ["--quantize", quantize]
+    subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
+    rep = json.loads(out.with_name(out.name + ".report.json").read_text())
+    return {"decode": rep["decode_tokens_per_s"], "e2e": rep["end_to_end_tokens_per_s"]}
+
+
+def run_llama(binary: Path, gguf: Path, prompt_len: int, gen: int, batch: int, threads: int) -> dict:
+    cmd = [str(binary), "-m", str(gguf), "-c", str(batch * (prompt_len + gen) + 16), "-b", "2048", "-ub", "512",
+           "-npp", str(prompt_len), "-ntg", str(gen), "-npl", str(batch), "-t", str(threads),
+           "--output-format", "jsonl"]
+    res = subprocess.run(cmd, check=True, capture_output=True, text=True)
+    row = json.loads([x for x in res.stdout.splitlines() if x.startswith("{")][-1])
+    return {"decode": row["speed_tg"], "e2e": row["pl"] * row["tg"] / row["t"]}
+
+
+def quantized_ggufs(llama_dir: Path, tmp: Path) -> dict[str, Path]:
+    bf16 = write_gguf("bench-1b", tmp / "bench-1b-BF16.gguf", "bf16", llama_dir)
+    files = {"BF16": bf16}
+    quantize = llama_dir / "build/bin/llama-quantize"
+    for _, _, kind in FORMATS[1:]:
+        files[kind] = tmp / f"bench-1b-{kind}.gguf"
+        subprocess.run([str(quantize), str(bf16), str(files[kind]), kind], check=True, capture_output=True)
+    return files
+
+
+def spread(xs: list[float]) -> str:
+    xs = sorted(xs)
+    return f"{xs[0]:.1f} / {statistics.median(xs):.1f} / {xs[-1]:.1f}"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--batches", type=int, nargs="+", default=[1, 8])
+    ap.add_argument("--gen-len", type=int, default=32)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--llama-dir", type=Path, default=DEFAULT_LLAMA)
+    ap.add_argument("--no-llama", action="store_true", help="moelight only")
+    ap.add_argument("--output", type=Path)
+    args = ap.parse_args()
+    threads = torch.get_num_threads()
+    prompts = job_prompts(256)
+    prompt_len = round(sum(map(len, prompts)) / len(prompts))
+    binary = args.llama_dir / "build/bin/llama-batched-bench"
+    use_llama = not args.no_llama
+    if use_llama and not (binary.is_file() and (args.llama_dir / "build/bin/llama-quantize").is_file()):
+        raise SystemExit(f"{args.llama_dir}/build/bin: llama-batched-bench and llama-quantize not built "
+                         "(build_llama_cpp.sh, then its llama-quantize target), or pass --no-llama")
+    results: dict[tuple[str, str, int], list[dict]] = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        ggufs = quantized_ggufs(args.llama_dir, Path(tmp)) if use_llama else {}
+        for r in range(args.runs):  # runs outermost, engines and formats alternating within each
+            for batch in args.batches:
+                for name, quantize, kind in FORMATS:
+                    row = run_moelight(Path(tmp), batch, args.gen_len, quantize)
+                    results.setdefault(("moelight", name, batch), []).append(row)
+                    print(f"run {r + 1} batch {batch} moelight {name}: decode {row['decode']:.1f} tok/s", flush=True)
+                    if use_llama:
+                        row = run_llama(binary, ggufs[kind], prompt_len, args.gen_len, batch, threads)
+                        results.setdefault(("llama.cpp", kind, batch), []).append(row)
+                        print(f"run {r + 1} batch {batch} llama.cpp {kind}: decode {row['decode']:.1f} tok/s",
+                              flush=True)
+    text = report(results, args, prompt_len)
+    print(text)
+    if args.output:
+        args.output.write_text(text)
+
+
+def report(results: dict, args, prompt_len: int) -> str:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=ROOT).stdout.strip()
+    lines = [f"# Quantized experts at small batches: moelight beside llama.cpp ({args.runs} runs)", "",
+             f"`python benchmarks/peers/bench_quantized_decode.py --batches {' '.join(map(str, args.batches))} "
+             f"--gen-len {args.gen_len} --runs {args.runs}` at {commit}; {machine()}; bench-1b, prompt "
+             f"{prompt_len} tokens (mean), {args.gen_len} new tokens.", "",
+             "| batch | engine | weights | decode tok/s (min / median / max) | e2e tok/s (median) "
+             "| decode vs its bf16 (median) |",
+             "|---|---|---|---|---|---|"]
+    for batch in args.batches:
+        for engine, names in (("moelight", [f[0] for f in FORMATS]), ("llama.cpp", [f[2] for f in FORMATS])):
+            base = results.get((engine, names[0], batch))
+            for name in names:
+                rows = results.get((engine, name, batch))
+                if not rows:
+                    continue
+                dec = [x["decode"] for x in rows]
+                gain = statistics.median(d / b["decode"] for d, b in zip(dec, base, strict=True))
+                lines.append(f"| {batch} | {engine} | {name} | {spread(dec)} | "
+                             f"{statistics.median(x['e2e'] for x in rows):.1f} | {gain:.2f}x |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
