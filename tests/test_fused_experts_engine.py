@@ -94,3 +94,30 @@ def test_quantize_option_is_checked_before_loading():
     with pytest.raises(OptionError, match="--quantize 'int3'.*int8, int4"):
         EngineOptions("tiny", quantize="int3").validate()
     assert EngineOptions("tiny", quantize="int4-g64").quantization() == ("int4", 64)
+
+
+@pytest.mark.parametrize("cfg", [TINY, GPT_OSS], ids=["mixtral", "gpt-oss"])
+def test_bf16_matmuls_run_on_float32_copies_where_onednn_packs_no_bf16(cfg, monkeypatch):
+    """An AVX2 host (simulated on any host): the attention, dense and LM-head matmuls of a bf16 model run
+    on packed float32 copies of their weights, the products of the same bf16 values, so the logits are
+    the unpacked model's up to its own bf16 rounding; the memory check counts the float32 copies."""
+    from moelight.planning import memory_check
+    from moelight.runtime import cpu_linear
+
+    real = cpu_linear.packing_supported
+    monkeypatch.setattr(cpu_linear, "packing_supported", lambda dt: dt != torch.bfloat16 and real(dt))
+    if not real(torch.float32):
+        pytest.skip("no oneDNN packing on this torch build")
+    monkeypatch.setattr(memory_check, "upcast_bf16_linears", cpu_linear.upcast_bf16_linears)
+    model = build_model(cfg, torch.bfloat16, None, seed=0)
+    dense = copy.deepcopy(model)
+    packed = list(cpu_linear.packed_linears(model))
+    count = sum(sum(p.numel() for p in lin.parameters()) for *_, lin in packed)
+    pack_model(model, fused_experts=False)
+    assert all(getattr(parent, name).upcast for parent, name, _ in packed)
+    prompts = _prompts(cfg.vocab_size)
+    assert _rel(_logits(model, prompts), _logits(dense, prompts)) < 2e-2
+    assert memory_check.packed_linear_count(cfg) == count
+    plain = memory_check.weight_bytes(cfg, torch.bfloat16)
+    assert memory_check.weight_bytes(cfg, torch.bfloat16, on_cpu=True) == plain + 2 * count
+    assert memory_check.weight_bytes(cfg, torch.float32, on_cpu=True) == memory_check.weight_bytes(cfg, torch.float32)

@@ -104,8 +104,10 @@ class EngineSession:
                         self.ranks, solved=solved)
         plan.info["tensor_parallel"] = self.ranks
         kv_tokens = largest_batch_tokens(prompts, params, plan.batch_size, turn)
-        loaded = weight_bytes(self.config, self.source.dtype) if self.model is not None else 0
-        check_fits(self.config, self.source.dtype, kv_tokens, available=available_bytes() + loaded, ranks=self.ranks)
+        on_cpu = self.device == "cpu"
+        loaded = weight_bytes(self.config, self.source.dtype, on_cpu) if self.model is not None else 0
+        check_fits(self.config, self.source.dtype, kv_tokens, available=available_bytes() + loaded, ranks=self.ranks,
+                   on_cpu=on_cpu)
         return plan
 
     def load(self) -> None:
@@ -113,7 +115,7 @@ class EngineSession:
         them, and let each load its own shard (together the shards hold the model once)."""
         if self.model is not None:
             return
-        check_fits(self.config, self.source.dtype, 0)
+        check_fits(self.config, self.source.dtype, 0, on_cpu=self.device == "cpu")
         t0 = time.perf_counter()
         if self.ranks == 1:
             self.model = load_model(self.source, self.opts.seed)

@@ -10,6 +10,7 @@ import torch
 
 from moelight.errors import MoelightError
 from moelight.models.config import ModelConfig
+from moelight.runtime.cpu_linear import packed_linears, upcast_bf16_linears
 
 HEADROOM = 0.9  # leave 10% of available memory for activations, allocator slack and the OS
 
@@ -22,16 +23,28 @@ def dtype_bytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def weight_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
-    """Every weight in `dtype`, routed experts in `cfg.expert_format` where the run holds them quantized."""
+def weight_bytes(cfg: ModelConfig, dtype: torch.dtype, on_cpu: bool = False) -> int:
+    """Every weight in `dtype`, routed experts in `cfg.expert_format` where the run holds them quantized;
+    `on_cpu`: the CPU engine's packed matmuls, float32 copies of bf16 weights where this CPU packs no bf16."""
+    extra = 2 * packed_linear_count(cfg) if on_cpu and dtype == torch.bfloat16 and upcast_bf16_linears() else 0
     form = cfg.expert_format
     if form is None:
-        return parameter_count(cfg) * dtype_bytes(dtype)
+        return parameter_count(cfg) * dtype_bytes(dtype) + extra
     e, h, f = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
     sparse = sum(cfg.is_sparse(i) for i in range(cfg.num_layers))
     dense_experts = sparse * e * 3 * h * f
     held = sparse * e * (form.matrix_bytes(2 * f, h) + form.matrix_bytes(h, f))
-    return (parameter_count(cfg) - dense_experts) * dtype_bytes(dtype) + held
+    return (parameter_count(cfg) - dense_experts) * dtype_bytes(dtype) + held + extra
+
+
+@functools.lru_cache(maxsize=32)
+def packed_linear_count(cfg: ModelConfig) -> int:
+    """Parameters of the matmuls the CPU engine packs (runtime/cpu_linear.packed_linears), on the meta device."""
+    from moelight.models.causal_lm import MoECausalLM
+
+    with torch.device("meta"):
+        model = MoECausalLM(cfg)
+    return sum(sum(p.numel() for p in lin.parameters()) for _, _, lin in packed_linears(model))
 
 
 @functools.lru_cache(maxsize=32)
@@ -70,10 +83,10 @@ def peak_rss_bytes() -> int:
 
 
 def check_fits(cfg: ModelConfig, dtype: torch.dtype, batch_kv_tokens: int, available: int | None = None,
-               ranks: int = 1) -> dict:
+               ranks: int = 1, on_cpu: bool = False) -> dict:
     """Raise OutOfMemoryPlan naming the shortfall if weights + one batch's KV cache do not fit."""
     available = available_bytes() if available is None else available
-    need_w = weight_bytes(cfg, dtype)
+    need_w = weight_bytes(cfg, dtype, on_cpu)
     need_kv = kv_bytes(cfg, batch_kv_tokens, dtype, ranks)
     budget = int(HEADROOM * available)
     if need_w + need_kv > budget:

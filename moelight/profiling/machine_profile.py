@@ -42,16 +42,22 @@ def _cpu_memory_bytes() -> float:
 
 def measure_gemm_curve(dtype, rows=GEMM_ROWS, pool_bytes: float = 96 * 2**20,
                        repeat: int = 3) -> list[list[float]]:
-    """[[M, FLOP/s], ...] of the engine's CPU GEMM (packed oneDNN weights; aten if unsupported)."""
+    """[[M, FLOP/s], ...] of the engine's CPU GEMM (packed oneDNN weights, float32 copies of bf16 ones
+    where oneDNN packs no bf16; aten if neither)."""
     import torch
 
-    from moelight.runtime.cpu_linear import pack_weight, packed_linear, packing_supported
+    from moelight.runtime.cpu_linear import pack_weight, packed_linear, packing_supported, upcast_bf16_linears
 
     elem = torch.empty((), dtype=dtype).element_size()
     n_w = max(2, int(pool_bytes // (_GEMM_K * _GEMM_N * elem)))
     dense = [torch.randn(_GEMM_N, _GEMM_K).to(dtype) for _ in range(n_w)]
     if packing_supported(dtype):
         weights, mm = [pack_weight(w) for w in dense], packed_linear
+    elif dtype == torch.bfloat16 and upcast_bf16_linears():  # the engine's float32 copies (cpu_linear)
+        weights = [pack_weight(w.float()) for w in dense]
+
+        def mm(x, w):
+            return packed_linear(x.float(), w).to(torch.bfloat16)
     else:
         weights, mm = dense, torch.nn.functional.linear
     curve = []

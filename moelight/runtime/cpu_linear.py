@@ -39,16 +39,30 @@ def packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | No
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
-class PackedLinear(nn.Module):
-    """Drop-in for an nn.Linear whose weight lives in oneDNN's layout."""
+def upcast_bf16_linears() -> bool:
+    """bf16 matmuls outside the routed experts run on float32 copies of their weights here: oneDNN
+    packs no bf16 weights on this CPU (no AVX512-BF16), and aten's unpacked bf16 GEMM runs at a
+    fraction of packed float32's rate (an LM head of 32k rows over 256 tokens: ~1.0 against ~0.2 s
+    on two AVX2 cores). The inputs are bf16 values, so the products are exact either way; the
+    weights take twice the memory (planning.memory_check counts it)."""
+    return not packing_supported(torch.bfloat16) and packing_supported(torch.float32)
 
-    def __init__(self, linear: nn.Linear) -> None:
+
+class PackedLinear(nn.Module):
+    """Drop-in for an nn.Linear whose weight lives in oneDNN's layout; `upcast`: a float32 copy of a
+    bf16 weight, the input upcast and the output rounded back to the input's dtype."""
+
+    def __init__(self, linear: nn.Linear, upcast: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
-        self.packed = pack_weight(linear.weight.detach())
-        self.bias = None if linear.bias is None else linear.bias.detach()
+        w, b = linear.weight.detach(), None if linear.bias is None else linear.bias.detach()
+        self.upcast = upcast
+        self.packed = pack_weight(w.float() if upcast else w)
+        self.bias = None if b is None else (b.float() if upcast else b)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.upcast:
+            return packed_linear(x.float(), self.packed, self.bias).to(x.dtype)
         return packed_linear(x, self.packed, self.bias)
 
 
@@ -57,35 +71,47 @@ class PackedLinear(nn.Module):
 _KEEP_DENSE = ("gate", "shared_expert_gate", "kv_b_proj")
 
 
+def packed_linears(model: MoECausalLM):
+    """(parent, name, linear) of every nn.Linear that pack_model packs: all but the routers and
+    MLA's kv_b_proj, and the LM head unless it is the embedding's."""
+    for layer in model.layers:
+        for parent in list(layer.modules()):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, nn.Linear) and name not in _KEEP_DENSE:
+                    yield parent, name, child
+    if not model.config.tie_word_embeddings:
+        yield model, "lm_head", model.lm_head
+
+
 def pack_model(model: MoECausalLM, quantize: str = "none", group: int = 128, fused_experts: bool | None = None) -> bool:
     """Repack every large matmul weight of `model` in place; False if this torch/CPU cannot. Routed
     experts go to the fused kernel (runtime/fused_experts.py) in bf16, or quantized with `quantize`
     ('int8', 'int4' with `group`), or as loaded when they are quantized already; `fused_experts`
-    False keeps dense experts on the per-expert oneDNN loop (None: fused_enabled decides)."""
+    False keeps dense experts on the per-expert oneDNN loop (None: fused_enabled decides). bf16 on a
+    CPU whose oneDNN packs no bf16: the other matmuls run on packed float32 copies (upcast_bf16_linears)."""
     dtype = model.embed_tokens.weight.dtype
     fused = fused_enabled(dtype, quantize) if fused_experts is None else fused_experts
     fused = fused or _has_quantized_experts(model)
-    if not packing_supported(dtype):
+    upcast = dtype == torch.bfloat16 and upcast_bf16_linears()
+    if not packing_supported(dtype) and not upcast:
         if fused:
             for layer in model.layers:
                 if hasattr(layer.mlp, "gate_up_proj"):
                     pack_moe(layer.mlp, quantize, group)
         return False
+    for parent, name, child in list(packed_linears(model)):
+        setattr(parent, name, PackedLinear(child, upcast))
     for layer in model.layers:
-        for parent in list(layer.modules()):
-            for name, child in list(parent.named_children()):
-                if isinstance(child, nn.Linear) and name not in _KEEP_DENSE:
-                    setattr(parent, name, PackedLinear(child))
         moe = layer.mlp
         if fused and hasattr(moe, "gate_up_proj"):
             pack_moe(moe, quantize, group)
+        elif upcast:
+            continue  # bf16 experts off the fused kernel keep the per-expert aten loop
         elif isinstance(getattr(moe, "gate_up_proj", None), torch.Tensor):
             gate_up = [pack_weight(w) for w in moe.gate_up_proj.detach()]
             down = [pack_weight(w) for w in moe.down_proj.detach()]
             del moe.gate_up_proj, moe.down_proj
             moe.gate_up_proj, moe.down_proj, moe.linear = gate_up, down, packed_linear
-    if not model.config.tie_word_embeddings:
-        model.lm_head = PackedLinear(model.lm_head)
     return True
 
 
