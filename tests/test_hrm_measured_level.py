@@ -153,10 +153,10 @@ def test_elementwise_time_only_where_measured():
 def test_profile_measures_elementwise_rate_on_a_real_layer():
     torch = pytest.importorskip("torch")
     from moelight.profiling.machine_profile import measure_elementwise
-    from moelight.runtime.cpu_linear import packing_supported
+    from moelight.runtime.cpu_linear import packing_supported, upcast_bf16_linears
 
     rate = measure_elementwise(torch.bfloat16, quick=True)
-    if packing_supported(torch.bfloat16):
+    if packing_supported(torch.bfloat16) or upcast_bf16_linears():  # bf16, or its float32 copies, packed
         assert 1e8 < rate < 1e13
     else:
         assert rate == 0.0  # unmeasurable: the engine has no packed bf16 matmuls here
@@ -167,10 +167,10 @@ def test_a_noisy_slope_still_gives_a_rate(monkeypatch):
     rate is measured again, then taken at the larger size; never 0.0, which would read as free work."""
     torch = pytest.importorskip("torch")
     from moelight.profiling import machine_profile as mp
-    from moelight.runtime.cpu_linear import packing_supported
+    from moelight.runtime.cpu_linear import packing_supported, upcast_bf16_linears
 
-    if not packing_supported(torch.bfloat16):
-        pytest.skip("no packed bf16 matmuls here")
+    if not (packing_supported(torch.bfloat16) or upcast_bf16_linears()):
+        pytest.skip("no packed matmuls for bf16 here")
     tries = []
 
     def noisy(model, cfg, dtype, samples):

@@ -193,7 +193,6 @@ def _glue_seconds(model, cfg, dtype, samples: int) -> tuple[list[float], float]:
     import torch
 
     from moelight.models.moe import route
-    from moelight.runtime.cpu_linear import packed_linear
 
     layer = model.layers[0]
     attn, moe = layer.self_attn, layer.mlp
@@ -217,8 +216,8 @@ def _glue_seconds(model, cfg, dtype, samples: int) -> tuple[list[float], float]:
             torch.nn.functional.linear(h, moe.gate.weight)
             for e, n in enumerate(counts):
                 if n:
-                    packed_linear(xs[n], moe.gate_up_proj[e])
-                    packed_linear(ys[n], moe.down_proj[e])
+                    moe.linear(xs[n], moe.gate_up_proj[e])  # packed_linear, or F.linear where unpacked
+                    moe.linear(ys[n], moe.down_proj[e])
 
         total = best_time(whole, samples)
         glue.append(total - best_time(gemms_only, samples))
