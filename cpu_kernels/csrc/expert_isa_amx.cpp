@@ -98,6 +98,7 @@ const moelight::ExpertIsa* moelight::amx_expert_isa() {
     t.gemm = gemm;
     t.begin = begin;
     t.end = end;
+    t.row_step = 16;  // whole tiles
     return t;
   }();
   return &isa;

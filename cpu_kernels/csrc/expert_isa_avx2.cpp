@@ -100,7 +100,9 @@ inline void gemm_rows(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t
 }
 
 void gemm(const uint16_t* a, int64_t lda, int64_t m, const uint16_t* b, int64_t k, float* c, int64_t ldc) {
-  for (int64_t r = 0; r < m; r += 2) gemm_rows<2>(a + r * lda, lda, b, k, c + r * ldc, ldc);
+  int64_t r = 0;
+  for (; r + 2 <= m; r += 2) gemm_rows<2>(a + r * lda, lda, b, k, c + r * ldc, ldc);
+  if (r < m) gemm_rows<1>(a + r * lda, lda, b, k, c + r * ldc, ldc);  // an odd row (decode: often the only one)
 }
 
 void act(const float* c, int64_t ldc, int64_t m, const float* bias, moelight::Act fn, uint16_t* out, int64_t ldo) {
@@ -123,7 +125,7 @@ void act(const float* c, int64_t ldc, int64_t m, const float* bias, moelight::Ac
   }
 }
 
-const moelight::ExpertIsa kIsa{dequant, gemm, act, nullptr, nullptr};
+const moelight::ExpertIsa kIsa{dequant, gemm, act, nullptr, nullptr, 1};
 
 }  // namespace
 #pragma GCC pop_options

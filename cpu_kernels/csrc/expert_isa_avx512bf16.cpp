@@ -115,7 +115,7 @@ inline void gemm_rows(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t
 }
 
 void gemm(const uint16_t* a, int64_t lda, int64_t m, const uint16_t* b, int64_t k, float* c, int64_t ldc) {
-  for (int64_t r = 0; r < m; r += 8) {  // m is a multiple of 16
+  for (int64_t r = 0; r < m; r += 8) {  // m is a multiple of 8 (row_step)
     gemm_rows<8>(a + r * lda, lda, b, k, c + r * ldc, ldc);
   }
 }
@@ -140,7 +140,7 @@ void act(const float* c, int64_t ldc, int64_t m, const float* bias, moelight::Ac
   }
 }
 
-const moelight::ExpertIsa kIsa{dequant, gemm, act, nullptr, nullptr};
+const moelight::ExpertIsa kIsa{dequant, gemm, act, nullptr, nullptr, 8};  // gemm_rows<8> blocks
 
 }  // namespace
 #pragma GCC pop_options

@@ -93,6 +93,10 @@ uint16_t to_bf16(float x) {
   return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
+// The rows the ISA's gemm runs for an expert with n tokens: n rounded up to its row step (within the
+// block's 16-row padding, whose extra rows are zero).
+int64_t rows_for(const ExpertIsa* isa, int64_t n) { return (n + isa->row_step - 1) / isa->row_step * isa->row_step; }
+
 // The strip's bf16 pairs: the packed bytes themselves, or dequantised into `scratch`.
 const uint16_t* strip_bf16(const ExpertIsa* isa, const Strip& st, uint16_t* scratch) {
   if (st.fmt == WFormat::BF16) return reinterpret_cast<const uint16_t*>(st.codes);
@@ -193,7 +197,7 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
     if (isa->begin) isa->begin();
 #pragma omp for schedule(dynamic, 1)
     for (size_t i = 0; i < items13.size(); ++i) {
-      const int64_t e = items13[i].expert, j = items13[i].strip, m = row0[e + 1] - row0[e];
+      const int64_t e = items13[i].expert, j = items13[i].strip, m = rows_for(isa, count[e]);
       const uint16_t* b = strip_bf16(isa, p13.strip(e, j), bscratch.data());
       isa->gemm(a13.data() + row0[e] * hp, hp, m, b, hp, c.data(), kStrip);
       isa->act(c.data(), kStrip, m, b13 ? b13 + e * 2 * fp + j * 32 : nullptr, act, a2.data() + row0[e] * fp + j * 16,
@@ -203,7 +207,7 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
     for (int64_t j = 0; j < p2.strips; ++j) {  // a strip of output columns: every expert, ascending
       for (int64_t e = 0; e < E; ++e) {
         if (!count[e]) continue;
-        const int64_t m = row0[e + 1] - row0[e];
+        const int64_t m = rows_for(isa, count[e]);
         const uint16_t* b = strip_bf16(isa, p2.strip(e, j), bscratch.data());
         isa->gemm(a2.data() + row0[e] * fp, fp, m, b, fp, c.data(), kStrip);
         const float* bias = b2 ? b2 + e * ldy + j * kStrip : nullptr;

@@ -35,7 +35,7 @@ struct Act {
 struct ExpertIsa {
   // A quantized strip -> bf16 pair layout, K/2 rows of 64 values.
   void (*dequant)(const Strip& s, uint16_t* out);
-  // c[r][0, 32) = sum_k a[r][k] b[k][.] for r < m (m a multiple of 16): a bf16 rows of stride lda,
+  // c[r][0, 32) = sum_k a[r][k] b[k][.] for r < m (m a multiple of row_step): a bf16 rows of stride lda,
   // b a bf16 strip of depth k (pair layout), c float32 rows of stride ldc.
   void (*gemm)(const uint16_t* a, int64_t lda, int64_t m, const uint16_t* b, int64_t k, float* c, int64_t ldc);
   // Gate/up epilogue: c rows hold 16 gate then 16 up columns; bias (32 floats) or nullptr;
@@ -44,6 +44,9 @@ struct ExpertIsa {
   // Optional per-thread setup / teardown (AMX tile configuration).
   void (*begin)();
   void (*end)();
+  // gemm and act take m rounded up to a multiple of this (AMX: a tile's 16 rows); the rows past an
+  // expert's tokens are zero. 1: exactly its rows, so a decode token per expert costs one row, not 16.
+  int64_t row_step;
 };
 
 const ExpertIsa* avx2_expert_isa();
