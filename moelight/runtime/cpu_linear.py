@@ -48,6 +48,11 @@ def upcast_bf16_linears() -> bool:
     return not packing_supported(torch.bfloat16) and packing_supported(torch.float32)
 
 
+def upcast_packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """packed_linear over a float32 copy of a bf16 weight (upcast_bf16_linears), rounded back to x's dtype."""
+    return packed_linear(x.float(), packed, bias).to(x.dtype)
+
+
 class PackedLinear(nn.Module):
     """Drop-in for an nn.Linear whose weight lives in oneDNN's layout; `upcast`: a float32 copy of a
     bf16 weight, the input upcast and the output rounded back to the input's dtype."""
@@ -61,9 +66,7 @@ class PackedLinear(nn.Module):
         self.bias = None if b is None else (b.float() if upcast else b)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.upcast:
-            return packed_linear(x.float(), self.packed, self.bias).to(x.dtype)
-        return packed_linear(x, self.packed, self.bias)
+        return (upcast_packed_linear if self.upcast else packed_linear)(x, self.packed, self.bias)
 
 
 # routers stay dense: the MoE block's route() reads their weight, and an h -> 1 gate gains nothing from packing;
@@ -105,13 +108,13 @@ def pack_model(model: MoECausalLM, quantize: str = "none", group: int = 128, fus
         moe = layer.mlp
         if fused and hasattr(moe, "gate_up_proj"):
             pack_moe(moe, quantize, group)
-        elif upcast:
-            continue  # bf16 experts off the fused kernel keep the per-expert aten loop
         elif isinstance(getattr(moe, "gate_up_proj", None), torch.Tensor):
-            gate_up = [pack_weight(w) for w in moe.gate_up_proj.detach()]
-            down = [pack_weight(w) for w in moe.down_proj.detach()]
+            cast = (lambda w: w.float()) if upcast else (lambda w: w)  # noqa: E731
+            gate_up = [pack_weight(cast(w)) for w in moe.gate_up_proj.detach()]
+            down = [pack_weight(cast(w)) for w in moe.down_proj.detach()]
             del moe.gate_up_proj, moe.down_proj
-            moe.gate_up_proj, moe.down_proj, moe.linear = gate_up, down, packed_linear
+            moe.gate_up_proj, moe.down_proj = gate_up, down
+            moe.linear = upcast_packed_linear if upcast else packed_linear
     return True
 
 
