@@ -34,7 +34,7 @@ from cpu_kernels.expert_pack import bf16_matrix, pack_experts  # noqa: E402
 from cpu_kernels.expert_quant import int4_group_for, quantize  # noqa: E402
 from moelight.models.moe import expert_mix  # noqa: E402
 from moelight.profiling.machine_profile import measure_gemm_curve  # noqa: E402
-from moelight.runtime.cpu_linear import pack_weight, packed_linear  # noqa: E402
+from moelight.runtime.cpu_linear import pack_weight, packed_linear, packing_supported, upcast_packed_linear  # noqa: E402
 
 # name, experts, top-k, hidden, expert width
 SHAPES = [("bench-1b (Mixtral)", 8, 2, 1024, 3584), ("bench-qwen3-moe", 128, 8, 1024, 224),
@@ -74,14 +74,17 @@ def main() -> None:
     torch.ops.moelight.set_isa("auto")
     gemm_roof = max(f for _, f in measure_gemm_curve(torch.bfloat16, rows=(1024,), pool_bytes=48 * 2**20))
     lines = [f"Host: torch {torch.__version__}, ISAs {', '.join(isas)}; GEMM roof {gemm_roof / 1e12:.2f} TFLOP/s "
-             "(oneDNN bf16, 1024 rows)\n",
+             "(the engine's bf16 GEMM, 1024 rows)\n",
              "| shape | T | format | variant | ms | GFLOP/s | GB/s of weights | bandwidth probe GB/s | "
              "share of roof | fused / loop |", "|---|---|---|---|---|---|---|---|---|---|"]
     for name, e, k, h, f in SHAPES[:1] if a.quick else SHAPES:
         g = torch.Generator().manual_seed(0)
         w13, w2 = torch.randn(e, 2 * f, h, generator=g) * 0.02, torch.randn(e, h, f, generator=g) * 0.02
-        loop13 = [pack_weight(w.to(torch.bfloat16)) for w in w13]
-        loop2 = [pack_weight(w.to(torch.bfloat16)) for w in w2]
+        # the engine's loop: packed bf16, or packed float32 copies where oneDNN packs no bf16 (cpu_linear)
+        native = packing_supported(torch.bfloat16)
+        loop_mm = packed_linear if native else upcast_packed_linear
+        loop13 = [pack_weight(w.to(torch.bfloat16) if native else w.to(torch.bfloat16).float()) for w in w13]
+        loop2 = [pack_weight(w.to(torch.bfloat16) if native else w.to(torch.bfloat16).float()) for w in w2]
         group = int4_group_for(h, f)
         packs = {"bf16": pack_experts(bf16_matrix(w13), bf16_matrix(w2))}
         for fmt in ("int8", "int4"):
@@ -94,8 +97,8 @@ def main() -> None:
             for fmt, p in packs.items():
                 fns = {}
                 if fmt == "bf16":
-                    fns["loop"] = (lambda x=x, w=weights, i=ids, a=loop13, b=loop2:
-                                   expert_mix(x, w, i, a, b, packed_linear))
+                    fns["loop"] = (lambda x=x, w=weights, i=ids, a=loop13, b=loop2, mm=loop_mm:
+                                   expert_mix(x, w, i, a, b, mm))
                 for isa in isas:
                     def run(isa=isa, x=x, w=weights, i=ids, p=p):
                         torch.ops.moelight.set_isa(isa)
