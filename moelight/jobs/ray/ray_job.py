@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 import workloads
 from moelight.engine.session import EngineSession
+from moelight.jobs.interrupt_flag import interrupt_flag
 from moelight.jobs.output_file import LazyResultWriter, output_present, prepare_output, save_report
 from moelight.jobs.prompts import check_prompts, prompt_error
 from moelight.jobs.ray.ray_dataset import read_dataset
@@ -189,9 +190,11 @@ def run_ray_job(opts) -> RayRunReport:
     failing: BaseException | None = None
     writer = LazyResultWriter(opts, out_format, output.record)
     try:
-        with writer:
+        with writer, interrupt_flag() as stop:
             for rows in results.iter_batches(batch_size=None, batch_format="pyarrow"):
                 _write_rows(rows.to_pylist(), writer, written, figures, bar)
+                if stop.is_set():
+                    raise KeyboardInterrupt
     except KeyboardInterrupt:
         report.interrupted = True
     except BaseException as e:
