@@ -29,6 +29,13 @@ GB = 1e9
 TFLOPS = 1e12
 
 
+def _interp_curve(curve: list[list[float]], rows):
+    """A measured [[M, FLOP/s], ...] curve at `rows`: interpolated in log M, clamped at its ends."""
+    ms = np.log([max(1.0, c[0]) for c in curve])
+    fs = np.array([c[1] for c in curve], float)
+    return np.interp(np.log(np.maximum(1.0, np.asarray(rows, float))), ms, fs)
+
+
 @dataclass(frozen=True)
 class Level:
     """One level of the hierarchy: a processor with its own memory."""
@@ -55,19 +62,12 @@ class Level:
         """FLOP/s of a GEMM with `rows` rows (M): the measured curve interpolated in log M,
         clamped at its ends; the plain peak without a curve or without `rows`."""
         curve = self.gemm_flops.get(canonical_dtype(dtype)) if rows is not None else None
-        if not curve:
-            return self.peak_flops(dtype)
-        ms = np.log([max(1.0, c[0]) for c in curve])
-        fs = np.array([c[1] for c in curve], float)
-        r = np.log(np.maximum(1.0, np.asarray(rows, float)))
-        return np.interp(r, ms, fs)
+        return _interp_curve(curve, rows) if curve else self.peak_flops(dtype)
 
     def expert_peak(self, dtype: str, rows=None):
         """FLOP/s of the routed experts at `rows` tokens per expert: the expert kernel's curve, else the GEMM's."""
         curve = self.expert_gemm_flops.get(canonical_dtype(dtype)) if rows is not None else None
-        if not curve:
-            return self.gemm_peak(dtype, rows)
-        return replace(self, gemm_flops={canonical_dtype(dtype): curve}).gemm_peak(dtype, rows)
+        return _interp_curve(curve, rows) if curve else self.gemm_peak(dtype, rows)
 
     def attention_peak(self, dtype: str) -> float:
         return self.attention_flops.get(canonical_dtype(dtype)) or self.peak_flops(dtype)
