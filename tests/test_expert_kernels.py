@@ -192,3 +192,24 @@ def test_topk_rows_matches_torch(isa, k):
     assert torch.equal(x.gather(1, idx), vals)
     if k == 1:
         assert torch.equal(idx[:, 0], torch.argmax(x, dim=-1))
+
+
+@pytest.mark.parametrize("fmt", ["int8", "int4", "fp8", "mxfp4"])
+def test_few_rows_dequantised_in_registers_equal_the_scratch_path(isa, fmt):
+    """An expert's few decode rows take the in-register path (qgemm), many rows the dequantise-once
+    path: the same bf16 weights in the same summation order, so each token's output is bitwise the
+    same whichever path its batch took."""
+    if isa == "torch":
+        pytest.skip("the pure-torch fallback's matmuls block by the row count: not batch-invariant")
+    for shape in (SHAPES[7], SHAPES[4] if fmt == "fp8" else SHAPES[3]):  # fp8's 128-blocks need f % 128 == 0
+        _, e, k, h, f, clamped = shape
+        m13, m2, b13, b2, packed = _case(shape, fmt)
+        act = ActSpec(1, 7.0, 1.702) if clamped else ActSpec()
+        t = 12
+        ids = torch.tensor([[1, 3]] * t)  # every token on the same two experts: 12 rows each
+        weights = torch.rand(t, 2, generator=torch.Generator().manual_seed(5))
+        x = torch.randn(t, h, generator=torch.Generator().manual_seed(6)).to(torch.bfloat16)
+        many = dispatch.expert_mix(x, ids, weights, packed, act)
+        for lo, hi in ((0, 1), (1, 3), (3, 6)):  # 1, 2 and 3 rows per expert: both paths
+            few = dispatch.expert_mix(x[lo:hi], ids[lo:hi], weights[lo:hi], packed, act)
+            assert torch.equal(few, many[lo:hi]), f"{shape[0]} {fmt} on {isa}, rows {lo}:{hi}"

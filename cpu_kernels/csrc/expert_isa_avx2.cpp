@@ -1,6 +1,7 @@
 // AVX2 + FMA pieces of the fused expert op (CPUs without AVX512-BF16): bf16 pairs widened to
 // float32 by shifts (even k) and masks (odd k), FMAs over 2 rows x 32 columns; dequantisation of
-// the quantized formats to bf16 pairs; the gate/up epilogue. Reached only after the CPU check.
+// the quantized formats to bf16 pairs, into scratch or in registers for an expert's 1-2 decode rows;
+// the gate/up epilogue. Reached only after the CPU check.
 #include <cstdint>
 #include <cstring>
 
@@ -105,6 +106,100 @@ void gemm(const uint16_t* a, int64_t lda, int64_t m, const uint16_t* b, int64_t 
   if (r < m) gemm_rows<1>(a + r * lda, lda, b, k, c + r * ldc, ldc);  // an odd row (decode: often the only one)
 }
 
+// --- gemm on quantized strips, dequantised in registers -----------------------------------------
+
+// Pair-row bytes of column block q (columns 8q .. 8q + 7), split by k parity: the even k's 8 codes
+// in the low half, the odd k's in the high half. Byte formats hold 16 pair elements per block;
+// nibble formats hold elements 0..31 in the low nibbles of the row's 32 bytes, 32..63 in the high.
+template <WFormat F>
+inline __m128i block_codes(const uint8_t* row, int q) {
+  const __m128i split = _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15);
+  __m128i x;
+  if constexpr (F == WFormat::I8 || F == WFormat::F8) {
+    x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * q));
+  } else {
+    x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * (q & 1)));
+    x = _mm_and_si128(q < 2 ? x : _mm_srli_epi16(x, 4), _mm_set1_epi8(0x0F));
+    // FP4: e2m1 values times two are small integers (the scales are halved to match)
+    if constexpr (F == WFormat::FP4)
+      x = _mm_shuffle_epi8(_mm_setr_epi8(0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12), x);
+  }
+  return _mm_shuffle_epi8(x, split);
+}
+
+// The low 8 codes as float32 values before scaling.
+template <WFormat F>
+inline __m256 code_values(__m128i x) {
+  if constexpr (F == WFormat::I8 || F == WFormat::FP4) return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x));
+  else if constexpr (F == WFormat::U4) return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(x));
+  else return fp8_to_f32(x);
+}
+
+// float32 -> the nearest bf16 (ties to even), kept as a float32 with zero low bits: what dequant
+// stores and gemm widens back. Veltkamp's split at 16 bits (three float ops, no integer ones) is
+// that rounding for every finite value of magnitude in [2^-126, 2^110], checked exhaustively over
+// the mantissas; it differs only in giving +0 for -0, which no sum here can tell apart.
+inline __m256 round_bf16(__m256 v) {
+  __m256 g = _mm256_mul_ps(v, _mm256_set1_ps(65537.0f));
+  asm("" : "+x"(g));  // g rounded as a product: no contraction of v - g into an fma
+  return _mm256_add_ps(g, _mm256_sub_ps(v, g));
+}
+
+template <WFormat F, int R>
+void qgemm_rows(const uint16_t* a, int64_t lda, const Strip& st, float* c, int64_t ldc) {
+  constexpr bool kNibbles = F == WFormat::U4 || F == WFormat::FP4;
+  constexpr int64_t kRowBytes = kNibbles ? 32 : 64;
+  const __m256i hi_mask = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  const __m256 half = _mm256_set1_ps(F == WFormat::FP4 ? 0.5f : 1.0f);
+  __m256 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (auto& x : acc[r]) x = _mm256_setzero_ps();
+  const int64_t rows_per_group = st.group / 2;
+  for (int64_t g = 0; g < st.k / st.group; ++g) {
+    __m256 s[4], b[4];
+    for (int q = 0; q < 4; ++q) {
+      s[q] = _mm256_mul_ps(_mm256_loadu_ps(st.scales + g * 32 + 8 * q), half);
+      b[q] = st.bias ? _mm256_loadu_ps(st.bias + g * 32 + 8 * q) : _mm256_setzero_ps();
+    }
+    for (int64_t p = g * rows_per_group; p < (g + 1) * rows_per_group; ++p) {
+      __m256 ae[R], ao[R];
+      for (int r = 0; r < R; ++r) {
+        uint32_t pair;
+        std::memcpy(&pair, a + r * lda + 2 * p, 4);
+        const __m256i av = _mm256_set1_epi32(static_cast<int>(pair));
+        ae[r] = _mm256_castsi256_ps(_mm256_slli_epi32(av, 16));
+        ao[r] = _mm256_castsi256_ps(_mm256_and_si256(av, hi_mask));
+      }
+      const uint8_t* row = st.codes + p * kRowBytes;
+      for (int q = 0; q < 4; ++q) {
+        const __m128i x = block_codes<F>(row, q);
+        const __m256 we = round_bf16(_mm256_fmadd_ps(code_values<F>(x), s[q], b[q]));
+        const __m256 wo = round_bf16(_mm256_fmadd_ps(code_values<F>(_mm_srli_si128(x, 8)), s[q], b[q]));
+        for (int r = 0; r < R; ++r) acc[r][q] = _mm256_fmadd_ps(wo, ao[r], _mm256_fmadd_ps(we, ae[r], acc[r][q]));
+      }
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int q = 0; q < 4; ++q) _mm256_storeu_ps(c + r * ldc + 8 * q, acc[r][q]);
+}
+
+template <WFormat F>
+void qgemm_format(const uint16_t* a, int64_t lda, int64_t m, const Strip& st, float* c, int64_t ldc) {
+  int64_t r = 0;
+  for (; r + 2 <= m; r += 2) qgemm_rows<F, 2>(a + r * lda, lda, st, c + r * ldc, ldc);
+  if (r < m) qgemm_rows<F, 1>(a + r * lda, lda, st, c + r * ldc, ldc);
+}
+
+void qgemm(const uint16_t* a, int64_t lda, int64_t m, const Strip& st, float* c, int64_t ldc) {
+  switch (st.fmt) {
+    case WFormat::I8: return qgemm_format<WFormat::I8>(a, lda, m, st, c, ldc);
+    case WFormat::F8: return qgemm_format<WFormat::F8>(a, lda, m, st, c, ldc);
+    case WFormat::U4: return qgemm_format<WFormat::U4>(a, lda, m, st, c, ldc);
+    case WFormat::FP4: return qgemm_format<WFormat::FP4>(a, lda, m, st, c, ldc);
+    default: return;  // BF16 strips never come here
+  }
+}
+
 void act(const float* c, int64_t ldc, int64_t m, const float* bias, moelight::Act fn, uint16_t* out, int64_t ldo) {
   const __m256 one = _mm256_set1_ps(1.0f), lim = _mm256_set1_ps(fn.limit), nlim = _mm256_set1_ps(-fn.limit);
   const __m256 nalpha = _mm256_set1_ps(fn.kind == 1 ? -fn.alpha : -1.0f);
@@ -125,7 +220,8 @@ void act(const float* c, int64_t ldc, int64_t m, const float* bias, moelight::Ac
   }
 }
 
-const moelight::ExpertIsa kIsa{dequant, gemm, act, nullptr, nullptr, 1};
+// qgemm for up to 2 rows per expert: at 4 it ties with dequantising once (bench-1b's experts, int8 / int4)
+const moelight::ExpertIsa kIsa{dequant, gemm, act, qgemm, 2, nullptr, nullptr, 1};
 
 }  // namespace
 #pragma GCC pop_options

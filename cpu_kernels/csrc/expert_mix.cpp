@@ -3,8 +3,9 @@
 // 1. The (token, slot) pairs are sorted by expert (counting sort) and each expert's input rows
 //    gathered into a bf16 block padded to 16 rows (an AMX tile's height).
 // 2. Gate/up: one work item per (expert, strip of 16 gate + 16 up columns). A quantized strip is
-//    dequantised once into the thread's scratch and reused by all of the expert's rows; the
-//    epilogue adds the biases, applies the activation and writes 16 bf16 intermediate columns.
+//    dequantised in registers for an expert's few rows (decode), else once into the thread's
+//    scratch and reused by all of the expert's rows; the epilogue adds the biases, applies the
+//    activation and writes 16 bf16 intermediate columns.
 // 3. Down: one work item per strip of 32 output columns, over every expert in ascending order
 //    (the order the reference sums them in); the epilogue adds the bias, scales by the pair's
 //    routing weight and accumulates into the token's float32 row, rounded once at the end.
@@ -97,11 +98,14 @@ uint16_t to_bf16(float x) {
 // block's 16-row padding, whose extra rows are zero).
 int64_t rows_for(const ExpertIsa* isa, int64_t n) { return (n + isa->row_step - 1) / isa->row_step * isa->row_step; }
 
-// The strip's bf16 pairs: the packed bytes themselves, or dequantised into `scratch`.
-const uint16_t* strip_bf16(const ExpertIsa* isa, const Strip& st, uint16_t* scratch) {
-  if (st.fmt == WFormat::BF16) return reinterpret_cast<const uint16_t*>(st.codes);
+// c[0, m) = a[0, m) x the strip: bf16 strips directly; a quantized one dequantised in registers for
+// a few rows, or once into `scratch` and shared by all of them.
+void strip_gemm(const ExpertIsa* isa, const uint16_t* a, int64_t lda, int64_t m, const Strip& st,
+                uint16_t* scratch, float* c) {
+  if (st.fmt == WFormat::BF16) return isa->gemm(a, lda, m, reinterpret_cast<const uint16_t*>(st.codes), st.k, c, kStrip);
+  if (isa->qgemm && m <= isa->qgemm_rows) return isa->qgemm(a, lda, m, st, c, kStrip);
   isa->dequant(st, scratch);
-  return scratch;
+  isa->gemm(a, lda, m, scratch, st.k, c, kStrip);
 }
 
 struct Item {
@@ -198,8 +202,7 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
 #pragma omp for schedule(dynamic, 1)
     for (size_t i = 0; i < items13.size(); ++i) {
       const int64_t e = items13[i].expert, j = items13[i].strip, m = rows_for(isa, count[e]);
-      const uint16_t* b = strip_bf16(isa, p13.strip(e, j), bscratch.data());
-      isa->gemm(a13.data() + row0[e] * hp, hp, m, b, hp, c.data(), kStrip);
+      strip_gemm(isa, a13.data() + row0[e] * hp, hp, m, p13.strip(e, j), bscratch.data(), c.data());
       isa->act(c.data(), kStrip, m, b13 ? b13 + e * 2 * fp + j * 32 : nullptr, act, a2.data() + row0[e] * fp + j * 16,
                fp);
     }
@@ -208,8 +211,7 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
       for (int64_t e = 0; e < E; ++e) {
         if (!count[e]) continue;
         const int64_t m = rows_for(isa, count[e]);
-        const uint16_t* b = strip_bf16(isa, p2.strip(e, j), bscratch.data());
-        isa->gemm(a2.data() + row0[e] * fp, fp, m, b, fp, c.data(), kStrip);
+        strip_gemm(isa, a2.data() + row0[e] * fp, fp, m, p2.strip(e, j), bscratch.data(), c.data());
         const float* bias = b2 ? b2 + e * ldy + j * kStrip : nullptr;
         for (int64_t r = 0; r < count[e]; ++r) {
           const int64_t pair = sorted[first[e] + r];

@@ -41,6 +41,11 @@ struct ExpertIsa {
   // Gate/up epilogue: c rows hold 16 gate then 16 up columns; bias (32 floats) or nullptr;
   // out[r][0, 16) = act(gate + bias, up + bias) rounded to bf16.
   void (*act)(const float* c, int64_t ldc, int64_t m, const float* bias, Act act, uint16_t* out, int64_t ldo);
+  // Optional: gemm on a quantized strip with its weights dequantised in registers (no scratch), the
+  // same bf16 values and summation order as dequant + gemm; used for m <= qgemm_rows, where
+  // writing and re-reading the dequantised strip costs more than dequantising it per row pair.
+  void (*qgemm)(const uint16_t* a, int64_t lda, int64_t m, const Strip& b, float* c, int64_t ldc);
+  int64_t qgemm_rows;
   // Optional per-thread setup / teardown (AMX tile configuration).
   void (*begin)();
   void (*end)();
