@@ -169,6 +169,22 @@ def expert_mix(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, packed
     return out.to(x.dtype)
 
 
+SMALL_LINEAR_ROWS = 4  # csrc/small_linear.cpp's kSmallLinearRows
+
+
+def small_linear_available() -> bool:
+    """torch.ops.moelight.small_linear can run here (the kernels are built and the CPU has AVX2)."""
+    return _cpp_available() and torch.ops.moelight.kernel_isa() != "none"
+
+
+def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., K] (at most SMALL_LINEAR_ROWS rows) times a bf16 weight [N, K], float32 sums plus bias
+    rounded to x's dtype: one read of the bf16 weight (csrc/small_linear.cpp)."""
+    if small_linear_available() and x.device.type == "cpu":
+        return torch.ops.moelight.small_linear(x, weight, bias)
+    return torch.nn.functional.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
+
+
 def topk_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Values (descending) and indices [B, k] of each row of float32 x [B, V]; k = 1 is argmax with
     torch.argmax's rule for ties (the first index). One read of each row, rows in parallel."""

@@ -41,6 +41,11 @@ AttnFn avx512bf16_attn_fn(KvDtype dtype, int64_t d);
 AttnFn avx512_attn_fn(KvDtype dtype, int64_t d);
 AttnFn avx2_attn_fn(KvDtype dtype, int64_t d);
 
+// out[r][n] = sum_k x[r][k] w[n][k] for r < m <= 4, n in [n0, n1): float32 rows x [m, k], a bf16
+// weight w [N, k] row-major, out float32 of row stride ldo (small_linear_avx2.cpp).
+void small_linear_rows_avx2(const float* x, int64_t m, const uint16_t* w, int64_t n0, int64_t n1, int64_t k,
+                            float* out, int64_t ldo);
+
 // Active kernel table, chosen from the CPU at first use (see isa.cpp).
 AttnFn attn_fn(KvDtype dtype, int64_t d);
 const char* active_isa();

@@ -22,6 +22,7 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
                       int64_t fmt13, int64_t group13, int64_t fmt2, int64_t group2, int64_t act_kind, double limit,
                       double alpha);
 std::tuple<at::Tensor, at::Tensor> topk_rows(const at::Tensor& x, int64_t k);
+at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias);
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& block_table, const at::Tensor& lengths, int64_t page_size,
                                   double scale);
@@ -49,6 +50,7 @@ TORCH_LIBRARY(moelight, m) {
         "Tensor? s2, Tensor? z2, Tensor? bias13, Tensor? bias2, int fmt13, int group13, int fmt2, int group2, "
         "int act, float limit, float alpha) -> Tensor");
   m.def("topk_rows(Tensor x, int k) -> (Tensor, Tensor)");
+  m.def("small_linear(Tensor x, Tensor w, Tensor? bias) -> Tensor");
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor lengths, "
         "int page_size, float scale) -> Tensor");
   m.def("paged_prefill_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor starts, "
@@ -64,6 +66,7 @@ TORCH_LIBRARY_IMPL(moelight, CPU, m) {
   m.impl("stream_read", &moelight::stream_read);
   m.impl("expert_mix", &moelight::expert_mix);
   m.impl("topk_rows", &moelight::topk_rows);
+  m.impl("small_linear", &moelight::small_linear);
   m.impl("paged_decode_attention", &moelight::paged_decode_attention);
   m.impl("paged_prefill_attention", &moelight::paged_prefill_attention);
 }

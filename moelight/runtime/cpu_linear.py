@@ -12,6 +12,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from cpu_kernels import dispatch
 from moelight.models.causal_lm import MoECausalLM
 from moelight.runtime.fused_experts import fused_enabled, pack_moe
 
@@ -48,6 +49,12 @@ def upcast_bf16_linears() -> bool:
     return not packing_supported(torch.bfloat16) and packing_supported(torch.float32)
 
 
+def upcast_extra_bytes() -> int:
+    """Bytes a weight of an upcast layer holds beyond its bf16 value: the float32 copy, and the bf16
+    weight itself where the few-row kernel reads it (PackedLinear)."""
+    return 4 if dispatch.small_linear_available() else 2
+
+
 def upcast_packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """packed_linear over a float32 copy of a bf16 weight (upcast_bf16_linears), rounded back to x's dtype."""
     return packed_linear(x.float(), packed, bias).to(x.dtype)
@@ -55,7 +62,9 @@ def upcast_packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tens
 
 class PackedLinear(nn.Module):
     """Drop-in for an nn.Linear whose weight lives in oneDNN's layout; `upcast`: a float32 copy of a
-    bf16 weight, the input upcast and the output rounded back to the input's dtype."""
+    bf16 weight, the input upcast and the output rounded back to the input's dtype. An upcast layer
+    keeps its bf16 weight too: a decode step of a few rows is bound by the bytes it reads, and the
+    small_linear kernel reads half of the float32 copy's (memory_check counts both)."""
 
     def __init__(self, linear: nn.Linear, upcast: bool = False) -> None:
         super().__init__()
@@ -64,8 +73,11 @@ class PackedLinear(nn.Module):
         self.upcast = upcast
         self.packed = pack_weight(w.float() if upcast else w)
         self.bias = None if b is None else (b.float() if upcast else b)
+        self.weight_bf16 = w.contiguous() if upcast and dispatch.small_linear_available() else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.weight_bf16 is not None and x.numel() <= dispatch.SMALL_LINEAR_ROWS * self.in_features:
+            return dispatch.small_linear(x, self.weight_bf16, self.bias)
         return (upcast_packed_linear if self.upcast else packed_linear)(x, self.packed, self.bias)
 
 
