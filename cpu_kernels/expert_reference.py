@@ -28,6 +28,18 @@ def apply_act(gate: torch.Tensor, up: torch.Tensor, act: ActSpec) -> torch.Tenso
     return torch.nn.functional.silu(gate) * up
 
 
+def quantize_activation_blocks(x: torch.Tensor) -> torch.Tensor:
+    """x [..., K] (K a multiple of 32) as the fused kernel's int8-activation path sees it: each block of
+    32 values rounded to int8 codes times amax / 127 (symmetric, ties to even), returned as the float64
+    values q * scale. That path (csrc/expert_mix.cpp's RowQuant, iqgemm) serves int8 / int4 experts
+    with at most 2 rows on AVX2."""
+    xf = x.float().reshape(*x.shape[:-1], -1, 32)
+    amax = xf.abs().amax(dim=-1, keepdim=True)
+    inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))
+    q = torch.round(xf * inv).clamp(-127, 127)
+    return (q.double() * (amax / 127.0).double()).reshape(x.shape)
+
+
 def _unstrip(codes: torch.Tensor, scales, bias, fmt: str, group: int) -> torch.Tensor:
     """One expert's strips [S, bytes] -> float32 [S * 32, K] (w = value * scale + bias)."""
     s = codes.shape[0]

@@ -18,7 +18,7 @@ import cpu_kernels
 from cpu_kernels import dispatch
 from cpu_kernels.expert_pack import QuantMatrix, bf16_matrix, dequantize, pack_experts
 from cpu_kernels.expert_quant import int4_group_for, quantize_int4, quantize_int8
-from cpu_kernels.expert_reference import ActSpec, apply_act, expert_biases, unpack_expert
+from cpu_kernels.expert_reference import ActSpec, apply_act, expert_biases, quantize_activation_blocks, unpack_expert
 
 HAS_CPP = cpu_kernels.kernel_backend() != "torch"
 REL_TOL = 2e-2
@@ -195,10 +195,12 @@ def test_topk_rows_matches_torch(isa, k):
 
 
 @pytest.mark.parametrize("fmt", ["int8", "int4", "fp8", "mxfp4"])
-def test_few_rows_dequantised_in_registers_equal_the_scratch_path(isa, fmt):
+def test_few_rows_dequantised_in_registers_equal_the_scratch_path(isa, fmt, monkeypatch):
     """An expert's few decode rows take the in-register path (qgemm), many rows the dequantise-once
     path: the same bf16 weights in the same summation order, so each token's output is bitwise the
-    same whichever path its batch took."""
+    same whichever path its batch took. (With int8 activations on, AVX2 multiplies int8 / int4
+    experts' few rows on those instead: test_few_int_rows_run_on_int8_activations.)"""
+    monkeypatch.setattr(dispatch, "INT8_ACTIVATIONS", False)
     if isa == "torch":
         pytest.skip("the pure-torch fallback's matmuls block by the row count: not batch-invariant")
     for shape in (SHAPES[7], SHAPES[4] if fmt == "fp8" else SHAPES[3]):  # fp8's 128-blocks need f % 128 == 0
@@ -213,3 +215,46 @@ def test_few_rows_dequantised_in_registers_equal_the_scratch_path(isa, fmt):
         for lo, hi in ((0, 1), (1, 3), (3, 6)):  # 1, 2 and 3 rows per expert: both paths
             few = dispatch.expert_mix(x[lo:hi], ids[lo:hi], weights[lo:hi], packed, act)
             assert torch.equal(few, many[lo:hi]), f"{shape[0]} {fmt} on {isa}, rows {lo}:{hi}"
+
+
+def _int_activation_reference(x, ids, weights, m13, m2, b13, b2, act):
+    """The int8-activation path in float64: each expert's input and intermediate rows rounded to int8
+    per block of 32 (quantize_activation_blocks), the intermediate first rounded to bf16 as the
+    kernel stores it."""
+    w13, w2 = dequantize(m13).double(), dequantize(m2).double()
+    out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float64)
+    f = w2.shape[2]
+    for e in torch.unique(ids).tolist():
+        tok, slot = (ids == e).nonzero(as_tuple=True)
+        g = quantize_activation_blocks(x[tok]) @ w13[e].T + (0 if b13 is None else b13[e].double())
+        mid = apply_act(g[:, :f], g[:, f:], act).to(torch.bfloat16)
+        y = quantize_activation_blocks(mid) @ w2[e].T + (0 if b2 is None else b2[e].double())
+        out.index_add_(0, tok, y * weights[tok, slot, None].double())
+    return out
+
+
+@pytest.mark.parametrize("shape,fmt", [(SHAPES[7], "int8"), (SHAPES[7], "int4"), (SHAPES[3], "int4"),
+                                       (SHAPES[0], "int8")], ids=["clamped-int8", "clamped-int4", "qwen3-int4",
+                                                                  "mixtral-int8"])
+def test_few_int_rows_run_on_int8_activations(shape, fmt):
+    """AVX2, int8 / int4 experts with 1-2 rows: the kernel is the int8-activation computation it
+    claims (close to its float64 model), and that computation's whole departure from the bf16 path."""
+    if not HAS_CPP or torch.ops.moelight.set_isa("avx2") != "avx2":
+        torch.ops.moelight.set_isa("auto")
+        pytest.skip("needs the AVX2 kernels")
+    try:
+        name, e, k, h, f, clamped = shape
+        m13, m2, b13, b2, packed = _case(shape, fmt)
+        act = ActSpec(1, 7.0, 1.702) if clamped else ActSpec()
+        ids, weights = _routing(2, e, k, seed=11)  # 2 tokens: at most 2 rows per expert
+        x = (torch.randn(2, h, generator=torch.Generator().manual_seed(12)) * (3.0 if clamped else 1.0))
+        x = x.to(torch.bfloat16)
+        got = dispatch.expert_mix(x, ids, weights, packed, act).double()
+        model = _int_activation_reference(x, ids, weights, m13, m2, b13, b2, act)
+        exact = _reference(x, ids, weights, m13, m2, b13, b2, act)
+        scale = exact.abs().max()
+        to_model, to_exact = ((got - model).abs().max() / scale).item(), ((got - exact).abs().max() / scale).item()
+        assert to_exact < REL_TOL, f"{name} {fmt}: {to_exact:.4f} from the dequantize-then-matmul reference"
+        assert to_model < 0.3 * to_exact, f"{name} {fmt}: {to_model:.5f} from its model, {to_exact:.5f} from bf16's"
+    finally:
+        torch.ops.moelight.set_isa("auto")

@@ -200,6 +200,88 @@ void qgemm(const uint16_t* a, int64_t lda, int64_t m, const Strip& st, float* c,
   }
 }
 
+// --- int8 / uint4 strips times int8 activations -------------------------------------------------
+
+// Pair-row codes of column block q as 16 int16 in pair order (column 8q + i: k even, k odd), the
+// operand of _mm256_madd_epi16 against a broadcast pair of activations.
+template <WFormat F>
+inline __m256i block_ints(const uint8_t* row, int q) {
+  if constexpr (F == WFormat::I8) {
+    return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * q)));
+  } else {
+    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * (q & 1)));
+    return _mm256_cvtepu8_epi16(_mm_and_si128(q < 2 ? x : _mm_srli_epi16(x, 4), _mm_set1_epi8(0x0F)));
+  }
+}
+
+template <WFormat F, int R>
+void iqgemm_rows(const moelight::QuantRows& a, const Strip& st, float* c, int64_t ldc) {
+  constexpr int64_t kRowBytes = F == WFormat::I8 ? 64 : 32;
+  __m256 acc[R][4];  // the sum over finished groups
+  for (int r = 0; r < R; ++r)
+    for (auto& x : acc[r]) x = _mm256_setzero_ps();
+  const int64_t blocks_per_group = st.group / 32;
+  for (int64_t g = 0; g < st.k / st.group; ++g) {
+    __m256 gacc[R][4];  // this group's sum of c * a (a = scale * q per block)
+    float asum[R];      // and of a, for the bias
+    for (int r = 0; r < R; ++r) {
+      asum[r] = 0.0f;
+      for (auto& x : gacc[r]) x = _mm256_setzero_ps();
+    }
+    for (int64_t blk = g * blocks_per_group; blk < (g + 1) * blocks_per_group; ++blk) {
+      __m256i iacc[R][4];
+      for (int r = 0; r < R; ++r)
+        for (auto& x : iacc[r]) x = _mm256_setzero_si256();
+      for (int64_t p = blk * 16; p < blk * 16 + 16; ++p) {
+        __m256i ap[R];
+        for (int r = 0; r < R; ++r) {
+          int16_t pair[2] = {a.q[r * a.k + 2 * p], a.q[r * a.k + 2 * p + 1]};
+          int32_t bits;
+          std::memcpy(&bits, pair, 4);
+          ap[r] = _mm256_set1_epi32(bits);
+        }
+        const uint8_t* row = st.codes + p * kRowBytes;
+        for (int q = 0; q < 4; ++q) {
+          const __m256i w = block_ints<F>(row, q);
+          for (int r = 0; r < R; ++r) iacc[r][q] = _mm256_add_epi32(iacc[r][q], _mm256_madd_epi16(w, ap[r]));
+        }
+      }
+      for (int r = 0; r < R; ++r) {
+        const float sa = a.scale[r * (a.k / 32) + blk];
+        asum[r] += sa * static_cast<float>(a.sum[r * (a.k / 32) + blk]);
+        const __m256 sv = _mm256_set1_ps(sa);
+        for (int q = 0; q < 4; ++q) gacc[r][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[r][q]), sv, gacc[r][q]);
+      }
+    }
+    for (int q = 0; q < 4; ++q) {
+      const __m256 s = _mm256_loadu_ps(st.scales + g * 32 + 8 * q);
+      const __m256 b = st.bias ? _mm256_loadu_ps(st.bias + g * 32 + 8 * q) : _mm256_setzero_ps();
+      for (int r = 0; r < R; ++r)
+        acc[r][q] = _mm256_fmadd_ps(b, _mm256_set1_ps(asum[r]), _mm256_fmadd_ps(gacc[r][q], s, acc[r][q]));
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int q = 0; q < 4; ++q) _mm256_storeu_ps(c + r * ldc + 8 * q, acc[r][q]);
+}
+
+template <WFormat F>
+void iqgemm_format(const moelight::QuantRows& a, int64_t m, const Strip& st, float* c, int64_t ldc) {
+  int64_t r = 0;
+  for (; r + 2 <= m; r += 2) {
+    const moelight::QuantRows ar{a.q + r * a.k, a.scale + r * (a.k / 32), a.sum + r * (a.k / 32), a.k};
+    iqgemm_rows<F, 2>(ar, st, c + r * ldc, ldc);
+  }
+  if (r < m) {
+    const moelight::QuantRows ar{a.q + r * a.k, a.scale + r * (a.k / 32), a.sum + r * (a.k / 32), a.k};
+    iqgemm_rows<F, 1>(ar, st, c + r * ldc, ldc);
+  }
+}
+
+void iqgemm(const moelight::QuantRows& a, int64_t m, const Strip& st, float* c, int64_t ldc) {
+  if (st.fmt == WFormat::I8) return iqgemm_format<WFormat::I8>(a, m, st, c, ldc);
+  if (st.fmt == WFormat::U4) return iqgemm_format<WFormat::U4>(a, m, st, c, ldc);
+}
+
 void act(const float* c, int64_t ldc, int64_t m, const float* bias, moelight::Act fn, uint16_t* out, int64_t ldo) {
   const __m256 one = _mm256_set1_ps(1.0f), lim = _mm256_set1_ps(fn.limit), nlim = _mm256_set1_ps(-fn.limit);
   const __m256 nalpha = _mm256_set1_ps(fn.kind == 1 ? -fn.alpha : -1.0f);
@@ -221,7 +303,7 @@ void act(const float* c, int64_t ldc, int64_t m, const float* bias, moelight::Ac
 }
 
 // qgemm for up to 2 rows per expert: at 4 it ties with dequantising once (bench-1b's experts, int8 / int4)
-const moelight::ExpertIsa kIsa{dequant, gemm, act, qgemm, 2, nullptr, nullptr, 1};
+const moelight::ExpertIsa kIsa{dequant, gemm, act, qgemm, 2, iqgemm, 2, nullptr, nullptr, 1};
 
 }  // namespace
 #pragma GCC pop_options

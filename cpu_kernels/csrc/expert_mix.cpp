@@ -4,8 +4,10 @@
 //    gathered into a bf16 block padded to 16 rows (an AMX tile's height).
 // 2. Gate/up: one work item per (expert, strip of 16 gate + 16 up columns). A quantized strip is
 //    dequantised in registers for an expert's few rows (decode), else once into the thread's
-//    scratch and reused by all of the expert's rows; the epilogue adds the biases, applies the
-//    activation and writes 16 bf16 intermediate columns.
+//    scratch and reused by all of the expert's rows. Where the ISA has it (AVX2), int8 / uint4
+//    strips meet an expert's few rows quantized to int8 per block of 32 (RowQuant) in integer
+//    multiply-adds instead, unless the caller asks for the bf16 path's numbers. The epilogue adds
+//    the biases, applies the activation and writes 16 bf16 intermediate columns.
 // 3. Down: one work item per strip of 32 output columns, over every expert in ascending order
 //    (the order the reference sums them in); the epilogue adds the bias, scales by the pair's
 //    routing weight and accumulates into the token's float32 row, rounded once at the end.
@@ -17,6 +19,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <numeric>
 #include <vector>
@@ -98,11 +101,59 @@ uint16_t to_bf16(float x) {
 // block's 16-row padding, whose extra rows are zero).
 int64_t rows_for(const ExpertIsa* isa, int64_t n) { return (n + isa->row_step - 1) / isa->row_step * isa->row_step; }
 
-// c[0, m) = a[0, m) x the strip: bf16 strips directly; a quantized one dequantised in registers for
-// a few rows, or once into `scratch` and shared by all of them.
+float bf16_float(uint16_t h) {
+  const uint32_t u = static_cast<uint32_t>(h) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+
+// Whether an expert with m rows multiplies `fmt` strips on int8 activations (iqgemm).
+bool int_rows(const ExpertIsa* isa, WFormat fmt, int64_t m) {
+  return isa->iqgemm && (fmt == WFormat::I8 || fmt == WFormat::U4) && m <= isa->iqgemm_rows;
+}
+
+// bf16 activation rows quantized to int8 per block of 32 k (symmetric, round to nearest even):
+// the operand of iqgemm. Filled only for the rows of experts that take that path.
+struct RowQuant {
+  std::vector<int8_t> q;
+  std::vector<float> scale;
+  std::vector<int32_t> sum;
+  int64_t k;
+
+  RowQuant(int64_t rows, int64_t k_) : q(rows * k_), scale(rows * k_ / 32), sum(rows * k_ / 32), k(k_) {}
+
+  void quantize(const uint16_t* a, int64_t row) {
+    for (int64_t b = 0; b < k / 32; ++b) {
+      float v[32], amax = 0.0f;
+      for (int i = 0; i < 32; ++i) {
+        v[i] = bf16_float(a[b * 32 + i]);
+        amax = std::max(amax, std::fabs(v[i]));
+      }
+      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+      int32_t total = 0;
+      for (int i = 0; i < 32; ++i) {
+        const int32_t qi = std::min(127, std::max(-127, static_cast<int32_t>(std::nearbyint(v[i] * inv))));
+        q[row * k + b * 32 + i] = static_cast<int8_t>(qi);
+        total += qi;
+      }
+      scale[row * (k / 32) + b] = amax / 127.0f;
+      sum[row * (k / 32) + b] = total;
+    }
+  }
+
+  QuantRows at(int64_t row) const {
+    return QuantRows{q.data() + row * k, scale.data() + row * (k / 32), sum.data() + row * (k / 32), k};
+  }
+};
+
+// c[0, m) = a[0, m) x the strip: bf16 strips directly; int8 / uint4 ones for a few rows on the int8
+// activations `qa` (when given); other quantized ones dequantised in registers for a few rows, or
+// once into `scratch` and shared by all of them.
 void strip_gemm(const ExpertIsa* isa, const uint16_t* a, int64_t lda, int64_t m, const Strip& st,
-                uint16_t* scratch, float* c) {
+                const QuantRows* qa, uint16_t* scratch, float* c) {
   if (st.fmt == WFormat::BF16) return isa->gemm(a, lda, m, reinterpret_cast<const uint16_t*>(st.codes), st.k, c, kStrip);
+  if (qa && int_rows(isa, st.fmt, m)) return isa->iqgemm(*qa, m, st, c, kStrip);
   if (isa->qgemm && m <= isa->qgemm_rows) return isa->qgemm(a, lda, m, st, c, kStrip);
   isa->dequant(st, scratch);
   isa->gemm(a, lda, m, scratch, st.k, c, kStrip);
@@ -120,9 +171,12 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
                       const c10::optional<at::Tensor>& s2, const c10::optional<at::Tensor>& z2,
                       const c10::optional<at::Tensor>& bias13, const c10::optional<at::Tensor>& bias2,
                       int64_t fmt13, int64_t group13, int64_t fmt2, int64_t group2, int64_t act_kind, double limit,
-                      double alpha) {
-  const ExpertIsa* isa = expert_isa();
-  TORCH_CHECK(isa != nullptr, "moelight: expert_mix needs AVX2 or newer");
+                      double alpha, bool int8_activations) {
+  const ExpertIsa* base = expert_isa();
+  TORCH_CHECK(base != nullptr, "moelight: expert_mix needs AVX2 or newer");
+  ExpertIsa table = *base;
+  if (!int8_activations) table.iqgemm = nullptr;  // the caller wants the bf16 path's numbers
+  const ExpertIsa* isa = &table;
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.is_contiguous(),
               "moelight: expert_mix wants contiguous bf16 x [T, h]");
   TORCH_CHECK(ids.dim() == 2 && ids.size(0) == x.size(0) && ids.scalar_type() == at::kLong && ids.is_contiguous(),
@@ -174,6 +228,13 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
   for (int64_t e : busy) max_rows = std::max(max_rows, row0[e + 1] - row0[e]);
 
   std::vector<uint16_t> a13(rows * hp), a2(rows * fp);
+  // int8 activations of the experts whose few rows take iqgemm (none: empty)
+  bool any13 = false, any2 = false;
+  for (int64_t e : busy) {
+    any13 = any13 || int_rows(isa, p13.fmt, rows_for(isa, count[e]));
+    any2 = any2 || int_rows(isa, p2.fmt, rows_for(isa, count[e]));
+  }
+  RowQuant q13(any13 ? rows : 0, hp), q2(any2 ? rows : 0, fp);
   const int64_t ldy = p2.strips * kStrip;
   std::vector<float> y(T * ldy, 0.0f);  // float32 sums of each token's pairs
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
@@ -196,22 +257,35 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
         } else {
           std::fill(dst, dst + hp, uint16_t{0});
         }
+        if (any13 && int_rows(isa, p13.fmt, rows_for(isa, n))) q13.quantize(dst, row0[e] + r);
       }
     }
     if (isa->begin) isa->begin();
 #pragma omp for schedule(dynamic, 1)
     for (size_t i = 0; i < items13.size(); ++i) {
       const int64_t e = items13[i].expert, j = items13[i].strip, m = rows_for(isa, count[e]);
-      strip_gemm(isa, a13.data() + row0[e] * hp, hp, m, p13.strip(e, j), bscratch.data(), c.data());
+      const QuantRows qa = any13 ? q13.at(row0[e]) : QuantRows{};
+      strip_gemm(isa, a13.data() + row0[e] * hp, hp, m, p13.strip(e, j), any13 ? &qa : nullptr, bscratch.data(),
+                 c.data());
       isa->act(c.data(), kStrip, m, b13 ? b13 + e * 2 * fp + j * 32 : nullptr, act, a2.data() + row0[e] * fp + j * 16,
                fp);
+    }
+    if (any2) {
+#pragma omp for schedule(static)
+      for (int64_t e = 0; e < E; ++e) {
+        const int64_t m = rows_for(isa, count[e]);
+        if (!count[e] || !int_rows(isa, p2.fmt, m)) continue;
+        for (int64_t r = 0; r < m; ++r) q2.quantize(a2.data() + (row0[e] + r) * fp, row0[e] + r);
+      }
     }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t j = 0; j < p2.strips; ++j) {  // a strip of output columns: every expert, ascending
       for (int64_t e = 0; e < E; ++e) {
         if (!count[e]) continue;
         const int64_t m = rows_for(isa, count[e]);
-        strip_gemm(isa, a2.data() + row0[e] * fp, fp, m, p2.strip(e, j), bscratch.data(), c.data());
+        const QuantRows qa = any2 ? q2.at(row0[e]) : QuantRows{};
+        strip_gemm(isa, a2.data() + row0[e] * fp, fp, m, p2.strip(e, j), any2 ? &qa : nullptr, bscratch.data(),
+                   c.data());
         const float* bias = b2 ? b2 + e * ldy + j * kStrip : nullptr;
         for (int64_t r = 0; r < count[e]; ++r) {
           const int64_t pair = sorted[first[e] + r];

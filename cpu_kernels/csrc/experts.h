@@ -25,6 +25,15 @@ struct Strip {
   WFormat fmt;
 };
 
+// Rows of activations quantized for iqgemm: row r, k in block b = k / 32: a ~= q[r][k] * scale[r][b];
+// sum[r][b] = the block's sum of q (for formats with a bias: sum_k w a = s sum_k c a + bias sum_k a).
+struct QuantRows {
+  const int8_t* q;       // [m][k]
+  const float* scale;    // [m][k / 32]
+  const int32_t* sum;    // [m][k / 32]
+  int64_t k;             // a multiple of 32
+};
+
 // Activation of the gate/up epilogue: SwiGLU silu(g) * u, or GPT-OSS's clamped
 // (min(u, l) clamped to +-l, plus 1) * g * sigmoid(alpha g) with g = min(g, l).
 struct Act {
@@ -46,6 +55,12 @@ struct ExpertIsa {
   // writing and re-reading the dequantised strip costs more than dequantising it per row pair.
   void (*qgemm)(const uint16_t* a, int64_t lda, int64_t m, const Strip& b, float* c, int64_t ldc);
   int64_t qgemm_rows;
+  // Optional: int8 / uint4 strips times activations quantized to int8 per block of 32 k (QuantRows),
+  // integer multiply-adds summed per block, scaled in float32: for m <= iqgemm_rows, where expanding
+  // the codes to bf16 costs more than reading them. Not the bf16 path's numbers: the activation is
+  // rounded to 8 bits (a relative error of at most 1/254 of its block's largest value).
+  void (*iqgemm)(const QuantRows& a, int64_t m, const Strip& b, float* c, int64_t ldc);
+  int64_t iqgemm_rows;
   // Optional per-thread setup / teardown (AMX tile configuration).
   void (*begin)();
   void (*end)();

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <string>
 #include <vector>
 
 #include "latent_kernels.h"
@@ -67,7 +68,10 @@ at::Tensor latent_decode_attention(const at::Tensor& q, const at::Tensor& cache,
   const KvDtype io = dtype_of(qc);
   bool amx = false;
   const LatentFn fn = latent_fn(dtype_of(cache), io, W, dv, amx);
-  TORCH_CHECK(fn != nullptr, "moelight: no latent kernel for this CPU / row width ", W, " / latent ", dv);
+  // Messages are built with std::to_string, not TORCH_CHECK's ostream: a build whose libstdc++
+  // differs from torch's (Ubuntu g++ against a gcc-toolset torch) crashed formatting ints there.
+  TORCH_CHECK(fn != nullptr, "moelight: no latent kernel for this CPU / row width " + std::to_string(W) +
+                                 " / latent " + std::to_string(dv));
   const at::Tensor offs = offsets.to(at::kLong).contiguous();
   const at::Tensor lens = lengths.to(at::kLong).contiguous();
   const int64_t* op = offs.data_ptr<int64_t>();
@@ -77,7 +81,7 @@ at::Tensor latent_decode_attention(const at::Tensor& q, const at::Tensor& cache,
   const int nt = at::get_num_threads();
   int64_t total = 0;
   for (int64_t b = 0; b < B; ++b) {
-    TORCH_CHECK(lp[b] >= 0 && op[b] >= 0 && op[b] + lp[b] <= T, "moelight: sequence ", b, " out of cache");
+    TORCH_CHECK(lp[b] >= 0 && op[b] >= 0 && op[b] + lp[b] <= T, "moelight: sequence " + std::to_string(b) + " out of cache");
     total += lp[b];
   }
   // Chunk length: long enough to stream, short enough for ~4 chunks per thread.

@@ -20,7 +20,7 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
                       const c10::optional<at::Tensor>& s2, const c10::optional<at::Tensor>& z2,
                       const c10::optional<at::Tensor>& bias13, const c10::optional<at::Tensor>& bias2,
                       int64_t fmt13, int64_t group13, int64_t fmt2, int64_t group2, int64_t act_kind, double limit,
-                      double alpha);
+                      double alpha, bool int8_activations);
 std::tuple<at::Tensor, at::Tensor> topk_rows(const at::Tensor& x, int64_t k);
 at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias);
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -48,7 +48,7 @@ TORCH_LIBRARY(moelight, m) {
   m.def("stream_read(Tensor x) -> float");
   m.def("expert_mix(Tensor x, Tensor ids, Tensor weights, Tensor w13, Tensor? s13, Tensor? z13, Tensor w2, "
         "Tensor? s2, Tensor? z2, Tensor? bias13, Tensor? bias2, int fmt13, int group13, int fmt2, int group2, "
-        "int act, float limit, float alpha) -> Tensor");
+        "int act, float limit, float alpha, bool int8_activations=True) -> Tensor");
   m.def("topk_rows(Tensor x, int k) -> (Tensor, Tensor)");
   m.def("small_linear(Tensor x, Tensor w, Tensor? bias) -> Tensor");
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor lengths, "
