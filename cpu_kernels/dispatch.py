@@ -154,8 +154,8 @@ def paged_prefill_attention(
                                  sinks)
 
 
-# int8 / int4 experts with 1-2 tokens (decode) multiply on int8 activations where the ISA has that path
-# (AVX2): ~1.6-2x faster there, at a relative error of the activation's 8-bit rounding.
+# int8 / int4 experts with up to 16 rows (decode, short prompts) multiply on int8 activations where the ISA has
+# that path (AVX2): 1.3-2x faster there, at a relative error of the activation's 8-bit rounding.
 # MOELIGHT_INT8_ACTIVATIONS=0 keeps the bf16 path's numbers (the GPU's and the torch fallback's).
 INT8_ACTIVATIONS = os.environ.get("MOELIGHT_INT8_ACTIVATIONS", "1") != "0"
 

@@ -32,7 +32,7 @@ def quantize_activation_blocks(x: torch.Tensor) -> torch.Tensor:
     """x [..., K] (K a multiple of 32) as the fused kernel's int8-activation path sees it: each block of
     32 values rounded to int8 codes times amax / 127 (symmetric, ties to even), returned as the float64
     values q * scale. That path (csrc/expert_mix.cpp's RowQuant, iqgemm) serves int8 / int4 experts
-    with at most 2 rows on AVX2."""
+    with up to 16 rows on AVX2."""
     xf = x.float().reshape(*x.shape[:-1], -1, 32)
     amax = xf.abs().amax(dim=-1, keepdim=True)
     inv = torch.where(amax > 0, 127.0 / amax, torch.zeros_like(amax))

@@ -302,8 +302,9 @@ void act(const float* c, int64_t ldc, int64_t m, const float* bias, moelight::Ac
   }
 }
 
-// qgemm for up to 2 rows per expert: at 4 it ties with dequantising once (bench-1b's experts, int8 / int4)
-const moelight::ExpertIsa kIsa{dequant, gemm, act, qgemm, 2, iqgemm, 2, nullptr, nullptr, 1};
+// qgemm for up to 2 rows per expert: at 4 it ties with dequantising once (bench-1b's experts, fp8 / MXFP4 here);
+// iqgemm for up to 16: at 16 it ties with the bf16 kernel and beats dequantising once (int8 / int4)
+const moelight::ExpertIsa kIsa{dequant, gemm, act, qgemm, 2, iqgemm, 16, nullptr, nullptr, 1};
 
 }  // namespace
 #pragma GCC pop_options

@@ -57,7 +57,7 @@ struct ExpertIsa {
   int64_t qgemm_rows;
   // Optional: int8 / uint4 strips times activations quantized to int8 per block of 32 k (QuantRows),
   // integer multiply-adds summed per block, scaled in float32: for m <= iqgemm_rows, where expanding
-  // the codes to bf16 costs more than reading them. Not the bf16 path's numbers: the activation is
+  // the codes to bf16 (per row pair, or once into scratch) costs more than the integer products. Not the bf16 path's numbers: the activation is
   // rounded to 8 bits (a relative error of at most 1/254 of its block's largest value).
   void (*iqgemm)(const QuantRows& a, int64_t m, const Strip& b, float* c, int64_t ldc);
   int64_t iqgemm_rows;
