@@ -74,6 +74,19 @@ void dequant(const Strip& st, uint16_t* out) {
   }
 }
 
+// Rows r < R of a at pair p (k = 2p, 2p + 1), each k broadcast as float32: even k in ae, odd in ao.
+template <int R>
+inline void pair_activations(const uint16_t* a, int64_t lda, int64_t p, __m256 ae[R], __m256 ao[R]) {
+  const __m256i hi_mask = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
+  for (int r = 0; r < R; ++r) {
+    uint32_t pair;
+    std::memcpy(&pair, a + r * lda + 2 * p, 4);
+    const __m256i av = _mm256_set1_epi32(static_cast<int>(pair));
+    ae[r] = _mm256_castsi256_ps(_mm256_slli_epi32(av, 16));
+    ao[r] = _mm256_castsi256_ps(_mm256_and_si256(av, hi_mask));
+  }
+}
+
 template <int R>
 inline void gemm_rows(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t k, float* c, int64_t ldc) {
   const __m256i hi_mask = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
@@ -82,13 +95,7 @@ inline void gemm_rows(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t
     for (auto& x : acc[r]) x = _mm256_setzero_ps();
   for (int64_t p = 0; p < k / 2; ++p) {
     __m256 ae[R], ao[R];
-    for (int r = 0; r < R; ++r) {
-      uint32_t pair;
-      std::memcpy(&pair, a + r * lda + 2 * p, 4);
-      const __m256i av = _mm256_set1_epi32(static_cast<int>(pair));
-      ae[r] = _mm256_castsi256_ps(_mm256_slli_epi32(av, 16));
-      ao[r] = _mm256_castsi256_ps(_mm256_and_si256(av, hi_mask));
-    }
+    pair_activations<R>(a, lda, p, ae, ao);
     for (int q = 0; q < 4; ++q) {  // columns 8q .. 8q + 7
       const __m256i w = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(b + p * 64 + 16 * q));
       const __m256 we = _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
@@ -149,7 +156,6 @@ template <WFormat F, int R>
 void qgemm_rows(const uint16_t* a, int64_t lda, const Strip& st, float* c, int64_t ldc) {
   constexpr bool kNibbles = F == WFormat::U4 || F == WFormat::FP4;
   constexpr int64_t kRowBytes = kNibbles ? 32 : 64;
-  const __m256i hi_mask = _mm256_set1_epi32(static_cast<int>(0xFFFF0000u));
   const __m256 half = _mm256_set1_ps(F == WFormat::FP4 ? 0.5f : 1.0f);
   __m256 acc[R][4];
   for (int r = 0; r < R; ++r)
@@ -163,13 +169,7 @@ void qgemm_rows(const uint16_t* a, int64_t lda, const Strip& st, float* c, int64
     }
     for (int64_t p = g * rows_per_group; p < (g + 1) * rows_per_group; ++p) {
       __m256 ae[R], ao[R];
-      for (int r = 0; r < R; ++r) {
-        uint32_t pair;
-        std::memcpy(&pair, a + r * lda + 2 * p, 4);
-        const __m256i av = _mm256_set1_epi32(static_cast<int>(pair));
-        ae[r] = _mm256_castsi256_ps(_mm256_slli_epi32(av, 16));
-        ao[r] = _mm256_castsi256_ps(_mm256_and_si256(av, hi_mask));
-      }
+      pair_activations<R>(a, lda, p, ae, ao);
       const uint8_t* row = st.codes + p * kRowBytes;
       for (int q = 0; q < 4; ++q) {
         const __m128i x = block_codes<F>(row, q);
