@@ -186,7 +186,7 @@ def small_linear_available() -> bool:
 def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., K] (at most SMALL_LINEAR_ROWS rows) times a bf16 weight [N, K], float32 sums plus bias
     rounded to x's dtype: one read of the bf16 weight (csrc/small_linear.cpp)."""
-    if small_linear_available() and x.device.type == "cpu":
+    if _cpp_available() and x.device.type == "cpu":  # (loaded only where the CPU has AVX2 or newer)
         return torch.ops.moelight.small_linear(x, weight, bias)
     return torch.nn.functional.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
 

@@ -7,6 +7,9 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include <cstring>
+#include <string>
+
 #include "kernels.h"
 
 namespace moelight {
@@ -14,7 +17,7 @@ namespace moelight {
 constexpr int64_t kSmallLinearRows = 4;
 
 at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK(std::string(active_isa()) != "none", "moelight: small_linear needs AVX2 or newer");
+  TORCH_CHECK(std::strcmp(active_isa(), "none") != 0, "moelight: small_linear needs AVX2 or newer");
   TORCH_CHECK(w.dim() == 2 && w.scalar_type() == at::kBFloat16 && w.is_contiguous(),
               "moelight: small_linear wants a contiguous bf16 weight [N, K]");
   const int64_t n = w.size(0), k = w.size(1);
