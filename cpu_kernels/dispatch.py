@@ -155,7 +155,7 @@ def paged_prefill_attention(
 
 
 # int8 / int4 experts with up to 16 rows (decode, short prompts) multiply on int8 activations where the ISA has
-# that path (AVX2): 1.3-2x faster there, at a relative error of the activation's 8-bit rounding.
+# that path (AVX2): faster there (BENCHMARKS §16), at a relative error of the activation's 8-bit rounding.
 # MOELIGHT_INT8_ACTIVATIONS=0 keeps the bf16 path's numbers (the GPU's and the torch fallback's).
 INT8_ACTIVATIONS = os.environ.get("MOELIGHT_INT8_ACTIVATIONS", "1") != "0"
 
