@@ -1,4 +1,4 @@
-"""Chooses the C++ kernels when they build, the torch reference otherwise.
+"""Chooses the C++ kernels when they build, the batched torch path (varlen_attention.py) otherwise.
 
 The extension is loaded (or, without a current install-time build, compiled) on the first
 call, not at import, so importing moelight stays cheap. Set MOELIGHT_CPU_KERNELS=torch to
@@ -15,8 +15,7 @@ import torch
 
 from cpu_kernels.expert_pack import FORMATS, PackedExperts
 from cpu_kernels.expert_reference import ActSpec, expert_mix_torch
-from cpu_kernels.paged_reference import paged_attention_torch
-from cpu_kernels.reference import decode_attention_torch, prefill_attention_torch
+from cpu_kernels.varlen_attention import varlen_attention
 
 _lock = threading.Lock()
 _state: dict[str, object] = {"loaded": None, "warned": False}
@@ -86,7 +85,8 @@ def decode_attention(
         offsets, lengths = offsets + skip, lengths - skip
     if _cpp_ok(q, k_cache, v_cache) and k_cache.stride(-1) == 1 and k_cache.stride() == v_cache.stride():
         return torch.ops.moelight.decode_attention(q, k_cache, v_cache, offsets, lengths, float(scale), sinks)
-    return decode_attention_torch(q, k_cache, v_cache, offsets, lengths, scale, sinks)
+    return varlen_attention(q, k_cache, v_cache, lengths - 1, range(q.shape[0] + 1), scale, bases=offsets,
+                            sinks=sinks)
 
 
 def prefill_attention(
@@ -108,7 +108,8 @@ def prefill_attention(
         return prefill_attention(q, k, v, cu_seqlens, scale, window, sinks)[..., :dv]
     if _cpp_ok(q, k, v) and v.shape[-1] == q.shape[-1]:
         return torch.ops.moelight.prefill_attention(q, k, v, cu_seqlens, float(scale), window or 0, sinks)
-    return prefill_attention_torch(q, k, v, cu_seqlens, scale, window, sinks)
+    return varlen_attention(q, k.transpose(0, 1), v.transpose(0, 1), [0] * (len(cu_seqlens) - 1), cu_seqlens, scale,
+                            bases=cu_seqlens[:-1], window=window, sinks=sinks)
 
 
 def paged_decode_attention(
@@ -128,8 +129,8 @@ def paged_decode_attention(
             and k_cache.stride() == v_cache.stride():
         return torch.ops.moelight.paged_decode_attention(q, k_cache, v_cache, block_table, lengths, int(page_size),
                                                          float(scale))
-    cu = torch.arange(q.shape[0] + 1, dtype=torch.int64)
-    return paged_attention_torch(q, k_cache, v_cache, block_table, lengths - 1, cu, page_size, scale, window, sinks)
+    return varlen_attention(q, k_cache, v_cache, lengths - 1, range(q.shape[0] + 1), scale, block_table=block_table,
+                            page_size=page_size, window=window, sinks=sinks)
 
 
 def paged_prefill_attention(
@@ -150,8 +151,8 @@ def paged_prefill_attention(
             and k_cache.stride() == v_cache.stride():
         return torch.ops.moelight.paged_prefill_attention(q, k_cache, v_cache, block_table, starts, cu_seqlens,
                                                           int(page_size), float(scale))
-    return paged_attention_torch(q, k_cache, v_cache, block_table, starts, cu_seqlens, page_size, scale, window,
-                                 sinks)
+    return varlen_attention(q, k_cache, v_cache, starts, cu_seqlens, scale, block_table=block_table,
+                            page_size=page_size, window=window, sinks=sinks)
 
 
 # int8 / int4 experts with up to 16 rows (decode, short prompts) multiply on int8 activations where the ISA has

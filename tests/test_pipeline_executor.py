@@ -10,6 +10,7 @@ import random
 import pytest
 import torch
 
+from cpu_kernels.varlen_attention import varlen_attention
 from moelight.devices.device_base import DeviceOutOfMemory, StreamOrderError
 from moelight.engine.generation import GenerationStats
 from moelight.models.config import ModelConfig
@@ -153,6 +154,25 @@ def test_refilled_batches_on_every_schedule(setup, schedule):
         check_memory(ex, model, 0.5, prefill_tokens=max(len(p) for p in prompts))
     finally:
         ex.close()
+
+
+@pytest.mark.parametrize("schedule", ["cgopipe", "flexgen"])
+def test_the_gpu_prefill_path_gives_the_plain_engine_s_run(setup, schedule, monkeypatch):
+    """Prefill attention as a GPU runs it (varlen_attention's length-sorted groups, the fused kernel)
+    instead of the CPU kernels the emulated device otherwise calls."""
+    from moelight.devices import device_attention
+
+    model, prompts, params, ref = setup
+    monkeypatch.setattr(device_attention, "GPU_PATH_ON_CPU", True)
+    calls = []
+    monkeypatch.setattr(device_attention, "varlen_attention",
+                        lambda *a, **k: calls.append(k["fused"]) or varlen_attention(*a, **k))
+    ex = PipelineExecutor(model, schedule, "emulated", r_w=0.5, **EXEC_KW)
+    try:
+        assert_same_run(run_job(model, ex, prompts, params, 9, 2, max_prefill_tokens=32), ref, what=schedule)
+    finally:
+        ex.close()
+    assert calls and all(calls)
 
 
 @pytest.mark.parametrize("fault", ["swapped paged expert", "dropped attention output"])

@@ -4,16 +4,23 @@ with every index on the device, so it issues a fixed number of kernels and no ho
 Decode: each sequence's keys are gathered into [Hkv, B, max_len, d] (max_len known on the host:
 positions are host data), scored against its query heads, masked past its length, softmaxed in
 float32 (with GPT-OSS's sinks in the denominator), and the values weighted; a sliding window
-narrows each sequence's block first. Prefill: per prompt, with the packed prompts' bounds given
-on the host (the kernels of cpu_kernels on CPU tensors, the torch reference on a GPU).
+narrows each sequence's block first. Prefill (with or without a cached prefix): varlen_attention,
+the prompts grouped by length into a few padded calls, their bounds given on the host. Prefill
+without a prefix on CPU tensors (the emulated device) runs the CPU engine's kernels instead, so the
+emulated runtime keeps the CPU engine's low-precision numbers; tests hold the two paths together.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from cpu_kernels import prefill_attention
-from cpu_kernels.paged_reference import paged_attention_torch
+from cpu_kernels.varlen_attention import varlen_attention
+
+Upload = Callable[[torch.Tensor], torch.Tensor] | None
+GPU_PATH_ON_CPU = False  # tests: CPU tensors (the emulated device) take the GPU's prefill path, fused kernel too
 
 
 def batched_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, offsets: torch.Tensor,
@@ -55,11 +62,16 @@ def batched_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
 
 
 def device_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_host: torch.Tensor, scale: float,
-                             window: int | None = None, sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """Causal attention over packed prompts on the device: the prompts' bounds `cu_host` stay a host
-    tensor, so splitting the batch reads nothing back from the device."""
-    assert cu_host.device.type == "cpu", "prompt bounds must be host data"
-    return prefill_attention(q, k, v, cu_host, scale, window=window, sinks=sinks)
+                             window: int | None = None, sinks: torch.Tensor | None = None,
+                             upload: Upload = None) -> torch.Tensor:
+    """Causal attention over packed prompts q [T, Hq, d], k [T, Hkv, d], v [T, Hkv, dv] on the device: the
+    prompts' bounds `cu_host` stay host data, and `upload` moves the groups' small tables (pinned)."""
+    on_cpu = q.device.type == "cpu"
+    if on_cpu and not GPU_PATH_ON_CPU:
+        return prefill_attention(q, k, v, cu_host, scale, window=window, sinks=sinks)
+    n = len(cu_host) - 1
+    return varlen_attention(q, k.transpose(0, 1), v.transpose(0, 1), [0] * n, cu_host, scale, bases=cu_host[:-1],
+                            window=window, sinks=sinks, upload=upload, fused=sinks is None if on_cpu else None)
 
 
 def prefix_table(cached: list[int], seq_lens: list[int]) -> torch.Tensor:
@@ -76,10 +88,11 @@ def prefix_table(cached: list[int], seq_lens: list[int]) -> torch.Tensor:
 def device_prefix_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_prefix: torch.Tensor,
                                     v_prefix: torch.Tensor, table: torch.Tensor, cached: torch.Tensor,
                                     cu_host: torch.Tensor, scale: float, window: int | None = None,
-                                    sinks: torch.Tensor | None = None) -> torch.Tensor:
-    """Prompts whose first `cached` [B] positions are in a shared KV cache already (prefix sharing): the
-    new tokens' q [T, Hq, d] over the uploaded prefixes' keys [Hkv, P, d] and their own k/v [T, Hkv, d],
-    causal from their positions, through `table` (prefix_table, on the device)."""
+                                    sinks: torch.Tensor | None = None, upload: Upload = None) -> torch.Tensor:
+    """Prompts whose first `cached` [B] (host data) positions are in a shared KV cache already (prefix
+    sharing): the new tokens' q [T, Hq, d] over the uploaded prefixes' keys [Hkv, P, d] and their own k/v
+    [T, Hkv, d], causal from their positions, through `table` (prefix_table, on the device)."""
     keys = torch.cat([k_prefix, k.transpose(0, 1)], 1)
     values = torch.cat([v_prefix, v.transpose(0, 1)], 1)
-    return paged_attention_torch(q, keys, values, table, cached, cu_host, 1, scale, window, sinks)
+    return varlen_attention(q, keys, values, cached, cu_host, scale, block_table=table, window=window, sinks=sinks,
+                            upload=upload)

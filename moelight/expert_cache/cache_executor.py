@@ -24,7 +24,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from cpu_kernels.paged_reference import paged_attention_torch
+from cpu_kernels.varlen_attention import varlen_attention
 from moelight.devices.compute_counter import DecodeCounts
 from moelight.devices.device_attention import batched_decode_attention, device_prefill_attention
 from moelight.devices.device_base import Device, nbytes_of
@@ -277,10 +277,11 @@ class ExpertCacheExecutor(Executor):
                 q, entry = layer.attention_inputs(x, cos, sin)
                 kv.write(j, *entry, slots)
                 if paged:  # a K/V cache (prefix sharing is off for latent caches)
-                    a = paged_attention_torch(q, *kv.key_value(j), table, cached, cu, offsets.page_size, self.scale,
-                                              **attention_extras(m, j))
+                    a = varlen_attention(q, *kv.key_value(j), cached, cu, self.scale, block_table=table,
+                                         page_size=offsets.page_size, upload=self._upload, **attention_extras(m, j))
                 else:
-                    a = device_prefill_attention(q, *layer.prefill_kv(*entry), cu, self.scale, **attention_extras(m, j))
+                    a = device_prefill_attention(q, *layer.prefill_kv(*entry), cu, self.scale, **attention_extras(m, j),
+                                                 upload=self._upload)
                 a = a.flatten(1)
                 routed = every
                 if j == L - 1:  # only the last token of each prompt (or the asked rows) feeds the LM head

@@ -45,6 +45,10 @@ class PassTasks:
         self.out.setdefault("uploads", []).append(buf)
         return buf
 
+    def upload(self, t: torch.Tensor) -> torch.Tensor:
+        """A small launcher-side host tensor on the device, through a pinned buffer."""
+        return self.dev.upload(self.pinned(t))
+
     def bind(self, t: Task) -> Callable[[], None]:
         w = self.ex.weight_task(t)
         if w is not None:
@@ -137,12 +141,13 @@ class PrefillTasks(PassTasks):
             (q,), entry = self.held.get(("q", j)), self.held.get(("kv", j))
             k, v = self.m.layers[j].prefill_kv(*entry)  # MLA: K and V expanded from the latent
             if self.prefix is None:
-                a = device_prefill_attention(q, k, v, self.cu, self.ex.scale, **attention_extras(self.m, j))
+                a = device_prefill_attention(q, k, v, self.cu, self.ex.scale, **attention_extras(self.m, j),
+                                             upload=self.upload)
             else:  # the prefixes' K/V gathered from the CPU cache into pinned buffers, used in this task
                 pre, up = self.prefix, self.dev.upload
                 kp, vp = (up(self.pinned(t[:, pre["slots"]])) for t in self.cache.key_value(j))
                 a = device_prefix_prefill_attention(q, k, v, kp, vp, up(pre["table"]), pre["cached"], self.cu,
-                                                    self.ex.scale, **attention_extras(self.m, j))
+                                                    self.ex.scale, **attention_extras(self.m, j), upload=self.upload)
             a = a.flatten(1)
             self.held.put(("attn", j), 1, a)
             self.held.done(("q", j))
