@@ -153,6 +153,12 @@ def step_overhead_time(hw: HardwareSpec, passes, where: str = "cpu"):
     return _t(np.asarray(passes, float) * level_of(hw, where).step_overhead_s)
 
 
+def sequence_step_time(hw: HardwareSpec, sequences):
+    """The host's per-sequence work of one decode step (scheduling, block tables, sampling, results)
+    for `sequences` sequences: serial with the step, on the CPU whether or not a GPU runs the layers."""
+    return _t(np.asarray(sequences, float) * hw.cpu.sequence_step_s)
+
+
 def lm_head_time(hw: HardwareSpec, m: ModelSpec, tokens, where: str = "gpu", dtype: str = DEFAULT_DTYPE):
     """Seconds for final norm + lm_head on `tokens` tokens (once per decode step per token). The
     LM head is replicated under tensor parallelism: every GPU computes all logits, at one GPU's rate."""

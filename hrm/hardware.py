@@ -50,6 +50,9 @@ class Level:
     attention_flops: dict[str, float] = field(default_factory=dict)  # prefill attention kernel FLOP/s
     layer_overhead_s: float = 0.0  # fixed cost of one layer pass of one micro-batch
     step_overhead_s: float = 0.0  # fixed cost per micro-batch per step outside the layers
+    # the host's seconds per sequence per decode step outside the layers (scheduling, block tables,
+    # sampling, results): the CPU level's, paid whatever runs the layers
+    sequence_step_s: float = 0.0
     elementwise_bandwidth: float = 0.0  # bytes/s of the engine's element-wise ops (0: fused, free)
     # bytes/s a memory-bound GEMM (decode: few rows per weight) streams its weights at; small-M kernels
     # reach far less than a copy does (0: the level's bandwidth)

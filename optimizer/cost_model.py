@@ -27,7 +27,7 @@ Prefill per layer (on the FFN level; weights streamed once per batch when the pa
 layer-major, once per pass when the runtime prefills in chunks: WorkloadSpec.prefill_chunk):
   T_pre_layer = max(n * prefill_layer(mu, prompt), T_weights_h2d(x), T_kv_d2h(y), T_pre_host(x), T_pre_stage(x))
 End to end for one batch: T = L T_pre_layer + head + (gen-1) (L T_layer + head), where
-head = n * (lm_head(mu) + per-step overhead).
+head = n * (lm_head(mu) + per-step overhead) + N * the host's per-sequence step work.
 """
 
 from __future__ import annotations
@@ -233,7 +233,7 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
     pre_comp = n_mb * (costs.prefill_layer_time(hw, m, mu, max(p_new, 1.0), ffn_lvl, dtype) + pre_reduce) \
         + costs.layer_overhead_time(hw, passes, ffn_lvl) + zeros
     head = n_mb * (costs.lm_head_time(hw, m, mu, ffn_lvl, dtype)
-                   + costs.step_overhead_time(hw, 1.0, ffn_lvl)) + zeros
+                   + costs.step_overhead_time(hw, 1.0, ffn_lvl)) + costs.sequence_step_time(hw, big_n) + zeros
 
     # ---- memory (bytes) ----
     act_tok = ops.activation_bytes_per_token(m, b)

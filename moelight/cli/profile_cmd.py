@@ -29,6 +29,8 @@ def _describe(hw) -> str:
     if c.layer_overhead_s or c.step_overhead_s:
         lines.append(f"     dispatch overhead: {c.layer_overhead_s * 1e3:.2f} ms per layer pass, "
                      f"{c.step_overhead_s * 1e3:.2f} ms per micro-batch step")
+    if c.sequence_step_s:
+        lines.append(f"     host work per sequence: {c.sequence_step_s * 1e6:.1f} us per decode step")
     if hw.staging_bandwidth:
         lines.append(f"     pageable -> pinned copy (the first paging hop): {hw.staging_bandwidth / 1e9:.1f} GB/s")
     if hw.has_gpu:

@@ -66,7 +66,8 @@ def resolve_hardware(name: str | None, log: Callable[[str], None] | None = None)
 
 def _profile_is_stale(path) -> bool:
     """A measured CPU level (it has a GEMM curve) without the element-wise rate (written before
-    the HRM charged element-wise work: plans ~25% optimistic), or a measured GPU without its
+    the HRM charged element-wise work: plans ~25% optimistic) or without the host's work per
+    sequence (large batches on a GPU host: several times optimistic), or a measured GPU without its
     expert-GEMM rate (written before the HRM used achieved GPU rates: plans 2-3x optimistic)."""
     import json
 
@@ -75,7 +76,8 @@ def _profile_is_stale(path) -> bool:
         cpu, gpu = d.get("cpu", {}), d.get("gpu") or {}
     except (OSError, ValueError, AttributeError):
         return False  # let the normal load report what is wrong with it
-    return (bool(cpu.get("gemm_flops")) and not cpu.get("elementwise_bandwidth")) or (
+    measured_cpu = bool(cpu.get("gemm_flops"))
+    return (measured_cpu and (not cpu.get("elementwise_bandwidth") or "sequence_step_s" not in cpu)) or (
         bool(gpu) and not gpu.get("gemm_bandwidth"))
 
 

@@ -9,7 +9,8 @@ the engine runs, so the HRM predicts the engine rather than an ideal machine:
 - the decode attention kernel's KV read bandwidth and the prefill attention FLOP/s
   (cpu_kernels),
 - the fixed cost per layer pass and per decode step (Python dispatch, small ops), from
-  decode steps of two toy models that differ only in depth (their compute is ~0),
+  decode steps of two toy models that differ only in depth (their compute is ~0), and the
+  engine's host work per sequence per step (sequence_step.py),
 - the rate of the element-wise work between the GEMMs (norms, rotary, MoE glue): one
   real decoder layer minus its GEMMs, at two token counts.
 The pageable -> pinned copy rate (the first paging hop) is measured on any host; with CUDA
@@ -26,6 +27,7 @@ from dataclasses import replace
 
 from hrm.hardware import HardwareSpec, Level, Link
 from moelight.profiling.expert_kernel_curve import measure_expert_curve
+from moelight.profiling.sequence_step import measure_sequence_step
 from moelight.profiling.timing import best_time
 
 GEMM_ROWS = (1, 4, 16, 64, 256, 1024)
@@ -245,10 +247,11 @@ def measure_cpu(quick: bool = False) -> Level:
     except (RuntimeError, ImportError):  # no attention kernels: the HRM falls back to the roofs
         pass
     layer_oh, step_oh = measure_overheads(torch.bfloat16, quick)
+    per_sequence = measure_sequence_step(quick)
     experts = measure_expert_curve(quick)
     return Level(f"cpu-{os.cpu_count()}c-{platform.machine()}", _cpu_memory_bytes(), bw, flops,
                  gemm_flops=curves, attention_bandwidth=att_bw, attention_flops=att_flops,
-                 layer_overhead_s=layer_oh, step_overhead_s=step_oh,
+                 layer_overhead_s=layer_oh, step_overhead_s=step_oh, sequence_step_s=per_sequence,
                  elementwise_bandwidth=measure_elementwise(torch.bfloat16, quick), expert_gemm_flops=experts)
 
 
