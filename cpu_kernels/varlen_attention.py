@@ -15,6 +15,7 @@ Semantics are those of ``paged_reference.paged_attention_torch``; tests hold the
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -86,26 +87,37 @@ def varlen_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     logit per query head in every softmax's denominator. `upload` moves a small host int64 table to q's
     device (a pinned copy on GPUs); by default `.to(q.device)`. `fused`: scaled_dot_product_attention
     instead of explicit float32 scores (default: on GPUs, where there are no sinks)."""
-    starts, cu = _ints(starts), _ints(cu_seqlens)
-    counts = [e - s for s, e in zip(cu[:-1], cu[1:], strict=True)]
     T, Hq, d = q.shape
     Hkv, dv = k_cache.shape[0], v_cache.shape[-1]
-    base_list = _ints(bases) if bases is not None else None
-    assert (block_table is None) != (base_list is None), "give a block table or contiguous bases"
+    assert (block_table is None) != (bases is None), "give a block table or contiguous bases"
     if fused is None:
         fused = q.device.type != "cpu" and sinks is None
     assert not (fused and sinks is not None), "sinks need the explicit scores"
     compute = q.dtype if fused else torch.float32
     out = q.new_zeros(T + 1, Hq, dv)  # row T takes the padded rows' results
     up = upload or (lambda t: t.to(q.device))
-    for group in plan_chunks(starts, counts, window, Hq, 2 * Hkv * max(d, dv), budget):
-        meta = torch.tensor([[c.seq, starts[c.seq] + c.q0, c.rows, cu[c.seq] + c.q0, c.first_key,
-                              base_list[c.seq] if base_list is not None else 0] for c in group], dtype=torch.int64)
-        rows, keys = max(c.rows for c in group), group[0].keys
+    base_key = tuple(_ints(bases)) if bases is not None else None
+    plan = _host_plan(tuple(_ints(starts)), tuple(_ints(cu_seqlens)), base_key, window, Hq, 2 * Hkv * max(d, dv),
+                      budget)
+    for meta, rows, keys in plan:
         res, dest = _group_attention(q, k_cache, v_cache, up(meta), rows, keys, scale, block_table, page_size,
                                      window, sinks, fused, compute, T)
         out.index_copy_(0, dest, res)
     return out[:T]
+
+
+@functools.lru_cache(maxsize=16)
+def _host_plan(starts: tuple[int, ...], cu: tuple[int, ...], bases: tuple[int, ...] | None, window: int | None,
+               heads: int, kv_width: int, budget: int) -> list[tuple[torch.Tensor, int, int]]:
+    """Each group's table [G, 6] (read-only), widest chunk and key count. Every layer of a pass asks for
+    the same plan (sliding-window layers for another), so it is built once per pass, not per layer."""
+    counts = [e - s for s, e in zip(cu[:-1], cu[1:], strict=True)]
+    plan = []
+    for group in plan_chunks(list(starts), counts, window, heads, kv_width, budget):
+        meta = torch.tensor([[c.seq, starts[c.seq] + c.q0, c.rows, cu[c.seq] + c.q0, c.first_key,
+                              bases[c.seq] if bases is not None else 0] for c in group], dtype=torch.int64)
+        plan.append((meta, max(c.rows for c in group), group[0].keys))
+    return plan
 
 
 def _group_attention(q, k_cache, v_cache, meta, rows: int, keys: int, scale: float, block_table, page_size: int,
