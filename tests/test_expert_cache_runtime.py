@@ -135,6 +135,32 @@ def test_every_policy_gives_the_plain_engines_tokens_and_logits(setup, plain, na
         assert stats.cpu_executed > 0  # misses with few tokens ran on the CPU
 
 
+def test_uploads_reuse_pooled_pinned_buffers(setup, plain):
+    """Every upload (tokens, rotary tables, slots, CoServe's CPU experts' rows) goes through pinned
+    buffers taken from a pool: a second job on the same executor page-locks no new memory."""
+    model, prompts, params, L, E, eamc = setup
+    ex = _executor(model, policy_of("coserve", L, E, eamc), 12)
+    dev, calls = ex.device, {"upload": 0, "page-lock": 0}
+    upload, pin, pinned = dev.upload, dev.pin, dev.pinned
+
+    def counted(name, f):
+        def call(*a, **k):
+            calls[name] += 1
+            return f(*a, **k)
+        return call
+
+    dev.upload, dev.pin, dev.pinned = counted("upload", upload), counted("page-lock", pin), counted("page-lock", pinned)
+    try:
+        run_job(model, ex, prompts, params, 3, 3, max_prefill_tokens=256)
+        calls.update({"upload": 0, "page-lock": 0})
+        again = run_job(model, ex, prompts, params, 3, 3, max_prefill_tokens=256)
+        assert_same_run(again, plain[3])
+        assert calls["upload"] > 20 and calls["page-lock"] == 0
+        assert ex.stats()["pageable_copies"] == 0
+    finally:
+        ex.close()
+
+
 @pytest.mark.parametrize("fault", ["a slot filled with another expert", "a dropped attention output",
                                    "compute not waiting for its copy"])
 def test_the_comparison_catches_a_cache_fault(setup, plain, fault, monkeypatch):

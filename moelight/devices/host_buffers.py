@@ -1,6 +1,8 @@
 """Pinned host buffers allocated once per size and reused: the host end of the runtime's copies
 (D2H destinations, H2D sources). A buffer given back with an event is handed out again only once
-that event's work has run (a copy still reading it would otherwise see the next tenant's data)."""
+that event's work has run (a copy still reading it would otherwise see the next tenant's data).
+Sizes are rounded up to powers of two, so the pool holds a few buffers per size class however the
+shapes vary from step to step."""
 
 from __future__ import annotations
 
@@ -9,6 +11,12 @@ import threading
 import torch
 
 from moelight.devices.device_base import Device, Event
+
+
+def size_class(nbytes: int) -> int:
+    """The buffer size serving `nbytes`: the next power of two (at least 256 B). Uploads whose size
+    follows the batch or the longest context reuse a few buffers instead of one per size seen."""
+    return max(256, 1 << max(0, nbytes - 1).bit_length())
 
 
 class HostBuffers:
@@ -21,11 +29,12 @@ class HostBuffers:
 
     def take(self, shape, dtype: torch.dtype) -> torch.Tensor:
         n = int(torch.Size(shape).numel()) * torch.empty((), dtype=dtype).element_size()
+        size = size_class(n)
         with self.lock:
-            ring = self.free.setdefault(n, [])
+            ring = self.free.setdefault(size, [])
             k = next((i for i, (_, ev) in enumerate(ring) if self.device.is_complete(ev)), None)
             if k is None:
-                buf = self.device.pinned((max(n, 1),), torch.uint8)
+                buf = self.device.pinned((size,), torch.uint8)
                 self.allocated += 1
             else:
                 buf = ring.pop(k)[0]
@@ -38,4 +47,4 @@ class HostBuffers:
         with self.lock:
             buf = self.base.pop(t.untyped_storage().data_ptr(), None)
             if buf is not None:
-                self.free.setdefault(t.numel() * t.element_size(), []).append((buf, after))
+                self.free.setdefault(buf.numel(), []).append((buf, after))

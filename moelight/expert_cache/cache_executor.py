@@ -28,6 +28,7 @@ from cpu_kernels.varlen_attention import varlen_attention
 from moelight.devices.compute_counter import DecodeCounts
 from moelight.devices.device_attention import batched_decode_attention, device_prefill_attention
 from moelight.devices.device_base import Device, nbytes_of
+from moelight.devices.host_buffers import HostBuffers
 from moelight.devices.registry import create_device
 from moelight.expert_cache.cache_policy import CachePolicy
 from moelight.expert_cache.cache_state import CacheStats, ExpertCache, Fetch
@@ -106,6 +107,8 @@ class ExpertCacheExecutor(Executor):
         self._prefill = False
         self._streams = itertools.count()
         self.counts = DecodeCounts(device)
+        self.host = HostBuffers(device)  # the pinned sources of every upload, reused from pass to pass
+        self._lent: list[torch.Tensor] = []  # handed out in the pass under way
 
     @property
     def cache_stats(self) -> CacheStats:
@@ -184,7 +187,7 @@ class ExpertCacheExecutor(Executor):
                               self.slots.on_host(j, e, False), F.linear, activation,
                               None if gate_up_bias is None else gate_up_bias[e],
                               None if down_bias is None else down_bias[e])
-            ready[e] = (self.device.upload(self.device.pin(rows)), self.device.upload(self.device.pin(y)))
+            ready[e] = (self._upload(rows), self._upload(y))
         return ready
 
     def _streamed(self, mlp, i: int, h, weights, experts, counts) -> torch.Tensor:
@@ -235,7 +238,19 @@ class ExpertCacheExecutor(Executor):
         kv[1][j].index_copy_(1, slots, v.transpose(0, 1))
 
     def _upload(self, t: torch.Tensor) -> torch.Tensor:
-        return self.device.upload(self.device.pin(t))
+        """A host tensor on the device through a pooled pinned buffer: page-locking memory for each
+        copy (cudaHostAlloc) costs more than the copy of these small tensors."""
+        buf = self.host.take(t.shape, t.dtype)
+        buf.copy_(t)
+        self._lent.append(buf)
+        return self.device.upload(buf)
+
+    def _new_pass(self) -> None:
+        """The previous pass's pinned sources go back to the pool: its results were read back on the
+        host, so every copy it queued has run."""
+        for buf in self._lent:
+            self.host.give(buf)
+        self._lent.clear()
 
     # ---- passes ----
     @torch.inference_mode()
@@ -246,6 +261,7 @@ class ExpertCacheExecutor(Executor):
         device's cache through the block tables."""
         m, L = self.model, self.cfg.num_layers
         self._prefill = True
+        self._new_pass()
         kv = self._kv_of(cache)
         cu = torch.zeros(len(seq_lens) + 1, dtype=torch.int64)
         torch.cumsum(seq_lens, 0, out=cu[1:])
@@ -293,6 +309,7 @@ class ExpertCacheExecutor(Executor):
     def decode(self, cache: RaggedKVCache | LatentKVCache, micro_batches: list[MicroBatch]) -> list[torch.Tensor]:
         m = self.model
         self._prefill = False
+        self._new_pass()
         kv = self._kv_of(cache)
         outs = []
         host = []
