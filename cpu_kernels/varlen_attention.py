@@ -86,14 +86,15 @@ def varlen_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     dtype. `window`: a query sees itself and the window - 1 keys before it; `sinks` [Hq] (GPT-OSS): a
     logit per query head in every softmax's denominator. `upload` moves a small host int64 table to q's
     device (a pinned copy on GPUs); by default `.to(q.device)`. `fused`: scaled_dot_product_attention
-    instead of explicit float32 scores (default: on GPUs, where there are no sinks)."""
+    (in float32 on the CPU, in q's dtype on GPUs) instead of explicit float32 scores (default: where
+    there are no sinks)."""
     T, Hq, d = q.shape
     Hkv, dv = k_cache.shape[0], v_cache.shape[-1]
     assert (block_table is None) != (bases is None), "give a block table or contiguous bases"
     if fused is None:
-        fused = q.device.type != "cpu" and sinks is None
+        fused = sinks is None
     assert not (fused and sinks is not None), "sinks need the explicit scores"
-    compute = q.dtype if fused else torch.float32
+    compute = q.dtype if fused and q.device.type != "cpu" else torch.float32
     out = q.new_zeros(T + 1, Hq, dv)  # row T takes the padded rows' results
     up = upload or (lambda t: t.to(q.device))
     base_key = tuple(_ints(bases)) if bases is not None else None

@@ -44,10 +44,11 @@ def test_latency_mode_steps_pay_it_too():
 def test_the_profile_measures_a_positive_cost_per_sequence():
     """A model without layers decodes 32 and 256 sequences through the engine: its steps grow with the
     batch (sampling, block tables, bookkeeping), at well under a millisecond per sequence."""
+    import moelight.engine  # noqa: F401  (lends the profile its probe)
     from moelight.profiling.sequence_step import measure_sequence_step
 
     s = measure_sequence_step(quick=True)
-    assert 0.0 < s < 1e-3
+    assert 1e-9 < s < 1e-3
 
 
 def test_a_cached_profile_without_it_is_retaken(tmp_path):
@@ -60,6 +61,10 @@ def test_a_cached_profile_without_it_is_retaken(tmp_path):
     HardwareSpec("profiled", measured).save(path)
     assert not _profile_is_stale(path)
     d = json.loads(path.read_text())
-    del d["cpu"]["sequence_step_s"]  # written before the HRM charged it
-    path.write_text(json.dumps(d))
-    assert _profile_is_stale(path)
+    for old in (None, 0.0):  # written before the HRM charged it, or by a profile run without the engine
+        if old is None:
+            del d["cpu"]["sequence_step_s"]
+        else:
+            d["cpu"]["sequence_step_s"] = old
+        path.write_text(json.dumps(d))
+        assert _profile_is_stale(path)

@@ -62,6 +62,7 @@ def register(app: typer.Typer) -> None:
         quick: bool = typer.Option(False, "--quick", help="smaller buffers: faster, noisier"),
     ) -> None:
         """Measure CPU bandwidth, the engine's GEMM / attention speeds and overheads (GPU, link with CUDA)."""
+        import moelight.engine  # noqa: F401  (lends the profile its probe of the host's work per sequence)
         from moelight.cli.errors import user_errors
         from moelight.jobs.path_checks import check_output_file
         from moelight.profiling.machine_profile import profile_machine

@@ -77,7 +77,7 @@ def _profile_is_stale(path) -> bool:
     except (OSError, ValueError, AttributeError):
         return False  # let the normal load report what is wrong with it
     measured_cpu = bool(cpu.get("gemm_flops"))
-    return (measured_cpu and (not cpu.get("elementwise_bandwidth") or "sequence_step_s" not in cpu)) or (
+    return (measured_cpu and (not cpu.get("elementwise_bandwidth") or not cpu.get("sequence_step_s"))) or (
         bool(gpu) and not gpu.get("gemm_bandwidth"))
 
 
