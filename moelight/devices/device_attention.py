@@ -66,12 +66,11 @@ def device_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                              upload: Upload = None) -> torch.Tensor:
     """Causal attention over packed prompts q [T, Hq, d], k [T, Hkv, d], v [T, Hkv, dv] on the device: the
     prompts' bounds `cu_host` stay host data, and `upload` moves the groups' small tables (pinned)."""
-    on_cpu = q.device.type == "cpu"
-    if on_cpu and not GPU_PATH_ON_CPU:
+    if q.device.type == "cpu" and not GPU_PATH_ON_CPU:
         return prefill_attention(q, k, v, cu_host, scale, window=window, sinks=sinks)
     n = len(cu_host) - 1
     return varlen_attention(q, k.transpose(0, 1), v.transpose(0, 1), [0] * n, cu_host, scale, bases=cu_host[:-1],
-                            window=window, sinks=sinks, upload=upload, fused=sinks is None if on_cpu else None)
+                            window=window, sinks=sinks, upload=upload, fused=sinks is None)
 
 
 def prefix_table(cached: list[int], seq_lens: list[int]) -> torch.Tensor:

@@ -144,10 +144,11 @@ class PrefillTasks(PassTasks):
                 a = device_prefill_attention(q, k, v, self.cu, self.ex.scale, **attention_extras(self.m, j),
                                              upload=self.upload)
             else:  # the prefixes' K/V gathered from the CPU cache into pinned buffers, used in this task
-                pre, up = self.prefix, self.dev.upload
-                kp, vp = (up(self.pinned(t[:, pre["slots"]])) for t in self.cache.key_value(j))
-                a = device_prefix_prefill_attention(q, k, v, kp, vp, up(pre["table"]), pre["cached"], self.cu,
-                                                    self.ex.scale, **attention_extras(self.m, j), upload=self.upload)
+                pre = self.prefix
+                kp, vp = (self.upload(t[:, pre["slots"]]) for t in self.cache.key_value(j))
+                table = self.dev.upload(pre["table"])
+                a = device_prefix_prefill_attention(q, k, v, kp, vp, table, pre["cached"], self.cu, self.ex.scale,
+                                                    **attention_extras(self.m, j), upload=self.upload)
             a = a.flatten(1)
             self.held.put(("attn", j), 1, a)
             self.held.done(("q", j))
