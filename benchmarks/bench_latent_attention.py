@@ -78,12 +78,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--pairs", type=int, default=7, help="kernel / probe alternations per case")
     ap.add_argument("--quick", action="store_true", help="one small case per shape")
+    ap.add_argument("--cases", help="sequences x context to run, comma-separated (e.g. 256x117); default: all")
     ap.add_argument("--threads", type=int, help="threads for the kernels and the probe (default: torch's)")
     ap.add_argument("--output", type=Path)
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     cases = [(32, 128)] if args.quick else CASES
+    if args.cases:
+        cases = [tuple(int(n) for n in c.split("x")) for c in args.cases.split(",")]
     pairs = 2 if args.quick else args.pairs
     bufs, evict = probe_buffers(), torch.ones(2**26)
     rows = []

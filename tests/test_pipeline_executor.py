@@ -279,3 +279,23 @@ def test_decode_issues_no_host_sync_and_launches_as_many_kernels_for_32_experts_
         assert stats["gpu_lane_syncs_per_step"] <= 1  # none from the compute lane: the logits' copy is the one
         launches.append(stats["launches_per_layer_pass"])
     assert launches[0] == launches[1] <= LAUNCH_BUDGET[schedule]
+
+
+def test_the_packed_kv_gather_index_copies_what_the_indexed_scatter_did():
+    """GPU attention's per-layer KV buffer: one index, each row's cached positions packed with a gap
+    for the new token (which the GPU writes), as the old src/dst scatter laid them out."""
+    from moelight.pipeline.pass_tasks import cached_slots, packed_gather_index
+
+    cache = torch.randn(2, 300, 5)
+    first, pos = torch.tensor([0, 40, 100, 220]), torch.tensor([7, 0, 31, 12])
+    lengths = pos + 1
+    new_off = torch.cumsum(lengths, 0) - lengths
+    src = cached_slots(first, pos)
+    assert src.tolist() == [s for f, p in zip(first.tolist(), pos.tolist(), strict=True) for s in range(f, f + p)]
+    index = packed_gather_index(src, new_off, pos, int(lengths.sum()))
+    expected = torch.zeros(2, int(lengths.sum()), 5)
+    expected[:, cached_slots(new_off, pos)] = cache[:, src]
+    got = cache[:, index]
+    gaps = (new_off + pos).tolist()  # the new tokens' rows: written on the GPU afterwards
+    keep = [r for r in range(len(index)) if r not in gaps]
+    assert torch.equal(got[:, keep], expected[:, keep])

@@ -30,6 +30,22 @@ from moelight.runtime.latent_kv_cache import LatentKVCache
 from moelight.runtime.paged_layout import PagedLayout
 
 
+def cached_slots(first: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """Slots [first[b], first[b] + counts[b]) of every row b of a ragged cache, row after row."""
+    starts = torch.repeat_interleave(first - (torch.cumsum(counts, 0) - counts), counts)
+    return starts + torch.arange(int(counts.sum()), dtype=torch.int64)
+
+
+def packed_gather_index(src: torch.Tensor, new_off: torch.Tensor, counts: torch.Tensor, total: int) -> torch.Tensor:
+    """The cache slot each row of a packed KV buffer copies: row b's cached positions at new_off[b]
+    onward from `src` (row after row); the slot after them, where the GPU writes the new token, reads
+    slot 0. One index, so a layer's gather is one row copy per head, not an indexed scatter (~7x
+    slower on the host, and on the step's critical path)."""
+    index = torch.zeros(total, dtype=torch.int64)
+    index[cached_slots(new_off, counts)] = src
+    return index
+
+
 class PassTasks:
     """Shared plumbing of a prefill or decode pass."""
 
@@ -195,14 +211,9 @@ class DecodeTasks(PassTasks):
                   "slots": decode_slots(off, pos), "lengths": lengths}
             if self.gpu_attention:  # FlexGen: the micro-batch's KV gathered into one packed device buffer
                 new_off = torch.cumsum(lengths, 0) - lengths
-                if isinstance(off, PagedLayout):
-                    mb["src"] = off.row_slots(pos.tolist())
-                else:
-                    mb["src"] = torch.cat([torch.arange(o, o + p) for o, p in zip(off.tolist(), pos.tolist(),
-                                                                                 strict=True)])
-                mb["dst"] = torch.cat([torch.arange(o, o + p) for o, p in zip(new_off.tolist(), pos.tolist(),
-                                                                             strict=True)])
-                mb["kv_len"], mb["max_len"] = int(lengths.sum()), int(lengths.max())
+                src = off.row_slots(pos.tolist()) if isinstance(off, PagedLayout) else cached_slots(off, pos)
+                mb["gather"] = packed_gather_index(src, new_off, pos, int(lengths.sum()))
+                mb["max_len"] = int(lengths.max())
                 mb["at"], mb["new_off"] = self.pinned(new_off + pos), self.pinned(new_off)
                 mb["lengths_pinned"] = self.pinned(lengths)
             self.mbs.append(mb)
@@ -254,11 +265,11 @@ class DecodeTasks(PassTasks):
         mb = self.mbs[i]
 
         def run():
-            bufs = []
+            bufs, index = [], mb["gather"]
             for cached in self.cache.layer(j):  # K and V, or MLA's latent rows: [heads, slots, width]
-                shape = (cached.shape[0], mb["kv_len"], cached.shape[2])
-                host = self.staging.take(shape, self.ex.dtype)
-                host[:, mb["dst"]] = cached[:, mb["src"]]
+                host = self.staging.take((cached.shape[0], len(index), cached.shape[2]), cached.dtype)
+                for h in range(cached.shape[0]):  # whole rows per head: torch's parallel row copy
+                    torch.index_select(cached[h], 0, index, out=host[h])
                 bufs.append(self.to_device(host, "kv-buffer"))
             self.out[("kvd", j, i)] = tuple(bufs)
         return run
