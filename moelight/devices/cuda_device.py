@@ -42,6 +42,23 @@ def default_margin(total: int) -> int:
     return max(_MIN_MARGIN, total // 20)
 
 
+
+_thread_state = threading.local()
+
+
+def sanitize_this_thread() -> None:
+    """Under TORCH_CUDA_SANITIZER, check this thread's kernels too. The sanitizer is a dispatch mode,
+    and dispatch modes are per thread: it sees the kernels of the thread that enabled it alone, so
+    the lanes' cross-stream accesses would go unchecked. Each device thread joins it once."""
+    if getattr(_thread_state, "sanitized", False) or threading.current_thread() is threading.main_thread():
+        return
+    _thread_state.sanitized = True
+    from torch.cuda import _sanitizer
+
+    if _sanitizer.cuda_sanitizer.enabled:
+        _sanitizer.cuda_sanitizer.dispatch.__enter__()
+
+
 class CudaDevice(Device):
     kind = "cuda"
 
@@ -106,7 +123,8 @@ class CudaDevice(Device):
 
     def to_device_module(self, module: torch.nn.Module, tag: str) -> torch.nn.Module:
         self._check(sum(nbytes_of(p) for p in module.parameters() if not p.is_cuda), tag)
-        return module.to(self.torch_device)
+        with torch.cuda.stream(self.streams["gpu"]):  # the stream that reads them: no race with its first use
+            return module.to(self.torch_device)
 
     def upload(self, t: torch.Tensor) -> torch.Tensor:
         if not t.is_pinned():
@@ -130,6 +148,7 @@ class CudaDevice(Device):
     def _init_thread(self, lane: str) -> None:
         torch.cuda.set_device(self.index)  # a new thread's current device is GPU 0
         bind_current(lane)
+        sanitize_this_thread()
 
     def _counting(self):
         if not self._counting_on:
@@ -208,6 +227,7 @@ class CudaDevice(Device):
 
     def transfer(self, pairs, after=None):
         """On the H2D stream, after `after`; pinned sources directly, pageable ones staged."""
+        sanitize_this_thread()  # the expert cache's copy worker issues these from a thread of its own
         stream = self.streams["h2d"]
         with torch.cuda.stream(stream):
             if after is not None:
@@ -247,6 +267,7 @@ class CudaDevice(Device):
         torch.cuda.set_device(self.index)
         torch.cuda.set_stream(self.streams[lane])
         bind_current(lane)
+        sanitize_this_thread()
 
     def counters(self) -> dict[str, int]:
         return self.counts.snapshot() | {"pageable_copies": self.pageable_copies}

@@ -14,7 +14,8 @@ the engine runs, so the HRM predicts the engine rather than an ideal machine:
 - the rate of the element-wise work between the GEMMs (norms, rotary, MoE glue): one
   real decoder layer minus its GEMMs, at two token counts.
 The pageable -> pinned copy rate (the first paging hop) is measured on any host; with CUDA
-moelight/profiling/gpu_profile.py measures the GPU terms and the link.
+moelight/profiling/gpu_profile.py measures the GPU terms and the link, and runtime_pass.py the cost of
+a layer pass through the CGOPipe runtime itself.
 The result is an hrm.HardwareSpec (hrm itself never imports torch), cached as JSON and
 loaded with `--hardware profile`.
 """
@@ -27,6 +28,7 @@ from dataclasses import replace
 
 from hrm.hardware import HardwareSpec, Level, Link
 from moelight.profiling.expert_kernel_curve import measure_expert_curve
+from moelight.profiling.runtime_pass import measure_runtime_layer_pass
 from moelight.profiling.sequence_step import measure_sequence_step
 from moelight.profiling.timing import best_time
 
@@ -291,7 +293,8 @@ def measure_gpu(quick: bool = False) -> tuple[Level, Link, int] | None:
     att_bw, att_flops = gp.measure_gpu_attention(dt, quick)
     level = Level(props.name, float(props.total_memory), bw, flops, gemm_flops={fast: curve},
                   attention_bandwidth=att_bw, attention_flops={fast: att_flops},
-                  layer_overhead_s=gp.KERNELS_PER_LAYER * gp.measure_launch_overhead(quick),
+                  layer_overhead_s=max(gp.KERNELS_PER_LAYER * gp.measure_launch_overhead(quick),
+                                       measure_runtime_layer_pass("cuda", quick)),
                   gemm_bandwidth=gemm_bw)
     return level, gp.measure_link(quick), torch.cuda.device_count()
 
