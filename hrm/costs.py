@@ -147,6 +147,13 @@ def layer_overhead_time(hw: HardwareSpec, passes, where: str = "cpu"):
     return _t(np.asarray(passes, float) * level_of(hw, where).layer_overhead_s)
 
 
+def runtime_layer_time(hw: HardwareSpec, passes, where: str = "cpu"):
+    """Fixed cost of `passes` layer passes through the CGOPipe runtime on `where`: its measured cost
+    per pass where `moelight profile` took it, which includes the kernel launches, else theirs."""
+    lvl = level_of(hw, where)
+    return _t(np.asarray(passes, float) * max(lvl.layer_overhead_s, lvl.runtime_layer_s))
+
+
 def step_overhead_time(hw: HardwareSpec, passes, where: str = "cpu"):
     """Fixed per-step cost outside the layers (embedding, sampling, bookkeeping) of `passes`
     micro-batch steps driven from `where`."""

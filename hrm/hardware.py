@@ -49,6 +49,9 @@ class Level:
     attention_bandwidth: float = 0.0  # bytes/s the decode attention kernel reads KV at (0: bandwidth)
     attention_flops: dict[str, float] = field(default_factory=dict)  # prefill attention kernel FLOP/s
     layer_overhead_s: float = 0.0  # fixed cost of one layer pass of one micro-batch
+    # a GPU's fixed cost of one layer pass through the CGOPipe runtime (its tasks, lanes and the CPU
+    # attention's round trip), measured through the runtime; 0: not measured, layer_overhead_s alone
+    runtime_layer_s: float = 0.0
     step_overhead_s: float = 0.0  # fixed cost per micro-batch per step outside the layers
     # the host's seconds per sequence per decode step outside the layers (scheduling, block tables,
     # sampling, results): the CPU level's, paid whatever runs the layers

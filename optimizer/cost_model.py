@@ -183,7 +183,7 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
         hw, m, mu, ffn_lvl, dtype)
     att = costs.attention_time(hw, m, mu, c_mean, att_lvl, dtype)
     # fixed dispatch cost of a layer pass, charged to the level that drives the layer (the FFN's)
-    pre_post = pre_post + costs.layer_overhead_time(hw, 1.0, ffn_lvl)
+    pre_post = pre_post + costs.runtime_layer_time(hw, 1.0, ffn_lvl)
     # tensor parallelism: the layer's two all-reduces hold the GPU stream (zero on one GPU)
     reduce = costs.layer_allreduce_time(hw, m, mu, dtype) if f_g else 0.0
     # quantized experts: the GPU dequantizes the layer's experts once per layer pass before its GEMMs
@@ -231,7 +231,7 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
 
     pre_reduce = costs.layer_allreduce_time(hw, m, mu * p_new, dtype) if f_g else 0.0
     pre_comp = n_mb * (costs.prefill_layer_time(hw, m, mu, max(p_new, 1.0), ffn_lvl, dtype) + pre_reduce) \
-        + costs.layer_overhead_time(hw, passes, ffn_lvl) + zeros
+        + costs.runtime_layer_time(hw, passes, ffn_lvl) + zeros
     head = n_mb * (costs.lm_head_time(hw, m, mu, ffn_lvl, dtype)
                    + costs.step_overhead_time(hw, 1.0, ffn_lvl)) + costs.sequence_step_time(hw, big_n) + zeros
 

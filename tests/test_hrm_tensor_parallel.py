@@ -101,7 +101,7 @@ def test_the_simulator_charges_all_reduces_and_the_shared_roofs():
     post = next(t for t in graph.tasks if t.op == "post_attn")
     no_reduce = costs.post_attention_time(hw, BIG, 64, "gpu", "float16")
     assert durations[post.index] == pytest.approx(no_reduce + costs.layer_allreduce_time(hw, BIG, 64, "float16")
-                                                  + costs.layer_overhead_time(hw, 1.0, "gpu"))
+                                                  + costs.runtime_layer_time(hw, 1.0, "gpu"))
     roofs = pass_roofs(graph, hw, BIG, "float16")
     staged = sum(t.nbytes for t in graph.tasks if t.op == "w_stage")
     assert roofs["host"] * hw.cpu.bandwidth >= 3 * staged

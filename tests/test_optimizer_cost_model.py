@@ -79,3 +79,23 @@ def test_latency_mode_pays_the_gpus_dispatch_per_layer_pass_and_step():
                                 slots=8)
     assert slow.step_seconds - base.step_seconds == pytest.approx(TINY.num_layers * 1e-3 + 5e-4)
     assert slow.prefill_seconds - base.prefill_seconds == pytest.approx(2 * TINY.num_layers * 1e-3)  # 2 batches
+
+
+def test_the_runtime_s_measured_cost_per_layer_pass_prices_the_throughput_plan_not_latency_mode():
+    """A GPU's measured cost of a layer pass through the CGOPipe runtime (moelight profile) holds each
+    micro-batch's GPU layer pass (it includes the kernel launches, so the larger of the two counts);
+    latency mode's executor runs no lanes and keeps the kernel-launch term."""
+    import dataclasses
+
+    from optimizer.latency_mode import predict_latency_mode
+
+    pol = Policy(8, 4, 2, attn_on_gpu=False, ffn_on_gpu=True, r_w=0.5, r_c=0.0, dtype="bfloat16")
+    base = evaluate_policy(HW, TINY, WL, pol).layer_times["T_gpu"]
+    gpu = dataclasses.replace(HW.gpu, layer_overhead_s=1e-4, runtime_layer_s=2e-3)
+    hw = dataclasses.replace(HW, gpu=gpu)
+    assert evaluate_policy(hw, TINY, WL, pol).layer_times["T_gpu"] == pytest.approx(base + 2 * 2e-3)
+    launches_only = dataclasses.replace(HW, gpu=dataclasses.replace(HW.gpu, layer_overhead_s=1e-4))
+    assert evaluate_policy(launches_only, TINY, WL, pol).layer_times["T_gpu"] == pytest.approx(base + 2 * 1e-4)
+    slow = predict_latency_mode(hw, TINY, WL, requests=8, batch=4, dtype="bfloat16", slots=8)
+    fast = predict_latency_mode(launches_only, TINY, WL, requests=8, batch=4, dtype="bfloat16", slots=8)
+    assert slow.step_seconds == pytest.approx(fast.step_seconds)

@@ -45,7 +45,9 @@ def _describe(hw) -> str:
             lines.append(f"     attention: decode reads KV at {gp.attention_bandwidth / 1e9:.0f} GB/s, prefill "
                          + ", ".join(f"{k} {v / 1e12:.1f} TFLOP/s" for k, v in gp.attention_flops.items()))
         if gp.layer_overhead_s:
-            lines.append(f"     dispatch: {gp.layer_overhead_s * 1e3:.2f} ms per layer pass")
+            lines.append(f"     dispatch: {gp.layer_overhead_s * 1e3:.2f} ms per layer pass (kernel launches)"
+                         + (f", {gp.runtime_layer_s * 1e3:.2f} ms through the CGOPipe runtime"
+                            if gp.runtime_layer_s else ""))
         lk = hw.link
         lines.append(f"link H2D {lk.h2d / 1e9:.1f} GB/s, D2H {lk.d2h / 1e9:.1f} GB/s pinned; pageable "
                      f"{lk.pageable_h2d / 1e9:.1f} / {lk.pageable_d2h / 1e9:.1f} GB/s; "

@@ -120,7 +120,7 @@ def task_durations(
             return costs.pre_attention_time(hw, m, mu, "gpu", dtype)
         if op == "post_attn":  # with t GPUs: the O-projection and FFN all-reduces hold the stream
             return (costs.post_attention_time(hw, m, mu, "gpu", dtype) + costs.layer_allreduce_time(hw, m, mu, dtype)
-                    + costs.layer_overhead_time(hw, 1.0, "gpu"))
+                    + costs.runtime_layer_time(hw, 1.0, "gpu"))
         if op == "cpu_attn":
             return costs.attention_time(hw, m, mu, t.context, "cpu", dtype)
         if op == "gpu_attn":

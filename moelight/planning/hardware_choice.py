@@ -68,7 +68,8 @@ def _profile_is_stale(path) -> bool:
     """A measured CPU level (it has a GEMM curve) without the element-wise rate (written before
     the HRM charged element-wise work: plans ~25% optimistic) or without the host's work per
     sequence (large batches on a GPU host: several times optimistic), or a measured GPU without its
-    expert-GEMM rate (written before the HRM used achieved GPU rates: plans 2-3x optimistic)."""
+    expert-GEMM rate (written before the HRM used achieved GPU rates: plans 2-3x optimistic) or
+    without the runtime's cost per layer pass (small models on fast GPUs: ~10x optimistic)."""
     import json
 
     try:
@@ -78,7 +79,7 @@ def _profile_is_stale(path) -> bool:
         return False  # let the normal load report what is wrong with it
     measured_cpu = bool(cpu.get("gemm_flops"))
     return (measured_cpu and (not cpu.get("elementwise_bandwidth") or not cpu.get("sequence_step_s"))) or (
-        bool(gpu) and not gpu.get("gemm_bandwidth"))
+        bool(gpu) and (not gpu.get("gemm_bandwidth") or not gpu.get("runtime_layer_s")))
 
 
 def resolve_device(name: str) -> str:

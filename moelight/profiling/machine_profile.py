@@ -293,8 +293,8 @@ def measure_gpu(quick: bool = False) -> tuple[Level, Link, int] | None:
     att_bw, att_flops = gp.measure_gpu_attention(dt, quick)
     level = Level(props.name, float(props.total_memory), bw, flops, gemm_flops={fast: curve},
                   attention_bandwidth=att_bw, attention_flops={fast: att_flops},
-                  layer_overhead_s=max(gp.KERNELS_PER_LAYER * gp.measure_launch_overhead(quick),
-                                       measure_runtime_layer_pass("cuda", quick)),
+                  layer_overhead_s=gp.KERNELS_PER_LAYER * gp.measure_launch_overhead(quick),
+                  runtime_layer_s=measure_runtime_layer_pass("cuda", quick),
                   gemm_bandwidth=gemm_bw)
     return level, gp.measure_link(quick), torch.cuda.device_count()
 
