@@ -57,6 +57,7 @@ def test_lane_threads_use_the_devices_gpu_and_compute_syncs_are_counted(dev):
     dev.submit("cpu", lambda: seen.setdefault("cpu", torch.cuda.current_device()), name="where")
     dev.count_compute(True)
     x = torch.ones(4, device=dev.torch_device)
+    torch.cuda.synchronize(dev.torch_device)  # written on this thread's stream, read on the compute lane's
     before = dev.counters()["syncs"]
     dev.submit("gpu", lambda: (x * 2).tolist(), name="reads back")
     dev.synchronize()
