@@ -89,6 +89,10 @@ class PipelineExecutor(Executor):
             attention_on_gpu(schedule),
             max_sequences or max_batch,
         )
+        # per layer: window and sinks for the CPU's attention, read while the model is still on the host
+        # (read back after the pager moved them, the copy would race their upload on another stream)
+        self.host_extras = [{k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v)
+                             for k, v in attention_extras(model, j).items()} for j in range(self.cfg.num_layers)]
         owned = isinstance(device, str)
         if owned:
             capacity = device_memory or (self.plan.total if device == "emulated" else None)
@@ -103,9 +107,6 @@ class PipelineExecutor(Executor):
         self.staging = HostBuffers(device)
         self.counts = DecodeCounts(device)
         self.scale = self.cfg.attention_scale
-        # per layer: window and sinks for the CPU's attention (the sinks copied back to the host once)
-        self.host_extras = [{k: (v.detach().cpu() if isinstance(v, torch.Tensor) else v)
-                             for k, v in attention_extras(model, j).items()} for j in range(self.cfg.num_layers)]
         self.last_pass: tuple[Schedule, list] | None = None  # graph and events of the last pass (timings)
 
     @classmethod
