@@ -13,6 +13,7 @@ wall time, per thread; `ms / step` divides a row's time by the decode steps.
     python benchmarks/bench_step_host.py --device cuda                      # a GPU: the README job
     python benchmarks/bench_step_host.py --device emulated --requests 64    # the same on the emulator
     python benchmarks/bench_step_host.py --device cpu --requests 64 --gen-len 16
+    python benchmarks/bench_step_host.py --device cpu --requests 8 --batch-size 8 --quantize int4
 """
 
 from __future__ import annotations
@@ -90,6 +91,8 @@ def main() -> None:
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--gen-len", type=int, default=64)
     ap.add_argument("--hardware", default=None, help="a profile or preset (default: the option's own)")
+    ap.add_argument("--batch-size", type=int, help="fix the batch (default: the planner's)")
+    ap.add_argument("--quantize", choices=("int8", "int4"), help="quantized experts")
     ap.add_argument("--interval", type=float, default=1.0, help="ms between samples")
     ap.add_argument("--top", type=int, default=8, help="rows per thread")
     ap.add_argument("--json", type=Path, help="also write the counts here")
@@ -99,6 +102,10 @@ def main() -> None:
         options |= {"gpus": 0, "mode": "throughput"}
     if args.hardware:
         options["hardware"] = args.hardware
+    if args.batch_size:
+        options["batch_size"] = args.batch_size
+    if args.quantize:
+        options["quantize"] = args.quantize
     llm = LLM(args.model, **options)
     params = SamplingParams(max_tokens=args.gen_len, temperature=0.0, ignore_eos=True)
     try:
