@@ -15,14 +15,18 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 import time
 from pathlib import Path
 
-from moelight import LLM, SamplingParams
-from moelight.pipeline.schedule import SCHEDULES
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # runs from a clone without the package installed
 
-CKPT = Path(__file__).resolve().parent.parent / "tests" / "data" / "stdlib-moe"  # trained: routing with structure
+from moelight import LLM, SamplingParams  # noqa: E402
+from moelight.pipeline.schedule import SCHEDULES  # noqa: E402
+
+CKPT = ROOT / "tests" / "data" / "stdlib-moe"  # trained: routing with structure
 SNIPPETS = ["def __init__(self, name, value=None):\n    ", "import os\nimport sys\n\n\ndef main(", "class Error(",
             "    for i in range(len(items)):\n        ", "    \"\"\"Return the number of", "if __name__ == ",
             "    raise ValueError(f\"", "    with open(path) as f:\n        "]
