@@ -86,7 +86,10 @@ def main() -> None:
         torch.set_num_threads(args.threads)
     cases = [(32, 128)] if args.quick else CASES
     if args.cases:
-        cases = [tuple(int(n) for n in c.split("x")) for c in args.cases.split(",")]
+        try:
+            cases = [(int(b), int(c)) for b, c in (case.split("x") for case in args.cases.split(","))]
+        except ValueError:
+            ap.error(f"--cases {args.cases!r}: give sequences x context pairs, comma-separated, e.g. 256x117,16x2048")
     pairs = 2 if args.quick else args.pairs
     bufs, evict = probe_buffers(), torch.ones(2**26)
     rows = []

@@ -292,7 +292,7 @@ def test_the_packed_kv_gather_index_copies_what_the_indexed_scatter_did():
     new_off = torch.cumsum(lengths, 0) - lengths
     src = cached_slots(first, pos)
     assert src.tolist() == [s for f, p in zip(first.tolist(), pos.tolist(), strict=True) for s in range(f, f + p)]
-    index = packed_gather_index(src, new_off, pos, int(lengths.sum()))
+    index = packed_gather_index(src, pos)
     expected = torch.zeros(2, int(lengths.sum()), 5)
     expected[:, cached_slots(new_off, pos)] = cache[:, src]
     got = cache[:, index]

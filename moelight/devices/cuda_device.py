@@ -42,7 +42,6 @@ def default_margin(total: int) -> int:
     return max(_MIN_MARGIN, total // 20)
 
 
-
 _thread_state = threading.local()
 
 
@@ -227,7 +226,6 @@ class CudaDevice(Device):
 
     def transfer(self, pairs, after=None):
         """On the H2D stream, after `after`; pinned sources directly, pageable ones staged."""
-        sanitize_this_thread()  # the expert cache's copy worker issues these from a thread of its own
         stream = self.streams["h2d"]
         with torch.cuda.stream(stream):
             if after is not None:

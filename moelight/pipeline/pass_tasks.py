@@ -36,13 +36,14 @@ def cached_slots(first: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     return starts + torch.arange(int(counts.sum()), dtype=torch.int64)
 
 
-def packed_gather_index(src: torch.Tensor, new_off: torch.Tensor, counts: torch.Tensor, total: int) -> torch.Tensor:
-    """The cache slot each row of a packed KV buffer copies: row b's cached positions at new_off[b]
-    onward from `src` (row after row); the slot after them, where the GPU writes the new token, reads
-    slot 0. One index, so a layer's gather is one row copy per head, not an indexed scatter (~7x
-    slower on the host, and on the step's critical path)."""
-    index = torch.zeros(total, dtype=torch.int64)
-    index[cached_slots(new_off, counts)] = src
+def packed_gather_index(src: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """The cache slot each row of a packed KV buffer copies. Row b holds its counts[b] cached positions
+    (`src`, row after row) and one more slot, where the GPU writes the new token (it reads slot 0).
+    One index, so a layer's gather is one row copy per head, not an element-wise indexed scatter on
+    the step's critical path."""
+    lengths = counts + 1
+    index = torch.zeros(int(lengths.sum()), dtype=torch.int64)
+    index[cached_slots(torch.cumsum(lengths, 0) - lengths, counts)] = src
     return index
 
 
@@ -212,7 +213,7 @@ class DecodeTasks(PassTasks):
             if self.gpu_attention:  # FlexGen: the micro-batch's KV gathered into one packed device buffer
                 new_off = torch.cumsum(lengths, 0) - lengths
                 src = off.row_slots(pos.tolist()) if isinstance(off, PagedLayout) else cached_slots(off, pos)
-                mb["gather"] = packed_gather_index(src, new_off, pos, int(lengths.sum()))
+                mb["gather"] = packed_gather_index(src, pos)
                 mb["max_len"] = int(lengths.max())
                 mb["at"], mb["new_off"] = self.pinned(new_off + pos), self.pinned(new_off)
                 mb["lengths_pinned"] = self.pinned(lengths)
