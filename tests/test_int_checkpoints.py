@@ -255,3 +255,31 @@ def test_a_missing_scale_is_named(tmp_path):
     save_file(tensors, str(quantized / "model.safetensors"))
     with pytest.raises(WeightsError, match=r"layers\.1\.self_attn\.o_proj is gptq-quantized but has no scales"):
         build_model(load_config(quantized), torch.float32, quantized)
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if KEPT[c]])
+def test_tensor_parallel_ranks_hold_their_part_of_the_codes_as_shipped(tmp_path, case):
+    """Split over 2 GPUs in bf16, each rank loads its part of the checkpoint's experts as shipped (gate/up
+    rows, the down projection's columns with their groups), and those codes expand to exactly that
+    part of the one-device float32 values."""
+    from dataclasses import replace
+
+    from cpu_kernels.expert_pack import dequantize
+    from moelight.loading.model_source import resolve_model
+    from moelight.parallel.shard_loader import load_shard
+    from moelight.parallel.sharding import part_of
+
+    quantized, plain = _checkpoints(tmp_path, case)
+    src = resolve_model(str(quantized), "auto", "bfloat16")
+    src = replace(src, config=with_expert_format(src.config, torch.bfloat16, "emulated", "none", ranks=2))
+    assert src.config.expert_format.fmt == KEPT[case]
+    reference = build_model(load_config(plain), torch.float32, plain)
+    for r in range(2):
+        part = load_shard(src, r, 2, lambda t: t)
+        for j, layer in enumerate(part.layers):
+            for name in ("gate_up_proj", "down_proj"):
+                held = getattr(layer.mlp, name)
+                assert isinstance(held, QuantizedExperts)
+                whole = getattr(reference.layers[j].mlp, name).detach()
+                want = part_of(f"layers.{j}.mlp.{name}", whole, reference.config, r, 2)
+                torch.testing.assert_close(dequantize(held.matrix()), want, rtol=1e-6, atol=1e-7)

@@ -216,3 +216,28 @@ def test_ranks_load_their_shards_at_once_within_one_copy_of_the_model(job, monke
     with pytest.raises(OutOfMemoryPlan, match="does not fit in CPU memory"):
         LLM(str(ckpt), gpus=2, device="emulated", hardware="t4", dtype="float32")
     assert not started
+
+
+@pytest.fixture(scope="module")
+def wide_job(tmp_path_factory):
+    """A checkpoint whose expert width (64) leaves each of 2 ranks a whole int4 group of 32 columns."""
+    root = tmp_path_factory.mktemp("tp_quantized")
+    ckpt = save_checkpoint(make_hf_model(seed=5, **{**SHAPE, "intermediate_size": 64}), root / "ckpt")
+    records = [{"id": f"q{i}", "prompt": "List three colours " + "then two more " * i} for i in range(5)]
+    return ckpt, write_jsonl(root / "prompts.jsonl", records)
+
+
+@pytest.mark.parametrize("method", ["int8", "int4-g32"])
+def test_quantized_experts_over_ranks_write_the_single_device_quantized_results(tmp_path, wide_job, method):
+    """--quantize with --gpus 2: each rank holds its part of the experts' codes (int4 in groups of 32,
+    which the ranks' 32 columns fit), pages them so, and the job writes the tokens one device writes
+    with the same codes."""
+    ckpt, data = wide_job
+    one = _run(tmp_path / "one.jsonl", ckpt, data, "--gpus", "1", "--quantize", method)
+    assert one.exit_code == 0, one.output
+    two = _run(tmp_path / "two.jsonl", ckpt, data, "--gpus", "2", "--quantize", method.split("-")[0])
+    assert two.exit_code == 0, two.output
+    held = "int8" if method == "int8" else "uint4 (--quantize int4 (group 32))"
+    assert says(two.output, f"routed experts held as {held}")
+    assert _tokens(tmp_path / "two.jsonl") == _tokens(tmp_path / "one.jsonl")
+    assert report_of(tmp_path / "two.jsonl")["policy"]["tensor_parallel"] == 2

@@ -141,3 +141,87 @@ def test_counts_that_n_does_not_divide_are_named():
     assert tensor_parallel_problems(cfg, 4) == ["attention heads 6", "KV heads 2", "expert intermediate size 30"]
     with pytest.raises(TensorParallelError, match=r"needs 4 to divide .*attention heads 6.*--gpus with one of 1, 2"):
         shard_config(cfg, 4)
+
+
+def _quantized(cfg_dict: dict, method: str, group: int, seed: int = 3):
+    """A random model whose routed experts are held quantized (round-to-nearest of its dense ones)."""
+    from dataclasses import replace
+
+    from moelight.loading.hf_config import config_from_hf_dict
+    from moelight.models.expert_format import quantize_format
+    from moelight.models.quantized_experts import hold_experts_quantized
+
+    cfg = config_from_hf_dict(cfg_dict, where="test config")
+    dense = random_model(cfg, seed=seed)
+    form = quantize_format(method, (cfg.hidden_size, group), group)
+    held = random_model(cfg, seed=seed)
+    hold_experts_quantized(held, form)
+    held.config = replace(cfg, expert_format=form)
+    for layer, src in zip(held.layers, dense.layers, strict=True):
+        for name in ("gate_up_proj", "down_proj"):
+            getattr(layer.mlp, name)[()].copy_(getattr(src.mlp, name).detach())
+    return held
+
+
+# expert width 128: int4 groups of 32 fit a rank's columns at 2 and 4 ranks
+QUANT_MIXTRAL = {**FAMILY_CONFIGS["mixtral"], "intermediate_size": 128}
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_quantized_shards_hold_the_codes_and_scales_one_device_holds(method, n):
+    """A rank keeps its experts quantized: its codes and scales dequantise to exactly its part of the
+    one-device experts' values (int8's per-row scales are the whole row's; int4's groups are cut
+    along the down projection's columns), in a quarter (int4) of the 16-bit bytes."""
+    from cpu_kernels.expert_pack import dequantize
+    from moelight.models.quantized_experts import QuantizedExperts
+    from moelight.parallel.sharding import part_of
+
+    full = _quantized(QUANT_MIXTRAL, method, 32)
+    for r in range(n):
+        part = shard_model(full, r, n, lambda t: t)
+        assert part.config.expert_format == full.config.expert_format
+        for j, layer in enumerate(part.layers):
+            for name in ("gate_up_proj", "down_proj"):
+                got = getattr(layer.mlp, name)
+                assert isinstance(got, QuantizedExperts)
+                whole = dequantize(getattr(full.layers[j].mlp, name).matrix())
+                want = part_of(f"layers.{j}.mlp.{name}", whole, full.config, r, n)
+                assert torch.equal(dequantize(got.matrix()), want), (r, j, name)
+                e, rows, cols = got.shape
+                held = e * full.config.expert_format.matrix_bytes(rows, cols)
+                assert got.nbytes() == held < 0.6 * 2 * e * rows * cols
+
+
+def test_a_quantization_group_that_a_ranks_columns_split_is_named():
+    full = _quantized(QUANT_MIXTRAL, "int4", 64)  # 128 columns: 2 ranks hold 64, 4 ranks 32
+    shard_model(full, 0, 2, lambda t: t)
+    with pytest.raises(TensorParallelError, match=r"4 ranks split each expert's down projection into 32 columns, "
+                                                  r"which its uint4 scale groups of 64 do not divide"):
+        shard_config(full.config, 4)
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_a_rank_loads_its_quantized_shard_straight_from_the_checkpoint(tmp_path, method):
+    """load_shard with experts held quantized gives exactly shard_model of the whole quantized model,
+    from a checkpoint and from the dummy init (the dummy codes the one device draws)."""
+    from dataclasses import replace
+
+    from moelight.loading.expert_storage import with_expert_format
+    from moelight.loading.model_source import load_model, resolve_model
+    from moelight.parallel.shard_loader import load_shard
+    from tests.checkpoints import make_hf_model, save_checkpoint
+
+    pytest.importorskip("transformers")
+    hf = make_hf_model(seed=2, hidden_size=64, num_attention_heads=8, num_key_value_heads=4, intermediate_size=128)
+    ckpt = save_checkpoint(hf, tmp_path / "ckpt", shards=2)
+    for fmt in ("auto", "dummy"):
+        src = resolve_model(str(ckpt), fmt, "float32")
+        src = replace(src, config=with_expert_format(src.config, torch.float32, "emulated", method, 128, ranks=2))
+        assert src.config.expert_format.group == (0 if method == "int8" else 64)
+        whole = load_model(src, seed=9)
+        for r in range(2):
+            want = shard_model(whole, r, 2, lambda t: t).state_dict()
+            got = load_shard(src, r, 2, lambda t: t, seed=9).state_dict()
+            assert want.keys() == got.keys() and any(k.endswith("codes") for k in got)
+            assert all(torch.equal(want[k], got[k]) for k in want), (fmt, r)

@@ -56,14 +56,11 @@ class EngineSession:
             self._fit_dtype_to_gpu()
         self.group = tensor_parallel
         self.ranks = tensor_parallel.world if tensor_parallel else tensor_parallel_degree(opts, self.device)
-        if opts.quantize != "none" and self.ranks > 1:
-            from moelight.engine.options import OptionError
-
-            raise OptionError(f"--quantize {opts.quantize} over {self.ranks} tensor-parallel ranks: each rank's "
-                              "shard loads 16-bit experts; run quantized experts on one device (--gpus 1) or the CPU")
-        self._choose_expert_format()
         if self.ranks > 1:
             shard_config(self.config, self.ranks)  # heads / sizes that N does not divide: say so now
+        self._choose_expert_format()
+        if self.ranks > 1:
+            shard_config(self.config, self.ranks)  # and quantization groups that a rank's columns split
             if opts.gpus is None:  # plan for the GPUs that will run (a preset's count)
                 self.opts = replace(opts, gpus=self.ranks)
         self.model = None

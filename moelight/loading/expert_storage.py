@@ -4,10 +4,11 @@
   dummy weights drawn as codes), so the 16-bit experts are never in memory at once.
 - A checkpoint that ships quantized experts (GPT-OSS's MXFP4, DeepSeek-V3's FP8 blocks, GPTQ / AWQ /
   compressed-tensors int4, int8 and FP8) keeps them as shipped: on the CPU in bfloat16, where the
-  fused kernel multiplies them directly, and on one GPU in a 16-bit dtype, which pages them so and
+  fused kernel multiplies them directly, and on GPUs in a 16-bit dtype, which page them so and
   expands them before its GEMMs (act-order GPTQ aside: loading/int_checkpoints.py).
-- Otherwise (float32 runs, checked bit for bit against transformers; tensor-parallel shards) the
-  experts are dequantised into the run's dtype at load.
+- Otherwise (float32 runs, checked bit for bit against transformers; groups along K that a
+  tensor-parallel rank's columns would split) the experts are dequantised into the run's dtype at load.
+A tensor-parallel rank holds its part of the codes and scales (parallel/sharding.py).
 """
 
 from __future__ import annotations
@@ -28,8 +29,9 @@ _SHIPPED = {"mxfp4": ("mxfp4", 32), "fp8": ("fp8", 128)}
 def choose_expert_format(cfg: ModelConfig, dtype: torch.dtype, device: str, method: str,
                          group: int = 128, ranks: int = 1) -> ExpertFormat | None:
     """The run's expert format, None for the run's dtype. `method`: --quantize ('none', 'int8', 'int4');
-    `ranks`: tensor-parallel ranks (their shards load 16-bit experts)."""
-    widths = (cfg.hidden_size, cfg.intermediate_size)
+    `ranks`: tensor-parallel ranks (a group along the down projection's K must fit in one rank's columns,
+    or the experts are dequantised at load)."""
+    widths = (cfg.hidden_size, cfg.intermediate_size // ranks)  # a rank's down projection: f / N columns
     if method != "none":
         if cfg.checkpoint_quant:
             raise ConfigError(f"--quantize {method}: this checkpoint's experts are already {cfg.checkpoint_quant}-"
@@ -39,7 +41,7 @@ def choose_expert_format(cfg: ModelConfig, dtype: torch.dtype, device: str, meth
         except ValueError as e:
             raise ConfigError(f"--quantize {method}: {e}") from None
     on_cpu = device == "cpu" and dtype == torch.bfloat16  # the fused kernel multiplies the codes
-    on_gpu = device != "cpu" and dtype in (torch.bfloat16, torch.float16) and ranks == 1  # paged as shipped
+    on_gpu = device != "cpu" and dtype in (torch.bfloat16, torch.float16)  # paged as shipped
     if not (on_cpu or on_gpu):
         return None  # dequantised at load
     if cfg.checkpoint_scheme is not None:

@@ -77,7 +77,7 @@ def check_not_truncated(path: Path) -> None:
 def load_weights(model: MoECausalLM, model_dir: Path) -> None:
     """Fill `model` (already in its target dtype) from the checkpoint, checking every shape. Quantized
     experts (models/quantized_experts.py) are filled as the parameter they stand for."""
-    params = _fillable(model)
+    params = fillable_parameters(model)
     fill_parameters(model.config, model_dir, {n: p.numel() for n, p in params.items()}, params.__getitem__)
 
 
@@ -132,7 +132,7 @@ def _quantized_modules(cfg: ModelConfig, handles: dict, model_dir: Path) -> dict
     return quantized_modules(handles, cfg.checkpoint_scheme, str(model_dir))
 
 
-def _fillable(model: MoECausalLM) -> dict:
+def fillable_parameters(model: MoECausalLM) -> dict:
     """Parameter name -> what the checkpoint fills: the parameters, with each QuantizedExperts in place
     of its codes and scales."""
     quantized = quantized_experts_of(model)
@@ -188,7 +188,7 @@ def _copy(param: torch.Tensor, t: Target, tensor: torch.Tensor, path: Path, name
 def init_dummy_weights(model: MoECausalLM, seed: int = 0) -> None:
     """Random weights with the scale of a trained model, for benchmarking without files."""
     gen = torch.Generator().manual_seed(seed)
-    for name, p in _fillable(model).items():
+    for name, p in fillable_parameters(model).items():
         if isinstance(p, torch.Tensor):
             dummy_fill(name, p, gen)
         else:

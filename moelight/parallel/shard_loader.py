@@ -14,28 +14,35 @@ from __future__ import annotations
 import torch
 
 from moelight.loading.model_source import ModelSource
-from moelight.loading.weights import dummy_fill, empty_model, fill_parameters
+from moelight.loading.weights import dummy_fill, empty_model, fill_parameters, fillable_parameters
 from moelight.models.causal_lm import MoECausalLM
+from moelight.models.quantized_experts import QuantizedExperts, hold_experts_quantized
 from moelight.parallel.sharding import finish_shard, shard_config, take_part
 
 
 class _Staging:
-    """Whole-shaped tensors for the parameters being loaded, each cut into the shard when full."""
+    """Whole-shaped tensors for the parameters being loaded, each cut into the shard when full
+    (routed experts held quantized: a whole layer's codes and scales, then the rank's part of them)."""
 
     def __init__(self, source: ModelSource, part: MoECausalLM, rank: int, n: int) -> None:
+        cfg = source.config
         with torch.device("meta"):
-            whole = MoECausalLM(source.config)
-        self.shapes = {name: p.shape for name, p in whole.named_parameters(remove_duplicate=False)}
+            whole = MoECausalLM(cfg)
+            if cfg.expert_format is not None:
+                hold_experts_quantized(whole, cfg.expert_format)
+        self.whole = fillable_parameters(whole)  # the order the dummy initialiser fills in
         self.source, self.rank, self.n = source, rank, n
-        self.params = dict(part.named_parameters(remove_duplicate=False))
-        self.open: dict[str, torch.Tensor] = {}
+        self.params = fillable_parameters(part)
+        self.open: dict = {}
 
     def numels(self) -> dict[str, int]:
-        return {name: shape.numel() for name, shape in self.shapes.items()}
+        return {name: p.numel() for name, p in self.whole.items()}
 
-    def dest(self, name: str) -> torch.Tensor:
+    def dest(self, name: str):
         if name not in self.open:
-            self.open[name] = torch.empty(self.shapes[name], dtype=self.source.dtype)
+            w = self.whole[name]
+            self.open[name] = (QuantizedExperts(w.form, *w.shape) if isinstance(w, QuantizedExperts)
+                               else torch.empty(w.shape, dtype=self.source.dtype))
         return self.open[name]
 
     def filled(self, name: str) -> None:
@@ -51,7 +58,11 @@ def load_shard(source: ModelSource, rank: int, n: int, all_reduce, seed: int = 0
         fill_parameters(cfg, source.model_dir, staging.numels(), staging.dest, staging.filled)
     else:
         gen = torch.Generator().manual_seed(seed)
-        for name in staging.shapes:  # the whole model's order, lm_head included as before tying
-            dummy_fill(name, staging.dest(name), gen)
+        for name in staging.whole:  # the whole model's order, lm_head included as before tying
+            dest = staging.dest(name)
+            if isinstance(dest, QuantizedExperts):
+                dest.fill_dummy(gen)
+            else:
+                dummy_fill(name, dest, gen)
             staging.filled(name)
     return finish_shard(part, cfg, all_reduce)

@@ -24,6 +24,7 @@ from moelight.errors import MoelightError
 from moelight.loading.weights import empty_model
 from moelight.models.causal_lm import MoECausalLM
 from moelight.models.config import ModelConfig
+from moelight.models.quantized_experts import QuantizedExperts, QuantPiece, quantized_experts_of
 
 
 class TensorParallelError(MoelightError):
@@ -47,6 +48,11 @@ def shard_config(cfg: ModelConfig, n: int) -> ModelConfig:
         _spec(cfg).check_tensor_parallel(n)
     except ValueError as e:
         raise TensorParallelError(str(e)) from None
+    form, f = cfg.expert_format, cfg.intermediate_size
+    if form is not None and form.group and (f // n) % form.group:
+        raise TensorParallelError(f"{n} ranks split each expert's down projection into {f // n} columns, which "
+                                  f"its {form.fmt} scale groups of {form.group} do not divide; use a group that "
+                                  f"divides {f // n} ({form.origin})")
     return replace(
         cfg,
         num_heads=cfg.num_heads // n,
@@ -121,15 +127,46 @@ def shard_model(full: MoECausalLM, rank: int, n: int, all_reduce: Callable[[torc
     """Rank `rank`'s model: its slices of `full`'s weights (copied, so `full` can be freed) and the
     all-reduce that sums the layers' partial outputs."""
     part = empty_model(shard_config(full.config, n), full.embed_tokens.weight.dtype)
-    sources = dict(full.named_parameters(remove_duplicate=False))  # tied lm_head included
+    quantized = quantized_experts_of(part)
+    sources = dict(full.named_parameters(remove_duplicate=False)) | quantized_experts_of(full)  # tied lm_head
     for name, p in part.named_parameters():
-        take_part(p, name, sources[name].detach(), full.config, rank, n)
+        if name.rpartition(".")[0] not in quantized:
+            take_part(p, name, sources[name].detach(), full.config, rank, n)
+    for name, q in quantized.items():
+        take_part(q, name, sources[name], full.config, rank, n)
     return finish_shard(part, full.config, all_reduce)
 
 
+def quantized_part_of(name: str, whole: QuantizedExperts, r: int, n: int) -> QuantPiece:
+    """Rank r's part of routed experts held quantized, cut as their 16-bit parameter is: gate_up's
+    rows (each row keeps its scales), down's columns with their groups along K. int8's scale per
+    output row is the whole row's, so every rank keeps it: the shards hold the codes and scales one
+    device holds, and dequantise to its values exactly."""
+    m = whole.matrix()
+    tensors = (m.codes, m.scales, m.bias)
+    if name.endswith("gate_up_proj"):
+        cut = [None if t is None else _packed_halves(t, r, n, 1) for t in tensors]
+    else:
+        groups = m.scales.shape[-1]
+        if groups > 1 and groups % n:
+            raise TensorParallelError(f"{name}: {groups} {m.fmt} scale groups per row of {whole.k} columns "
+                                      f"cannot be split {n} ways; use a smaller --quantize group (int4-g32)")
+        cut = [_rows(m.codes, r, n, 2)] + [None if t is None else t if groups == 1 else _rows(t, r, n, 2)
+                                             for t in tensors[1:]]
+    return QuantPiece(m.fmt, *cut)
+
+
 @torch.no_grad()
-def take_part(p: torch.Tensor, name: str, whole: torch.Tensor, cfg: ModelConfig, rank: int, n: int) -> None:
-    """Copy rank `rank`'s part of the whole parameter into the shard's parameter `p`."""
+def take_part(p, name: str, whole, cfg: ModelConfig, rank: int, n: int) -> None:
+    """Copy rank `rank`'s part of the whole parameter into the shard's parameter `p` (or of the
+    whole routed experts into the shard's, where both are held quantized)."""
+    if isinstance(p, QuantizedExperts):
+        piece = quantized_part_of(name, whole, rank, n)
+        if piece.shape != p.shape:
+            raise TensorParallelError(f"{name}: rank {rank}'s slice has shape {tuple(piece.shape)}, "
+                                      f"the rank's model expects {tuple(p.shape)}")
+        p[()].copy_(piece)
+        return
     piece = part_of(name, whole, cfg, rank, n)
     if piece.shape != p.shape:
         raise TensorParallelError(f"{name}: rank {rank}'s slice has shape {tuple(piece.shape)}, "
