@@ -140,8 +140,11 @@ def register(app: typer.Typer) -> None:
             from moelight.models.expert_format import quantize_format
 
             method, _, group = quantize.partition("-g")
+            ranks = max(1, hw.gpu_count if gpus is None else gpus)  # int4 groups fit a rank's down columns
+            f = mspec.intermediate_size
             try:
-                form = quantize_format(method, (mspec.hidden_size, mspec.intermediate_size), int(group or 128))
+                form = quantize_format(method, (mspec.hidden_size, f // ranks if f % ranks == 0 else f),
+                                       int(group or 128))
             except ValueError as e:
                 raise typer.BadParameter(str(e), param_hint="--quantize") from None
             mspec = replace(mspec, expert_bits=form.expert_bits(mspec.hidden_size, mspec.intermediate_size))
