@@ -6,7 +6,10 @@ the decode step is link-bound, so 2 ranks should approach 2x. What this host can
 ranks compute on the same CPU cores (compute does not scale here), and the emulated links do
 not draw on host memory bandwidth (the HRM's host roof is not exercised).
 
-    python benchmarks/bench_tp_emulated.py [--link-gbps 1.0] [--runs 3]
+    python benchmarks/bench_tp_emulated.py [--link-gbps 1.0] [--runs 3] [--quantize int4]
+
+With --quantize the experts are held as int8 / int4 codes: each rank pages its part of them over
+its link (4.5 bits a weight for int4, against float32's 32) and expands them on its device.
 
 A small Mixtral (4 layers, h 512, expert width 1536, 8 experts, 8/4 heads, float32, dummy
 weights), 64 requests of 16 new tokens, policy N = 64 = 16 x 4, all experts paged (r_w = 0),
@@ -48,9 +51,9 @@ def setup(root: Path, link_gbps: float) -> tuple[Path, Path, Path]:
     return model, root / "hw.json", root / "policy.json"
 
 
-def run(model: Path, hw: Path, policy: Path, gpus: int, prompts: list[str]):
+def run(model: Path, hw: Path, policy: Path, gpus: int, prompts: list[str], quantize: str = "none"):
     llm = LLM(str(model), load_format="dummy", dtype="float32", device="emulated", hardware=str(hw),
-              policy=str(policy), gpus=gpus)
+              policy=str(policy), gpus=gpus, quantize=quantize)
     try:
         outs = llm.generate(prompts, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
         return llm.last_report, [o.outputs[0].token_ids for o in outs]
@@ -62,6 +65,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--link-gbps", type=float, default=1.0, help="emulated link, GB/s per direction")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--quantize", default="none", help="experts held as none | int8 | int4 (as moelight run)")
     a = ap.parse_args()
     prompts = [f"Request {i}: " + "tell me more " * (3 + i % 7) for i in range(64)]
     with tempfile.TemporaryDirectory() as tmp:
@@ -70,10 +74,10 @@ def main() -> None:
         tokens: dict[int, list] = {}
         for _ in range(a.runs):
             for g in (1, 2):  # alternate, so a change in the host's state hits both
-                report, tokens[g] = run(model, hw, policy, g, prompts)
+                report, tokens[g] = run(model, hw, policy, g, prompts, a.quantize)
                 per_ranks[g].append(report)
     same = tokens[1] == tokens[2]
-    print(f"\nemulated link {a.link_gbps} GB/s per direction per rank, {a.runs} runs each "
+    print(f"\nemulated link {a.link_gbps} GB/s per direction per rank, experts {a.quantize}, {a.runs} runs each "
           f"(median [min-max]); tokens of 1 and 2 ranks identical: {same}\n")
     print("| ranks | decode tok/s | end-to-end tok/s | HRM decode tok/s | bound (HRM) |")
     print("|---|---|---|---|---|")

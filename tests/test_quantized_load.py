@@ -102,9 +102,11 @@ def test_mxfp4_experts_kept_packed_match_dequantised(tmp_path):
     assert shipped.checkpoint_quant == "mxfp4"
     kept_cfg = with_expert_format(shipped, torch.bfloat16, "cpu", "none")
     assert kept_cfg.expert_format == ExpertFormat("mxfp4", 32, origin="checkpoint mxfp4")
-    # float32 runs (checked against transformers) and GPU runs dequantise at load
+    # float32 runs (checked against transformers) dequantise at load; tensor-parallel ranks keep the codes
+    # while a rank's down columns (64 / N) hold whole blocks of 32
     assert choose_expert_format(shipped, torch.float32, "cpu", "none") is None
-    assert choose_expert_format(shipped, torch.bfloat16, "emulated", "none", ranks=2) is None  # TP shards
+    assert choose_expert_format(shipped, torch.bfloat16, "emulated", "none", ranks=2) == kept_cfg.expert_format
+    assert choose_expert_format(shipped, torch.bfloat16, "emulated", "none", ranks=4) is None
     kept = build_model(kept_cfg, torch.bfloat16, folder)
     reference = build_model(shipped, torch.bfloat16, folder)  # MXFP4 values are exact in bf16
     assert kept.layers[0].mlp.gate_up_proj.nbytes() * 3 < reference.layers[0].mlp.gate_up_proj.numel() * 2
@@ -160,8 +162,10 @@ def test_real_presets_fit_a_24_gib_machine_only_quantized():
     check_fits(oss, torch.bfloat16, 64 * 256, available=22 * gib)
     qwen = with_expert_format(PRESETS["qwen3-30b-a3b"], torch.bfloat16, "cpu", "int4")
     check_fits(qwen, torch.bfloat16, 64 * 256, available=22 * gib)
-    for dense in (with_expert_format(PRESETS["gpt-oss-20b"], torch.bfloat16, "emulated", "none", ranks=2),
-                  PRESETS["qwen3-30b-a3b"]):
+    oss_ranks = with_expert_format(PRESETS["gpt-oss-20b"], torch.bfloat16, "emulated", "none", ranks=2)
+    assert oss_ranks.expert_format == oss.expert_format  # 2 ranks hold 1,440 columns each: whole blocks of 32
+    check_fits(oss_ranks, torch.bfloat16, 64 * 256, available=22 * gib, ranks=2)
+    for dense in (PRESETS["gpt-oss-20b"], PRESETS["qwen3-30b-a3b"]):
         with pytest.raises(OutOfMemoryPlan, match="short by"):
             check_fits(dense, torch.bfloat16, 64 * 512, available=22 * gib)
 
