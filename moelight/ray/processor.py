@@ -106,18 +106,20 @@ class Processor:
 
         c = self.config
         lo, hi = c.replicas if isinstance(c.replicas, tuple) else (c.replicas, c.replicas)
+        # the conversions are light: num_cpus=0 lets them run beside a pool that holds every CPU, and one
+        # task at a time keeps Ray from starting a worker process (each importing torch) per block
+        light = {"num_cpus": 0, "concurrency": 1}
         if self.preprocess is not None:
-            ds = ds.map(self.preprocess, num_cpus=0)
-        # the conversions are light: num_cpus=0 lets them run beside a pool that holds every CPU
-        ds = ds.map_batches(_to_request_rows, batch_format="numpy", num_cpus=0)
+            ds = ds.map(self.preprocess, **light)
+        ds = ds.map_batches(_to_request_rows, batch_format="numpy", **light)
         out = ds.map_batches(MoelightReplica, fn_constructor_kwargs={"opts_fields": self.fields,
                                                                      "num_cpus": c.num_cpus},
                              batch_size=c.batch_size, batch_format="pyarrow",
                              compute=ActorPoolStrategy(min_size=lo, max_size=hi, max_tasks_in_flight_per_actor=1),
                              num_cpus=c.num_cpus, num_gpus=c.num_gpus)
-        out = out.map_batches(_to_output_rows, batch_format="numpy", num_cpus=0)
+        out = out.map_batches(_to_output_rows, batch_format="numpy", **light)
         if self.postprocess is not None:
-            out = out.map(self.postprocess, num_cpus=0)
+            out = out.map(self.postprocess, **light)
         return out
 
 
