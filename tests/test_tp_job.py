@@ -227,17 +227,32 @@ def wide_job(tmp_path_factory):
     return ckpt, write_jsonl(root / "prompts.jsonl", records)
 
 
-@pytest.mark.parametrize("method", ["int8", "int4-g32"])
-def test_quantized_experts_over_ranks_write_the_single_device_quantized_results(tmp_path, wide_job, method):
+# the experts on the devices, half of them paged each layer pass (as codes), two micro-batches
+PAGED = {"batch_size": 6, "micro_batch_size": 3, "num_micro_batches": 2, "attn_on_gpu": False,
+         "ffn_on_gpu": True, "r_w": 0.5, "r_c": 0.0, "dtype": "float32"}
+
+
+@pytest.mark.parametrize("method, policy", [("int8", None), ("int4-g32", PAGED)])
+def test_quantized_experts_over_ranks_write_the_single_device_quantized_results(tmp_path, wide_job, method, policy):
     """--quantize with --gpus 2: each rank holds its part of the experts' codes (int4 in groups of 32,
-    which the ranks' 32 columns fit), pages them so, and the job writes the tokens one device writes
-    with the same codes."""
+    which the ranks' 32 columns fit) and the job writes the tokens one device writes with the same
+    codes: under the planner's policy (the FFN on the host here), and with the experts on the devices,
+    half of them paged as codes."""
+    import json
+
     ckpt, data = wide_job
-    one = _run(tmp_path / "one.jsonl", ckpt, data, "--gpus", "1", "--quantize", method)
+    extra = ()
+    if policy is not None:
+        (tmp_path / "policy.json").write_text(json.dumps(policy))
+        extra = ("--policy", str(tmp_path / "policy.json"))
+    one = _run(tmp_path / "one.jsonl", ckpt, data, "--gpus", "1", "--quantize", method, *extra)
     assert one.exit_code == 0, one.output
-    two = _run(tmp_path / "two.jsonl", ckpt, data, "--gpus", "2", "--quantize", method.split("-")[0])
+    two = _run(tmp_path / "two.jsonl", ckpt, data, "--gpus", "2", "--quantize", method.split("-")[0], *extra)
     assert two.exit_code == 0, two.output
     held = "int8" if method == "int8" else "uint4 (--quantize int4 (group 32))"
     assert says(two.output, f"routed experts held as {held}")
     assert _tokens(tmp_path / "two.jsonl") == _tokens(tmp_path / "one.jsonl")
-    assert report_of(tmp_path / "two.jsonl")["policy"]["tensor_parallel"] == 2
+    report = report_of(tmp_path / "two.jsonl")
+    assert report["policy"]["tensor_parallel"] == 2
+    if policy is not None:
+        assert report["policy"]["ffn_on_gpu"] and report["policy"]["r_w"] == 0.5, report["policy"]
