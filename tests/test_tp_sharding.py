@@ -145,6 +145,7 @@ def test_counts_that_n_does_not_divide_are_named():
 
 def _quantized(cfg_dict: dict, method: str, group: int, seed: int = 3):
     """A random model whose routed experts are held quantized (round-to-nearest of its dense ones)."""
+    import copy
     from dataclasses import replace
 
     from moelight.loading.hf_config import config_from_hf_dict
@@ -154,7 +155,7 @@ def _quantized(cfg_dict: dict, method: str, group: int, seed: int = 3):
     cfg = config_from_hf_dict(cfg_dict, where="test config")
     dense = random_model(cfg, seed=seed)
     form = quantize_format(method, (cfg.hidden_size, group), group)
-    held = random_model(cfg, seed=seed)
+    held = copy.deepcopy(dense)
     hold_experts_quantized(held, form)
     held.config = replace(cfg, expert_format=form)
     for layer, src in zip(held.layers, dense.layers, strict=True):

@@ -137,13 +137,12 @@ def register(app: typer.Typer) -> None:
         except ValueError as e:
             raise typer.BadParameter(str(e)) from None
         if quantize != "none":
-            from moelight.models.expert_format import quantize_format
+            from moelight.models.expert_format import quantize_format, rank_widths
 
             method, _, group = quantize.partition("-g")
             ranks = max(1, hw.gpu_count if gpus is None else gpus)  # int4 groups fit a rank's down columns
-            f = mspec.intermediate_size
             try:
-                form = quantize_format(method, (mspec.hidden_size, f // ranks if f % ranks == 0 else f),
+                form = quantize_format(method, rank_widths(mspec.hidden_size, mspec.intermediate_size, ranks),
                                        int(group or 128))
             except ValueError as e:
                 raise typer.BadParameter(str(e), param_hint="--quantize") from None

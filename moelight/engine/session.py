@@ -58,11 +58,9 @@ class EngineSession:
         self.ranks = tensor_parallel.world if tensor_parallel else tensor_parallel_degree(opts, self.device)
         if self.ranks > 1:
             shard_config(self.config, self.ranks)  # heads / sizes that N does not divide: say so now
-        self._choose_expert_format()
-        if self.ranks > 1:
-            shard_config(self.config, self.ranks)  # and quantization groups that a rank's columns split
-            if opts.gpus is None:  # plan for the GPUs that will run (a preset's count)
-                self.opts = replace(opts, gpus=self.ranks)
+        self._choose_expert_format()  # quantization groups that fit a rank's columns
+        if self.ranks > 1 and opts.gpus is None:  # plan for the GPUs that will run (a preset's count)
+            self.opts = replace(opts, gpus=self.ranks)
         self.model = None
         self.load_seconds = 0.0
         self._executor: Executor | None = None

@@ -20,7 +20,7 @@ import torch
 from moelight.errors import ConfigError
 from moelight.loading.int_checkpoints import expert_format_of
 from moelight.models.config import ModelConfig
-from moelight.models.expert_format import ExpertFormat, quantize_format
+from moelight.models.expert_format import ExpertFormat, quantize_format, rank_widths
 
 # the checkpoint formats the kernel reads as shipped, and their group along K (FP8: its block's columns)
 _SHIPPED = {"mxfp4": ("mxfp4", 32), "fp8": ("fp8", 128)}
@@ -31,7 +31,7 @@ def choose_expert_format(cfg: ModelConfig, dtype: torch.dtype, device: str, meth
     """The run's expert format, None for the run's dtype. `method`: --quantize ('none', 'int8', 'int4');
     `ranks`: tensor-parallel ranks (a group along the down projection's K must fit in one rank's columns,
     or the experts are dequantised at load)."""
-    widths = (cfg.hidden_size, cfg.intermediate_size // ranks)  # a rank's down projection: f / N columns
+    widths = rank_widths(cfg.hidden_size, cfg.intermediate_size, ranks)
     if method != "none":
         if cfg.checkpoint_quant:
             raise ConfigError(f"--quantize {method}: this checkpoint's experts are already {cfg.checkpoint_quant}-"

@@ -189,17 +189,17 @@ def init_dummy_weights(model: MoECausalLM, seed: int = 0) -> None:
     """Random weights with the scale of a trained model, for benchmarking without files."""
     gen = torch.Generator().manual_seed(seed)
     for name, p in fillable_parameters(model).items():
-        if isinstance(p, torch.Tensor):
-            dummy_fill(name, p, gen)
-        else:
-            p.fill_dummy(gen)
+        dummy_fill(name, p, gen)
 
 
 @torch.no_grad()
-def dummy_fill(name: str, t: torch.Tensor, gen: torch.Generator) -> None:
-    """One parameter's dummy values; filling the parameters in model order with one generator
-    gives the same weights whether they land in a model or, one at a time, in a shard's staging."""
-    if name.endswith("norm.weight"):
+def dummy_fill(name: str, t: torch.Tensor | QuantizedExperts, gen: torch.Generator) -> None:
+    """One parameter's dummy values (experts held quantized: random codes); filling the parameters in
+    model order with one generator gives the same weights whether they land in a model or, one at a
+    time, in a shard's staging."""
+    if isinstance(t, QuantizedExperts):
+        t.fill_dummy(gen)
+    elif name.endswith("norm.weight"):
         t.fill_(1.0)
     elif name.endswith(".bias"):
         t.zero_()

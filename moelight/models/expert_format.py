@@ -44,6 +44,12 @@ class ExpertFormat:
         return 8.0 * (self.matrix_bytes(2 * f, h) + self.matrix_bytes(h, f)) / (3 * h * f)
 
 
+def rank_widths(hidden: int, intermediate: int, ranks: int = 1) -> tuple[int, int]:
+    """The input widths (K) of one tensor-parallel rank's gate_up and down projections: a group along K
+    must fit them. Where N does not divide the expert width, the whole one (the TP check names that)."""
+    return hidden, intermediate // ranks if intermediate % ranks == 0 else intermediate
+
+
 def quantize_format(method: str, widths: tuple[int, ...], group: int = 128) -> ExpertFormat:
     """`--quantize int8` (a scale per output channel) or `int4` (the largest group <= `group` that divides
     every expert width, a scale and an offset per group); ValueError naming what does not fit."""

@@ -59,10 +59,6 @@ def load_shard(source: ModelSource, rank: int, n: int, all_reduce, seed: int = 0
     else:
         gen = torch.Generator().manual_seed(seed)
         for name in staging.whole:  # the whole model's order, lm_head included as before tying
-            dest = staging.dest(name)
-            if isinstance(dest, QuantizedExperts):
-                dest.fill_dummy(gen)
-            else:
-                dummy_fill(name, dest, gen)
+            dummy_fill(name, staging.dest(name), gen)
             staging.filled(name)
     return finish_shard(part, cfg, all_reduce)

@@ -21,7 +21,7 @@ import torch
 from torch import nn
 
 from moelight.errors import MoelightError
-from moelight.loading.weights import empty_model
+from moelight.loading.weights import empty_model, fillable_parameters
 from moelight.models.causal_lm import MoECausalLM
 from moelight.models.config import ModelConfig
 from moelight.models.quantized_experts import QuantizedExperts, QuantPiece, quantized_experts_of
@@ -127,51 +127,38 @@ def shard_model(full: MoECausalLM, rank: int, n: int, all_reduce: Callable[[torc
     """Rank `rank`'s model: its slices of `full`'s weights (copied, so `full` can be freed) and the
     all-reduce that sums the layers' partial outputs."""
     part = empty_model(shard_config(full.config, n), full.embed_tokens.weight.dtype)
-    quantized = quantized_experts_of(part)
-    sources = dict(full.named_parameters(remove_duplicate=False)) | quantized_experts_of(full)  # tied lm_head
-    for name, p in part.named_parameters():
-        if name.rpartition(".")[0] not in quantized:
-            take_part(p, name, sources[name].detach(), full.config, rank, n)
-    for name, q in quantized.items():
-        take_part(q, name, sources[name], full.config, rank, n)
+    sources = {name: p.detach() for name, p in full.named_parameters(remove_duplicate=False)}  # tied lm_head
+    sources |= quantized_experts_of(full)  # routed experts held quantized: by their module
+    for name, p in fillable_parameters(part).items():
+        take_part(p, name, sources[name], full.config, rank, n)
     return finish_shard(part, full.config, all_reduce)
 
 
 def quantized_part_of(name: str, whole: QuantizedExperts, r: int, n: int) -> QuantPiece:
     """Rank r's part of routed experts held quantized, cut as their 16-bit parameter is: gate_up's
-    rows (each row keeps its scales), down's columns with their groups along K. int8's scale per
-    output row is the whole row's, so every rank keeps it: the shards hold the codes and scales one
-    device holds, and dequantise to its values exactly."""
+    rows (each row keeps its scales), down's columns with their groups along K (shard_config has
+    checked that a rank's columns hold whole groups). int8's scale per output row is the whole
+    row's, so every rank keeps it: the shards hold the codes and scales one device holds, and
+    dequantise to its values exactly."""
     m = whole.matrix()
-    tensors = (m.codes, m.scales, m.bias)
     if name.endswith("gate_up_proj"):
-        cut = [None if t is None else _packed_halves(t, r, n, 1) for t in tensors]
-    else:
-        groups = m.scales.shape[-1]
-        if groups > 1 and groups % n:
-            raise TensorParallelError(f"{name}: {groups} {m.fmt} scale groups per row of {whole.k} columns "
-                                      f"cannot be split {n} ways; use a smaller --quantize group (int4-g32)")
-        cut = [_rows(m.codes, r, n, 2)] + [None if t is None else t if groups == 1 else _rows(t, r, n, 2)
-                                             for t in tensors[1:]]
-    return QuantPiece(m.fmt, *cut)
+        rows = lambda t: _packed_halves(t, r, n, 1)  # noqa: E731
+        return QuantPiece(m.fmt, rows(m.codes), rows(m.scales), None if m.bias is None else rows(m.bias))
+    columns = lambda t: _rows(t, r, n, 2)  # noqa: E731
+    per_group = columns if m.scales.shape[-1] > 1 else (lambda t: t)  # one scale per row: kept whole
+    return QuantPiece(m.fmt, columns(m.codes), per_group(m.scales), None if m.bias is None else per_group(m.bias))
 
 
 @torch.no_grad()
 def take_part(p, name: str, whole, cfg: ModelConfig, rank: int, n: int) -> None:
     """Copy rank `rank`'s part of the whole parameter into the shard's parameter `p` (or of the
     whole routed experts into the shard's, where both are held quantized)."""
-    if isinstance(p, QuantizedExperts):
-        piece = quantized_part_of(name, whole, rank, n)
-        if piece.shape != p.shape:
-            raise TensorParallelError(f"{name}: rank {rank}'s slice has shape {tuple(piece.shape)}, "
-                                      f"the rank's model expects {tuple(p.shape)}")
-        p[()].copy_(piece)
-        return
-    piece = part_of(name, whole, cfg, rank, n)
-    if piece.shape != p.shape:
+    quantized = isinstance(p, QuantizedExperts)
+    piece = quantized_part_of(name, whole, rank, n) if quantized else part_of(name, whole, cfg, rank, n)
+    if tuple(piece.shape) != tuple(p.shape):
         raise TensorParallelError(f"{name}: rank {rank}'s slice has shape {tuple(piece.shape)}, "
                                   f"the rank's model expects {tuple(p.shape)}")
-    p.copy_(piece)
+    (p[()] if quantized else p).copy_(piece)
 
 
 def finish_shard(part: MoECausalLM, full_cfg: ModelConfig, all_reduce) -> MoECausalLM:
