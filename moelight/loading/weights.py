@@ -220,7 +220,9 @@ def empty_model(cfg: ModelConfig, dtype: torch.dtype) -> MoECausalLM:
                 hold_experts_quantized(model, cfg.expert_format)
     finally:
         torch.set_default_dtype(previous)
-    return model.to_empty(device="cpu")
+    # to_empty's empty_like on meta tensors runs torch's Python decompositions (sympy and all, ~1 s of
+    # every job's start); empty with the same shape and dtype is what it computes
+    return model._apply(lambda t: torch.empty(t.shape, dtype=t.dtype, device="cpu"))
 
 
 def build_model(cfg: ModelConfig, dtype: torch.dtype, model_dir: Path | None, seed: int = 0) -> MoECausalLM:

@@ -19,7 +19,10 @@ class MoECausalLM(nn.Module):
         super().__init__()
         self.config = cfg
         layer = family(cfg.model_type).DecoderLayer
-        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size)
+        # no init pass: weights are always loaded or drawn after construction (loading/weights.py), and
+        # nn.Embedding's normal_ on the meta device imports torch._dynamo, ~2 s of every job's start
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.hidden_size,
+                                         _weight=torch.empty(cfg.vocab_size, cfg.hidden_size))
         self.layers = nn.ModuleList(layer(cfg, i) for i in range(cfg.num_layers))
         self.norm = make_norm(cfg)
         self.lm_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)

@@ -1,0 +1,36 @@
+"""A job's start does not import torch's compiler stack: sizing the model on the meta device, allocating
+it and starting the emulated device once pulled in torch._dynamo and sympy (~3-6 s of every
+`moelight run`, spawned tensor-parallel rank and Ray replica). Checked in a fresh interpreter."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+_PROBE = """
+import sys
+import torch
+from moelight.loading.presets import PRESETS
+from moelight.loading.weights import build_model
+from moelight.models.quantized_experts import hold_experts_quantized  # noqa: F401
+from moelight.pipeline.pipeline_executor import PipelineExecutor
+from moelight.planning.memory_check import parameter_count, weight_bytes
+
+cfg = PRESETS["tiny"]
+weight_bytes(cfg, torch.bfloat16, on_cpu=True)
+parameter_count(cfg)
+model = build_model(cfg, torch.float32, None, 0)
+ex = PipelineExecutor(model, "cgopipe", "emulated", r_w=0.5, max_batch=4, max_context=64, max_prompt_len=32,
+                      max_prefill_tokens=64)
+ex.close()
+print(sorted(m for m in ("torch._dynamo", "sympy") if m in sys.modules))
+"""
+
+
+def test_sizing_loading_and_the_emulated_device_import_no_compiler():
+    res = subprocess.run([sys.executable, "-c", _PROBE], capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip().splitlines()[-1] == "[]", res.stdout
