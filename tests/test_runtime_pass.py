@@ -10,17 +10,20 @@ from moelight.profiling.runtime_pass import measure_runtime_layer_pass
 
 
 def test_the_probe_runs_the_runtime_and_measures_its_cost_per_layer_pass(monkeypatch):
-    plain = measure_runtime_layer_pass("emulated", quick=True)
-    assert plain > 0
     post = PipelineExecutor.post_attention
 
     def slow_post_attention(self, *args, **kwargs):  # 20 ms more in every layer pass
         time.sleep(0.02)
         return post(self, *args, **kwargs)
 
-    monkeypatch.setattr(PipelineExecutor, "post_attention", slow_post_attention)
-    slowed = measure_runtime_layer_pass("emulated", quick=True)
-    assert 0.015 < slowed - plain < 0.06, (plain, slowed)
+    plain, slowed = [], []
+    for _ in range(2):  # alternated, the least of each: another process's burst inflates one probe, not both
+        monkeypatch.setattr(PipelineExecutor, "post_attention", post)
+        plain.append(measure_runtime_layer_pass("emulated", quick=True))
+        monkeypatch.setattr(PipelineExecutor, "post_attention", slow_post_attention)
+        slowed.append(measure_runtime_layer_pass("emulated", quick=True))
+    assert min(plain) > 0
+    assert 0.015 < min(slowed) - min(plain) < 0.06, (plain, slowed)
 
 
 def test_a_cached_gpu_profile_without_the_runtime_s_cost_is_retaken(tmp_path):

@@ -105,10 +105,18 @@ def plain_engine():
             for name, _, _ in CASES]
 
 
+# four ranks split heads, KV heads and expert widths in quarters; the schedules do not depend on the
+# rank count, so four ranks run one schedule per family and two ranks run every schedule
+FOUR_RANK_CASES = [i for i, (name, schedule, r_w) in enumerate(CASES)
+                   if name != "mixtral" or (schedule, r_w) == ("cgopipe", 0.5)]
+
+
 @pytest.mark.parametrize("n", [2, 4])
 def test_ranks_give_the_plain_engines_tokens_and_logits_on_every_schedule(plain_engine, n):
-    for case, ref, got in zip(CASES, plain_engine, _ranks(n, CASES), strict=True):
-        assert_same_run(got, ref, rtol=1e-4, atol=1e-4, what=str(case))
+    chosen = range(len(CASES)) if n == 2 else FOUR_RANK_CASES
+    got = _ranks(n, [CASES[i] for i in chosen])
+    for i, run in zip(chosen, got, strict=True):
+        assert_same_run(run, plain_engine[i], rtol=1e-4, atol=1e-4, what=str(CASES[i]))
 
 
 @pytest.mark.cuda
