@@ -12,16 +12,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 _PROBE = """
 import sys
+from dataclasses import replace
 import torch
 from moelight.loading.presets import PRESETS
 from moelight.loading.weights import build_model
-from moelight.models.quantized_experts import hold_experts_quantized  # noqa: F401
+from moelight.models.expert_format import quantize_format
 from moelight.pipeline.pipeline_executor import PipelineExecutor
 from moelight.planning.memory_check import parameter_count, weight_bytes
 
 cfg = PRESETS["tiny"]
 weight_bytes(cfg, torch.bfloat16, on_cpu=True)
 parameter_count(cfg)
+build_model(replace(cfg, expert_format=quantize_format("int4", (cfg.hidden_size, cfg.intermediate_size), 32)),
+            torch.bfloat16, None, 0)
 model = build_model(cfg, torch.float32, None, 0)
 ex = PipelineExecutor(model, "cgopipe", "emulated", r_w=0.5, max_batch=4, max_context=64, max_prompt_len=32,
                       max_prefill_tokens=64)
