@@ -39,25 +39,25 @@ def weight_bytes(cfg: ModelConfig, dtype: torch.dtype, on_cpu: bool = False) -> 
     return (parameter_count(cfg) - dense_experts) * dtype_bytes(dtype) + held + extra
 
 
-@functools.lru_cache(maxsize=32)
-def packed_linear_count(cfg: ModelConfig) -> int:
-    """Parameters of the matmuls the CPU engine packs (runtime/cpu_linear.packed_linears), on the meta device."""
+def _meta_model(cfg: ModelConfig):
+    """The family's model on the meta device: its parameters' shapes, nothing allocated."""
     from moelight.models.causal_lm import MoECausalLM
 
     with torch.device("meta"):
-        model = MoECausalLM(cfg)
-    return sum(sum(p.numel() for p in lin.parameters()) for _, _, lin in packed_linears(model))
+        return MoECausalLM(cfg)
+
+
+@functools.lru_cache(maxsize=32)
+def packed_linear_count(cfg: ModelConfig) -> int:
+    """Parameters of the matmuls the CPU engine packs (runtime/cpu_linear.packed_linears)."""
+    return sum(sum(p.numel() for p in lin.parameters()) for _, _, lin in packed_linears(_meta_model(cfg)))
 
 
 @functools.lru_cache(maxsize=32)
 def parameter_count(cfg: ModelConfig) -> int:
     """Every parameter of the family's model (shared experts, dense layers, biases, q/k norms
-    included), counted on the meta device: nothing is allocated."""
-    from moelight.models.causal_lm import MoECausalLM
-
-    with torch.device("meta"):
-        model = MoECausalLM(cfg)
-    return sum(p.numel() for name, p in model.named_parameters()
+    included)."""
+    return sum(p.numel() for name, p in _meta_model(cfg).named_parameters()
                if not (cfg.tie_word_embeddings and name == "lm_head.weight"))
 
 
