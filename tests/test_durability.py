@@ -23,10 +23,14 @@ ROOT = Path(__file__).resolve().parents[1]
 N = 24
 
 
-def _command(data: Path, out: Path, *extra: str) -> list[str]:
-    return [sys.executable, "-m", "moelight", "run", "--dataset", str(data), "--output", str(out), "--model", "tiny",
-            "--load-format", "dummy", "--gen-len", "6", "--batch-size", "3", "--hardware", "cpu-server",
-            "--no-progress", *extra]
+def _args(data: Path, out: Path, *extra: str) -> list[str]:
+    """`moelight run`'s arguments for the job."""
+    return ["run", "--dataset", str(data), "--output", str(out), "--model", "tiny", "--load-format", "dummy",
+            "--gen-len", "6", "--batch-size", "3", "--hardware", "cpu-server", "--no-progress", *extra]
+
+
+def _command(data: Path, out: Path) -> list[str]:
+    return [sys.executable, "-m", "moelight", *_args(data, out)]
 
 
 @pytest.fixture(scope="module")
@@ -61,7 +65,7 @@ def test_sigkill_anywhere_then_resume_writes_every_id_once(data, job_seconds, tm
     time.sleep(random.Random(seed).uniform(0.05, 1.0) * job_seconds)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
-    resumed = CliRunner().invoke(app, _command(data, out, "--resume")[3:])
+    resumed = CliRunner().invoke(app, _args(data, out, "--resume"))
     assert resumed.exit_code == 0, (resumed.output[-2000:], resumed.exception)
     lines = out.read_text().splitlines()
     assert all(line.strip() for line in lines)
