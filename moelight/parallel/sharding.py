@@ -141,12 +141,15 @@ def quantized_part_of(name: str, whole: QuantizedExperts, r: int, n: int) -> Qua
     row's, so every rank keeps it: the shards hold the codes and scales one device holds, and
     dequantise to its values exactly."""
     m = whole.matrix()
-    if name.endswith("gate_up_proj"):
-        rows = lambda t: _packed_halves(t, r, n, 1)  # noqa: E731
-        return QuantPiece(m.fmt, rows(m.codes), rows(m.scales), None if m.bias is None else rows(m.bias))
-    columns = lambda t: _rows(t, r, n, 2)  # noqa: E731
-    per_group = columns if m.scales.shape[-1] > 1 else (lambda t: t)  # one scale per row: kept whole
-    return QuantPiece(m.fmt, columns(m.codes), per_group(m.scales), None if m.bias is None else per_group(m.bias))
+    gate_up = name.endswith("gate_up_proj")
+
+    def cut(t: torch.Tensor) -> torch.Tensor:
+        return _packed_halves(t, r, n, 1) if gate_up else _rows(t, r, n, 2)
+
+    def cut_scales(t: torch.Tensor | None) -> torch.Tensor | None:  # one scale per down row: kept whole
+        return None if t is None else t if not gate_up and m.scales.shape[-1] == 1 else cut(t)
+
+    return QuantPiece(m.fmt, cut(m.codes), cut_scales(m.scales), cut_scales(m.bias))
 
 
 @torch.no_grad()
