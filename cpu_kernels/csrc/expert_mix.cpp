@@ -108,6 +108,15 @@ float bf16_float(uint16_t h) {
   return f;
 }
 
+// x rounded to the nearest integer, ties to even, for |x| < 2^22: adding 1.5 * 2^23 leaves no
+// fraction bits, so the float add does the rounding (IEEE arithmetic: without -ffast-math the
+// compiler may not fold it back to x). nearbyint's result, without the libm call per element that
+// a build for baseline x86-64 (no SSE4.1 roundss) makes.
+inline float round_even(float x) {
+  constexpr float kBig = 12582912.0f;
+  return (x + kBig) - kBig;
+}
+
 // Whether an expert with m rows multiplies `fmt` strips on int8 activations (iqgemm).
 bool int_rows(const ExpertIsa* isa, WFormat fmt, int64_t m) {
   return isa->iqgemm && (fmt == WFormat::I8 || fmt == WFormat::U4) && m <= isa->iqgemm_rows;
@@ -133,7 +142,7 @@ struct RowQuant {
       const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
       int32_t total = 0;
       for (int i = 0; i < 32; ++i) {
-        const int32_t qi = std::min(127, std::max(-127, static_cast<int32_t>(std::nearbyint(v[i] * inv))));
+        const int32_t qi = std::min(127, std::max(-127, static_cast<int32_t>(round_even(v[i] * inv))));
         q[row * k + b * 32 + i] = static_cast<int8_t>(qi);
         total += qi;
       }
@@ -257,7 +266,7 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
         } else {
           std::fill(dst, dst + hp, uint16_t{0});
         }
-        if (any13 && int_rows(isa, p13.fmt, rows_for(isa, n))) q13.quantize(dst, row0[e] + r);
+        if (r < rows_for(isa, n) && any13 && int_rows(isa, p13.fmt, rows_for(isa, n))) q13.quantize(dst, row0[e] + r);
       }
     }
     if (isa->begin) isa->begin();
