@@ -1,7 +1,8 @@
 // AVX2 + FMA pieces of the fused expert op (CPUs without AVX512-BF16): bf16 pairs widened to
 // float32 by shifts (even k) and masks (odd k), FMAs over 2 rows x 32 columns; dequantisation of
 // the quantized formats to bf16 pairs, into scratch or in registers for an expert's 1-2 decode rows;
-// the gate/up epilogue. Reached only after the CPU check.
+// int8 / uint4 codes times int8 activations in integer multiply-adds; the gate/up epilogue.
+// Reached only after the CPU check.
 #include <cstdint>
 #include <cstring>
 
@@ -202,21 +203,61 @@ void qgemm(const uint16_t* a, int64_t lda, int64_t m, const Strip& st, float* c,
 
 // --- int8 / uint4 strips times int8 activations -------------------------------------------------
 
-// Pair-row codes of column block q as 16 int16 in pair order (column 8q + i: k even, k odd), the
-// operand of _mm256_madd_epi16 against a broadcast pair of activations.
-template <WFormat F>
-inline __m256i block_ints(const uint8_t* row, int q) {
-  if constexpr (F == WFormat::I8) {
-    return _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * q)));
-  } else {
-    const __m128i x = _mm_loadu_si128(reinterpret_cast<const __m128i*>(row + 16 * (q & 1)));
-    return _mm256_cvtepu8_epi16(_mm_and_si128(q < 2 ? x : _mm_srli_epi16(x, 4), _mm_set1_epi8(0x0F)));
+// One block's int32 sums (k in [32 blk, 32 blk + 32), pair-rows 16 blk ..) for R activation rows:
+// iacc[r][q] = columns 8q .. 8q + 7.
+
+// int8 codes: each column block's 16 codes widened to int16 in pair order (column 8q + i: k even,
+// k odd), multiplied by a broadcast pair of activations with _mm256_madd_epi16.
+template <int R>
+inline void i8_block(const moelight::QuantRows& a, const uint8_t* codes, int64_t blk, __m256i iacc[R][4]) {
+  for (int64_t p = blk * 16; p < blk * 16 + 16; ++p) {
+    __m256i ap[R];
+    for (int r = 0; r < R; ++r) {
+      int16_t pair[2] = {a.q[r * a.k + 2 * p], a.q[r * a.k + 2 * p + 1]};
+      int32_t bits;
+      std::memcpy(&bits, pair, 4);
+      ap[r] = _mm256_set1_epi32(bits);
+    }
+    for (int q = 0; q < 4; ++q) {
+      const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + p * 64 + 16 * q)));
+      for (int r = 0; r < R; ++r) iacc[r][q] = _mm256_add_epi32(iacc[r][q], _mm256_madd_epi16(w, ap[r]));
+    }
+  }
+}
+
+// uint4 codes in 8-bit multiply-adds: _mm256_maddubs_epi16 multiplies a pair-row's unsigned codes
+// by the signed activations of its two k and adds each column's pair into one int16. The row's 32
+// bytes hold columns 0..15 in their low nibbles and 16..31 in their high ones, so two multiply-adds
+// take the whole pair-row. A pair is at most 2 x 15 x 127 = 3810 in magnitude, so 8 pair-rows sum
+// in int16 without overflow before they are widened: the same integers as int16 products would give.
+template <int R>
+inline void u4_block(const moelight::QuantRows& a, const uint8_t* codes, int64_t blk, __m256i iacc[R][4]) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  for (int64_t p0 = blk * 16; p0 < blk * 16 + 16; p0 += 8) {
+    __m256i sacc[R][2];  // columns 0..15 and 16..31 in int16
+    for (int r = 0; r < R; ++r) sacc[r][0] = sacc[r][1] = _mm256_setzero_si256();
+    for (int64_t p = p0; p < p0 + 8; ++p) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + p * 32));
+      const __m256i lo = _mm256_and_si256(x, low), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), low);
+      for (int r = 0; r < R; ++r) {
+        int16_t pair;
+        std::memcpy(&pair, a.q + r * a.k + 2 * p, 2);
+        const __m256i ap = _mm256_set1_epi16(pair);
+        sacc[r][0] = _mm256_add_epi16(sacc[r][0], _mm256_maddubs_epi16(lo, ap));
+        sacc[r][1] = _mm256_add_epi16(sacc[r][1], _mm256_maddubs_epi16(hi, ap));
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int h = 0; h < 2; ++h) {
+        const __m128i lo8 = _mm256_castsi256_si128(sacc[r][h]), hi8 = _mm256_extracti128_si256(sacc[r][h], 1);
+        iacc[r][2 * h] = _mm256_add_epi32(iacc[r][2 * h], _mm256_cvtepi16_epi32(lo8));
+        iacc[r][2 * h + 1] = _mm256_add_epi32(iacc[r][2 * h + 1], _mm256_cvtepi16_epi32(hi8));
+      }
   }
 }
 
 template <WFormat F, int R>
 void iqgemm_rows(const moelight::QuantRows& a, const Strip& st, float* c, int64_t ldc) {
-  constexpr int64_t kRowBytes = F == WFormat::I8 ? 64 : 32;
   __m256 acc[R][4];  // the sum over finished groups
   for (int r = 0; r < R; ++r)
     for (auto& x : acc[r]) x = _mm256_setzero_ps();
@@ -232,20 +273,8 @@ void iqgemm_rows(const moelight::QuantRows& a, const Strip& st, float* c, int64_
       __m256i iacc[R][4];
       for (int r = 0; r < R; ++r)
         for (auto& x : iacc[r]) x = _mm256_setzero_si256();
-      for (int64_t p = blk * 16; p < blk * 16 + 16; ++p) {
-        __m256i ap[R];
-        for (int r = 0; r < R; ++r) {
-          int16_t pair[2] = {a.q[r * a.k + 2 * p], a.q[r * a.k + 2 * p + 1]};
-          int32_t bits;
-          std::memcpy(&bits, pair, 4);
-          ap[r] = _mm256_set1_epi32(bits);
-        }
-        const uint8_t* row = st.codes + p * kRowBytes;
-        for (int q = 0; q < 4; ++q) {
-          const __m256i w = block_ints<F>(row, q);
-          for (int r = 0; r < R; ++r) iacc[r][q] = _mm256_add_epi32(iacc[r][q], _mm256_madd_epi16(w, ap[r]));
-        }
-      }
+      if constexpr (F == WFormat::I8) i8_block<R>(a, st.codes, blk, iacc);
+      else u4_block<R>(a, st.codes, blk, iacc);
       for (int r = 0; r < R; ++r) {
         const float sa = a.scale[r * (a.k / 32) + blk];
         asum[r] += sa * static_cast<float>(a.sum[r * (a.k / 32) + blk]);
@@ -266,15 +295,12 @@ void iqgemm_rows(const moelight::QuantRows& a, const Strip& st, float* c, int64_
 
 template <WFormat F>
 void iqgemm_format(const moelight::QuantRows& a, int64_t m, const Strip& st, float* c, int64_t ldc) {
+  const auto rows = [&](int64_t r0) {
+    return moelight::QuantRows{a.q + r0 * a.k, a.scale + r0 * (a.k / 32), a.sum + r0 * (a.k / 32), a.k};
+  };
   int64_t r = 0;
-  for (; r + 2 <= m; r += 2) {
-    const moelight::QuantRows ar{a.q + r * a.k, a.scale + r * (a.k / 32), a.sum + r * (a.k / 32), a.k};
-    iqgemm_rows<F, 2>(ar, st, c + r * ldc, ldc);
-  }
-  if (r < m) {
-    const moelight::QuantRows ar{a.q + r * a.k, a.scale + r * (a.k / 32), a.sum + r * (a.k / 32), a.k};
-    iqgemm_rows<F, 1>(ar, st, c + r * ldc, ldc);
-  }
+  for (; r + 2 <= m; r += 2) iqgemm_rows<F, 2>(rows(r), st, c + r * ldc, ldc);
+  if (r < m) iqgemm_rows<F, 1>(rows(r), st, c + r * ldc, ldc);
 }
 
 void iqgemm(const moelight::QuantRows& a, int64_t m, const Strip& st, float* c, int64_t ldc) {
@@ -302,9 +328,12 @@ void act(const float* c, int64_t ldc, int64_t m, const float* bias, moelight::Ac
   }
 }
 
-// qgemm for up to 2 rows per expert: at 4 it ties with dequantising once (bench-1b's experts, fp8 / MXFP4 here);
-// iqgemm for up to 16: at 16 it ties with the bf16 kernel and beats dequantising once (int8 / int4)
-const moelight::ExpertIsa kIsa{dequant, gemm, act, qgemm, 2, iqgemm, 16, nullptr, nullptr, 1};
+// qgemm for up to 2 rows per expert: at 4 it ties with dequantising once (bench-1b's experts, fp8 / MXFP4 here).
+// iqgemm: int8 strips up to 16 rows (at 32-64 rows dequantising once and the bf16 kernel win on
+// some shapes); uint4 strips at every row count, where two 8-bit multiply-adds per pair-row beat
+// expanding the codes at 1 to 256 tokens on every family's shape (benchmarks/bench_expert_kernels.py).
+constexpr int64_t kAllRows = int64_t{1} << 40;
+const moelight::ExpertIsa kIsa{dequant, gemm, act, qgemm, 2, iqgemm, 16, kAllRows, nullptr, nullptr, 1};
 
 }  // namespace
 #pragma GCC pop_options

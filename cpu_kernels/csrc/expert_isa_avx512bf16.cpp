@@ -140,7 +140,7 @@ void act(const float* c, int64_t ldc, int64_t m, const float* bias, moelight::Ac
   }
 }
 
-const moelight::ExpertIsa kIsa{dequant, gemm, act, nullptr, 0, nullptr, 0, nullptr, nullptr, 8};  // gemm_rows<8> blocks
+const moelight::ExpertIsa kIsa{dequant, gemm, act, nullptr, 0, nullptr, 0, 0, nullptr, nullptr, 8};  // gemm_rows<8> blocks
 
 }  // namespace
 #pragma GCC pop_options

@@ -119,7 +119,8 @@ inline float round_even(float x) {
 
 // Whether an expert with m rows multiplies `fmt` strips on int8 activations (iqgemm).
 bool int_rows(const ExpertIsa* isa, WFormat fmt, int64_t m) {
-  return isa->iqgemm && (fmt == WFormat::I8 || fmt == WFormat::U4) && m <= isa->iqgemm_rows;
+  if (!isa->iqgemm) return false;
+  return (fmt == WFormat::I8 && m <= isa->iqgemm_rows_i8) || (fmt == WFormat::U4 && m <= isa->iqgemm_rows_u4);
 }
 
 // bf16 activation rows quantized to int8 per block of 32 k (symmetric, round to nearest even):

@@ -56,11 +56,12 @@ struct ExpertIsa {
   void (*qgemm)(const uint16_t* a, int64_t lda, int64_t m, const Strip& b, float* c, int64_t ldc);
   int64_t qgemm_rows;
   // Optional: int8 / uint4 strips times activations quantized to int8 per block of 32 k (QuantRows),
-  // integer multiply-adds summed per block, scaled in float32: for m <= iqgemm_rows, where expanding
-  // the codes to bf16 (per row pair, or once into scratch) costs more than the integer products. Not the bf16 path's numbers: the activation is
+  // integer multiply-adds summed per block, scaled in float32: for m <= iqgemm_rows_i8 (int8 strips)
+  // or iqgemm_rows_u4 (uint4), where expanding the codes to bf16 (per row pair, or once into
+  // scratch) costs more than the integer products. Not the bf16 path's numbers: the activation is
   // rounded to 8 bits (a relative error of at most 1/254 of its block's largest value).
   void (*iqgemm)(const QuantRows& a, int64_t m, const Strip& b, float* c, int64_t ldc);
-  int64_t iqgemm_rows;
+  int64_t iqgemm_rows_i8, iqgemm_rows_u4;
   // Optional per-thread setup / teardown (AMX tile configuration).
   void (*begin)();
   void (*end)();
