@@ -67,13 +67,13 @@ def op_time(cost: ops.OpCost, level: Level, dtype: str = DEFAULT_DTYPE, peak=Non
 def moe_ffn_time(m: ModelSpec, tokens, lvl: Level, dtype: str = DEFAULT_DTYPE):
     """A layer's FFN on `tokens` tokens at the level's expert-kernel rate (its GEMM rate without one)."""
     cost = ops.moe_ffn(m, tokens, dtype_bytes(dtype))
-    return op_time(cost, lvl, dtype, peak=lvl.expert_peak(dtype, cost.rows))
+    return op_time(cost, lvl, dtype, peak=lvl.expert_peak(dtype, cost.rows, m.expert_format))
 
 
 def expert_time(m: ModelSpec, tokens, lvl: Level, dtype: str = DEFAULT_DTYPE):
     """One routed expert on `tokens` tokens at the level's expert-kernel rate."""
     cost = ops.expert_ffn(m, tokens, dtype_bytes(dtype))
-    return op_time(cost, lvl, dtype, peak=lvl.expert_peak(dtype, cost.rows))
+    return op_time(cost, lvl, dtype, peak=lvl.expert_peak(dtype, cost.rows, m.expert_format))
 
 
 def elementwise_time(cost: ops.OpCost, level: Level):

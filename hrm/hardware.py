@@ -60,8 +60,9 @@ class Level:
     # bytes/s a memory-bound GEMM (decode: few rows per weight) streams its weights at; small-M kernels
     # reach far less than a copy does (0: the level's bandwidth)
     gemm_bandwidth: float = 0.0
-    # dtype -> [[rows per expert, FLOP/s], ...] of the engine's routed-expert kernel where it is not the
-    # GEMM above (the fused CPU kernel: on hosts where oneDNN does not pack bf16 it runs ~5x aten's rate)
+    # dtype or quantized expert format ('int8', 'uint4') -> [[rows per expert, FLOP/s], ...] of the engine's
+    # routed-expert kernel where it is not the GEMM above (the fused CPU kernel: on hosts where oneDNN does
+    # not pack bf16 it runs ~5x aten's rate; int4 experts multiply on int8 activations, faster again)
     expert_gemm_flops: dict[str, list[list[float]]] = field(default_factory=dict)
 
     def gemm_peak(self, dtype: str, rows=None):
@@ -70,9 +71,11 @@ class Level:
         curve = self.gemm_flops.get(canonical_dtype(dtype)) if rows is not None else None
         return _interp_curve(curve, rows) if curve else self.peak_flops(dtype)
 
-    def expert_peak(self, dtype: str, rows=None):
-        """FLOP/s of the routed experts at `rows` tokens per expert: the expert kernel's curve, else the GEMM's."""
-        curve = self.expert_gemm_flops.get(canonical_dtype(dtype)) if rows is not None else None
+    def expert_peak(self, dtype: str, rows=None, fmt: str = ""):
+        """FLOP/s of the routed experts at `rows` tokens per expert: the expert kernel's curve for the
+        experts' quantized format `fmt` where one was measured, else for the dtype, else the GEMM's."""
+        curves = self.expert_gemm_flops
+        curve = (curves.get(fmt) or curves.get(canonical_dtype(dtype))) if rows is not None else None
         return _interp_curve(curve, rows) if curve else self.gemm_peak(dtype, rows)
 
     def attention_peak(self, dtype: str) -> float:

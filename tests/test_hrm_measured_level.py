@@ -2,6 +2,7 @@
 
 import json
 import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -110,6 +111,21 @@ def test_the_moe_ffn_runs_at_the_expert_kernels_rate_where_one_is_measured(tmp_p
     assert lvl.scaled(2).expert_peak("bfloat16", 16) == pytest.approx(128e9)
 
 
+def test_quantized_experts_run_at_their_formats_rate_where_one_is_measured():
+    """int4 experts multiply on int8 activations, faster than bf16 ones on AVX2: a model whose experts are
+    held as uint4 is priced by that format's curve, other formats (and old profiles) by the dtype's."""
+    m = get_model("bench-1b")
+    bf16, u4 = [[1, 4e9], [256, 1024e9]], [[1, 8e9], [256, 1536e9]]
+    lvl = _level(gemm_flops={"bfloat16": CURVE}, expert_gemm_flops={"bfloat16": bf16, "uint4": u4})
+    held = replace(m, expert_bits=4.5, expert_format="uint4")
+    assert lvl.expert_peak("bfloat16", 256, "uint4") == pytest.approx(1536e9)
+    assert lvl.expert_peak("bfloat16", 256, "fp8") == pytest.approx(1024e9)  # not measured: bf16's
+    assert float(costs.moe_ffn_time(m, 1024, lvl, "bfloat16")) == pytest.approx(
+        1.5 * float(costs.moe_ffn_time(held, 1024, lvl, "bfloat16")))
+    assert float(costs.expert_time(held, 256, lvl, "bfloat16")) == pytest.approx(
+        float(ops.expert_ffn(held, 256, 2.0).flops) / 1536e9)
+
+
 def test_profile_measures_the_fused_expert_kernel():
     pytest.importorskip("torch")
     from cpu_kernels import kernel_backend
@@ -119,8 +135,9 @@ def test_profile_measures_the_fused_expert_kernel():
     if kernel_backend() == "torch":
         assert curve == {}
         return
-    rows = [m for m, _ in curve["bfloat16"]]
-    assert rows == [1.0, 16.0, 128.0] and all(f > 0 for _, f in curve["bfloat16"])
+    assert set(curve) == {"bfloat16", "int8", "uint4"}
+    for points in curve.values():
+        assert [m for m, _ in points] == [1.0, 16.0, 128.0] and all(f > 0 for _, f in points)
 
 
 def test_elementwise_bytes_by_hand():

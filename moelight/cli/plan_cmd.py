@@ -146,7 +146,7 @@ def register(app: typer.Typer) -> None:
                                        int(group or 128))
             except ValueError as e:
                 raise typer.BadParameter(str(e), param_hint="--quantize") from None
-            mspec = replace(mspec, expert_bits=form.expert_bits(mspec.hidden_size, mspec.intermediate_size))
+            mspec = form.held_in(mspec)
         if family not in FAMILIES:
             raise typer.BadParameter(f"unknown family {family!r}; valid: {', '.join(FAMILIES)}",
                                      param_hint="--family")

@@ -37,6 +37,14 @@ class ExpertFormat:
         per_group = 4 * (2 if self.zero else 1)
         return n * (k * CODE_BITS[self.fmt] // 8 + groups * per_group)
 
+    def held_in(self, mspec):
+        """The HRM's model (hrm.ModelSpec) with its routed experts held in this format: the bytes they
+        read, page and hold, and the CPU kernel's rate for the format."""
+        from dataclasses import replace
+
+        bits = self.expert_bits(mspec.hidden_size, mspec.intermediate_size)
+        return replace(mspec, expert_bits=bits, expert_format=self.fmt)
+
     def expert_bits(self, hidden: int, intermediate: int) -> float:
         """Bits per weight of one expert (gate_up [2f, h] and down [h, f]), scales included: what the
         HRM counts for the bytes a layer's experts read, page and hold (hrm.ModelSpec.expert_bits)."""

@@ -69,7 +69,7 @@ def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
             raise PlanError(f"--gpus {opts.gpus}: {e}") from None
     mspec = model_from_hf_config(cfg.to_hf_dict(), name=opts.model)
     if cfg.expert_format is not None:  # experts held quantized: the bytes they read, page and hold
-        mspec = replace(mspec, expert_bits=cfg.expert_format.expert_bits(cfg.hidden_size, cfg.intermediate_size))
+        mspec = cfg.expert_format.held_in(mspec)
     # prefix sharing runs on every executor over K and V caches (not MLA's latent)
     sharing = opts.enable_prefix_caching and cfg.mla is None
     workload = workload_of(prompts, params, opts.max_prefill_tokens, sharing)
