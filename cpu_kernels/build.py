@@ -71,13 +71,47 @@ def _load_prebuilt() -> bool:
     return _ops_loaded()
 
 
-def _load_jit(verbose: bool) -> bool:
-    from torch.utils.cpp_extension import load, verify_ninja_availability
+# A build directory in which nothing changed for this long holds no live build: a compile of one
+# source takes well under a minute, and a live build writes an object file per source.
+STALE_LOCK_S = 600.0
 
+
+def _load_jit(verbose: bool) -> bool:
+    from torch.utils.cpp_extension import _get_build_directory, load, verify_ninja_availability
+
+    name = f"{NAME}_{_source_hash()}"
+    build_dir = Path(_get_build_directory(name, verbose))
+    built = build_dir / f"{name}.so"
+    if built.exists():
+        # Built before, from these sources (the name carries their hash): load it without torch's
+        # build lock. A process killed while holding that lock (a job stopped during start-up)
+        # leaves it behind, and every later load() would wait for it forever.
+        try:
+            torch.ops.load_library(str(built))
+            return _ops_loaded()
+        except OSError:
+            pass  # a link cut short: let ninja redo it
+    _drop_stale_lock(build_dir)
     verify_ninja_availability()  # raises when ninja is missing: go to the plain-compiler path
-    load(name=f"{NAME}_{_source_hash()}", sources=[str(CSRC / s) for s in SOURCES],
+    load(name=name, sources=[str(CSRC / s) for s in SOURCES],
          extra_cflags=CFLAGS, extra_ldflags=LDFLAGS, is_python_module=False, verbose=verbose)
     return _ops_loaded()
+
+
+def _drop_stale_lock(build_dir: Path, now: float | None = None) -> bool:
+    """Removes torch's build lock where no build has touched the directory for STALE_LOCK_S (its holder
+    was killed mid-build); True if it did."""
+    import time
+
+    lock = build_dir / "lock"
+    try:
+        newest = max(f.stat().st_mtime for f in build_dir.iterdir())
+    except (OSError, ValueError):  # no directory, or an empty one
+        return False
+    if not lock.exists() or (now if now is not None else time.time()) - newest < STALE_LOCK_S:
+        return False
+    lock.unlink(missing_ok=True)
+    return True
 
 
 def _load_direct(verbose: bool) -> bool:
