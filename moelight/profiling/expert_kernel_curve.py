@@ -1,7 +1,8 @@
 """The CPU's routed-expert rate as the engine runs it: the fused expert kernel (cpu_kernels.expert_mix)
-over one layer's experts, by tokens per expert, in bf16 and in the quantized formats. The HRM prices the MoE FFN with it (Level.expert_peak):
-on hosts where oneDNN packs no bf16 weights the dense GEMM probe measures aten's bf16 path, several
-times slower than this kernel, and a plan priced from it under-predicts the job."""
+over one layer's experts, by tokens per expert, in bf16 and in the quantized formats. The HRM prices
+the MoE FFN with it (Level.expert_peak): on hosts where oneDNN packs no bf16 weights the dense GEMM
+probe measures aten's bf16 path, several times slower than this kernel, and a plan priced from it
+under-predicts the job."""
 
 from __future__ import annotations
 
