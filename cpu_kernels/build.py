@@ -14,6 +14,7 @@ import hashlib
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import torch
@@ -101,8 +102,6 @@ def _load_jit(verbose: bool) -> bool:
 def _drop_stale_lock(build_dir: Path, now: float | None = None) -> bool:
     """Removes torch's build lock where no build has touched the directory for STALE_LOCK_S (its holder
     was killed mid-build); True if it did."""
-    import time
-
     lock = build_dir / "lock"
     try:
         newest = max(f.stat().st_mtime for f in build_dir.iterdir())

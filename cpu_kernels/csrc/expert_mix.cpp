@@ -4,9 +4,10 @@
 //    gathered into a bf16 block padded to 16 rows (an AMX tile's height).
 // 2. Gate/up: one work item per (expert, strip of 16 gate + 16 up columns). A quantized strip is
 //    dequantised in registers for an expert's few rows (decode), else once into the thread's
-//    scratch and reused by all of the expert's rows. Where the ISA has it (AVX2), int8 / uint4
-//    strips meet an expert's few rows quantized to int8 per block of 32 (RowQuant) in integer
-//    multiply-adds instead, unless the caller asks for the bf16 path's numbers. The epilogue adds
+//    scratch and reused by all of the expert's rows. Where the ISA has it (AVX2), int8 strips
+//    (up to its row limit) and uint4 strips (any rows) meet the expert's rows quantized to int8 per
+//    block of 32 (RowQuant) in integer multiply-adds instead, unless the caller asks for the bf16
+//    path's numbers. The epilogue adds
 //    the biases, applies the activation and writes 16 bf16 intermediate columns.
 // 3. Down: one work item per strip of 32 output columns, over every expert in ascending order
 //    (the order the reference sums them in); the epilogue adds the bias, scales by the pair's
@@ -258,7 +259,8 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
     // gather: row r of expert e is token sorted[first[e] + r] / top; padding rows and columns zero
 #pragma omp for schedule(static)
     for (int64_t e = 0; e < E; ++e) {
-      const int64_t n = count[e], padded = row0[e + 1] - row0[e];
+      const int64_t n = count[e], padded = row0[e + 1] - row0[e], m = rows_for(isa, n);
+      const bool quantized = any13 && int_rows(isa, p13.fmt, m);  // its m rows go to iqgemm
       for (int64_t r = 0; r < padded; ++r) {
         uint16_t* dst = a13.data() + (row0[e] + r) * hp;
         if (r < n) {
@@ -267,7 +269,7 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
         } else {
           std::fill(dst, dst + hp, uint16_t{0});
         }
-        if (r < rows_for(isa, n) && any13 && int_rows(isa, p13.fmt, rows_for(isa, n))) q13.quantize(dst, row0[e] + r);
+        if (quantized && r < m) q13.quantize(dst, row0[e] + r);
       }
     }
     if (isa->begin) isa->begin();
