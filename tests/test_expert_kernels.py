@@ -91,16 +91,24 @@ def _matrices(fmt, w13, w2):
     return _mxfp4(w13), _mxfp4(w2)
 
 
+def _expert(m: QuantMatrix, e: int) -> torch.Tensor:
+    """Expert e's dequantised matrix [N, K] (float32): only the experts a case routes to are expanded."""
+    def one(t):
+        return None if t is None else t[e : e + 1]
+
+    return dequantize(QuantMatrix(m.fmt, m.codes[e : e + 1], one(m.scales), one(m.bias), m.group))[0]
+
+
 def _reference(x, ids, weights, m13, m2, b13, b2, act, dtype=torch.float64):
     """Dequantize-then-matmul of the same weights, in `dtype`."""
-    w13, w2 = dequantize(m13).to(dtype), dequantize(m2).to(dtype)
     xd = x.to(dtype)
-    f = w2.shape[2]
-    out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float64)
+    out = torch.zeros(x.shape[0], m2.codes.shape[1], dtype=torch.float64)
     for e in torch.unique(ids).tolist():
+        w13, w2 = _expert(m13, e).to(dtype), _expert(m2, e).to(dtype)
+        f = w2.shape[1]
         tok, slot = (ids == e).nonzero(as_tuple=True)
-        g = xd[tok] @ w13[e].T + (0 if b13 is None else b13[e].to(dtype))
-        y = apply_act(g[:, :f], g[:, f:], act) @ w2[e].T + (0 if b2 is None else b2[e].to(dtype))
+        g = xd[tok] @ w13.T + (0 if b13 is None else b13[e].to(dtype))
+        y = apply_act(g[:, :f], g[:, f:], act) @ w2.T + (0 if b2 is None else b2[e].to(dtype))
         out.index_add_(0, tok, (y * weights[tok, slot, None].to(dtype)).double())
     return out
 
@@ -229,14 +237,14 @@ def _int_activation_reference(x, ids, weights, m13, m2, b13, b2, act):
     """The int8-activation path in float64: each expert's input and intermediate rows rounded to int8
     per block of 32 (quantize_activation_blocks), the intermediate first rounded to bf16 as the
     kernel stores it."""
-    w13, w2 = dequantize(m13).double(), dequantize(m2).double()
-    out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float64)
-    f = w2.shape[2]
+    out = torch.zeros(x.shape[0], m2.codes.shape[1], dtype=torch.float64)
     for e in torch.unique(ids).tolist():
+        w13, w2 = _expert(m13, e).double(), _expert(m2, e).double()
+        f = w2.shape[1]
         tok, slot = (ids == e).nonzero(as_tuple=True)
-        g = quantize_activation_blocks(x[tok]) @ w13[e].T + (0 if b13 is None else b13[e].double())
+        g = quantize_activation_blocks(x[tok]) @ w13.T + (0 if b13 is None else b13[e].double())
         mid = apply_act(g[:, :f], g[:, f:], act).to(torch.bfloat16)
-        y = quantize_activation_blocks(mid) @ w2[e].T + (0 if b2 is None else b2[e].double())
+        y = quantize_activation_blocks(mid) @ w2.T + (0 if b2 is None else b2[e].double())
         out.index_add_(0, tok, y * weights[tok, slot, None].double())
     return out
 

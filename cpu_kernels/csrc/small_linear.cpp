@@ -15,6 +15,9 @@
 namespace moelight {
 
 constexpr int64_t kSmallLinearRows = 4;
+// Output rows per thread at least: 64 rows of a 1024-wide weight are 128 KB, enough to amortise a
+// thread's start; a K/V projection (a few hundred rows) still splits across the threads.
+constexpr int64_t kRowsPerThread = 64;
 
 at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias) {
   TORCH_CHECK(std::strcmp(active_isa(), "none") != 0, "moelight: small_linear needs AVX2 or newer");
@@ -32,7 +35,7 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::opt
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr());
   float* yp = y.data_ptr<float>();
   if (m > 0) {
-    at::parallel_for(0, n, 256, [&](int64_t n0, int64_t n1) { small_linear_rows_avx2(xp, m, wp, n0, n1, k, yp, n); });
+    at::parallel_for(0, n, kRowsPerThread, [&](int64_t n0, int64_t n1) { small_linear_rows_avx2(xp, m, wp, n0, n1, k, yp, n); });
   }
   if (bias.has_value() && bias->defined()) y.add_(bias->to(at::kFloat));
   auto sizes = x.sizes().vec();
