@@ -7,7 +7,11 @@ it times one MoE layer's routed experts:
 - `loop`: today's path, one oneDNN-packed matmul per touched expert (bf16 only),
 - `fused-<isa>`: cpu_kernels.expert_mix on each ISA this CPU has.
 Timings alternate between the variants, best of --repeat, so a change of host state hits all of
-them. The roofs are measured in the same run: the GEMM roof is oneDNN's bf16 FLOP/s at 1024 rows
+them. Each call shifts the routing to other experts (expert e -> e + call x top-k), so a call reads
+weights the previous calls did not: cold, as each layer of a decode step reads them. Without it a
+T = 1 call would re-read the few experts the last one left in the L3 cache (2 int4 experts of
+bench-1b are 12 MB) and time the cache, not the memory a decode step streams from.
+The roofs are measured in the same run: the GEMM roof is oneDNN's bf16 FLOP/s at 1024 rows
 (`moelight profile`'s probe), the bandwidth roof a streaming read of 256 MiB; a kernel's share of
 its roof is the larger of FLOPs / (time x GEMM roof) and weight bytes read / (time x bandwidth).
 
@@ -42,12 +46,17 @@ SHAPES = [("bench-1b (Mixtral)", 8, 2, 1024, 3584), ("bench-qwen3-moe", 128, 8, 
 ISAS = ("amx", "avx512bf16", "avx2")
 
 
-def _best(fns: dict, repeat: int) -> dict[str, float]:
+def _best(fns: dict, repeat: int, ids: torch.Tensor, experts: int) -> dict[str, float]:
+    """Best time of each variant fn(ids); call c routes to ids shifted by c x top-k experts (cold
+    weights), the same shift for every variant in a round."""
     times = {k: float("inf") for k in fns}
+    calls = 0
     for _ in range(repeat):
         for k, fn in fns.items():
+            shifted = (ids + calls * ids.shape[1]) % experts
+            calls += 1
             t0 = time.perf_counter()
-            fn()
+            fn(shifted)
             times[k] = min(times[k], time.perf_counter() - t0)
     return times
 
@@ -97,15 +106,15 @@ def main() -> None:
             for fmt, p in packs.items():
                 fns = {}
                 if fmt == "bf16":
-                    fns["loop"] = (lambda x=x, w=weights, i=ids, a=loop13, b=loop2, mm=loop_mm:
+                    fns["loop"] = (lambda i, x=x, w=weights, a=loop13, b=loop2, mm=loop_mm:
                                    expert_mix(x, w, i, a, b, mm))
                 for isa in isas:
-                    def run(isa=isa, x=x, w=weights, i=ids, p=p):
+                    def run(i, isa=isa, x=x, w=weights, p=p):
                         torch.ops.moelight.set_isa(isa)
                         dispatch.expert_mix(x, i, w, p)
                     fns[f"fused-{isa}"] = run
                 bw = _read_bandwidth()
-                times = _best(fns, 2 if a.quick else a.repeat)
+                times = _best(fns, 2 if a.quick else a.repeat, ids, e)
                 weight_bytes = p.nbytes() * touched / e
                 for variant, s in times.items():
                     share = max(flops / s / gemm_roof, weight_bytes / s / bw)
