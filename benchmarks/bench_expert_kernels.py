@@ -6,11 +6,11 @@ bench-gpt-oss's, OLMoE-1B-7B's real one), rows per layer call (T = 1, 8, 256 tok
 it times one MoE layer's routed experts:
 - `loop`: today's path, one oneDNN-packed matmul per touched expert (bf16 only),
 - `fused-<isa>`: cpu_kernels.expert_mix on each ISA this CPU has.
-Timings alternate between the variants, best of --repeat, so a change of host state hits all of
-them. Each call shifts the routing to other experts (expert e -> e + call x top-k), so a call reads
-weights the previous calls did not: cold, as each layer of a decode step reads them. Without it a
-T = 1 call would re-read the few experts the last one left in the L3 cache (2 int4 experts of
-bench-1b are 12 MB) and time the cache, not the memory a decode step streams from.
+Timings alternate between all formats and variants of a shape and T, best of --repeat, so a change
+of host state hits all of them. Each call shifts the routing to other experts (expert e -> e + call
+x top-k), so a call reads weights the previous calls did not: cold, as each layer of a decode step
+reads them. Without it a T = 1 call would re-read the few experts the last one left in the L3 cache
+(2 int4 experts of bench-1b are 12 MB) and time the cache, not the memory a decode step streams from.
 The roofs are measured in the same run: the GEMM roof is oneDNN's bf16 FLOP/s at 1024 rows
 (`moelight profile`'s probe), the bandwidth roof a streaming read of 256 MiB; a kernel's share of
 its roof is the larger of FLOPs / (time x GEMM roof) and weight bytes read / (time x bandwidth).
@@ -103,24 +103,25 @@ def main() -> None:
             weights, ids = torch.topk(torch.softmax(torch.randn(t, e, generator=g), -1), k, dim=-1)
             touched = len(torch.unique(ids))
             flops = 6.0 * h * f * t * k
+            fns = {}  # every format and variant of this shape and T, alternated
             for fmt, p in packs.items():
-                fns = {}
                 if fmt == "bf16":
-                    fns["loop"] = (lambda i, x=x, w=weights, a=loop13, b=loop2, mm=loop_mm:
-                                   expert_mix(x, w, i, a, b, mm))
+                    fns[fmt, "loop"] = (lambda i, x=x, w=weights, a=loop13, b=loop2, mm=loop_mm:
+                                        expert_mix(x, w, i, a, b, mm))
                 for isa in isas:
                     def run(i, isa=isa, x=x, w=weights, p=p):
                         torch.ops.moelight.set_isa(isa)
                         dispatch.expert_mix(x, i, w, p)
-                    fns[f"fused-{isa}"] = run
-                bw = _read_bandwidth()
-                times = _best(fns, 2 if a.quick else a.repeat, ids, e)
-                weight_bytes = p.nbytes() * touched / e
-                for variant, s in times.items():
-                    share = max(flops / s / gemm_roof, weight_bytes / s / bw)
-                    ratio = f"{times['loop'] / s:.2f}x" if "loop" in times and variant != "loop" else "–"
-                    lines.append(f"| {name} | {t} | {fmt} | {variant} | {s * 1e3:.2f} | {flops / s / 1e9:.0f} | "
-                                 f"{weight_bytes / s / 1e9:.1f} | {bw / 1e9:.1f} | {100 * share:.0f}% | {ratio} |")
+                    fns[fmt, f"fused-{isa}"] = run
+            bw = _read_bandwidth()
+            times = _best(fns, 2 if a.quick else a.repeat, ids, e)
+            for (fmt, variant), s in times.items():
+                weight_bytes = packs[fmt].nbytes() * touched / e
+                share = max(flops / s / gemm_roof, weight_bytes / s / bw)
+                loop = times.get((fmt, "loop"))
+                ratio = f"{loop / s:.2f}x" if loop and variant != "loop" else "–"
+                lines.append(f"| {name} | {t} | {fmt} | {variant} | {s * 1e3:.2f} | {flops / s / 1e9:.0f} | "
+                             f"{weight_bytes / s / 1e9:.1f} | {bw / 1e9:.1f} | {100 * share:.0f}% | {ratio} |")
         torch.ops.moelight.set_isa("auto")
     text = "\n".join(lines)
     print(text)
