@@ -67,6 +67,7 @@ def register(app: typer.Typer) -> None:
         import moelight.engine  # noqa: F401  (lends the profile its probe of the host's work per sequence)
         from moelight.cli.errors import user_errors
         from moelight.jobs.path_checks import check_output_file
+        from moelight.profiling.host_load import busy_warning
         from moelight.profiling.machine_profile import profile_machine
 
         with user_errors():
@@ -79,3 +80,5 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2) from None
         typer.echo(_describe(hw))
         typer.echo(f"saved to {path}")
+        if busy_warning(hw.notes):
+            typer.echo(busy_warning(hw.notes), err=True)

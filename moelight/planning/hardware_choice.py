@@ -7,6 +7,7 @@ import time
 from collections.abc import Callable
 
 from moelight.errors import MoelightError
+from moelight.profiling.host_load import busy_warning
 
 
 class PlanError(MoelightError):
@@ -55,13 +56,18 @@ def resolve_hardware(name: str | None, log: Callable[[str], None] | None = None)
         if log:
             log(f"{why}: took a quick one in {time.perf_counter() - t0:.1f} s ({where}; "
                 "`moelight profile` takes a fuller one)")
+            if busy_warning(hw.notes):
+                log(busy_warning(hw.notes))
         return hw
     try:
-        return hardware_presets.get_hardware(key)
+        hw = hardware_presets.get_hardware(key)
     except KeyError as e:
         raise PlanError(f"--hardware: {e.args[0]}") from None
     except (FileNotFoundError, ValueError) as e:
         raise PlanError(f"--hardware {key}: {e}") from None
+    if log and busy_warning(hw.notes):  # a saved profile taken beside other work prices this plan
+        log(f"{busy_warning(hw.notes)} (profile {key})")
+    return hw
 
 
 def _profile_is_stale(path) -> bool:

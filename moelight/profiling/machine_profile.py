@@ -300,15 +300,19 @@ def measure_gpu(quick: bool = False) -> tuple[Level, Link, int] | None:
 
 
 def profile_machine(quick: bool = False) -> HardwareSpec:
-    """Measure CPU (and GPUs when CUDA is present) into a HardwareSpec."""
+    """Measure CPU (and GPUs when CUDA is present) into a HardwareSpec; its notes say so where the
+    host was busy with other work (host_load.busy_note)."""
     from moelight.profiling.gpu_profile import measure_staging
+    from moelight.profiling.host_load import busy_note
 
+    busy = busy_note()
     cpu = measure_cpu(quick)
     staging = measure_staging(quick)
     gpu = measure_gpu(quick)
     if gpu is None:
-        return HardwareSpec("profiled", cpu, notes="measured by moelight profile (no CUDA)",
-                            staging_bandwidth=staging)
+        notes = "measured by moelight profile (no CUDA)"
+        return HardwareSpec("profiled", cpu, notes=f"{notes}; {busy}" if busy else notes, staging_bandwidth=staging)
     level, link, count = gpu
+    notes = "measured by moelight profile; GPU numbers from cuda:0, assumed identical"
     return HardwareSpec("profiled", cpu, level, count, link, staging_bandwidth=staging,
-                        notes="measured by moelight profile; GPU numbers from cuda:0, assumed identical")
+                        notes=f"{notes}; {busy}" if busy else notes)

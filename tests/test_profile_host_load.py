@@ -1,0 +1,54 @@
+"""A profile taken while other work loads the host says so: in its saved notes, in `moelight
+profile`'s output, and in the log of every plan that reads it."""
+
+from __future__ import annotations
+
+import os
+
+from hrm import hardware_presets
+from moelight.planning.hardware_choice import resolve_hardware
+from moelight.profiling import gpu_profile, machine_profile
+from moelight.profiling.host_load import BUSY_LOAD_PER_CPU, busy_note, busy_warning
+
+
+def test_busy_note_names_the_load_and_what_to_do():
+    assert busy_note(0.2, 2) == "" and busy_note(BUSY_LOAD_PER_CPU * 4, 4) == ""
+    note = busy_note(2.6, 2)
+    assert "busy" in note and "2.6" in note and "2 CPUs" in note and "moelight profile" in note
+    assert busy_warning(f"measured by moelight profile; {note}") == "warning: " + note
+    assert busy_warning("measured by moelight profile (no CUDA)") == ""
+
+
+def _fake_measurements(monkeypatch, load: float) -> None:
+    """profile_machine without its measurements (a preset's CPU level stands in), at a given load."""
+    cpu = hardware_presets.get_hardware("t4").cpu
+    monkeypatch.setattr(machine_profile, "measure_cpu", lambda quick=False: cpu)
+    monkeypatch.setattr(machine_profile, "measure_gpu", lambda quick=False: None)
+    monkeypatch.setattr(gpu_profile, "measure_staging", lambda quick=False: 1e9)
+    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+
+
+def test_a_busy_profile_says_so_when_saved_and_when_a_plan_reads_it(monkeypatch, tmp_path):
+    _fake_measurements(monkeypatch, 0.1)
+    assert busy_warning(machine_profile.profile_machine(quick=True).notes) == ""
+    _fake_measurements(monkeypatch, 3.0)
+    hw = machine_profile.profile_machine(quick=True)
+    assert "busy" in busy_warning(hw.notes)
+    path = hw.save(tmp_path / "hw.json")
+    logged: list[str] = []
+    resolve_hardware(str(path), logged.append)
+    assert any(line.startswith("warning: the host was busy") for line in logged), logged
+    logged.clear()
+    resolve_hardware("t4", logged.append)  # a preset carries no such note
+    assert logged == []
+
+
+def test_a_first_run_profile_taken_beside_other_work_warns(monkeypatch, tmp_path):
+    _fake_measurements(monkeypatch, 3.0)
+    monkeypatch.setattr(hardware_presets, "DEFAULT_PROFILE_PATH", tmp_path / "hardware.json")
+    logged: list[str] = []
+    hw = resolve_hardware(None, logged.append)
+    assert (tmp_path / "hardware.json").is_file() and "busy" in hw.notes
+    assert any("took a quick one" in line for line in logged)
+    assert any(line.startswith("warning: the host was busy") for line in logged), logged
