@@ -1,38 +1,57 @@
-"""A profile taken while other work loads the host says so: in its saved notes, in `moelight
-profile`'s output, and in the log of every plan that reads it."""
+"""A profile taken while other processes use the CPUs says so: in its saved notes, in `moelight
+profile`'s output, and in the log of every plan that reads it. The load average before it does not
+count (after `pip install` builds the kernels it is high on an idle host)."""
 
 from __future__ import annotations
 
 import os
+import time
+from types import SimpleNamespace
 
 from hrm import hardware_presets
 from moelight.planning.hardware_choice import resolve_hardware
-from moelight.profiling import gpu_profile, machine_profile
-from moelight.profiling.host_load import BUSY_LOAD_PER_CPU, busy_note, busy_warning
+from moelight.profiling import gpu_profile, host_load, machine_profile
+from moelight.profiling.host_load import BUSY_SHARE, OtherWork, busy_note, busy_warning, host_busy_seconds
 
 
-def test_busy_note_names_the_load_and_what_to_do():
-    assert busy_note(0.2, 2) == "" and busy_note(BUSY_LOAD_PER_CPU * 4, 4) == ""
-    note = busy_note(2.6, 2)
-    assert "busy" in note and "2.6" in note and "2 CPUs" in note and "moelight profile" in note
+def test_busy_note_names_the_share_and_what_to_do():
+    assert busy_note(0.1, 2) == "" and busy_note(BUSY_SHARE, 4) == ""
+    note = busy_note(0.6, 2)
+    assert "busy" in note and "60%" in note and "2 CPUs" in note and "moelight profile" in note
     assert busy_warning(f"measured by moelight profile; {note}") == "warning: " + note
     assert busy_warning("measured by moelight profile (no CUDA)") == ""
 
 
+def test_other_work_counts_other_processes_not_this_one():
+    if host_busy_seconds() is None:
+        import pytest
+
+        pytest.skip("no /proc/stat here")
+    with OtherWork() as own:  # this process busy: not other work
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 0.3:
+            pass
+    assert own.note() == ""
+
+
 def _fake_measurements(monkeypatch, load: float) -> None:
-    """profile_machine without its measurements (a preset's CPU level stands in), at a given load."""
+    """profile_machine without its measurements (a preset's CPU level stands in), while the host
+    spends `load` CPU-seconds busy in one second of its two CPUs."""
     cpu = hardware_presets.get_hardware("t4").cpu
     monkeypatch.setattr(machine_profile, "measure_cpu", lambda quick=False: cpu)
     monkeypatch.setattr(machine_profile, "measure_gpu", lambda quick=False: None)
     monkeypatch.setattr(gpu_profile, "measure_staging", lambda quick=False: 1e9)
-    monkeypatch.setattr(os, "getloadavg", lambda: (load, load, load))
+    busy = iter([0.0, load])  # CPU-seconds the host spent busy before and after the profile
+    monkeypatch.setattr(host_load, "host_busy_seconds", lambda: next(busy))
+    clock = SimpleNamespace(perf_counter=iter([0.0, 1.0]).__next__, process_time=lambda: 0.0)
+    monkeypatch.setattr(host_load, "time", clock)  # a 1-second profile that took no CPU of its own
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
 
 
 def test_a_busy_profile_says_so_when_saved_and_when_a_plan_reads_it(monkeypatch, tmp_path):
     _fake_measurements(monkeypatch, 0.1)
     assert busy_warning(machine_profile.profile_machine(quick=True).notes) == ""
-    _fake_measurements(monkeypatch, 3.0)
+    _fake_measurements(monkeypatch, 1.2)
     hw = machine_profile.profile_machine(quick=True)
     assert "busy" in busy_warning(hw.notes)
     path = hw.save(tmp_path / "hw.json")
@@ -45,7 +64,7 @@ def test_a_busy_profile_says_so_when_saved_and_when_a_plan_reads_it(monkeypatch,
 
 
 def test_a_first_run_profile_taken_beside_other_work_warns(monkeypatch, tmp_path):
-    _fake_measurements(monkeypatch, 3.0)
+    _fake_measurements(monkeypatch, 1.2)
     monkeypatch.setattr(hardware_presets, "DEFAULT_PROFILE_PATH", tmp_path / "hardware.json")
     logged: list[str] = []
     hw = resolve_hardware(None, logged.append)

@@ -1,28 +1,56 @@
-"""Whether the host was busy when it was profiled. Every rate a profile measures is shared with
+"""Whether other work ran while the host was profiled. Every rate a profile measures is shared with
 whatever else runs, so a profile taken beside other work under-rates the machine, and the cached
-profile then prices every later plan (a job's first run takes one on its own when none is cached)."""
+profile then prices every later plan (a job's first run takes one on its own when none is cached).
+
+The load average cannot tell: right after `pip install` builds the C++ kernels it is high while the
+host is idle again. So `OtherWork` counts the CPU time the whole host spent busy during the profile
+(/proc/stat, steal included) less this process's own.
+"""
 
 from __future__ import annotations
 
 import os
+import time
 
-BUSY_LOAD_PER_CPU = 0.5  # 1-minute load average per CPU above which the host counts as busy
+BUSY_SHARE = 0.25  # other work's share of all CPUs during the profile above which it says so
 
 
-def busy_note(load_1min: float | None = None, cpus: int | None = None) -> str:
-    """'' on a quiet host; else a sentence that says the host was busy and what to do. Read before
-    the profile runs, so the load is other work's, not the profile's own."""
-    if load_1min is None:
-        try:
-            load_1min = os.getloadavg()[0]
-        except (OSError, AttributeError):  # not measurable here (no /proc/loadavg, Windows)
-            return ""
-    n = cpus or os.cpu_count() or 1
-    if load_1min <= BUSY_LOAD_PER_CPU * n:
+def host_busy_seconds() -> float | None:
+    """CPU-seconds all CPUs have spent busy since boot (steal included), None where unreadable."""
+    try:
+        with open("/proc/stat") as f:
+            ticks = [int(v) for v in f.readline().split()[1:9]]  # user nice system idle iowait irq softirq steal
+        return (sum(ticks) - ticks[3] - ticks[4]) / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, AttributeError):  # no /proc (macOS, Windows)
+        return None
+
+
+def busy_note(other_share: float, cpus: int) -> str:
+    """'' where other work took at most BUSY_SHARE of the CPUs; else a sentence that says what to do."""
+    if other_share <= BUSY_SHARE:
         return ""
-    return (f"the host was busy when profiled (1-minute load average {load_1min:.1f} on {n} CPUs), so "
+    return (f"the host was busy when profiled (other work used {other_share:.0%} of its {cpus} CPUs), so "
             "its rates are under-rated and plans from them pessimistic; run `moelight profile` again on "
             "an idle host")
+
+
+class OtherWork:
+    """`with OtherWork() as w: <profile>` then `w.note()`: busy_note of the CPU time other processes
+    took while the block ran."""
+
+    def __enter__(self) -> OtherWork:
+        self.host0, self.own0, self.wall0 = host_busy_seconds(), time.process_time(), time.perf_counter()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.host1, self.own1, self.wall1 = host_busy_seconds(), time.process_time(), time.perf_counter()
+
+    def note(self) -> str:
+        if self.host0 is None or self.host1 is None:
+            return ""
+        cpus = os.cpu_count() or 1
+        other = (self.host1 - self.host0) - (self.own1 - self.own0)
+        return busy_note(max(0.0, other) / (max(self.wall1 - self.wall0, 1e-9) * cpus), cpus)
 
 
 def busy_warning(notes: str) -> str:

@@ -300,15 +300,16 @@ def measure_gpu(quick: bool = False) -> tuple[Level, Link, int] | None:
 
 
 def profile_machine(quick: bool = False) -> HardwareSpec:
-    """Measure CPU (and GPUs when CUDA is present) into a HardwareSpec; its notes say so where the
-    host was busy with other work (host_load.busy_note)."""
+    """Measure CPU (and GPUs when CUDA is present) into a HardwareSpec; its notes say so where other
+    processes took a share of the CPUs meanwhile (host_load.OtherWork)."""
     from moelight.profiling.gpu_profile import measure_staging
-    from moelight.profiling.host_load import busy_note
+    from moelight.profiling.host_load import OtherWork
 
-    busy = busy_note()
-    cpu = measure_cpu(quick)
-    staging = measure_staging(quick)
-    gpu = measure_gpu(quick)
+    with OtherWork() as other:
+        cpu = measure_cpu(quick)
+        staging = measure_staging(quick)
+        gpu = measure_gpu(quick)
+    busy = other.note()
     if gpu is None:
         notes = "measured by moelight profile (no CUDA)"
         return HardwareSpec("profiled", cpu, notes=f"{notes}; {busy}" if busy else notes, staging_bandwidth=staging)
