@@ -93,10 +93,7 @@ def _matrices(fmt, w13, w2):
 
 def _expert(m: QuantMatrix, e: int) -> torch.Tensor:
     """Expert e's dequantised matrix [N, K] (float32): only the experts a case routes to are expanded."""
-    def one(t):
-        return None if t is None else t[e : e + 1]
-
-    return dequantize(QuantMatrix(m.fmt, m.codes[e : e + 1], one(m.scales), one(m.bias), m.group))[0]
+    return dequantize(m.rows(slice(e, e + 1)))[0]
 
 
 def _reference(x, ids, weights, m13, m2, b13, b2, act, dtype=torch.float64):

@@ -80,5 +80,6 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2) from None
         typer.echo(_describe(hw))
         typer.echo(f"saved to {path}")
-        if busy_warning(hw.notes):
-            typer.echo(busy_warning(hw.notes), err=True)
+        warning = busy_warning(hw.notes)
+        if warning:
+            typer.echo(warning, err=True)

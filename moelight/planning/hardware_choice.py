@@ -56,17 +56,16 @@ def resolve_hardware(name: str | None, log: Callable[[str], None] | None = None)
         if log:
             log(f"{why}: took a quick one in {time.perf_counter() - t0:.1f} s ({where}; "
                 "`moelight profile` takes a fuller one)")
-            if busy_warning(hw.notes):
-                log(busy_warning(hw.notes))
-        return hw
-    try:
-        hw = hardware_presets.get_hardware(key)
-    except KeyError as e:
-        raise PlanError(f"--hardware: {e.args[0]}") from None
-    except (FileNotFoundError, ValueError) as e:
-        raise PlanError(f"--hardware {key}: {e}") from None
-    if log and busy_warning(hw.notes):  # a saved profile taken beside other work prices this plan
-        log(f"{busy_warning(hw.notes)} (profile {key})")
+    else:
+        try:
+            hw = hardware_presets.get_hardware(key)
+        except KeyError as e:
+            raise PlanError(f"--hardware: {e.args[0]}") from None
+        except (FileNotFoundError, ValueError) as e:
+            raise PlanError(f"--hardware {key}: {e}") from None
+    warning = busy_warning(hw.notes)  # a profile taken beside other work prices this plan
+    if log and warning:
+        log(warning)
     return hw
 
 

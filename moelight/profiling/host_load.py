@@ -13,6 +13,7 @@ import os
 import time
 
 BUSY_SHARE = 0.25  # other work's share of all CPUs during the profile above which it says so
+_BUSY = "the host was busy when profiled"  # how the note starts, and how busy_warning finds it
 
 
 def host_busy_seconds() -> float | None:
@@ -29,7 +30,7 @@ def busy_note(other_share: float, cpus: int) -> str:
     """'' where other work took at most BUSY_SHARE of the CPUs; else a sentence that says what to do."""
     if other_share <= BUSY_SHARE:
         return ""
-    return (f"the host was busy when profiled (other work used {other_share:.0%} of its {cpus} CPUs), so "
+    return (f"{_BUSY} (other work used {other_share:.0%} of its {cpus} CPUs), so "
             "its rates are under-rated and plans from them pessimistic; run `moelight profile` again on "
             "an idle host")
 
@@ -55,5 +56,5 @@ class OtherWork:
 
 def busy_warning(notes: str) -> str:
     """The busy sentence of a profile's notes ('' where it has none), for the CLI and the job log."""
-    start = notes.find("the host was busy when profiled")
+    start = notes.find(_BUSY)
     return "" if start < 0 else "warning: " + notes[start:]

@@ -309,11 +309,10 @@ def profile_machine(quick: bool = False) -> HardwareSpec:
         cpu = measure_cpu(quick)
         staging = measure_staging(quick)
         gpu = measure_gpu(quick)
-    busy = other.note()
+    source = ("measured by moelight profile (no CUDA)" if gpu is None
+              else "measured by moelight profile; GPU numbers from cuda:0, assumed identical")
+    notes = "; ".join(filter(None, (source, other.note())))
     if gpu is None:
-        notes = "measured by moelight profile (no CUDA)"
-        return HardwareSpec("profiled", cpu, notes=f"{notes}; {busy}" if busy else notes, staging_bandwidth=staging)
+        return HardwareSpec("profiled", cpu, notes=notes, staging_bandwidth=staging)
     level, link, count = gpu
-    notes = "measured by moelight profile; GPU numbers from cuda:0, assumed identical"
-    return HardwareSpec("profiled", cpu, level, count, link, staging_bandwidth=staging,
-                        notes=f"{notes}; {busy}" if busy else notes)
+    return HardwareSpec("profiled", cpu, level, count, link, staging_bandwidth=staging, notes=notes)
