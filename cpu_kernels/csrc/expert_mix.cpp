@@ -13,8 +13,8 @@
 //    (the order the reference sums them in); the epilogue adds the bias, scales by the pair's
 //    routing weight and accumulates into the token's float32 row, rounded once at the end.
 // Gate/up items are ordered by their expert's row count, largest first, and down items each
-// span all experts; threads take items dynamically, so experts with uneven token counts keep
-// every thread busy.
+// span all experts; threads take items dynamically (gate/up in short runs of one expert's
+// consecutive strips), so experts with uneven token counts keep every thread busy.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -22,6 +22,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <memory>
 #include <numeric>
 #include <vector>
 
@@ -109,6 +110,12 @@ float bf16_float(uint16_t h) {
   return f;
 }
 
+// A buffer of n values left uninitialised (std::vector would zero-fill it).
+template <typename T>
+std::unique_ptr<T[]> uninitialized(int64_t n) {
+  return std::unique_ptr<T[]>(new T[static_cast<size_t>(std::max<int64_t>(n, 1))]);
+}
+
 // x rounded to the nearest integer, ties to even, for |x| < 2^22: adding 1.5 * 2^23 leaves no
 // fraction bits, so the float add does the rounding (IEEE arithmetic: without -ffast-math the
 // compiler may not fold it back to x). nearbyint's result, without the libm call per element that
@@ -127,12 +134,14 @@ bool int_rows(const ExpertIsa* isa, WFormat fmt, int64_t m) {
 // bf16 activation rows quantized to int8 per block of 32 k (symmetric, round to nearest even):
 // the operand of iqgemm. Filled only for the rows of experts that take that path.
 struct RowQuant {
-  std::vector<int8_t> q;
-  std::vector<float> scale;
-  std::vector<int32_t> sum;
+  std::unique_ptr<int8_t[]> q;
+  std::unique_ptr<float[]> scale;
+  std::unique_ptr<int32_t[]> sum;
   int64_t k;
 
-  RowQuant(int64_t rows, int64_t k_) : q(rows * k_), scale(rows * k_ / 32), sum(rows * k_ / 32), k(k_) {}
+  RowQuant(int64_t rows, int64_t k_)
+      : q(uninitialized<int8_t>(rows * k_)), scale(uninitialized<float>(rows * k_ / 32)),
+        sum(uninitialized<int32_t>(rows * k_ / 32)), k(k_) {}
 
   void quantize(const uint16_t* a, int64_t row) {
     for (int64_t b = 0; b < k / 32; ++b) {
@@ -154,7 +163,7 @@ struct RowQuant {
   }
 
   QuantRows at(int64_t row) const {
-    return QuantRows{q.data() + row * k, scale.data() + row * (k / 32), sum.data() + row * (k / 32), k};
+    return QuantRows{q.get() + row * k, scale.get() + row * (k / 32), sum.get() + row * (k / 32), k};
   }
 };
 
@@ -238,7 +247,9 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
   int64_t max_rows = 0;
   for (int64_t e : busy) max_rows = std::max(max_rows, row0[e + 1] - row0[e]);
 
-  std::vector<uint16_t> a13(rows * hp), a2(rows * fp);
+  // Buffers every read of which is written first (gather, act, RowQuant): left uninitialised, as
+  // zero-filling them cost a decode call more than its gather.
+  const auto a13 = uninitialized<uint16_t>(rows * hp), a2 = uninitialized<uint16_t>(rows * fp);
   // int8 activations of the experts whose few rows take iqgemm (none: empty)
   bool any13 = false, any2 = false;
   for (int64_t e : busy) {
@@ -251,18 +262,22 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
   const float* wp = weights.data_ptr<float>();
   const int nt = at::get_num_threads();
+  // Gate/up items go to threads in runs of up to 8 consecutive strips of an expert (contiguous in
+  // memory): one run is one stream for the hardware prefetcher, which items taken one by one, the
+  // threads' strips interleaved, restarted at every 16 KB int4 strip. At least 8 runs per thread.
+  const int64_t run13 = std::max<int64_t>(1, std::min<int64_t>(8, static_cast<int64_t>(items13.size()) / (8 * nt)));
 
 #pragma omp parallel num_threads(nt)
   {
-    std::vector<uint16_t> bscratch(std::max(hp, fp) * kStrip);
-    std::vector<float> c(max_rows * kStrip);
+    const auto bscratch = uninitialized<uint16_t>(std::max(hp, fp) * kStrip);
+    const auto c = uninitialized<float>(max_rows * kStrip);
     // gather: row r of expert e is token sorted[first[e] + r] / top; padding rows and columns zero
 #pragma omp for schedule(static)
     for (int64_t e = 0; e < E; ++e) {
       const int64_t n = count[e], padded = row0[e + 1] - row0[e], m = rows_for(isa, n);
       const bool quantized = any13 && int_rows(isa, p13.fmt, m);  // its m rows go to iqgemm
       for (int64_t r = 0; r < padded; ++r) {
-        uint16_t* dst = a13.data() + (row0[e] + r) * hp;
+        uint16_t* dst = a13.get() + (row0[e] + r) * hp;
         if (r < n) {
           std::memcpy(dst, xp + (sorted[first[e] + r] / top) * h, h * 2);
           std::fill(dst + h, dst + hp, uint16_t{0});
@@ -273,13 +288,13 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
       }
     }
     if (isa->begin) isa->begin();
-#pragma omp for schedule(dynamic, 1)
+#pragma omp for schedule(dynamic, run13)
     for (size_t i = 0; i < items13.size(); ++i) {
       const int64_t e = items13[i].expert, j = items13[i].strip, m = rows_for(isa, count[e]);
       const QuantRows qa = any13 ? q13.at(row0[e]) : QuantRows{};
-      strip_gemm(isa, a13.data() + row0[e] * hp, hp, m, p13.strip(e, j), any13 ? &qa : nullptr, bscratch.data(),
-                 c.data());
-      isa->act(c.data(), kStrip, m, b13 ? b13 + e * 2 * fp + j * 32 : nullptr, act, a2.data() + row0[e] * fp + j * 16,
+      strip_gemm(isa, a13.get() + row0[e] * hp, hp, m, p13.strip(e, j), any13 ? &qa : nullptr, bscratch.get(),
+                 c.get());
+      isa->act(c.get(), kStrip, m, b13 ? b13 + e * 2 * fp + j * 32 : nullptr, act, a2.get() + row0[e] * fp + j * 16,
                fp);
     }
     if (any2) {
@@ -287,7 +302,7 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
       for (int64_t e = 0; e < E; ++e) {
         const int64_t m = rows_for(isa, count[e]);
         if (!count[e] || !int_rows(isa, p2.fmt, m)) continue;
-        for (int64_t r = 0; r < m; ++r) q2.quantize(a2.data() + (row0[e] + r) * fp, row0[e] + r);
+        for (int64_t r = 0; r < m; ++r) q2.quantize(a2.get() + (row0[e] + r) * fp, row0[e] + r);
       }
     }
 #pragma omp for schedule(dynamic, 1)
@@ -296,14 +311,14 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
         if (!count[e]) continue;
         const int64_t m = rows_for(isa, count[e]);
         const QuantRows qa = any2 ? q2.at(row0[e]) : QuantRows{};
-        strip_gemm(isa, a2.data() + row0[e] * fp, fp, m, p2.strip(e, j), any2 ? &qa : nullptr, bscratch.data(),
-                   c.data());
+        strip_gemm(isa, a2.get() + row0[e] * fp, fp, m, p2.strip(e, j), any2 ? &qa : nullptr, bscratch.get(),
+                   c.get());
         const float* bias = b2 ? b2 + e * ldy + j * kStrip : nullptr;
         for (int64_t r = 0; r < count[e]; ++r) {
           const int64_t pair = sorted[first[e] + r];
           const float w = wp[pair];
           float* dst = y.data() + (pair / top) * ldy + j * kStrip;
-          const float* src = c.data() + r * kStrip;
+          const float* src = c.get() + r * kStrip;
           if (bias) {
             for (int64_t q = 0; q < kStrip; ++q) dst[q] += (src[q] + bias[q]) * w;
           } else {
