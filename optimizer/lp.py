@@ -69,7 +69,16 @@ def maybe_feasible(pm: PointModel) -> np.ndarray:
 
 
 def solve_grid(pm: PointModel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Exact LP optimum at every grid point: (min end-to-end time or inf, r_w, r_c)."""
+    """Exact LP optimum at every grid point: (min end-to-end time or inf, r_w, r_c). With nothing on a
+    GPU (a CPU-only host, or the all-CPU placement) the box is the point (0, 0): no vertices to search."""
+    if pm.x_max == 0 and pm.y_max == 0:
+        zero = np.zeros(np.shape(pm.mu))
+        return np.where(feasible(pm, zero, zero), pm.total_time(zero, zero), np.inf), zero, zero.copy()
+    return enumerate_vertices(pm)
+
+
+def enumerate_vertices(pm: PointModel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """solve_grid by the best feasible pairwise intersection of the arrangement's lines."""
     lines = _lines(pm)
     totals = (pm.gpu_total(), pm.cpu_total())
     best_t = np.full(pm.mu.shape, np.inf)

@@ -32,3 +32,21 @@ def test_enumeration_matches_pulp_and_grid(seed):
         assert brute <= t * 1.01
         assert bool(feasible(pm, np.float64(x), np.float64(y)))
         assert float(pm.total_time(x, y)) == pytest.approx(t, rel=1e-9)
+
+
+
+def test_the_all_cpu_shortcut_equals_the_vertex_search_on_a_grid():
+    """With nothing on a GPU the box is (0, 0): solve_grid skips the vertex search and must give what it
+    gives, infeasible points included, over a whole (mu, n) grid of each case."""
+    from optimizer.lp import enumerate_vertices
+
+    mu, n = (a.ravel() for a in np.meshgrid(np.arange(1.0, 200.0, 7.0), np.arange(1.0, 40.0, 3.0), indexing="ij"))
+    fitting = 0
+    for seed in range(8):
+        hw, m, wl = random_case(seed)
+        pm = build_point_model(hw, m, wl, DTYPE, mu, n, 0, 0)
+        fast, slow = solve_grid(pm), enumerate_vertices(pm)
+        for a, b in zip(fast, slow, strict=True):
+            np.testing.assert_array_equal(a, b)
+        fitting += bool(np.isfinite(slow[0]).any())
+    assert fitting >= 4  # the cases exercise feasible points, not only infeasible ones
