@@ -4,8 +4,10 @@ For every placement (A_g, F_g) allowed by the policy family and every (mu, n_mb)
 grid, the best (r_w, r_c) is an LP (see optimizer.lp); all LPs of the grid are solved
 exactly at once by vertex enumeration, the point of highest predicted end-to-end
 throughput wins, and that point's LP is solved again with PuLP/CBC, which supplies the
-returned r_w, r_c (and must agree with the enumeration). The optimum is therefore exact
-over the grid, not a heuristic; the grid is dense where policies live (every mu up to 32,
+returned r_w, r_c (and must agree with the enumeration). A cheap lower bound of each point's LP
+(optimizer.lp.time_lower_bound) orders the points: the most promising are solved first, and
+points whose bound cannot reach the best throughput found are not solved at all. The optimum is
+therefore exact over the grid, not a heuristic; the grid is dense where policies live (every mu up to 32,
 every 4th to 1024, every 16th to 4096; every n_mb up to 128).
 """
 
@@ -20,7 +22,7 @@ from hrm.model import ModelSpec
 from hrm.workload import WorkloadSpec
 from optimizer.cost_model import ALPHA, PointModel, binding_roof, build_point_model
 from optimizer.explain import explain, placement_key
-from optimizer.lp import feasible, maybe_feasible, solve_grid, solve_point_pulp
+from optimizer.lp import feasible, maybe_feasible, solve_grid, solve_point_pulp, time_lower_bound
 from optimizer.policy import InfeasibleError, PlanResult, Policy
 
 # (A_g, F_g) placements per policy family.
@@ -81,13 +83,14 @@ def plan(hw: HardwareSpec, model: ModelSpec, workload: WorkloadSpec, dtype: str 
         if not keep.any():
             continue
         pm = build_point_model(hw, model, workload, dtype, mu_f[keep], n_f[keep], a_g, f_g, alpha)
-        t, x, y = solve_grid(pm)
+        t, x, y = _solve_pruned(pm, lambda m, i: build_point_model(hw, model, workload, dtype, m.mu[i], m.n_mb[i],
+                                                                     m.a_g, m.f_g, alpha))
         if not np.isfinite(t).any():
             continue
         thr = np.where(np.isfinite(t), pm.batch * workload.gen_len / np.where(np.isfinite(t), t, 1.0), -1.0)
         top = thr.max()
         placements[placement_key(bool(a_g), bool(f_g))] = float(top)
-        cand = np.flatnonzero(thr.reshape(-1) >= top * (1 - 1e-6))
+        cand = np.flatnonzero(thr.reshape(-1) >= top * (1 - _TIE))
         # ties: the smallest batch, then the largest micro-batch (fewer kernel launches)
         key = np.lexsort((-pm.mu.reshape(-1)[cand], pm.batch.reshape(-1)[cand]))
         i = int(cand[key[0]])
@@ -113,6 +116,34 @@ def plan(hw: HardwareSpec, model: ModelSpec, workload: WorkloadSpec, dtype: str 
     result.solve_seconds = time.perf_counter() - t0
     result.grid_points = points
     return result
+
+
+_FIRST = 2048  # points solved before pruning: the most promising by their bound
+_TIE = 1e-6  # throughputs this close count as tied (the smallest batch wins)
+
+
+def _solve_pruned(pm: PointModel, subset) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """solve_grid where it can matter: the LP's lower bound of time gives each point's highest possible
+    throughput; the most promising points are solved first, then only those whose bound reaches the
+    best throughput found (less the tie tolerance). Pruned points report inf: none of them could be
+    the best or tie with it, so the search's answer is the full grid's. `subset(pm, i)`: pm at points i."""
+    if pm.x_max == 0 and pm.y_max == 0 or pm.mu.size <= _FIRST:
+        return solve_grid(pm)
+    lb = time_lower_bound(pm)
+    bound = np.where(np.isfinite(lb), pm.batch * pm.gen_len / np.where(np.isfinite(lb), lb, 1.0), -1.0)
+    order = np.argsort(-bound, kind="stable")
+    t, x, y = np.full(pm.mu.shape, np.inf), np.zeros(pm.mu.shape), np.zeros(pm.mu.shape)
+    best = -1.0
+    for part in (order[:_FIRST], order[_FIRST:]):
+        part = part[bound[part] >= best * (1 - 2 * _TIE)]
+        if part.size == 0:
+            continue
+        sub = subset(pm, part)
+        t[part], x[part], y[part] = solve_grid(sub)
+        done = np.isfinite(t[part])
+        if done.any():
+            best = max(best, float((sub.batch[done] * pm.gen_len / t[part][done]).max()))
+    return t, x, y
 
 
 def feasible_point(pm: PointModel, x: float, y: float) -> bool:

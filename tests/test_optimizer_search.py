@@ -126,3 +126,33 @@ def test_evaluate_policy_matches_plan():
     res = plan(get_hardware("s1"), MIX, MTBENCH, "float16")
     again = evaluate_policy(get_hardware("s1"), MIX, MTBENCH, res.policy)
     assert again.e2e_tok_s == pytest.approx(res.e2e_tok_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(60, 72))
+def test_pruning_by_the_lps_lower_bound_returns_the_full_grids_answer(seed, monkeypatch):
+    """The search solves the most promising points first and skips those whose bound cannot reach the
+    best found; forced to prune after 16 points, it returns what solving every point returns."""
+    import optimizer.search as search
+    from optimizer.lp import solve_grid, time_lower_bound
+
+    hw, m, wl = random_case(seed)
+    mus, ns = np.arange(1, 200, 3, dtype=float), np.arange(1, 24, dtype=float)
+
+    def run(first):
+        monkeypatch.setattr(search, "_FIRST", first)
+        try:
+            r = plan(hw, m, wl, DTYPE, mu_grid=mus, n_grid=ns)
+        except InfeasibleError as e:
+            return str(e)
+        return r.policy, r.placements, r.e2e_tok_s
+
+    assert run(16) == run(10**9)
+    # the bound is a bound: never above a point's optimum
+    from optimizer.cost_model import build_point_model
+
+    mu, n = (a.ravel() for a in np.meshgrid(mus, ns, indexing="ij"))
+    for a_g, f_g in ([(0, 1), (1, 1), (1, 0)] if hw.has_gpu else []):
+        pm = build_point_model(hw, m, wl, DTYPE, mu, n, a_g, f_g)
+        t, lb = solve_grid(pm)[0], time_lower_bound(pm)
+        assert np.all(lb <= t * (1 + 1e-9))
+        assert np.all(np.isfinite(lb) | ~np.isfinite(t))
