@@ -18,6 +18,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from markdown_report import commit, emit  # noqa: E402
+
 import optimizer.search as search  # noqa: E402
 from hrm import WorkloadSpec, get_hardware, get_model  # noqa: E402
 from optimizer.lp import enumerate_vertices, solve_grid  # noqa: E402
@@ -42,7 +44,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--output", type=Path)
     a = ap.parse_args()
-    lines = [f"Workload: prompt {WORKLOAD.prompt_len:g}, gen {WORKLOAD.gen_len}; best of {a.repeat}, alternated\n",
+    lines = [f"At {commit()}; workload: prompt {WORKLOAD.prompt_len:g}, gen {WORKLOAD.gen_len}; best of {a.repeat}, "
+             "alternated\n",
              "| hardware | model | plan ms | every point solved, ms | speed-up | same policy |",
              "|---|---|---|---|---|---|"]
     for hw_name, model_name in CASES:
@@ -57,11 +60,7 @@ def main() -> None:
         lines.append(f"| {hw_name} | {model_name} | {best[False] * 1e3:.0f} | {best[True] * 1e3:.0f} | "
                      f"{best[True] / best[False]:.1f}x | {'yes' if same else 'NO'} |")
     search.solve_grid, search._FIRST = solve_grid, FIRST
-    text = "\n".join(lines)
-    print(text)
-    if a.output:
-        a.output.parent.mkdir(parents=True, exist_ok=True)
-        a.output.write_text(text + "\n")
+    emit(lines, a.output)
 
 
 if __name__ == "__main__":

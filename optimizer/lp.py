@@ -25,8 +25,11 @@ from optimizer.cost_model import Affine, PointModel
 _TOL = 1e-9
 
 
-def _lines(pm: PointModel) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Lines a + bx*x + by*y = 0 whose pairwise intersections contain every LP vertex."""
+Line = tuple[np.ndarray, np.ndarray, np.ndarray]  # a + bx * x + by * y = 0 at every grid point
+
+
+def _edges(pm: PointModel) -> list[Line]:
+    """The feasible polygon's edge lines: the box, GPU memory (where the GPU holds anything), CPU memory."""
     shape = np.shape(pm.mu)
     one, zero = np.ones(shape), np.zeros(shape)
     lines = [(zero, one, zero), (-pm.x_max * one, one, zero), (zero, zero, one), (-pm.y_max * one, zero, one)]
@@ -34,6 +37,25 @@ def _lines(pm: PointModel) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
     if pm.gpu_mem:
         lines.append((gpu.c0 - pm.gpu_cap, gpu.cx, gpu.cy))
     lines.append((cpu.c0 - pm.cpu_cap, cpu.cx, cpu.cy))
+    return lines
+
+
+def _meet(l1: Line, l2: Line) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Where two lines cross at each grid point: (not parallel, x, y)."""
+    (a1, bx1, by1), (a2, bx2, by2) = l1, l2
+    det = bx1 * by2 - bx2 * by1
+    ok = np.abs(det) > 1e-12
+    with np.errstate(divide="ignore", invalid="ignore"):
+        x = np.where(ok, (-a1 * by2 + a2 * by1) / np.where(ok, det, 1.0), 0.0)
+        y = np.where(ok, (-bx1 * a2 + bx2 * a1) / np.where(ok, det, 1.0), 0.0)
+    return ok, x, y
+
+
+def _lines(pm: PointModel) -> list[Line]:
+    """Lines whose pairwise intersections contain every LP vertex: the polygon's edges and, for each
+    max term, where two of its pieces are equal."""
+    lines = _edges(pm)
+    zero = np.zeros(np.shape(pm.mu))
     const = Affine(np.maximum(pm.t_gpu, pm.t_cpu), zero, zero)
     pre_const = Affine(pm.pre_comp, zero, zero)
     for pieces in ((*pm.decode_roofs, const), (*pm.prefill_roofs, pre_const)):
@@ -84,12 +106,8 @@ def enumerate_vertices(pm: PointModel) -> tuple[np.ndarray, np.ndarray, np.ndarr
     best_t = np.full(pm.mu.shape, np.inf)
     best_x = np.zeros(pm.mu.shape)
     best_y = np.zeros(pm.mu.shape)
-    for (a1, bx1, by1), (a2, bx2, by2) in combinations(lines, 2):
-        det = bx1 * by2 - bx2 * by1
-        ok = np.abs(det) > 1e-12
-        with np.errstate(divide="ignore", invalid="ignore"):
-            x = np.where(ok, (-a1 * by2 + a2 * by1) / np.where(ok, det, 1.0), 0.0)
-            y = np.where(ok, (-bx1 * a2 + bx2 * a1) / np.where(ok, det, 1.0), 0.0)
+    for l1, l2 in combinations(lines, 2):
+        ok, x, y = _meet(l1, l2)
         x = np.where(np.abs(x) < _TOL, 0.0, x)
         y = np.where(np.abs(y) < _TOL, 0.0, y)
         ok &= feasible(pm, x, y, totals=totals)
@@ -109,21 +127,11 @@ def time_lower_bound(pm: PointModel) -> np.ndarray:
     than the LP: each max term's pieces are minimised one by one over the feasible polygon (box and
     memory), whose minimum of an affine piece lies at one of the polygon's vertices. The max of those
     minima bounds the minimum of the max; the search prunes points this bound already rules out."""
-    shape = np.shape(pm.mu)
-    one, zero = np.ones(shape), np.zeros(shape)
-    edges = [(zero, one, zero), (-pm.x_max * one, one, zero), (zero, zero, one), (-pm.y_max * one, zero, one)]
-    gpu, cpu = pm.gpu_total(), pm.cpu_total()
-    if pm.gpu_mem:
-        edges.append((gpu.c0 - pm.gpu_cap, gpu.cx, gpu.cy))
-    edges.append((cpu.c0 - pm.cpu_cap, cpu.cx, cpu.cy))
+    totals = (pm.gpu_total(), pm.cpu_total())
     vertices = []
-    for (a1, bx1, by1), (a2, bx2, by2) in combinations(edges, 2):
-        det = bx1 * by2 - bx2 * by1
-        ok = np.abs(det) > 1e-12
-        with np.errstate(divide="ignore", invalid="ignore"):
-            x = np.where(ok, (-a1 * by2 + a2 * by1) / np.where(ok, det, 1.0), 0.0)
-            y = np.where(ok, (-bx1 * a2 + bx2 * a1) / np.where(ok, det, 1.0), 0.0)
-        ok &= feasible(pm, x, y, totals=(gpu, cpu))
+    for l1, l2 in combinations(_edges(pm), 2):
+        ok, x, y = _meet(l1, l2)
+        ok &= feasible(pm, x, y, totals=totals)
         vertices.append((ok, np.clip(x, 0.0, pm.x_max), np.clip(y, 0.0, pm.y_max)))
 
     def least(piece: Affine) -> np.ndarray:  # min of the piece over the polygon's vertices (inf: none)
