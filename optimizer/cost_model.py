@@ -32,7 +32,7 @@ head = n * (lm_head(mu) + per-step overhead) + N * the host's per-sequence step 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
@@ -130,6 +130,17 @@ class PointModel:
 
     def total_time(self, x, y):
         return self.prefill_time(x, y) + (self.gen_len - 1) * self.decode_step_time(x, y)
+
+    def take(self, i) -> PointModel:
+        """The model at grid points `i` (indices into the flat grid): every per-point array indexed."""
+        def at(v):
+            if isinstance(v, Affine):
+                return Affine(at(v.c0), at(v.cx), at(v.cy))
+            if isinstance(v, dict):
+                return {k: at(a) for k, a in v.items()}
+            return v[i] if isinstance(v, np.ndarray) and v.shape == self.mu.shape else v
+
+        return replace(self, **{f.name: at(getattr(self, f.name)) for f in fields(self)})
 
     def throughput(self, x, y):
         """End-to-end generated tokens per second: N * gen_len / (prefill + decode)."""

@@ -78,13 +78,13 @@ def plan(hw: HardwareSpec, model: ModelSpec, workload: WorkloadSpec, dtype: str 
     for a_g, f_g in _placements(hw, family):
         placements[placement_key(bool(a_g), bool(f_g))] = None
         mu_f, n_f = (a.ravel() for a in np.meshgrid(mus, ns, indexing="ij"))
-        keep = maybe_feasible(build_point_model(hw, model, workload, dtype, mu_f, n_f, a_g, f_g, alpha))
+        grid = build_point_model(hw, model, workload, dtype, mu_f, n_f, a_g, f_g, alpha)
+        keep = maybe_feasible(grid)
         points += mu_f.size
         if not keep.any():
             continue
-        pm = build_point_model(hw, model, workload, dtype, mu_f[keep], n_f[keep], a_g, f_g, alpha)
-        t, x, y = _solve_pruned(pm, lambda m, i: build_point_model(hw, model, workload, dtype, m.mu[i], m.n_mb[i],
-                                                                     m.a_g, m.f_g, alpha))
+        pm = grid.take(np.flatnonzero(keep))
+        t, x, y = _solve_pruned(pm)
         if not np.isfinite(t).any():
             continue
         thr = np.where(np.isfinite(t), pm.batch * workload.gen_len / np.where(np.isfinite(t), t, 1.0), -1.0)
@@ -122,11 +122,11 @@ _FIRST = 2048  # points solved before pruning: the most promising by their bound
 _TIE = 1e-6  # throughputs this close count as tied (the smallest batch wins)
 
 
-def _solve_pruned(pm: PointModel, subset) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _solve_pruned(pm: PointModel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """solve_grid where it can matter: the LP's lower bound of time gives each point's highest possible
     throughput; the most promising points are solved first, then only those whose bound reaches the
     best throughput found (less the tie tolerance). Pruned points report inf: none of them could be
-    the best or tie with it, so the search's answer is the full grid's. `subset(pm, i)`: pm at points i."""
+    the best or tie with it, so the search's answer is the full grid's."""
     if pm.x_max == 0 and pm.y_max == 0 or pm.mu.size <= _FIRST:
         return solve_grid(pm)
     lb = time_lower_bound(pm)
@@ -138,7 +138,7 @@ def _solve_pruned(pm: PointModel, subset) -> tuple[np.ndarray, np.ndarray, np.nd
         part = part[bound[part] >= best * (1 - 2 * _TIE)]
         if part.size == 0:
             continue
-        sub = subset(pm, part)
+        sub = pm.take(part)
         t[part], x[part], y[part] = solve_grid(sub)
         done = np.isfinite(t[part])
         if done.any():
