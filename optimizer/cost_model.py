@@ -121,12 +121,25 @@ class PointModel:
                 "T_cpu": self.t_cpu, "T_gpu": self.t_gpu,
                 "T_layer": np.maximum(moved, np.maximum(self.t_cpu, self.t_gpu))}
 
+    @property
+    def nothing_on_gpu(self) -> bool:
+        """Neither weights nor KV can be placed on a GPU: the (r_w, r_c) box is the point (0, 0)."""
+        return self.x_max == 0 and self.y_max == 0
+
     def prefill_time(self, x, y):
         moved = np.max([a.at(x, y) * np.ones_like(self.pre_comp) for a in self.prefill_roofs], axis=0)
-        return self.num_layers * np.maximum(self.pre_comp, moved) + self.head_pre
+        return self.prefill_time_of(np.maximum(self.pre_comp, moved))
+
+    def prefill_time_of(self, layer):
+        """Prefill time from one layer pass's time: every layer, then the LM head."""
+        return self.num_layers * layer + self.head_pre
 
     def decode_step_time(self, x, y):
-        return self.num_layers * self.layer_times(x, y)["T_layer"] + self.head_dec
+        return self.step_time_of(self.layer_times(x, y)["T_layer"])
+
+    def step_time_of(self, layer):
+        """A decode step's time from one layer pass's time: every layer, then the LM head and sampling."""
+        return self.num_layers * layer + self.head_dec
 
     def total_time(self, x, y):
         return self.prefill_time(x, y) + (self.gen_len - 1) * self.decode_step_time(x, y)

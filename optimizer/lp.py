@@ -93,7 +93,7 @@ def maybe_feasible(pm: PointModel) -> np.ndarray:
 def solve_grid(pm: PointModel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Exact LP optimum at every grid point: (min end-to-end time or inf, r_w, r_c). With nothing on a
     GPU (a CPU-only host, or the all-CPU placement) the box is the point (0, 0): no vertices to search."""
-    if pm.x_max == 0 and pm.y_max == 0:
+    if pm.nothing_on_gpu:
         zero = np.zeros(np.shape(pm.mu))
         return np.where(feasible(pm, zero, zero), pm.total_time(zero, zero), np.inf), zero, zero.copy()
     return enumerate_vertices(pm)
@@ -139,8 +139,7 @@ def time_lower_bound(pm: PointModel) -> np.ndarray:
 
     layer = np.maximum(np.maximum(pm.t_gpu, pm.t_cpu), np.max([least(a) for a in pm.decode_roofs], axis=0))
     pre_layer = np.maximum(pm.pre_comp, np.max([least(a) for a in pm.prefill_roofs], axis=0))
-    step = pm.num_layers * layer + pm.head_dec
-    return pm.num_layers * pre_layer + pm.head_pre + (pm.gen_len - 1) * step
+    return pm.prefill_time_of(pre_layer) + (pm.gen_len - 1) * pm.step_time_of(layer)
 
 
 def _var(prob, name: str, lo: float, hi: float | None = None):

@@ -127,7 +127,7 @@ def _solve_pruned(pm: PointModel) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     throughput; the most promising points are solved first, then only those whose bound reaches the
     best throughput found (less the tie tolerance). Pruned points report inf: none of them could be
     the best or tie with it, so the search's answer is the full grid's."""
-    if pm.x_max == 0 and pm.y_max == 0 or pm.mu.size <= _FIRST:
+    if pm.nothing_on_gpu or pm.mu.size <= _FIRST:  # (the all-CPU placement has no LP to bound)
         return solve_grid(pm)
     lb = time_lower_bound(pm)
     bound = np.where(np.isfinite(lb), pm.batch * pm.gen_len / np.where(np.isfinite(lb), lb, 1.0), -1.0)
