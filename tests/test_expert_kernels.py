@@ -246,18 +246,34 @@ def _int_activation_reference(x, ids, weights, m13, m2, b13, b2, act):
     return out
 
 
-@pytest.mark.parametrize("shape,fmt", [(SHAPES[7], "int8"), (SHAPES[7], "int4"), (SHAPES[3], "int4"),
-                                       (SHAPES[0], "int8")], ids=["clamped-int8", "clamped-int4", "qwen3-int4",
-                                                                  "mixtral-int8"])
-def test_few_int_rows_run_on_int8_activations(shape, fmt):
-    """AVX2, int8 experts with up to 16 rows and int4 experts with any number: the kernel is the
-    int8-activation computation it claims. It is 3-7x closer to a float64 model of that computation
-    than to the bf16 path's reference, from which it departs by ~1% (root-mean-square, relative)
-    where the bf16 path's own rounding departs by ~0.35%. int8 experts with more rows take the bf16
-    path: closer to its reference than to the model."""
-    if not HAS_CPP or torch.ops.moelight.set_isa("avx2") != "avx2":
+def _has_vnni() -> bool:
+    try:
+        return "avx512_vnni" in open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+
+
+def _int_isa(name: str) -> None:
+    """Selects an ISA whose kernel multiplies int8 / int4 experts on int8 activations, or skips."""
+    if not HAS_CPP or torch.ops.moelight.set_isa(name) != name or (name == "avx512bf16" and not _has_vnni()):
         torch.ops.moelight.set_isa("auto")
-        pytest.skip("needs the AVX2 kernels")
+        pytest.skip(f"needs the {name} kernels" + (" with VNNI" if name == "avx512bf16" else ""))
+
+
+INT_CASES = [(SHAPES[7], "int8"), (SHAPES[7], "int4"), (SHAPES[3], "int4"), (SHAPES[0], "int8")]
+INT_IDS = ["clamped-int8", "clamped-int4", "qwen3-int4", "mixtral-int8"]
+
+
+@pytest.mark.parametrize("int_isa", ["avx2", "avx512bf16"])
+@pytest.mark.parametrize("shape,fmt", INT_CASES, ids=INT_IDS)
+def test_few_int_rows_run_on_int8_activations(shape, fmt, int_isa):
+    """int4 experts with any number of rows, and int8 experts with up to 16 (AVX2) or any number
+    (AVX512-VNNI, whose 4-k integer multiply-add beats the bf16 dot product at every row count):
+    the kernel is the int8-activation computation it claims. It is 3-7x closer to a float64 model
+    of that computation than to the bf16 path's reference, from which it departs by ~1%
+    (root-mean-square, relative) where the bf16 path's own rounding departs by ~0.35%. On AVX2,
+    int8 experts with more rows take the bf16 path: closer to its reference than to the model."""
+    _int_isa(int_isa)
     try:
         name, e, k, h, f, clamped = shape
         m13, m2, b13, b2, packed = _case(shape, fmt)
@@ -277,9 +293,32 @@ def test_few_int_rows_run_on_int8_activations(shape, fmt):
             # root-mean-square: the model's bf16 intermediate may round a value the other way than the
             # kernel's float32 one, and an int8 code then moves by one; such rare flips stay small here
             to_model, to_exact = _rms(got - model), _rms(got - exact)
-            if fmt == "int8" and skew is None:
+            if fmt == "int8" and skew is None and int_isa == "avx2":
                 assert to_exact < 0.5 * to_model, f"{what}: {to_exact:.5f} from bf16's, {to_model:.5f} from the model"
             else:
                 assert to_model < 0.5 * to_exact, f"{what}: {to_model:.5f} from its model, {to_exact:.5f} from bf16's"
+    finally:
+        torch.ops.moelight.set_isa("auto")
+
+
+@pytest.mark.parametrize("shape,fmt", INT_CASES, ids=INT_IDS)
+def test_vnni_int8_activation_products_equal_avx2s(shape, fmt):
+    """AVX512-VNNI's int8-activation products (4 k per multiply-add, int8 codes offset to unsigned)
+    give AVX2's integer block sums, and the float32 steps after them run in AVX2's order: the same
+    outputs bit for bit, at 1 to 16 rows per expert (uneven blocks of 4 rows), and int4 above (int8
+    experts with more rows take each ISA's bf16 GEMM, whose sums differ in order)."""
+    name, e, k, h, f, clamped = shape
+    m13, m2, b13, b2, packed = _case(shape, fmt)
+    act = ActSpec(1, 7.0, 1.702) if clamped else ActSpec()
+    try:
+        for t, skew in ((1, False), (7, True)) + (((40, None),) if fmt == "int4" else ()):
+            ids, weights = _routing(t, e, k, seed=13, skew=skew) if skew is not None else _two_experts(t)
+            x = (torch.randn(t, h, generator=torch.Generator().manual_seed(14)) * (3.0 if clamped else 1.0))
+            x = x.to(torch.bfloat16)
+            out = {}
+            for isa in ("avx2", "avx512bf16"):
+                _int_isa(isa)
+                out[isa] = dispatch.expert_mix(x, ids, weights, packed, act)
+            assert torch.equal(out["avx2"], out["avx512bf16"]), f"{name} {fmt}, {t} tokens"
     finally:
         torch.ops.moelight.set_isa("auto")

@@ -99,6 +99,9 @@ const moelight::ExpertIsa* moelight::amx_expert_isa() {
     t.begin = begin;
     t.end = end;
     t.row_step = 16;  // whole tiles
+    // VNNI's int8-activation products are measured only on AVX512-BF16 hosts without AMX: AMX keeps
+    // its tiles for every row count until a host with it times them
+    t.iqgemm = nullptr;
     return t;
   }();
   return &isa;

@@ -4,11 +4,11 @@
 //    gathered into a bf16 block padded to 16 rows (an AMX tile's height).
 // 2. Gate/up: one work item per (expert, strip of 16 gate + 16 up columns). A quantized strip is
 //    dequantised in registers for an expert's few rows (decode), else once into the thread's
-//    scratch and reused by all of the expert's rows. Where the ISA has it (AVX2), int8 strips
-//    (up to its row limit) and uint4 strips (any rows) meet the expert's rows quantized to int8 per
-//    block of 32 (RowQuant) in integer multiply-adds instead, unless the caller asks for the bf16
-//    path's numbers. The epilogue adds
-//    the biases, applies the activation and writes 16 bf16 intermediate columns.
+//    scratch and reused by all of the expert's rows. Where the ISA has it (AVX2, AVX512-VNNI), int8
+//    strips (up to its row limit) and uint4 strips (any rows) meet the expert's rows quantized to
+//    int8 per block of 32 (RowQuant) in integer multiply-adds instead, unless the caller asks for
+//    the bf16 path's numbers. The epilogue adds the biases, applies the activation and writes 16
+//    bf16 intermediate columns.
 // 3. Down: one work item per strip of 32 output columns, over every expert in ascending order
 //    (the order the reference sums them in); the epilogue adds the bias, scales by the pair's
 //    routing weight and accumulates into the token's float32 row, rounded once at the end.

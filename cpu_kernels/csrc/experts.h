@@ -70,6 +70,10 @@ struct ExpertIsa {
   int64_t row_step;
 };
 
+using IqgemmFn = void (*)(const QuantRows& a, int64_t m, const Strip& b, float* c, int64_t ldc);
+// AVX512-VNNI's iqgemm (expert_isa_avx512vnni.cpp), nullptr where the CPU lacks VNNI.
+IqgemmFn avx512vnni_iqgemm();
+
 const ExpertIsa* avx2_expert_isa();
 const ExpertIsa* avx512bf16_expert_isa();
 const ExpertIsa* amx_expert_isa();  // nullptr where the OS does not grant AMX tile state
