@@ -27,7 +27,7 @@ struct GroupScales {
 inline void dup_columns(const float* p, __m512 out[4]) {
   const __m512i dup_lo = _mm512_set_epi32(7, 7, 6, 6, 5, 5, 4, 4, 3, 3, 2, 2, 1, 1, 0, 0);
   const __m512i dup_hi = _mm512_set_epi32(15, 15, 14, 14, 13, 13, 12, 12, 11, 11, 10, 10, 9, 9, 8, 8);
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
   for (int h = 0; h < 2; ++h) {
     const __m512 v = _mm512_loadu_ps(p + 16 * h);
     out[2 * h] = _mm512_permutexvar_ps(dup_lo, v);
@@ -56,7 +56,7 @@ inline __m512 fp8_to_f32(__m128i bytes) {
 // bf16 pairs: columns 0-15 in lo, 16-31 in hi.
 inline void scaled_row(const __m512 v[4], const GroupScales& gs, __m512bh& lo, __m512bh& hi) {
   __m512 w[4];
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
   for (int i = 0; i < 4; ++i) w[i] = _mm512_fmadd_ps(v[i], gs.s[i], gs.b[i]);
   lo = _mm512_cvtne2ps_pbh(w[1], w[0]);
   hi = _mm512_cvtne2ps_pbh(w[3], w[2]);
@@ -86,7 +86,7 @@ inline void decode_row(const Strip& st, int64_t r, __m512 lut, __m512 v[4]) {
     v[3] = _mm512_permutexvar_ps(_mm512_srli_epi32(b, 4), lut);
   } else {
     const uint8_t* p = st.codes + r * 64;
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int i = 0; i < 4; ++i) {
       const __m128i bytes = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p + 16 * i));
       v[i] = st.fmt == WFormat::I8 ? _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(bytes)) : fp8_to_f32(bytes);
@@ -111,12 +111,12 @@ void dequant(const Strip& st, uint16_t* out) {
 template <int R>
 inline void gemm_rows(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t k, float* c, int64_t ldc) {
   __m512 acc[R][2];
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   const int64_t pairs = k / 2;
   for (int64_t p = 0; p < pairs; ++p) {
     const __m512i b0 = _mm512_loadu_si512(b + p * 64), b1 = _mm512_loadu_si512(b + p * 64 + 32);
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       uint32_t pair;
       std::memcpy(&pair, a + r * lda + 2 * p, 4);
@@ -125,7 +125,7 @@ inline void gemm_rows(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t
       acc[r][1] = _mm512_dpbf16_ps(acc[r][1], as_bh(av), as_bh(b1));
     }
   }
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     _mm512_storeu_ps(c + r * ldc, acc[r][0]);
     _mm512_storeu_ps(c + r * ldc + 16, acc[r][1]);
@@ -156,7 +156,7 @@ void gemm(const uint16_t* a, int64_t lda, int64_t m, const uint16_t* b, int64_t 
 template <int R>
 void qgemm_rows(const uint16_t* a, int64_t lda, const Strip& st, float* c, int64_t ldc) {
   __m512 acc[R][2];
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
   const int64_t rows_per_group = st.group / 2;
   const __m512 lut = lut_of(st);
@@ -167,7 +167,7 @@ void qgemm_rows(const uint16_t* a, int64_t lda, const Strip& st, float* c, int64
     decode_row(st, p, lut, v);
     __m512bh b0, b1;
     scaled_row(v, gs, b0, b1);
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       uint32_t pair;
       std::memcpy(&pair, a + r * lda + 2 * p, 4);
@@ -176,7 +176,7 @@ void qgemm_rows(const uint16_t* a, int64_t lda, const Strip& st, float* c, int64
       acc[r][1] = _mm512_dpbf16_ps(acc[r][1], as_bh(av), b1);
     }
   }
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     _mm512_storeu_ps(c + r * ldc, acc[r][0]);
     _mm512_storeu_ps(c + r * ldc + 16, acc[r][1]);

@@ -27,6 +27,20 @@ inline __m512i natural_columns() {
   return _mm512_setr_epi32(0, 1, 2, 3, 16, 17, 18, 19, 4, 5, 6, 7, 20, 21, 22, 23);
 }
 
+// Row r's activations at k = 2p .. 2p + 3 times each column's 4 codes (lo: the columns of
+// iacc[r][0], hi: of iacc[r][1]), added into the int32 sums.
+template <int R>
+inline void quad_products(const QuantRows& a, int64_t p, __m512i lo, __m512i hi, __m512i iacc[R][2]) {
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) {
+    int32_t quad;
+    std::memcpy(&quad, a.q + r * a.k + 2 * p, 4);
+    const __m512i av = _mm512_set1_epi32(quad);
+    iacc[r][0] = _mm512_dpbusd_epi32(iacc[r][0], lo, av);
+    iacc[r][1] = _mm512_dpbusd_epi32(iacc[r][1], hi, av);
+  }
+}
+
 // int8 codes made unsigned (c + 128: the sign bit flipped) for vpdpbusd; the block's sum then
 // holds 128 x the activations' sum too, taken off with QuantRows::sum.
 template <int R>
@@ -36,16 +50,9 @@ inline void i8_block(const QuantRows& a, const uint8_t* codes, int64_t blk, __m5
     const __m512i x0 = _mm512_xor_si512(_mm512_loadu_si512(codes + p * 64), flip);
     const __m512i x1 = _mm512_xor_si512(_mm512_loadu_si512(codes + (p + 1) * 64), flip);
     const __m512i lo = _mm512_unpacklo_epi16(x0, x1), hi = _mm512_unpackhi_epi16(x0, x1);
-    #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      int32_t quad;
-      std::memcpy(&quad, a.q + r * a.k + 2 * p, 4);
-      const __m512i av = _mm512_set1_epi32(quad);
-      iacc[r][0] = _mm512_dpbusd_epi32(iacc[r][0], lo, av);
-      iacc[r][1] = _mm512_dpbusd_epi32(iacc[r][1], hi, av);
-    }
+    quad_products<R>(a, p, lo, hi, iacc);
   }
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     const __m512i off = _mm512_set1_epi32(128 * a.sum[r * (a.k / 32) + blk]);
     const __m512i lo = _mm512_sub_epi32(iacc[r][0], off), hi = _mm512_sub_epi32(iacc[r][1], off);
@@ -65,14 +72,7 @@ inline void u4_block(const QuantRows& a, const uint8_t* codes, int64_t blk, __m5
     const __m512i x = _mm512_loadu_si512(codes + p * 32);
     const __m512i lo = _mm512_permutexvar_epi16(pairs, _mm512_and_si512(x, low));
     const __m512i hi = _mm512_permutexvar_epi16(pairs, _mm512_and_si512(_mm512_srli_epi16(x, 4), low));
-    #pragma GCC unroll 8
-    for (int r = 0; r < R; ++r) {
-      int32_t quad;
-      std::memcpy(&quad, a.q + r * a.k + 2 * p, 4);
-      const __m512i av = _mm512_set1_epi32(quad);
-      iacc[r][0] = _mm512_dpbusd_epi32(iacc[r][0], lo, av);
-      iacc[r][1] = _mm512_dpbusd_epi32(iacc[r][1], hi, av);
-    }
+    quad_products<R>(a, p, lo, hi, iacc);
   }
 }
 
@@ -81,7 +81,7 @@ inline void u4_block(const QuantRows& a, const uint8_t* codes, int64_t blk, __m5
 template <WFormat F, int R>
 void iqgemm_rows(const QuantRows& a, const Strip& st, float* c, int64_t ldc) {
   const int64_t blocks_per_group = st.group / 32;
-  #pragma GCC unroll 8
+#pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     _mm512_storeu_ps(c + r * ldc, _mm512_setzero_ps());
     _mm512_storeu_ps(c + r * ldc + 16, _mm512_setzero_ps());
@@ -89,31 +89,31 @@ void iqgemm_rows(const QuantRows& a, const Strip& st, float* c, int64_t ldc) {
   for (int64_t g = 0; g < st.k / st.group; ++g) {
     __m512 gacc[R][2];
     float asum[R];
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
       asum[r] = 0.0f;
       gacc[r][0] = gacc[r][1] = _mm512_setzero_ps();
     }
     for (int64_t blk = g * blocks_per_group; blk < (g + 1) * blocks_per_group; ++blk) {
       __m512i iacc[R][2];
-      #pragma GCC unroll 8
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) iacc[r][0] = iacc[r][1] = _mm512_setzero_si512();
       if constexpr (F == WFormat::I8) i8_block<R>(a, st.codes, blk, iacc);
       else u4_block<R>(a, st.codes, blk, iacc);
-      #pragma GCC unroll 8
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         const float sa = a.scale[r * (a.k / 32) + blk];
         asum[r] += sa * static_cast<float>(a.sum[r * (a.k / 32) + blk]);
         const __m512 sv = _mm512_set1_ps(sa);
-        #pragma GCC unroll 8
+#pragma GCC unroll 8
         for (int h = 0; h < 2; ++h) gacc[r][h] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(iacc[r][h]), sv, gacc[r][h]);
       }
     }
-    #pragma GCC unroll 8
+#pragma GCC unroll 8
     for (int h = 0; h < 2; ++h) {
       const __m512 s = _mm512_loadu_ps(st.scales + g * 32 + 16 * h);
       const __m512 b = st.bias ? _mm512_loadu_ps(st.bias + g * 32 + 16 * h) : _mm512_setzero_ps();
-      #pragma GCC unroll 8
+#pragma GCC unroll 8
       for (int r = 0; r < R; ++r) {
         float* dst = c + r * ldc + 16 * h;
         const __m512 acc = _mm512_fmadd_ps(gacc[r][h], s, _mm512_loadu_ps(dst));
