@@ -17,6 +17,7 @@ its roof is the larger of FLOPs / (time x GEMM roof) and weight bytes read / (ti
 
     python benchmarks/bench_expert_kernels.py --repeat 7 --output benchmarks/results/expert_kernels.md
     python benchmarks/bench_expert_kernels.py --quick          # a check that it runs (~1 minute)
+    python benchmarks/bench_expert_kernels.py --isas avx512 avx2   # AVX-512 without bf16 against AVX2
 
 ~10 minutes on two cores.
 """
@@ -43,7 +44,7 @@ from moelight.runtime.cpu_linear import pack_weight, packed_linear, packing_supp
 # name, experts, top-k, hidden, expert width
 SHAPES = [("bench-1b (Mixtral)", 8, 2, 1024, 3584), ("bench-qwen3-moe", 128, 8, 1024, 224),
           ("bench-gpt-oss", 32, 4, 1024, 896), ("olmoe-1b-7b", 64, 8, 2048, 1024)]
-ISAS = ("amx", "avx512bf16", "avx2")
+ISAS = ("amx", "avx512bf16", "avx512", "avx2")  # avx512: AVX2's kernels plus VNNI's int8-activation products
 
 
 def _best(fns: dict, repeat: int, ids: torch.Tensor, experts: int) -> dict[str, float]:
@@ -77,9 +78,12 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=7)
     ap.add_argument("--quick", action="store_true", help="one shape, fewer repeats")
     ap.add_argument("--output", type=Path)
+    ap.add_argument("--isas", nargs="+", choices=ISAS, default=["amx", "avx512bf16", "avx2"],
+                    help="kernel ISAs to time, where the CPU has them")
+    ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 256], help="rows per layer call (T)")
     a = ap.parse_args()
     dispatch.kernel_backend()
-    isas = [i for i in ISAS if kernel_backend() != "torch" and torch.ops.moelight.set_isa(i) == i]
+    isas = [i for i in a.isas if kernel_backend() != "torch" and torch.ops.moelight.set_isa(i) == i]
     torch.ops.moelight.set_isa("auto")
     gemm_roof = max(f for _, f in measure_gemm_curve(torch.bfloat16, rows=(1024,), pool_bytes=48 * 2**20))
     lines = [f"Host: torch {torch.__version__}, ISAs {', '.join(isas)}; GEMM roof {gemm_roof / 1e12:.2f} TFLOP/s "
@@ -98,7 +102,7 @@ def main() -> None:
         packs = {"bf16": pack_experts(bf16_matrix(w13), bf16_matrix(w2))}
         for fmt in ("int8", "int4"):
             packs[fmt] = pack_experts(quantize(w13, fmt, group), quantize(w2, fmt, group))
-        for t in (1, 8) if a.quick else (1, 8, 256):
+        for t in [t for t in a.tokens if t <= 8] if a.quick else a.tokens:
             x = torch.randn(t, h, generator=g).to(torch.bfloat16)
             weights, ids = torch.topk(torch.softmax(torch.randn(t, e, generator=g), -1), k, dim=-1)
             touched = len(torch.unique(ids))

@@ -75,6 +75,7 @@ using IqgemmFn = void (*)(const QuantRows& a, int64_t m, const Strip& b, float* 
 IqgemmFn avx512vnni_iqgemm();
 
 const ExpertIsa* avx2_expert_isa();
+const ExpertIsa* avx512_expert_isa();  // isa.cpp: AVX2's kernels, VNNI's int8-activation products
 const ExpertIsa* avx512bf16_expert_isa();
 const ExpertIsa* amx_expert_isa();  // nullptr where the OS does not grant AMX tile state
 

@@ -45,11 +45,26 @@ AttnFn attn_fn(KvDtype dtype, int64_t d) {
   }
 }
 
+// AVX-512 without its bf16 dot product (Skylake-X, Cascade Lake, Ice Lake): the AVX2 expert kernels,
+// with VNNI's int8-activation products for int8 / int4 strips at every row count where the CPU has
+// them (the same outputs as AVX2's, bit for bit).
+const ExpertIsa* avx512_expert_isa() {
+  static const ExpertIsa isa = [] {
+    ExpertIsa t = *avx2_expert_isa();
+    if (const IqgemmFn f = avx512vnni_iqgemm()) {
+      t.iqgemm = f;
+      t.iqgemm_rows_i8 = t.iqgemm_rows_u4 = int64_t{1} << 40;
+    }
+    return t;
+  }();
+  return &isa;
+}
+
 const ExpertIsa* expert_isa() {
   switch (current()) {
     case kAmx: return amx_expert_isa();
     case kAvx512Bf16: return avx512bf16_expert_isa();
-    case kAvx512:  // AVX-512 without its bf16 dot product: the AVX2 expert kernels
+    case kAvx512: return avx512_expert_isa();
     case kAvx2: return avx2_expert_isa();
     default: return nullptr;
   }
