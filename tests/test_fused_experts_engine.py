@@ -109,7 +109,6 @@ def test_bf16_matmuls_run_on_float32_copies_where_onednn_packs_no_bf16(cfg, monk
     monkeypatch.setattr(cpu_linear, "packing_supported", lambda dt: dt != torch.bfloat16 and real(dt))
     if not real(torch.float32):
         pytest.skip("no oneDNN packing on this torch build")
-    monkeypatch.setattr(memory_check, "upcast_bf16_linears", cpu_linear.upcast_bf16_linears)
     model = build_model(cfg, torch.bfloat16, None, seed=0)
     dense = copy.deepcopy(model)
     packed = list(cpu_linear.packed_linears(model))
@@ -123,3 +122,40 @@ def test_bf16_matmuls_run_on_float32_copies_where_onednn_packs_no_bf16(cfg, monk
     extra = 4 if dispatch.small_linear_available() else 2  # the bf16 weights kept for few-row matmuls
     assert memory_check.weight_bytes(cfg, torch.bfloat16, on_cpu=True) == plain + extra * count
     assert memory_check.weight_bytes(cfg, torch.float32, on_cpu=True) == memory_check.weight_bytes(cfg, torch.float32)
+
+
+@pytest.mark.parametrize("cfg", [TINY, GPT_OSS], ids=["mixtral", "gpt-oss"])
+def test_bf16_layers_keep_their_plain_weight_for_one_row_where_onednn_packs_bf16(cfg, monkeypatch):
+    """An AVX512-BF16 host (oneDNN packs bf16): each packed bf16 layer keeps its plain weight too, and a
+    one-row matmul (a decode step at batch 1) runs small_linear on it, faster there than oneDNN at one
+    row; two rows and more stay on oneDNN. Either way the logits are the unpacked model's up to bf16
+    rounding, and the memory check counts the plain copies (2 bytes a weight)."""
+    from moelight.planning import memory_check
+    from moelight.runtime import cpu_linear
+
+    if not dispatch.small_linear_available():
+        pytest.skip("no C++ kernels here")
+    real = cpu_linear.packing_supported
+    monkeypatch.setattr(cpu_linear, "packing_supported", lambda dt: True)  # the memory check's view of such a host
+    count = memory_check.packed_linear_count(cfg)
+    plain = memory_check.weight_bytes(cfg, torch.bfloat16)
+    assert memory_check.weight_bytes(cfg, torch.bfloat16, on_cpu=True) == plain + 2 * count
+    assert memory_check.weight_bytes(cfg, torch.float32, on_cpu=True) == memory_check.weight_bytes(cfg, torch.float32)
+    monkeypatch.setattr(cpu_linear, "packing_supported", real)
+    if not real(torch.bfloat16):
+        pytest.skip("oneDNN packs no bf16 on this CPU")
+    model = build_model(cfg, torch.bfloat16, None, seed=0)
+    dense = copy.deepcopy(model)
+    sites = [(parent, name) for parent, name, _ in cpu_linear.packed_linears(model)]
+    pack_model(model, fused_experts=False)
+    layers = [getattr(parent, name) for parent, name in sites]
+    assert layers and all(lin.plain_rows == 1 and lin.weight_bf16 is not None for lin in layers)
+    rows = []
+    small = dispatch.small_linear
+    monkeypatch.setattr(dispatch, "small_linear", lambda x, *a: rows.append(x.numel() // x.shape[-1]) or small(x, *a))
+    prompts = _prompts(cfg.vocab_size)
+    assert _rel(_logits(model, prompts[:1]), _logits(dense, prompts[:1])) < 2e-2  # its decode step: one row
+    assert rows and set(rows) == {1}
+    rows.clear()
+    assert _rel(_logits(model, prompts), _logits(dense, prompts)) < 2e-2  # four rows: oneDNN
+    assert rows == []

@@ -10,7 +10,7 @@ import torch
 
 from moelight.errors import MoelightError
 from moelight.models.config import ModelConfig
-from moelight.runtime.cpu_linear import packed_linears, upcast_bf16_linears, upcast_extra_bytes
+from moelight.runtime.cpu_linear import extra_linear_bytes, packed_linears
 
 HEADROOM = 0.9  # leave 10% of available memory for activations, allocator slack and the OS
 
@@ -25,10 +25,9 @@ def dtype_bytes(dtype: torch.dtype) -> int:
 
 def weight_bytes(cfg: ModelConfig, dtype: torch.dtype, on_cpu: bool = False) -> int:
     """Every weight in `dtype`, routed experts in `cfg.expert_format` where the run holds them quantized;
-    `on_cpu`: the CPU engine's packed matmuls, float32 copies of bf16 weights where this CPU packs no bf16
-    (and the bf16 weights beside them, which the few-row decode matmuls read: upcast_extra_bytes)."""
-    upcast = on_cpu and dtype == torch.bfloat16 and upcast_bf16_linears()
-    extra = upcast_extra_bytes() * packed_linear_count(cfg) if upcast else 0
+    `on_cpu`: the CPU engine's packed matmuls, float32 copies of bf16 weights where this CPU packs no bf16,
+    and the plain bf16 weights beside them that the few-row decode matmuls read (extra_linear_bytes)."""
+    extra = extra_linear_bytes(dtype) * packed_linear_count(cfg) if on_cpu else 0
     form = cfg.expert_format
     if form is None:
         return parameter_count(cfg) * dtype_bytes(dtype) + extra

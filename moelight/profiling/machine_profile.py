@@ -47,17 +47,28 @@ def _cpu_memory_bytes() -> float:
 def measure_gemm_curve(dtype, rows=GEMM_ROWS, pool_bytes: float = 96 * 2**20,
                        repeat: int = 3) -> list[list[float]]:
     """[[M, FLOP/s], ...] of the engine's CPU GEMM (packed oneDNN weights, float32 copies of bf16 ones
-    where oneDNN packs no bf16; aten if neither)."""
+    where oneDNN packs no bf16; aten if neither), with PackedLinear's few-row path (small_linear on the
+    plain bf16 weight) at the rows it takes it."""
     import torch
 
-    from moelight.runtime.cpu_linear import pack_weight, packed_linear, packing_supported, upcast_bf16_linears
+    from cpu_kernels import dispatch
+    from moelight.runtime.cpu_linear import (
+        pack_weight,
+        packed_linear,
+        packing_supported,
+        plain_bf16_rows,
+        upcast_bf16_linears,
+    )
 
     elem = torch.empty((), dtype=dtype).element_size()
     n_w = max(2, int(pool_bytes // (_GEMM_K * _GEMM_N * elem)))
     dense = [torch.randn(_GEMM_N, _GEMM_K).to(dtype) for _ in range(n_w)]
+    few = 0
     if packing_supported(dtype):
         weights, mm = [pack_weight(w) for w in dense], packed_linear
+        few = plain_bf16_rows(False) if dtype == torch.bfloat16 else 0
     elif dtype == torch.bfloat16 and upcast_bf16_linears():  # the engine's float32 copies (cpu_linear)
+        few = plain_bf16_rows(True)
         weights = [pack_weight(w.float()) for w in dense]
 
         def mm(x, w):
@@ -68,13 +79,16 @@ def measure_gemm_curve(dtype, rows=GEMM_ROWS, pool_bytes: float = 96 * 2**20,
     for m in rows:
         x = torch.randn(m, _GEMM_K).to(dtype)
         pool = weights if m <= 64 else weights[:2]  # large M is compute-bound: caches do not matter
+        fn = mm
+        if m <= few:
+            pool, fn = dense, dispatch.small_linear
 
-        def one_pass(x=x, pool=pool) -> None:
+        def one_pass(x=x, pool=pool, fn=fn) -> None:
             # back to back through the pool, as a layer calls its experts: each weight was
             # evicted from cache since its last use, and the fastest *single* call (a lucky
             # one) would overstate the sustained rate at small M
             for w in pool:
-                mm(x, w)
+                fn(x, w)
 
         t = best_time(one_pass, repeat) / len(pool)
         curve.append([float(m), 2.0 * m * _GEMM_K * _GEMM_N / t])

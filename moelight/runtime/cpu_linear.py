@@ -49,10 +49,25 @@ def upcast_bf16_linears() -> bool:
     return not packing_supported(torch.bfloat16) and packing_supported(torch.float32)
 
 
-def upcast_extra_bytes() -> int:
-    """Bytes a weight of an upcast layer holds beyond its bf16 value: the float32 copy, and the bf16
-    weight itself where the few-row kernel reads it (PackedLinear)."""
-    return 4 if dispatch.small_linear_available() else 2
+def plain_bf16_rows(upcast: bool) -> int:
+    """Rows up to which a packed bf16 linear runs small_linear on a plain copy of its bf16 weight
+    (0: it keeps none). On a CPU whose oneDNN packs no bf16, up to 4: the float32 copy moves twice the
+    bytes. Where oneDNN packs bf16, one row: a decode row reads the plain weight 1.2-1.6x as fast as
+    oneDNN's packed one at one row, and slower at four (BENCHMARKS §18)."""
+    if not dispatch.small_linear_available():
+        return 0
+    return dispatch.SMALL_LINEAR_ROWS if upcast else 1
+
+
+def extra_linear_bytes(dtype: torch.dtype) -> int:
+    """Bytes a packed linear's weight holds beyond its value in `dtype` (planning.memory_check): an upcast
+    layer's float32 copy, and the plain bf16 weight beside a bf16 layer that keeps one (plain_bf16_rows)."""
+    if dtype != torch.bfloat16:
+        return 0
+    upcast = upcast_bf16_linears()
+    if not upcast and not packing_supported(dtype):
+        return 0
+    return (2 if upcast else 0) + (2 if plain_bf16_rows(upcast) else 0)
 
 
 def upcast_packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -62,9 +77,9 @@ def upcast_packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tens
 
 class PackedLinear(nn.Module):
     """Drop-in for an nn.Linear whose weight lives in oneDNN's layout; `upcast`: a float32 copy of a
-    bf16 weight, the input upcast and the output rounded back to the input's dtype. An upcast layer
-    keeps its bf16 weight too: a decode step of a few rows is bound by the bytes it reads, and the
-    small_linear kernel reads half of the float32 copy's (memory_check counts both)."""
+    bf16 weight, the input upcast and the output rounded back to the input's dtype. A bf16 layer
+    keeps its plain weight too where small_linear reads it faster for a decode step's few rows
+    (plain_bf16_rows; memory_check counts both)."""
 
     def __init__(self, linear: nn.Linear, upcast: bool = False) -> None:
         super().__init__()
@@ -73,10 +88,11 @@ class PackedLinear(nn.Module):
         self.upcast = upcast
         self.packed = pack_weight(w.float() if upcast else w)
         self.bias = None if b is None else (b.float() if upcast else b)
-        self.weight_bf16 = w.contiguous() if upcast and dispatch.small_linear_available() else None
+        self.plain_rows = plain_bf16_rows(upcast) if w.dtype == torch.bfloat16 else 0
+        self.weight_bf16 = w.contiguous() if self.plain_rows else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.weight_bf16 is not None and x.numel() <= dispatch.SMALL_LINEAR_ROWS * self.in_features:
+        if self.weight_bf16 is not None and x.numel() <= self.plain_rows * self.in_features:
             return dispatch.small_linear(x, self.weight_bf16, self.bias)
         return (upcast_packed_linear if self.upcast else packed_linear)(x, self.packed, self.bias)
 
