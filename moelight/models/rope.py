@@ -4,6 +4,7 @@ bit in float32."""
 
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -11,8 +12,10 @@ import torch
 from moelight.models.config import ModelConfig
 
 
+@functools.lru_cache(maxsize=16)
 def inverse_frequencies(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
-    """(inv_freq [head_dim / 2], the factor cos and sin are scaled by)."""
+    """(inv_freq [head_dim / 2], the factor cos and sin are scaled by); computed once per config (a
+    decode step at batch 1 spent ~0.14 ms on it), so callers must not modify the tensor."""
     d, base = cfg.head_dim, cfg.rope_theta
     if not cfg.rope_scaling:
         return 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d)), 1.0
