@@ -209,17 +209,10 @@ void act(const float* c, int64_t ldc, int64_t m, const float* bias, moelight::Ac
   }
 }
 
-// qgemm for up to 2 rows per expert. iqgemm (VNNI, where the CPU has it) for int8 and uint4 strips
-// at every row count: one vpdpbusd does 64 products where vdpbf16ps does 32, and it beat
-// dequantising to the bf16 dot product at 1 to 256 tokens (benchmarks/bench_expert_kernels.py).
-constexpr int64_t kAllRows = int64_t{1} << 40;
-
+// qgemm for up to 2 rows per expert; VNNI's integer products where the CPU has them.
 moelight::ExpertIsa make_isa() {
   moelight::ExpertIsa t{dequant, gemm, act, qgemm, 2, nullptr, 0, 0, nullptr, nullptr, 1};
-  if (const moelight::IqgemmFn f = moelight::avx512vnni_iqgemm()) {
-    t.iqgemm = f;
-    t.iqgemm_rows_i8 = t.iqgemm_rows_u4 = kAllRows;
-  }
+  moelight::with_vnni_products(t);
   return t;
 }
 

@@ -3,7 +3,7 @@
 // 4 consecutive k of one column per lane, so two pair-rows (k = 2p .. 2p + 3) are interleaved per
 // column first. Integer sums per block of 32 k are exact, and the float32 steps after them are
 // AVX2's in the same order, so both ISAs give the same outputs bit for bit.
-// Reached only after the CPU check (avx512vnni_iqgemm() is nullptr without VNNI).
+// Reached only after the CPU check in with_vnni_products().
 #include <cstdint>
 #include <cstring>
 
@@ -146,10 +146,14 @@ void iqgemm(const QuantRows& a, int64_t m, const Strip& st, float* c, int64_t ld
 }  // namespace
 #pragma GCC pop_options
 
-moelight::IqgemmFn moelight::avx512vnni_iqgemm() {
+void moelight::with_vnni_products(ExpertIsa& t) {
   __builtin_cpu_init();
-  return __builtin_cpu_supports("avx512vnni") ? iqgemm : nullptr;
+  if (!__builtin_cpu_supports("avx512vnni")) return;
+  // one vpdpbusd does 64 products where vdpbf16ps does 32: faster than expanding the codes at 1 to
+  // 256 tokens per layer call (benchmarks/bench_expert_kernels.py)
+  t.iqgemm = iqgemm;
+  t.iqgemm_rows_i8 = t.iqgemm_rows_u4 = int64_t{1} << 40;
 }
 #else
-moelight::IqgemmFn moelight::avx512vnni_iqgemm() { return nullptr; }
+void moelight::with_vnni_products(ExpertIsa&) {}
 #endif

@@ -70,9 +70,9 @@ struct ExpertIsa {
   int64_t row_step;
 };
 
-using IqgemmFn = void (*)(const QuantRows& a, int64_t m, const Strip& b, float* c, int64_t ldc);
-// AVX512-VNNI's iqgemm (expert_isa_avx512vnni.cpp), nullptr where the CPU lacks VNNI.
-IqgemmFn avx512vnni_iqgemm();
+// Where the CPU has AVX512-VNNI: t's iqgemm becomes VNNI's (expert_isa_avx512vnni.cpp), for int8 and
+// uint4 strips at every row count; elsewhere t is left as it is.
+void with_vnni_products(ExpertIsa& t);
 
 const ExpertIsa* avx2_expert_isa();
 const ExpertIsa* avx512_expert_isa();  // isa.cpp: AVX2's kernels, VNNI's int8-activation products

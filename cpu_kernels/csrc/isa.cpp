@@ -51,10 +51,7 @@ AttnFn attn_fn(KvDtype dtype, int64_t d) {
 const ExpertIsa* avx512_expert_isa() {
   static const ExpertIsa isa = [] {
     ExpertIsa t = *avx2_expert_isa();
-    if (const IqgemmFn f = avx512vnni_iqgemm()) {
-      t.iqgemm = f;
-      t.iqgemm_rows_i8 = t.iqgemm_rows_u4 = int64_t{1} << 40;
-    }
+    with_vnni_products(t);
     return t;
   }();
   return &isa;

@@ -64,10 +64,11 @@ def extra_linear_bytes(dtype: torch.dtype) -> int:
     layer's float32 copy, and the plain bf16 weight beside a bf16 layer that keeps one (plain_bf16_rows)."""
     if dtype != torch.bfloat16:
         return 0
-    upcast = upcast_bf16_linears()
-    if not upcast and not packing_supported(dtype):
-        return 0
-    return (2 if upcast else 0) + (2 if plain_bf16_rows(upcast) else 0)
+    if packing_supported(dtype):
+        return 2 if plain_bf16_rows(False) else 0
+    if upcast_bf16_linears():
+        return 2 + (2 if plain_bf16_rows(True) else 0)
+    return 0
 
 
 def upcast_packed_linear(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
