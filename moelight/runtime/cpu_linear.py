@@ -52,7 +52,7 @@ def upcast_bf16_linears() -> bool:
 def plain_bf16_rows(upcast: bool) -> int:
     """Rows up to which a packed bf16 linear runs small_linear on a plain copy of its bf16 weight
     (0: it keeps none). On a CPU whose oneDNN packs no bf16, up to 4: the float32 copy moves twice the
-    bytes. Where oneDNN packs bf16, one row: a decode row reads the plain weight 1.2-1.6x as fast as
+    bytes. Where oneDNN packs bf16, one row: a decode row reads the plain weight 1.4-1.6x as fast as
     oneDNN's packed one at one row, and slower at four (BENCHMARKS §18)."""
     if not dispatch.small_linear_available():
         return 0
