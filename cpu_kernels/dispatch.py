@@ -19,7 +19,7 @@ from cpu_kernels.varlen_attention import varlen_attention
 
 _lock = threading.Lock()
 _state: dict[str, object] = {"loaded": None, "warned": False}
-_SUPPORTED_DIMS = (64, 80, 96, 128, 256)
+_SUPPORTED_DIMS = (64, 80, 96, 128, 192, 256)  # 192: MLA's expanded prefill (128 + 64)
 _KV_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 

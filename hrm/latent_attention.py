@@ -55,11 +55,14 @@ def decode_attention(m: ModelSpec, seqs, context, b: float):
 
 
 def prefill_attention(m: ModelSpec, seqs, prompt, b: float):
-    """Expanded causal prefill: scores over n + e, values of v, each query over p / 2 keys."""
+    """Expanded causal prefill: scores over n + e, values of v, each query over p / 2 keys. The CPU
+    kernel runs V zero-padded to the key width (cpu_kernels.prefill_attention), so its values cost
+    n + e too, and the padded V is written and read once more."""
     _, heads, _, e, n, v, _ = _dims(m)
     s, p = np.asarray(seqs, dtype=float), np.asarray(prompt, dtype=float)
-    flops = 2.0 * heads * (n + e + v) * p * (p / 2.0) * s
-    return flops, s * p * (2 * heads * (n + e) + 2 * heads * v) * b
+    v_run = max(v, n + e)
+    flops = 2.0 * heads * (n + e + v_run) * p * (p / 2.0) * s
+    return flops, s * p * (2 * heads * (n + e) + 2 * heads * v + 2 * heads * v_run) * b
 
 
 def cache_width(m: ModelSpec) -> int:

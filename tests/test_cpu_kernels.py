@@ -68,7 +68,7 @@ def _make_cache(lens: list[int], hkv: int, d: int, dtype, shuffle: bool, gen, ma
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("hq,hkv", [(1, 1), (4, 1), (8, 1), (32, 4), (8, 8)])  # Hq/Hkv = 1, 4, 8
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 128, 192])
 def test_decode_matches_float64(backend, dtype, hq, hkv, d):
     gen = torch.Generator().manual_seed(hq * 131 + hkv * 7 + d)
     lens = [1, 7, 16, 17, 33, 100, 257, 1, 600]
@@ -204,6 +204,22 @@ def test_prefill_single_long_prompt(backend):
     out = cpu_kernels.prefill_attention(q, k, v, cu, 0.125)
     ref = _prefill_ref(q, k, v, cu, 0.125)
     torch.testing.assert_close(out.double(), ref, atol=2e-5, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mla_expanded_prefill_runs_the_kernel_at_width_192(backend, dtype):
+    """DeepSeek's expanded prefill: q and K 128 + 64 wide, V 128 (padded to 192 for the kernel and cut
+    back); the C++ path serves it rather than torch's per-sequence loop."""
+    gen = torch.Generator().manual_seed(192)
+    lens = [1, 33, 90, 64]
+    tot = sum(lens)
+    q, k = (torch.randn(tot, 16, 192, generator=gen).to(dtype) for _ in range(2))
+    v = torch.randn(tot, 16, 128, generator=gen).to(dtype)
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    assert cpu_kernels.dispatch._cpp_ok(q, k, k)
+    out = cpu_kernels.prefill_attention(q, k, v, cu, 192**-0.5)
+    assert out.dtype == dtype and out.shape == (tot, 16, 128)
+    torch.testing.assert_close(out.double(), _prefill_ref(q, k, v, cu, 192**-0.5), atol=TOL[dtype], rtol=0)
 
 
 @pytest.mark.skipif(not HAS_CPP, reason="C++ kernels unavailable")

@@ -37,8 +37,8 @@ def test_absorbed_decode_and_expanded_prefill_by_hand():
     att = ops.decode_attention(m, 1, 1000, 2.0)  # every head: scores over 576, values over 512, per key
     assert att.flops == 2 * 16 * (576 + 512) * 1000
     assert att.bytes == 576 * 2 * 1000 + (16 * 576 + 576 + 16 * 512) * 2  # rows once; q in, latent out
-    pre = ops.prefill_attention(m, 1, 100, 2.0)  # per head: q.k over 192, p.v over 128, 50 keys a query
-    assert pre.flops == 2 * 16 * (192 + 128) * 100 * 50
+    pre = ops.prefill_attention(m, 1, 100, 2.0)  # per head: q.k over 192, p.v over V padded to 192, 50 keys
+    assert pre.flops == 2 * 16 * (192 + 192) * 100 * 50
     proj = ops.qkv_proj(m, 1, 2.0)  # q_proj, kv_a, the absorption W_UK, norms
     assert proj.flops == 2 * (2048 * 16 * 192 + 2048 * 576 + 16 * 128 * 512) + 4 * 2048
     expanded = ops.qkv_proj(m, 1, 2.0, prefill=True)  # kv_b over the latent instead of W_UK

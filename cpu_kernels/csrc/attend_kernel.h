@@ -218,6 +218,7 @@ moelight::AttnFn select_attn(moelight::KvDtype dtype, int64_t d) {
     case 80: return &attend<V, T, 80>;    \
     case 96: return &attend<V, T, 96>;    \
     case 128: return &attend<V, T, 128>;  \
+    case 192: return &attend<V, T, 192>;  \
     case 256: return &attend<V, T, 256>;  \
     default: return nullptr;              \
   }
