@@ -11,7 +11,8 @@ Public API (the engine calls only these functions):
 - ``paged_decode_attention`` / ``paged_prefill_attention``: the same over a paged cache, each
   sequence's positions in the pages its block-table row names (prefix sharing; paged_reference.py).
 - ``latent_decode_attention(q, cache, offsets, lengths, scale, latent_dim)``: MLA's absorbed decode,
-  every head over one latent row per token (latent.py).
+  every head over one latent row per token (latent.py); ``paged_latent_decode_attention`` over a
+  paged cache.
 
 KV cache layout (one tensor each for K and V, per layer): ``[H_kv, T_total, d]``.
 Sequence ``b`` owns the token slots ``offsets[b] : offsets[b] + capacity_b`` of every head;
@@ -35,7 +36,7 @@ from cpu_kernels.dispatch import (
     prefill_attention,
     topk_rows,
 )
-from cpu_kernels.latent import latent_decode_attention
+from cpu_kernels.latent import latent_decode_attention, paged_latent_decode_attention
 
 __all__ = ["decode_attention", "prefill_attention", "paged_decode_attention", "paged_prefill_attention",
-           "latent_decode_attention", "expert_mix", "topk_rows", "kernel_backend"]
+           "latent_decode_attention", "paged_latent_decode_attention", "expert_mix", "topk_rows", "kernel_backend"]

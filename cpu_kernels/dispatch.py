@@ -146,7 +146,14 @@ def paged_prefill_attention(
     sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """The new tokens of each sequence (q [T, Hq, d], rows cu_seqlens[b] .., at positions starts[b] ..,
-    their K/V already in the cache) over a cached prefix and themselves, causal -> [T, Hq, d]."""
+    their K/V already in the cache) over a cached prefix and themselves, causal -> [T, Hq, dv]. V narrower
+    than K (MLA's expanded prefix) is zero-padded for the kernel, as in prefill_attention."""
+    dv = v_cache.shape[-1]
+    if dv < k_cache.shape[-1] and _cpp_ok(q, k_cache, k_cache) and window is None and sinks is None:
+        v_cache = torch.nn.functional.pad(v_cache, (0, k_cache.shape[-1] - dv))
+        if v_cache.stride() != k_cache.stride():
+            k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
+        return paged_prefill_attention(q, k_cache, v_cache, block_table, starts, cu_seqlens, page_size, scale)[..., :dv]
     if window is None and sinks is None and _cpp_ok(q, k_cache, v_cache) and k_cache.stride(-1) == 1 \
             and k_cache.stride() == v_cache.stride():
         return torch.ops.moelight.paged_prefill_attention(q, k_cache, v_cache, block_table, starts, cu_seqlens,

@@ -4,10 +4,14 @@ whole row and whose value is its latent part, so each row is read once for all h
 
 ``latent_decode_attention(q, cache, offsets, lengths, scale, latent_dim)``: q [B, H, W] (absorbed
 queries), cache [1, T, W] (one row per token slot; sequence b owns rows offsets[b] onwards, the first
-lengths[b] valid) -> [B, H, latent_dim] in q's dtype. The C++ kernel (csrc/latent_attention.cpp) runs
-where it builds, the CPU has AVX-512 or AVX2 and (W, latent_dim) is one it was compiled for: AMX tiles
-for a bf16 cache and bf16 queries where the CPU has AMX-BF16 (csrc/latent_amx.cpp), AVX-512 / AVX2
-otherwise; the torch reference below elsewhere (and on a GPU).
+lengths[b] valid) -> [B, H, latent_dim] in q's dtype. ``paged_latent_decode_attention(q, cache,
+block_table, lengths, page_size, scale, latent_dim)``: the same over a paged cache (prefix sharing),
+position p of sequence b at row ``block_table[b, p // page_size] * page_size + p % page_size``.
+
+The C++ kernel (csrc/latent_attention.cpp) runs where it builds, the CPU has AVX-512 or AVX2 and
+(W, latent_dim) is one it was compiled for: AMX tiles for a bf16 cache and bf16 queries where the CPU
+has AMX-BF16 (csrc/latent_amx.cpp), AVX-512 / AVX2 otherwise; the torch reference below elsewhere
+(and on a GPU).
 """
 
 from __future__ import annotations
@@ -24,10 +28,30 @@ _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
 def latent_decode_attention(q: torch.Tensor, cache: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor,
                             scale: float, latent_dim: int) -> torch.Tensor:
-    if (q.device.type == "cpu" and cache.device.type == "cpu" and cache.dtype in _DTYPES
-            and (cache.shape[-1], latent_dim) in LATENT_SHAPES and cache.stride(-1) == 1 and _cpp_available()):
+    if _cpp_ok(q, cache, latent_dim):
         return torch.ops.moelight.latent_decode_attention(q, cache, offsets, lengths, float(scale), latent_dim)
     return latent_decode_attention_torch(q, cache, offsets, lengths, scale, latent_dim)
+
+
+def _cpp_ok(q: torch.Tensor, cache: torch.Tensor, latent_dim: int) -> bool:
+    return (q.device.type == "cpu" and cache.device.type == "cpu" and cache.dtype in _DTYPES
+            and (cache.shape[-1], latent_dim) in LATENT_SHAPES and cache.stride(-1) == 1 and _cpp_available())
+
+
+def paged_latent_decode_attention(q: torch.Tensor, cache: torch.Tensor, block_table: torch.Tensor,
+                                  lengths: torch.Tensor, page_size: int, scale: float, latent_dim: int) -> torch.Tensor:
+    if _cpp_ok(q, cache, latent_dim):
+        return torch.ops.moelight.paged_latent_decode_attention(q, cache, block_table, lengths, int(page_size),
+                                                                float(scale), latent_dim)
+    # the reference over each sequence's rows gathered into a ragged copy
+    lens = lengths.to(torch.int64).cpu()
+    pos = torch.cat([torch.arange(int(n)) for n in lens]) if len(lens) else torch.zeros(0, dtype=torch.int64)
+    rows = torch.repeat_interleave(torch.arange(len(lens)), lens).to(block_table.device)
+    pos = pos.to(block_table.device)
+    slots = block_table[rows, pos // page_size] * page_size + pos % page_size
+    gathered = cache.index_select(1, slots)
+    offsets = (torch.cumsum(lens, 0) - lens).to(q.device)
+    return latent_decode_attention_torch(q, gathered, offsets, lens, scale, latent_dim)
 
 
 def latent_decode_attention_torch(q: torch.Tensor, cache: torch.Tensor, offsets: torch.Tensor,

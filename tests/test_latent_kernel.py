@@ -1,13 +1,14 @@
 """The latent (MLA) decode kernel against a float64 reference: every ISA the CPU offers (AMX, AVX512-BF16,
 AVX-512, AVX2), every cache dtype, DeepSeek's row shape and the small test shape, head counts that do
-and do not fill a tile, ragged lengths from 0 to split sequences; the dispatch and the torch fallback."""
+and do not fill a tile, ragged lengths from 0 to split sequences; the dispatch and the torch fallback; the
+paged form (prefix sharing) against the ragged one."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from cpu_kernels import kernel_backend, latent_decode_attention
+from cpu_kernels import kernel_backend, latent_decode_attention, paged_latent_decode_attention
 from cpu_kernels.latent import LATENT_SHAPES, latent_decode_attention_torch
 
 CPP = kernel_backend() != "torch"
@@ -103,3 +104,55 @@ def test_kernel_refuses_what_it_cannot_read():
         torch.ops.moelight.latent_decode_attention(q, cache, offs, torch.tensor([4, 400]), 0.1, 512)
     with pytest.raises(RuntimeError, match="no latent kernel"):
         torch.ops.moelight.latent_decode_attention(q[..., :544], cache[..., :544].contiguous(), offs, lens, 0.1, 512)
+
+
+def paged_case(w: int, dt: torch.dtype, heads: int, lengths: list[int], page: int = 16, seed: int = 0):
+    """Sequences placed in shuffled pages, the first two sharing their leading pages (a shared prefix),
+    each sequence's pages partly in order (coalesced into runs) -> the paged inputs and the same
+    sequences copied into a ragged cache."""
+    g = torch.Generator().manual_seed(seed)
+    pages_of = [-(-n // page) for n in lengths]
+    n_pages = sum(pages_of) + 4
+    cache = torch.randn(1, n_pages * page, w, generator=g).to(dt)
+    order = torch.randperm(n_pages, generator=g).tolist()
+    tables, used = [], 0
+    for b, k in enumerate(pages_of):
+        own = sorted(order[used:used + k]) if b % 2 else order[used:used + k]  # odd rows: consecutive runs
+        used += k
+        if b == 1 and pages_of[0] > 1:  # row 1 starts with row 0's first pages
+            shared = min(pages_of[0] - 1, k)
+            own = tables[0][:shared] + own[shared:]
+        tables.append(own)
+    width = max(pages_of + [1])
+    table = torch.tensor([t + [0] * (width - len(t)) for t in tables], dtype=torch.int64)
+    lens = torch.tensor(lengths)
+    slots = [torch.tensor([table[b, p // page] * page + p % page for p in range(n)], dtype=torch.int64)
+             for b, n in enumerate(lengths)]
+    ragged = cache[:, torch.cat(slots)] if sum(lengths) else cache[:, :0]
+    offs = torch.cumsum(lens, 0) - lens
+    q = (torch.randn(len(lengths), heads, w, generator=g) * 0.2).to(dt)
+    return q, cache, table, lens, ragged, offs
+
+
+@pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16])
+def test_paged_cache_reads_the_same_rows_as_the_ragged_one(isa, dt):
+    lengths = [40, 70, 0, 1, 16, 17, 900, 333]  # 900: runs cut into chunks and merged
+    for w, dv in LATENT_SHAPES:
+        q, cache, table, lens, ragged, offs = paged_case(w, dt, 16, lengths, seed=w)
+        got = paged_latent_decode_attention(q, cache, table, lens, 16, w**-0.5, dv)
+        assert got.shape == (len(lengths), 16, dv) and got.dtype == dt
+        within_rounding(got, reference64(q, ragged, offs, lens, w**-0.5, dv))
+        assert (got[lens == 0] == 0).all()
+
+
+def test_paged_torch_fallback_matches_the_reference():
+    q, cache, table, lens, ragged, offs = paged_case(24, torch.float32, 4, [5, 30, 18])
+    torch.testing.assert_close(paged_latent_decode_attention(q, cache, table, lens, 16, 0.3, 16).double(),
+                               reference64(q, ragged, offs, lens, 0.3, 16), rtol=0, atol=1e-6)
+
+
+@needs_cpp
+def test_paged_kernel_refuses_a_short_block_table():
+    q, cache, table, lens, _, _ = paged_case(576, torch.bfloat16, 16, [20, 20])
+    with pytest.raises(RuntimeError, match="block table shorter"):
+        torch.ops.moelight.paged_latent_decode_attention(q, cache, table, torch.tensor([20, 400]), 16, 0.1, 512)

@@ -68,6 +68,31 @@ def test_paged_prefill_matches_reference(cpp_backend, dtype, contiguous, hq, hkv
     torch.testing.assert_close(got.float(), want.float(), atol=tol, rtol=tol)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_paged_prefill_with_values_narrower_than_keys(cpp_backend, dtype):
+    """MLA's prefix prefill (LatentKVCache.prefix_attend): keys 128 + 64 wide, values 128 (zero-padded for
+    the kernel and cut back), every position its own "page" of one slot, sequences laid out in order."""
+    g = torch.Generator().manual_seed(3)
+    starts, news = [0, 16, 40], [30, 5, 70]
+    lengths = [s + n for s, n in zip(starts, news, strict=True)]
+    k = torch.randn(16, sum(lengths), 192, generator=g).to(dtype)
+    v = torch.randn(16, sum(lengths), 128, generator=g).to(dtype)
+    firsts = torch.tensor(lengths).cumsum(0) - torch.tensor(lengths)
+    table = (firsts[:, None] + torch.arange(max(lengths))).clamp(max=sum(lengths) - 1)
+    cu = torch.tensor([0] + torch.tensor(news).cumsum(0).tolist())
+    q = torch.randn(int(cu[-1]), 16, 192, generator=g).to(dtype)
+    got = paged_prefill_attention(q, k, v, table, torch.tensor(starts), cu, 1, 192**-0.5)
+    assert got.shape == (int(cu[-1]), 16, 128) and got.dtype == dtype
+    want = torch.empty(int(cu[-1]), 16, 128, dtype=torch.float64)
+    for b, (s0, n) in enumerate(zip(starts, news, strict=True)):
+        for i in range(n):  # position s0 + i sees keys 0 .. s0 + i of its sequence
+            keys = slice(int(firsts[b]), int(firsts[b]) + s0 + i + 1)
+            p = torch.softmax(torch.einsum("hd,hkd->hk", q[cu[b] + i].double(), k[:, keys].double()) * 192**-0.5, -1)
+            want[cu[b] + i] = torch.einsum("hk,hkd->hd", p, v[:, keys].double())
+    tol = 1e-5 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.double(), want, atol=tol, rtol=tol)
+
+
 def test_reference_equals_plain_attention_over_gathered_keys():
     """The reference itself: with no cached prefix it is causal prefill attention over the sequence's
     gathered keys; a one-query row is decode attention over them."""

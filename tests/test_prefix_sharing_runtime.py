@@ -2,7 +2,8 @@
 attention through the block tables, GPU prefill attention over the prefixes uploaded from the CPU
 cache, FlexGen's KV gathered through them. Latency mode: attention over the device's KV pages
 through the block tables, each sample's expert record under its own key. The same tokens, logprobs
-and prompt logprobs as the plain engine without sharing, with shared prefixes computed once."""
+and prompt logprobs as the plain engine without sharing, with shared prefixes computed once. DeepSeek
+too: its latent rows paged, a prompt's cached prefix expanded to K and V beside its new tokens."""
 
 from __future__ import annotations
 
@@ -44,6 +45,18 @@ def _window_sinks_config() -> ModelConfig:
                           "max_position_embeddings": 512})
 
 
+def _deepseek_config() -> ModelConfig:
+    from moelight.loading.hf_config import config_from_hf_dict
+    from tests.test_deepseek_paths import KERNEL_SHAPE
+
+    return config_from_hf_dict({**KERNEL_SHAPE, "vocab_size": 512})
+
+
+def _family_config(family: str) -> ModelConfig:
+    configs = {"mixtral": lambda: CFG, "gpt_oss-window-sinks": _window_sinks_config, "deepseek": _deepseek_config}
+    return configs[family]()
+
+
 def _generate(model, prompts, params, executor=None, share=True):
     stats = GenerationStats()
     engine = Engine(model, (2,), 64, executor=executor, prefix_sharing=share)
@@ -75,27 +88,41 @@ def _shares_as_the_plain_engine(model, executor, what, tol=1e-4):
     return stats, prompts
 
 
-@pytest.mark.parametrize("family", ["mixtral", "gpt_oss-window-sinks"])
+def test_the_plain_engine_shares_deepseeks_latent_prefixes():
+    """The CPU engine over a paged latent cache: the paged latent decode kernel, prefixes expanded."""
+    model = _structured_model(_deepseek_config())
+    prompts = _prompts()
+    params = [SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=2,
+                             prompt_logprobs=2 if k == 3 else None) for k in range(len(prompts))]
+    ref, _ = _generate(model, prompts, params, share=False)
+    got, stats = _generate(model, prompts, params)
+    _assert_same(got, ref, "deepseek plain")
+    assert stats.prefix_reused_tokens > 0
+    assert stats.prefill_computed_tokens + stats.prefix_reused_tokens == sum(map(len, prompts))
+
+
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss-window-sinks", "deepseek"])
 @pytest.mark.parametrize("schedule", SCHEDULES)
 def test_the_pipeline_runtime_shares_prefixes_with_the_plain_engines_results(schedule, family):
-    model = _structured_model(CFG if family == "mixtral" else _window_sinks_config())
+    model = _structured_model(_family_config(family))
     ex = PipelineExecutor(model, schedule, "emulated", r_w=0.5, **EXEC_KW)
     stats, prompts = _shares_as_the_plain_engine(model, ex, f"{family} {schedule}")
     assert stats.prefill_computed_tokens + stats.prefix_reused_tokens == sum(map(len, prompts))
 
 
 @pytest.mark.parametrize("device", device_kinds())
-@pytest.mark.parametrize("family", ["mixtral", "gpt_oss-window-sinks"])
+@pytest.mark.parametrize("family", ["mixtral", "gpt_oss-window-sinks", "deepseek"])
 @pytest.mark.parametrize("policy", ["lru", "combined"])
 def test_latency_mode_shares_prefixes_with_the_plain_engines_results(policy, family, device):
     """On CUDA the device keeps its own copy of the KV pages (made inside a pass, an inference
     tensor): copy-on-write must update it too (logprobs there within cuBLAS rounding)."""
-    cfg = CFG if family == "mixtral" else _window_sinks_config()
+    cfg = _family_config(family)
     model = _structured_model(cfg)
-    policy = make_policy(policy, cfg.num_layers, cfg.num_experts)
+    policy = make_policy(policy, sum(cfg.is_sparse(j) for j in range(cfg.num_layers)), cfg.num_experts)
+    slots = max(2 * cfg.num_layers, cfg.num_experts)  # a prefill pass may need a layer's every expert
     if device == "cuda":
-        ex = ExpertCacheExecutor(copy.deepcopy(model), 2 * cfg.num_layers, policy, "cuda", prefetch_per_layer=1)
+        ex = ExpertCacheExecutor(copy.deepcopy(model), slots, policy, "cuda", prefetch_per_layer=1)
     else:
-        ex = ExpertCacheExecutor(model, 2 * cfg.num_layers, policy, "emulated", prefetch_per_layer=1,
+        ex = ExpertCacheExecutor(model, slots, policy, "emulated", prefetch_per_layer=1,
                                  device_memory=256 << 20)
     _shares_as_the_plain_engine(model, ex, f"{family} latency {policy.name}", 1e-4 if device == "emulated" else 1e-3)

@@ -4,8 +4,10 @@
 // per step whatever the number of heads (latent_kernel.h). Long sequences are split into chunks
 // (flash-decoding) so that few long sequences still spread over all threads; the partials
 // (unnormalised acc, running max m, sum l per head) are merged afterwards, as decode_attention.cpp
-// does. Registered as torch.ops.moelight.latent_decode_attention (a fragment of the library that
-// ops.cpp defines).
+// does. A paged cache (prefix sharing) gives each sequence as runs of consecutive pages (page_runs.h);
+// a sequence of several runs is split at the runs too. Registered as torch.ops.moelight.
+// latent_decode_attention and paged_latent_decode_attention (a fragment of the library that ops.cpp
+// defines).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <omp.h>
@@ -18,15 +20,19 @@
 #include <vector>
 
 #include "latent_kernels.h"
+#include "page_runs.h"
 #include "rows_out.h"
 
 namespace moelight {
 namespace {
 
 struct Chunk {
-  int64_t b, start, n;
-  int64_t part;  // -1: the whole sequence, written normalised into the output
+  int64_t b, row, n;  // sequence, first cache row, keys
+  int64_t part;       // -1: the whole sequence, written normalised into the output
 };
+
+// A sequence's keys: (first cache row, keys) runs, one for a ragged cache.
+using Spans = std::vector<std::pair<int64_t, int64_t>>;
 
 KvDtype dtype_of(const at::Tensor& t) {
   switch (t.scalar_type()) {
@@ -54,15 +60,45 @@ LatentFn latent_fn(KvDtype dtype, KvDtype q_dtype, int64_t dk, int64_t dv, bool&
   return nullptr;
 }
 
-}  // namespace
+// Every sequence's spans -> work items. A sequence of one span no longer than `chunk` is one item
+// written straight to the output; others are cut into parts that latent_attend merges.
+struct Work {
+  std::vector<Chunk> chunks;
+  std::vector<int64_t> split_first, split_seq;  // per split sequence: its first part (parts consecutive)
+  int64_t n_parts = 0;
+};
 
-at::Tensor latent_decode_attention(const at::Tensor& q, const at::Tensor& cache, const at::Tensor& offsets,
-                                   const at::Tensor& lengths, double scale, int64_t latent_dim) {
-  TORCH_CHECK(q.dim() == 3 && cache.dim() == 3 && cache.size(0) == 1, "moelight: q [B, H, W], cache [1, T, W]");
-  const int64_t B = q.size(0), H = q.size(1), W = q.size(2), T = cache.size(1), dv = latent_dim;
+Work plan_chunks(const std::vector<Spans>& seqs, int64_t chunk) {
+  Work w;
+  for (int64_t b = 0; b < static_cast<int64_t>(seqs.size()); ++b) {
+    const Spans& sp = seqs[b];
+    if (sp.empty() || (sp.size() == 1 && sp[0].second <= chunk)) {
+      w.chunks.push_back({b, sp.empty() ? 0 : sp[0].first, sp.empty() ? 0 : sp[0].second, -1});
+      continue;
+    }
+    w.split_first.push_back(w.n_parts);
+    w.split_seq.push_back(b);
+    for (const auto& [row, n] : sp)
+      for (int64_t s = 0; s < n; s += chunk) w.chunks.push_back({b, row + s, std::min(chunk, n - s), w.n_parts++});
+  }
+  w.split_first.push_back(w.n_parts);
+  return w;
+}
+
+// Chunk length: long enough to stream, short enough for ~4 chunks per thread.
+int64_t chunk_length(int64_t total_keys, int nt, bool amx) {
+  int64_t chunk = std::max<int64_t>(256, (total_keys + 4 * nt - 1) / (4 * nt));
+  chunk = (chunk + 15) / 16 * 16;
+  return amx ? std::min(chunk, kAmxMaxKeys) : chunk;  // AMX's two passes over a chunk find it in L2
+}
+
+// q [B, H, W] over each sequence's spans of the cache [1, T, W] -> [B, H, latent_dim].
+at::Tensor latent_attend(const at::Tensor& q, const at::Tensor& cache, const std::vector<Spans>& seqs,
+                         double scale, int64_t latent_dim) {
+  const int64_t B = q.size(0), H = q.size(1), W = q.size(2), dv = latent_dim;
   TORCH_CHECK(cache.size(2) == W && cache.stride(2) == 1 && cache.stride(1) == W,
               "moelight: latent cache rows must be contiguous and as wide as q");
-  TORCH_CHECK(0 < dv && dv <= W && offsets.numel() == B && lengths.numel() == B, "moelight: latent shapes");
+  TORCH_CHECK(0 < dv && dv <= W && static_cast<int64_t>(seqs.size()) == B, "moelight: latent shapes");
   const bool native = q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16 || q.scalar_type() == at::kHalf;
   const at::Tensor qc = native ? q.contiguous() : q.to(at::kFloat).contiguous();
   const KvDtype io = dtype_of(qc);
@@ -72,39 +108,15 @@ at::Tensor latent_decode_attention(const at::Tensor& q, const at::Tensor& cache,
   // differs from torch's (Ubuntu g++ against a gcc-toolset torch) crashed formatting ints there.
   TORCH_CHECK(fn != nullptr, "moelight: no latent kernel for this CPU / row width " + std::to_string(W) +
                                  " / latent " + std::to_string(dv));
-  const at::Tensor offs = offsets.to(at::kLong).contiguous();
-  const at::Tensor lens = lengths.to(at::kLong).contiguous();
-  const int64_t* op = offs.data_ptr<int64_t>();
-  const int64_t* lp = lens.data_ptr<int64_t>();
   at::Tensor out = at::empty({B, H, dv}, qc.options());
-
   const int nt = at::get_num_threads();
   int64_t total = 0;
-  for (int64_t b = 0; b < B; ++b) {
-    TORCH_CHECK(lp[b] >= 0 && op[b] >= 0 && op[b] + lp[b] <= T, "moelight: sequence " + std::to_string(b) + " out of cache");
-    total += lp[b];
-  }
-  // Chunk length: long enough to stream, short enough for ~4 chunks per thread.
-  int64_t chunk = std::max<int64_t>(256, (total + 4 * nt - 1) / (4 * nt));
-  chunk = (chunk + 15) / 16 * 16;
-  if (amx) chunk = std::min(chunk, kAmxMaxKeys);  // its two passes over a chunk find it in L2
-  std::vector<Chunk> chunks;
-  std::vector<int64_t> split_first;  // per split sequence: its first part; parts are consecutive
-  std::vector<int64_t> split_seq;
-  int64_t n_parts = 0;
-  for (int64_t b = 0; b < B; ++b) {
-    if (lp[b] <= chunk) {
-      chunks.push_back({b, 0, lp[b], -1});
-      continue;
-    }
-    split_first.push_back(n_parts);
-    split_seq.push_back(b);
-    for (int64_t s = 0; s < lp[b]; s += chunk) chunks.push_back({b, s, std::min(chunk, lp[b] - s), n_parts++});
-  }
-  split_first.push_back(n_parts);
+  for (const Spans& sp : seqs)
+    for (const auto& span : sp) total += span.second;
+  const Work w = plan_chunks(seqs, chunk_length(total, nt, amx));
 
-  at::Tensor part_acc = at::empty({n_parts, H, dv}, q.options().dtype(at::kFloat));
-  at::Tensor part_ml = at::empty({n_parts, 2, H}, q.options().dtype(at::kFloat));
+  at::Tensor part_acc = at::empty({w.n_parts, H, dv}, q.options().dtype(at::kFloat));
+  at::Tensor part_ml = at::empty({w.n_parts, 2, H}, q.options().dtype(at::kFloat));
   float* pacc = part_acc.data_ptr<float>();
   float* pml = part_ml.data_ptr<float>();
   const int64_t scratch_len = amx ? latent_amx_scratch_floats(W, dv) : latent_scratch_floats(H, W, dv);
@@ -113,17 +125,17 @@ at::Tensor latent_decode_attention(const at::Tensor& q, const at::Tensor& cache,
   char* outp = static_cast<char*>(out.data_ptr());
   const char* cp = static_cast<const char*>(cache.data_ptr());
   const int64_t qes = qc.element_size(), ces = cache.element_size();
-  const int64_t n_chunks = static_cast<int64_t>(chunks.size());
+  const int64_t n_chunks = static_cast<int64_t>(w.chunks.size());
   // Every parallel region wakes the OpenMP workers: tiny calls (< 256 KiB of rows) stay on this thread.
   const bool parallel = n_chunks > 1 && total * W * ces >= (256 << 10);
 
 #pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (parallel)
-  for (int64_t w = 0; w < n_chunks; ++w) {
-    const Chunk& c = chunks[w];
+  for (int64_t i = 0; i < n_chunks; ++i) {
+    const Chunk& c = w.chunks[i];
     LatentArgs a{};
     a.q = qp + c.b * H * W * qes;
     a.q_dtype = io;
-    a.rows = cp + (op[c.b] + c.start) * W * ces;
+    a.rows = cp + c.row * W * ces;
     a.n_keys = c.n;
     a.heads = static_cast<int>(H);
     a.scale = static_cast<float>(scale);
@@ -142,28 +154,67 @@ at::Tensor latent_decode_attention(const at::Tensor& q, const at::Tensor& cache,
   }
 
   // Merge split sequences: rescale each part to the common max, then normalise.
-  const int64_t n_splits = static_cast<int64_t>(split_seq.size());
+  const int64_t n_splits = static_cast<int64_t>(w.split_seq.size());
   const at::ScalarType out_t = out.scalar_type();
 #pragma omp parallel for num_threads(nt) schedule(static) if (n_splits > 1 && parallel)
   for (int64_t s = 0; s < n_splits; ++s) {
     std::vector<float> row(dv);
     for (int64_t h = 0; h < H; ++h) {
       float mx = -INFINITY;
-      for (int64_t p = split_first[s]; p < split_first[s + 1]; ++p) mx = std::max(mx, pml[p * 2 * H + h]);
+      for (int64_t p = w.split_first[s]; p < w.split_first[s + 1]; ++p) mx = std::max(mx, pml[p * 2 * H + h]);
       std::fill(row.begin(), row.end(), 0.0f);
       float denom = 0.0f;
-      for (int64_t p = split_first[s]; p < split_first[s + 1]; ++p) {
-        const float w = std::exp(pml[p * 2 * H + h] - mx);
-        denom += w * pml[p * 2 * H + H + h];
+      for (int64_t p = w.split_first[s]; p < w.split_first[s + 1]; ++p) {
+        const float wt = std::exp(pml[p * 2 * H + h] - mx);
+        denom += wt * pml[p * 2 * H + H + h];
         const float* src = pacc + (p * H + h) * dv;
-        for (int64_t c = 0; c < dv; ++c) row[c] += w * src[c];
+        for (int64_t c = 0; c < dv; ++c) row[c] += wt * src[c];
       }
       const float inv = denom > 0.0f ? 1.0f / denom : 0.0f;
       for (int64_t c = 0; c < dv; ++c) row[c] *= inv;
-      store_row(outp, out_t, (split_seq[s] * H + h) * dv, row.data(), dv);
+      store_row(outp, out_t, (w.split_seq[s] * H + h) * dv, row.data(), dv);
     }
   }
   return out.scalar_type() == q.scalar_type() ? out : out.to(q.scalar_type());
+}
+
+}  // namespace
+
+at::Tensor latent_decode_attention(const at::Tensor& q, const at::Tensor& cache, const at::Tensor& offsets,
+                                   const at::Tensor& lengths, double scale, int64_t latent_dim) {
+  TORCH_CHECK(q.dim() == 3 && cache.dim() == 3 && cache.size(0) == 1, "moelight: q [B, H, W], cache [1, T, W]");
+  const int64_t B = q.size(0), T = cache.size(1);
+  TORCH_CHECK(offsets.numel() == B && lengths.numel() == B, "moelight: latent shapes");
+  const at::Tensor offs = offsets.to(at::kLong).contiguous();
+  const at::Tensor lens = lengths.to(at::kLong).contiguous();
+  const int64_t* op = offs.data_ptr<int64_t>();
+  const int64_t* lp = lens.data_ptr<int64_t>();
+  std::vector<Spans> seqs(B);
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(lp[b] >= 0 && op[b] >= 0 && op[b] + lp[b] <= T, "moelight: sequence " + std::to_string(b) + " out of cache");
+    if (lp[b] > 0) seqs[b].push_back({op[b], lp[b]});
+  }
+  return latent_attend(q, cache, seqs, scale, latent_dim);
+}
+
+at::Tensor paged_latent_decode_attention(const at::Tensor& q, const at::Tensor& cache, const at::Tensor& block_table,
+                                         const at::Tensor& lengths, int64_t page_size, double scale,
+                                         int64_t latent_dim) {
+  TORCH_CHECK(q.dim() == 3 && cache.dim() == 3 && cache.size(0) == 1 && block_table.dim() == 2 && page_size > 0,
+              "moelight: q [B, H, W], cache [1, T, W], block table [B, pages]");
+  const int64_t B = q.size(0);
+  const at::Tensor table = block_table.to(at::kLong).contiguous();
+  const at::Tensor lens = lengths.to(at::kLong).contiguous();
+  TORCH_CHECK(table.size(0) == B && lens.numel() == B, "moelight: block table / lengths size");
+  const int64_t* tp = table.data_ptr<int64_t>();
+  const int64_t* lp = lens.data_ptr<int64_t>();
+  std::vector<Spans> seqs(B);
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(lp[b] >= 0, "moelight: negative length");
+    for (const Run& r : runs_of(tp + b * table.size(1), table.size(1), lp[b], page_size, cache.size(1)))
+      seqs[b].push_back({r.slot, r.n});
+  }
+  return latent_attend(q, cache, seqs, scale, latent_dim);
 }
 
 }  // namespace moelight
@@ -171,6 +222,11 @@ at::Tensor latent_decode_attention(const at::Tensor& q, const at::Tensor& cache,
 TORCH_LIBRARY_FRAGMENT(moelight, m) {
   m.def("latent_decode_attention(Tensor q, Tensor cache, Tensor offsets, Tensor lengths, float scale, "
         "int latent_dim) -> Tensor");
+  m.def("paged_latent_decode_attention(Tensor q, Tensor cache, Tensor block_table, Tensor lengths, int page_size, "
+        "float scale, int latent_dim) -> Tensor");
 }
 
-TORCH_LIBRARY_IMPL(moelight, CPU, m) { m.impl("latent_decode_attention", &moelight::latent_decode_attention); }
+TORCH_LIBRARY_IMPL(moelight, CPU, m) {
+  m.impl("latent_decode_attention", &moelight::latent_decode_attention);
+  m.impl("paged_latent_decode_attention", &moelight::paged_latent_decode_attention);
+}

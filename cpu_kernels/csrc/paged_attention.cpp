@@ -24,14 +24,11 @@
 #include <vector>
 
 #include "kernels.h"
+#include "page_runs.h"
 #include "rows_out.h"
 
 namespace moelight {
 namespace {
-
-struct Run {
-  int64_t pos, slot, n;  // first position, first cache slot, keys
-};
 
 KvDtype paged_dtype(const at::Tensor& t) {
   switch (t.scalar_type()) {
@@ -40,23 +37,6 @@ KvDtype paged_dtype(const at::Tensor& t) {
     case at::kHalf: return KvDtype::F16;
     default: TORCH_CHECK(false, "moelight: unsupported dtype ", t.scalar_type());
   }
-}
-
-// Runs of keys [0, n) of one sequence: consecutive pages coalesced.
-std::vector<Run> runs_of(const int64_t* table, int64_t max_pages, int64_t n, int64_t ps, int64_t slots) {
-  std::vector<Run> runs;
-  for (int64_t pos = 0; pos < n; pos += ps) {
-    TORCH_CHECK(pos / ps < max_pages, "moelight: block table shorter than the sequence");
-    const int64_t page = table[pos / ps];
-    TORCH_CHECK(page >= 0 && (page + 1) * ps <= slots, "moelight: block table out of cache");
-    const int64_t take = std::min(ps, n - pos);
-    if (!runs.empty() && runs.back().slot + runs.back().n == page * ps && runs.back().n % ps == 0) {
-      runs.back().n += take;
-    } else {
-      runs.push_back({pos, page * ps, take});
-    }
-  }
-  return runs;
 }
 
 // Merge a partial (m2, l2, acc2 of `rows` x d) into the running one (m, l, acc).

@@ -212,7 +212,7 @@ class ExpertCacheExecutor(Executor):
         """Copy-on-write in the engine's cache and in the device's copy of it (the one attention reads)."""
         cache.copy_pages(copies, page_size)
         kv = self._kv_of(cache)
-        if kv.k[0].data_ptr() != cache.k[0].data_ptr():  # CUDA: a copy of its own (emulated: the same tensors)
+        if kv.layer(0)[0].data_ptr() != cache.layer(0)[0].data_ptr():  # CUDA: a copy of its own (emulated: the same)
             with self.device.compute():
                 kv.copy_pages(copies, page_size)
 
@@ -292,7 +292,9 @@ class ExpertCacheExecutor(Executor):
             for j, layer in enumerate(m.layers):
                 q, entry = layer.attention_inputs(x, cos, sin)
                 kv.write(j, *entry, slots)
-                if paged:  # a K/V cache (prefix sharing is off for latent caches)
+                if paged and isinstance(kv, LatentKVCache):  # the prefixes' rows expanded beside the new ones
+                    a = kv.prefix_attend(j, q, layer.prefill_kv, offsets, seq_lens, cu, self.scale, upload=self._upload)
+                elif paged:  # K and V through the block tables
                     a = varlen_attention(q, *kv.key_value(j), cached, cu, self.scale, block_table=table,
                                          page_size=offsets.page_size, upload=self._upload, **attention_extras(m, j))
                 else:

@@ -160,9 +160,10 @@ class PrefillTasks(PassTasks):
             if self.prefix is None:
                 a = device_prefill_attention(q, k, v, self.cu, self.ex.scale, **attention_extras(self.m, j),
                                              upload=self.upload)
-            else:  # the prefixes' K/V gathered from the CPU cache into pinned buffers, used in this task
+            else:  # the prefixes' cache entries gathered from the CPU cache into pinned buffers, used in this task
                 pre = self.prefix
-                kp, vp = (self.upload(t[:, pre["slots"]]) for t in self.cache.key_value(j))
+                entries = (self.upload(t[:, pre["slots"]]).transpose(0, 1) for t in self.cache.layer(j))
+                kp, vp = (t.transpose(0, 1) for t in self.m.layers[j].prefill_kv(*entries))  # MLA: expanded
                 table = self.dev.upload(pre["table"])
                 a = device_prefix_prefill_attention(q, k, v, kp, vp, table, pre["cached"], self.cu, self.ex.scale,
                                                     **attention_extras(self.m, j), upload=self.upload)

@@ -70,8 +70,7 @@ def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
     mspec = model_from_hf_config(cfg.to_hf_dict(), name=opts.model)
     if cfg.expert_format is not None:  # experts held quantized: the bytes they read, page and hold
         mspec = cfg.expert_format.held_in(mspec)
-    # prefix sharing runs on every executor over K and V caches (not MLA's latent)
-    sharing = opts.enable_prefix_caching and cfg.mla is None
+    sharing = opts.enable_prefix_caching  # every executor pages K and V caches and MLA's latent alike
     workload = workload_of(prompts, params, opts.max_prefill_tokens, sharing)
     t0 = time.perf_counter()
     if solved is not None:

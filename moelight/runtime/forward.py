@@ -3,14 +3,15 @@
 Both walk the layers as pre-attention -> KV write -> attention -> post-attention, the
 split CGOPipe pipelines across devices. A layer says what its cache keeps and how its attention
 reads it (`attention_inputs`, `prefill_kv`, `decode_output`): GQA's K and V, or MLA's latent rows
-read by the absorbed decode; the cache (RaggedKVCache or LatentKVCache) attends accordingly.
+read by the absorbed decode; the cache (RaggedKVCache or LatentKVCache) attends accordingly, a
+prompt after a cached prefix too (`prefix_attend`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from cpu_kernels import paged_prefill_attention, prefill_attention
+from cpu_kernels import prefill_attention
 from moelight.models.causal_lm import MoECausalLM
 from moelight.runtime.kv_cache import RaggedKVCache
 from moelight.runtime.latent_kv_cache import LatentKVCache
@@ -56,9 +57,9 @@ def prefill(
     for li, layer in enumerate(model.layers):
         q, entry = layer.attention_inputs(x, cos, sin)
         cache.write(li, *entry, slots)
-        if paged:  # a paged cache holds K and V (prefix sharing is off for latent caches)
-            attn = paged_prefill_attention(q, cache.k[li], cache.v[li], place.tables, cached, cu, place.page_size,
-                                           scale, **attention_extras(model, li))
+        if paged:  # after cached prefixes: through the block tables (MLA: prefix rows expanded too)
+            attn = cache.prefix_attend(li, q, layer.prefill_kv, place, seq_lens, cu, scale,
+                                       **attention_extras(model, li))
         else:
             attn = prefill_attention(q, *layer.prefill_kv(*entry), cu, scale, **attention_extras(model, li))
         attn = attn.flatten(1)

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cpu_kernels import decode_attention, paged_decode_attention
+from cpu_kernels import decode_attention, paged_decode_attention, paged_prefill_attention
 from moelight.models.config import ModelConfig
 from moelight.runtime.host_memory import empty_huge
 from moelight.runtime.paged_layout import PagedLayout
@@ -59,11 +59,7 @@ class RaggedKVCache:
     def copy_pages(self, copies: list[tuple[int, int]], page_size: int) -> None:
         """Copy whole pages (source, destination) of every layer: a paged sequence's own copy of a page
         it shared (copy-on-write, engine/block_manager.py)."""
-        dev = self.k[0].device  # a device's copy of the cache (latency mode) copies there
-        src = torch.cat([torch.arange(a * page_size, (a + 1) * page_size, device=dev) for a, _ in copies])
-        dst = torch.cat([torch.arange(b * page_size, (b + 1) * page_size, device=dev) for _, b in copies])
-        for t in (*self.k, *self.v):
-            t.index_copy_(1, dst, t.index_select(1, src))
+        copy_cache_pages([*self.k, *self.v], copies, page_size)
 
     def layer(self, j: int) -> tuple[torch.Tensor, ...]:
         """Layer j's tensors, in the order a cache entry lists them (K, V)."""
@@ -82,7 +78,24 @@ class RaggedKVCache:
                                           **extras)
         return decode_attention(q, self.k[j], self.v[j], place, lengths, scale, **extras)
 
+    def prefix_attend(self, j: int, q: torch.Tensor, expand, place: PagedLayout, seq_lens: torch.Tensor,
+                      cu: torch.Tensor, scale: float, **extras) -> torch.Tensor:
+        """Prefill of new tokens q [T, Hq, d] (packed by `cu`, their K/V written already) after each row's
+        cached prefix (`place.starts`), read through the block tables -> [T, Hq, d]. `expand` (how an MLA
+        cache turns rows into K and V) is not needed here: the pages hold K and V."""
+        return paged_prefill_attention(q, self.k[j], self.v[j], place.tables, place.cached(len(seq_lens)), cu,
+                                       place.page_size, scale, **extras)
+
     def like(self, layers: list[tuple[torch.Tensor, ...]], offsets: torch.Tensor | None = None) -> RaggedKVCache:
         """A cache of this layout over other tensors (device copies, packed buffers), one (k, v) per layer."""
         offs = self.offsets if offsets is None else offsets
         return RaggedKVCache([k for k, _ in layers], [v for _, v in layers], offs, self.capacity)
+
+
+def copy_cache_pages(tensors: list[torch.Tensor], copies: list[tuple[int, int]], page_size: int) -> None:
+    """Copy whole pages (source, destination) along the slot dimension (1) of every tensor of a cache."""
+    dev = tensors[0].device  # a device's copy of the cache (latency mode) copies there
+    src = torch.cat([torch.arange(a * page_size, (a + 1) * page_size, device=dev) for a, _ in copies])
+    dst = torch.cat([torch.arange(b * page_size, (b + 1) * page_size, device=dev) for _, b in copies])
+    for t in tensors:
+        t.index_copy_(1, dst, t.index_select(1, src))

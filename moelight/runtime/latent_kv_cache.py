@@ -5,23 +5,30 @@ A token costs W elements per layer ((512 + 64) x 2 B = 1,152 B in bf16 for DeepS
 Mixtral's GQA costs 2 x 8 x 128 x 2 B = 4,096 B, so host memory holds ~3.5x the tokens. The layout is
 RaggedKVCache's with one KV head: a sequence owns `capacity` consecutive rows, so each sequence is one
 contiguous block for the latent attention kernel (cpu_kernels.latent_decode_attention), and the code
-that moves, writes and attends a cache treats both alike (`layer`, `write`, `attend`, `like`).
+that moves, writes and attends a cache treats both alike (`layer`, `write`, `attend`, `prefix_attend`,
+`copy_pages`, `like`). Paged (prefix sharing), decode reads the rows through the block tables; a prompt
+after a cached prefix expands the prefix's rows to per-head K and V as its own (`prefix_attend`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
-from cpu_kernels import latent_decode_attention
+from cpu_kernels import latent_decode_attention, paged_latent_decode_attention, paged_prefill_attention
 from moelight.models.config import ModelConfig
 from moelight.runtime.host_memory import empty_huge
+from moelight.runtime.kv_cache import copy_cache_pages
+from moelight.runtime.paged_layout import PagedLayout
+
+Expand = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # cache rows [T, 1, W] -> K, V [T, H, d]
 
 
 @dataclass
 class LatentKVCache:
-    supports_paged = False  # no paged latent kernel yet: prefix sharing stays off for MLA models
+    supports_paged = True  # a block table may place its rows (prefix sharing)
     kv: list[torch.Tensor]  # per layer [1, T_total, kv_lora_rank + qk_rope_head_dim]
     offsets: torch.Tensor  # int64 [S]: first slot of each sequence
     capacity: torch.Tensor  # int64 [S]
@@ -57,12 +64,39 @@ class LatentKVCache:
         """Store rows [T, 1, W] of T tokens at absolute cache slots [T]."""
         self.kv[layer].index_copy_(1, slots, row.transpose(0, 1))
 
-    def attend(self, j: int, q: torch.Tensor, offsets: torch.Tensor, lengths: torch.Tensor, scale: float,
+    def attend(self, j: int, q: torch.Tensor, place: torch.Tensor | PagedLayout, lengths: torch.Tensor, scale: float,
                **extras) -> torch.Tensor:
-        """Absorbed queries q [B, H, W] over layer j's rows -> [B, H, latent_dim]."""
+        """Absorbed queries q [B, H, W] over layer j's rows -> [B, H, latent_dim]; `place`: each sequence's
+        first row [B], or its block-table row (a paged cache)."""
         if extras:
             raise ValueError(f"latent attention takes no sliding window or sinks (got {sorted(extras)})")
-        return latent_decode_attention(q, self.kv[j], offsets, lengths, scale, self.latent_dim)
+        if isinstance(place, PagedLayout):
+            return paged_latent_decode_attention(q, self.kv[j], place.tables, lengths, place.page_size, scale,
+                                                 self.latent_dim)
+        return latent_decode_attention(q, self.kv[j], place, lengths, scale, self.latent_dim)
+
+    def prefix_attend(self, j: int, q: torch.Tensor, expand: Expand, place: PagedLayout, seq_lens: torch.Tensor,
+                      cu: torch.Tensor, scale: float, upload: Callable | None = None, **extras) -> torch.Tensor:
+        """Prefill of new tokens q [T, H, d] (packed by `cu`, their rows written already) after each row's
+        cached prefix (`place.starts`): every position's row, prefix and new, expanded by `expand` (the
+        layer's prefill_kv), then causal attention from the prefix's end -> [T, H, v]. The prefix costs its
+        expansion (kv_b_proj over its rows), not its projections and experts. `upload` moves host index
+        tensors to q's device."""
+        if extras:
+            raise ValueError(f"latent attention takes no sliding window or sinks (got {sorted(extras)})")
+        up = upload or (lambda t: t.to(q.device))
+        cached = place.cached(len(seq_lens))
+        lengths = cached + seq_lens
+        rows = self.kv[j].index_select(1, up(place.row_slots(lengths.tolist())))  # [1, S, W], row after row
+        k, v = expand(rows.transpose(0, 1))
+        firsts = torch.cumsum(lengths, 0) - lengths
+        width = int(lengths.max()) if len(lengths) else 0
+        table = (firsts[:, None] + torch.arange(width)).clamp(max=max(int(lengths.sum()) - 1, 0))
+        return paged_prefill_attention(q, k.transpose(0, 1), v.transpose(0, 1), up(table), cached, cu, 1, scale)
+
+    def copy_pages(self, copies: list[tuple[int, int]], page_size: int) -> None:
+        """Copy-on-write of whole pages (source, destination) in every layer (engine/block_manager.py)."""
+        copy_cache_pages(self.kv, copies, page_size)
 
     def like(self, layers: list[tuple[torch.Tensor, ...]], offsets: torch.Tensor | None = None) -> LatentKVCache:
         """A cache of this layout over other tensors (device copies, packed buffers), one tuple per layer."""
