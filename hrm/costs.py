@@ -101,12 +101,13 @@ def pre_attention_time(hw: HardwareSpec, m: ModelSpec, mu, where: str = "gpu", d
 def attention_time(hw: HardwareSpec, m: ModelSpec, mu, context, where: str = "cpu",
                    dtype: str = DEFAULT_DTYPE):
     """Seconds for decode attention of mu sequences at `context` tokens each, one layer,
-    KV cache resident on `where` (the CPU in CGOPipe)."""
+    KV cache resident on `where` (the CPU in CGOPipe). Its compute roof is the attention kernels'
+    measured rate, not the GEMM peak: MLA's absorbed decode (~30 FLOP a byte) is bound by it."""
     lvl = level_of(hw, where)
     cost = ops.decode_attention(m, mu, context, dtype_bytes(dtype))
     copies = kv_copies(hw, m) if where == "cpu" else 1  # MLA under TP: each rank reads its own latent copy
     cost = ops.OpCost(cost.flops, cost.bytes * copies)
-    return _t(op_time(cost, lvl, dtype, bandwidth=lvl.attention_bandwidth or None))
+    return _t(op_time(cost, lvl, dtype, peak=lvl.attention_peak(dtype), bandwidth=lvl.attention_bandwidth or None))
 
 
 def post_attention_time(hw: HardwareSpec, m: ModelSpec, mu, where: str = "gpu", dtype: str = DEFAULT_DTYPE):

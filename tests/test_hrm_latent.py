@@ -78,3 +78,15 @@ def test_a_plan_checked_by_hand():
     assert res.cpu_memory["kv_cache"] == pytest.approx(kv, rel=1e-9)
     host = 0.9 * get_hardware("t4").cpu.memory_bytes - res.cpu_memory["experts"]
     assert host / ((77 + 128) * 27 * 1152) > 4 * n  # the latent cache is not what bounds N here
+
+
+def test_absorbed_decode_is_priced_at_the_attention_kernels_rate():
+    """~30 FLOP a byte: the latent decode binds on compute, at the measured attention rate (not GEMM's)."""
+    from dataclasses import replace
+
+    hw, m = get_hardware("cpu-server"), get_model("deepseek-v2-lite")
+    slow = replace(hw, cpu=replace(hw.cpu, attention_flops={"bfloat16": hw.cpu.peak_flops("bfloat16") / 4}))
+    flops = ops.decode_attention(m, 256, 100, 2.0).flops
+    assert costs.attention_time(slow, m, 256, 100, "cpu", "bfloat16") >= flops / (hw.cpu.peak_flops("bfloat16") / 4)
+    assert costs.attention_time(slow, m, 256, 100, "cpu", "bfloat16") > costs.attention_time(hw, m, 256, 100, "cpu",
+                                                                                              "bfloat16")
