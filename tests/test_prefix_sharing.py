@@ -101,9 +101,16 @@ CFG = ModelConfig(vocab_size=512, hidden_size=64, intermediate_size=96, num_laye
                   num_experts=4, top_k=2, head_dim=64, max_position_embeddings=512)
 
 
-@pytest.fixture(scope="module")
-def model():
-    m = build_model(CFG, torch.float32, None, seed=3)
+@pytest.fixture(scope="module", params=["mixtral", "deepseek"])
+def model(request):
+    """A GQA model, and DeepSeek's MLA: its latent rows paged, copied on write, a cached prefix expanded."""
+    cfg = CFG
+    if request.param == "deepseek":
+        from moelight.loading.hf_config import config_from_hf_dict
+        from tests.test_deepseek_paths import KERNEL_SHAPE
+
+        cfg = config_from_hf_dict({**KERNEL_SHAPE, "vocab_size": 512})
+    m = build_model(cfg, torch.float32, None, seed=3)
     pack_model(m)
     return m
 
