@@ -4,7 +4,10 @@ and the share of the machine's read bandwidth each reaches.
 Shapes (one layer, bf16 cache, every sequence at the same context):
 - latent: bench-deepseek / DeepSeek-V2-Lite, 16 heads over rows of 512 + 64 (1,152 B a token);
 - GQA bench-1b: 16 query heads over 4 KV heads of 64 (1,024 B a token);
-- GQA Mixtral: 32 query heads over 8 KV heads of 128 (4,096 B a token).
+- GQA Mixtral: 32 query heads over 8 KV heads of 128 (4,096 B a token);
+- latent, paged: the latent shape through block tables of 16-row pages (prefix sharing's layout),
+  each sequence in two runs of pages far apart (a shared prefix's pages, then its own), no page read
+  twice: what the paged kernel costs over the ragged one.
 
 For each (sequences, context) the kernel's read rate is timed in alternation with the machine's read
 bandwidth (benchmarks/bench_attention.py's paired probe: the C++ streaming read and a torch sum, best
@@ -36,13 +39,15 @@ from bench_attention import cold_time, paired_bandwidth, probe_buffers, read_bw_
 from markdown_report import commit, emit  # noqa: E402
 
 import cpu_kernels  # noqa: E402
-from cpu_kernels import decode_attention, latent_decode_attention  # noqa: E402
+from cpu_kernels import decode_attention, latent_decode_attention, paged_latent_decode_attention  # noqa: E402
 from moelight.runtime.host_memory import empty_huge  # noqa: E402
 
 GB = 1e9
 # name -> (query heads, KV heads, head dim) for GQA; (heads, row width, latent width) for the latent
-SHAPES = {"latent 16 x (512+64)": ("latent", 16, 576, 512), "GQA bench-1b 16/4 x 64": ("gqa", 16, 4, 64),
-          "GQA Mixtral 32/8 x 128": ("gqa", 32, 8, 128)}
+SHAPES = {"latent 16 x (512+64)": ("latent", 16, 576, 512),
+          "latent 16 x (512+64), paged": ("latent-paged", 16, 576, 512),
+          "GQA bench-1b 16/4 x 64": ("gqa", 16, 4, 64), "GQA Mixtral 32/8 x 128": ("gqa", 32, 8, 128)}
+PAGE = 16
 CASES = [(256, 117), (64, 512), (16, 2048)]  # (sequences, context): the README job's mean first
 
 
@@ -53,6 +58,17 @@ def case(shape: tuple, b: int, ctx: int, dtype: torch.dtype):
     g = torch.Generator().manual_seed(0)
     caps = torch.full((b,), ctx + 64)
     offs, lens = torch.cumsum(caps, 0) - caps, torch.full((b,), ctx)
+    if kind == "latent-paged":
+        heads, width, latent = dims
+        pages = -(-(ctx + 64) // PAGE)
+        cache = empty_huge((1, b * pages * PAGE, width), dtype)
+        cache.copy_(torch.randn(cache.shape, generator=g).to(dtype))
+        first = pages // 2  # each sequence's first half of pages in one region, the rest in another
+        own = torch.arange(b * pages).view(b, pages)
+        table = torch.cat([own[:, :first], own[:, first:].roll(1, 0)], 1)  # second runs shifted a sequence
+        q = torch.randn(b, heads, width, generator=g).to(dtype) * 0.05
+        per = width * dtype.itemsize
+        return (lambda: paged_latent_decode_attention(q, cache, table, lens, PAGE, 0.07, latent)), b * ctx * per, per
     if kind == "latent":
         heads, width, latent = dims
         cache = empty_huge((1, int(caps.sum()), width), dtype)
