@@ -29,6 +29,7 @@ namespace {
 struct Chunk {
   int64_t b, row, n;  // sequence, first cache row, keys
   int64_t part;       // -1: the whole sequence, written normalised into the output
+  int64_t gather;     // >= 0: the sequence's spans (from Work::gathered[gather]) copied together first
 };
 
 // A sequence's keys: (first cache row, keys) runs, one for a ragged cache.
@@ -60,26 +61,41 @@ LatentFn latent_fn(KvDtype dtype, KvDtype q_dtype, int64_t dk, int64_t dv, bool&
   return nullptr;
 }
 
-// Every sequence's spans -> work items. A sequence of one span no longer than `chunk` is one item
-// written straight to the output; others are cut into parts that latent_attend merges.
+// Every sequence's spans -> work items. A sequence of one span no longer than `chunk` is one item written
+// straight to the output, and so is a short one (<= kGatherRows keys) of several spans (a paged cache):
+// its rows are first copied together into the thread's scratch, which stays in L2 and costs less than a
+// kernel call and a merge per span. Others are cut into parts (at most `chunk` keys of one span each)
+// that latent_attend merges.
+constexpr int64_t kGatherRows = 256;
+
 struct Work {
   std::vector<Chunk> chunks;
   std::vector<int64_t> split_first, split_seq;  // per split sequence: its first part (parts consecutive)
-  int64_t n_parts = 0;
+  std::vector<const Spans*> gathered;           // the spans of the items that gather
+  int64_t n_parts = 0, gather_rows = 0;         // most rows an item gathers
 };
 
 Work plan_chunks(const std::vector<Spans>& seqs, int64_t chunk) {
   Work w;
   for (int64_t b = 0; b < static_cast<int64_t>(seqs.size()); ++b) {
     const Spans& sp = seqs[b];
-    if (sp.empty() || (sp.size() == 1 && sp[0].second <= chunk)) {
-      w.chunks.push_back({b, sp.empty() ? 0 : sp[0].first, sp.empty() ? 0 : sp[0].second, -1});
+    int64_t keys = 0;
+    for (const auto& span : sp) keys += span.second;
+    if (sp.size() <= 1 && keys <= chunk) {
+      w.chunks.push_back({b, sp.empty() ? 0 : sp[0].first, keys, -1, -1});
+      continue;
+    }
+    if (keys <= std::min(chunk, kGatherRows)) {
+      w.chunks.push_back({b, 0, keys, -1, static_cast<int64_t>(w.gathered.size())});
+      w.gathered.push_back(&sp);
+      w.gather_rows = std::max(w.gather_rows, keys);
       continue;
     }
     w.split_first.push_back(w.n_parts);
     w.split_seq.push_back(b);
     for (const auto& [row, n] : sp)
-      for (int64_t s = 0; s < n; s += chunk) w.chunks.push_back({b, row + s, std::min(chunk, n - s), w.n_parts++});
+      for (int64_t s = 0; s < n; s += chunk)
+        w.chunks.push_back({b, row + s, std::min(chunk, n - s), w.n_parts++, -1});
   }
   w.split_first.push_back(w.n_parts);
   return w;
@@ -121,6 +137,8 @@ at::Tensor latent_attend(const at::Tensor& q, const at::Tensor& cache, const std
   float* pml = part_ml.data_ptr<float>();
   const int64_t scratch_len = amx ? latent_amx_scratch_floats(W, dv) : latent_scratch_floats(H, W, dv);
   std::vector<std::vector<float>> scratch(nt, std::vector<float>(scratch_len));
+  std::vector<std::vector<char>> gather_buf(w.gathered.empty() ? 0 : nt,
+                                            std::vector<char>(w.gather_rows * W * cache.element_size()));
   const char* qp = static_cast<const char*>(qc.data_ptr());
   char* outp = static_cast<char*>(out.data_ptr());
   const char* cp = static_cast<const char*>(cache.data_ptr());
@@ -136,6 +154,14 @@ at::Tensor latent_attend(const at::Tensor& q, const at::Tensor& cache, const std
     a.q = qp + c.b * H * W * qes;
     a.q_dtype = io;
     a.rows = cp + c.row * W * ces;
+    if (c.gather >= 0) {  // a short sequence in several spans: its rows copied together
+      char* dst = gather_buf[parallel ? omp_get_thread_num() : 0].data();
+      a.rows = dst;
+      for (const auto& [row, n] : *w.gathered[c.gather]) {
+        std::memcpy(dst, cp + row * W * ces, static_cast<size_t>(n * W * ces));
+        dst += n * W * ces;
+      }
+    }
     a.n_keys = c.n;
     a.heads = static_cast<int>(H);
     a.scale = static_cast<float>(scale);
