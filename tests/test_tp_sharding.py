@@ -226,3 +226,27 @@ def test_a_rank_loads_its_quantized_shard_straight_from_the_checkpoint(tmp_path,
             got = load_shard(src, r, 2, lambda t: t, seed=9).state_dict()
             assert want.keys() == got.keys() and any(k.endswith("codes") for k in got)
             assert all(torch.equal(want[k], got[k]) for k in want), (fmt, r)
+
+
+@pytest.mark.parametrize("name", ["mixtral", "deepseek_v3-mla-groups-shared-dense", "deepseek_v2-mla-no-q-lora"])
+def test_shards_share_prefixes_as_the_unsharded_model_computes_them_in_full(name):
+    """Two ranks with prefix sharing (MLA: each rank's latent pages, the prefix expanded to its own heads)
+    against the whole model without it: the same greedy tokens, the shared pages computed once."""
+    from moelight.engine.generation import GenerationStats
+
+    system = random_prompts(1, 300, min_len=36, max_len=36, seed=8)[0]
+    prompts = [system + p for p in PROMPTS[:3]] + [system + PROMPTS[0], system[:20]]
+    full = random_model(family_config(name), seed=3)
+
+    def generate(model, share: bool, stats=None):
+        engine = Engine(model, (2,), max_prefill_tokens=64, prefix_sharing=share)
+        out = engine.generate(prompts, PARAMS, [0] * len(prompts), batch_size=5, micro_batch_size=2, stats=stats)
+        return [r.token_ids for r in out]
+
+    ref = generate(full, share=False)
+    reduce = ThreadAllReduce(2)
+    parts = [shard_model(full, r, 2, reduce.for_rank(r)) for r in range(2)]
+    stats = [GenerationStats() for _ in range(2)]
+    for tokens in run_ranks(2, lambda r: generate(parts[r], True, stats[r])):
+        assert tokens == ref
+    assert all(s.prefix_reused_tokens >= 2 * 32 for s in stats)
