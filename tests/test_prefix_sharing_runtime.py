@@ -88,8 +88,14 @@ def _shares_as_the_plain_engine(model, executor, what, tol=1e-4):
     return stats, prompts
 
 
-def test_the_plain_engine_shares_deepseeks_latent_prefixes():
-    """The CPU engine over a paged latent cache: the paged latent decode kernel, prefixes expanded."""
+@pytest.mark.parametrize("budget", ["default", "a row a group"])
+def test_the_plain_engine_shares_deepseeks_latent_prefixes(budget, monkeypatch):
+    """The CPU engine over a paged latent cache: the paged latent decode kernel, prefixes expanded (all
+    rows of a pass at once, or each alone as a small expansion budget makes it)."""
+    from moelight.runtime import latent_kv_cache
+
+    if budget != "default":
+        monkeypatch.setattr(latent_kv_cache, "EXPAND_BUDGET", 1)
     model = _structured_model(_deepseek_config())
     prompts = _prompts()
     params = [SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True, logprobs=2,

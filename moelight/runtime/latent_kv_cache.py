@@ -24,6 +24,20 @@ from moelight.runtime.kv_cache import copy_cache_pages
 from moelight.runtime.paged_layout import PagedLayout
 
 Expand = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # cache rows [T, 1, W] -> K, V [T, H, d]
+EXPAND_BUDGET = 256 << 20  # bytes of expanded prefix K and V that prefix_attend holds at once
+
+
+def row_groups(lengths: list[int], budget: int) -> list[tuple[int, int]]:
+    """Consecutive rows [b0, b1) whose lengths sum to at most `budget` (a longer row goes alone)."""
+    groups, start, total = [], 0, 0
+    for b, n in enumerate(lengths):
+        if b > start and total + n > budget:
+            groups.append((start, b))
+            start, total = b, 0
+        total += n
+    if lengths:
+        groups.append((start, len(lengths)))
+    return groups
 
 
 @dataclass
@@ -80,18 +94,31 @@ class LatentKVCache:
         """Prefill of new tokens q [T, H, d] (packed by `cu`, their rows written already) after each row's
         cached prefix (`place.starts`): every position's row, prefix and new, expanded by `expand` (the
         layer's prefill_kv), then causal attention from the prefix's end -> [T, H, v]. The prefix costs its
-        expansion (kv_b_proj over its rows), not its projections and experts. `upload` moves host index
-        tensors to q's device."""
+        expansion (kv_b_proj over its rows), not its projections and experts. Rows go in groups whose
+        expanded K and V stay within EXPAND_BUDGET bytes (a chunk of short new tokens may sit on long
+        prefixes). `upload` moves host index tensors to q's device."""
         if extras:
             raise ValueError(f"latent attention takes no sliding window or sinks (got {sorted(extras)})")
         up = upload or (lambda t: t.to(q.device))
         cached = place.cached(len(seq_lens))
-        lengths = cached + seq_lens
-        rows = self.kv[j].index_select(1, up(place.row_slots(lengths.tolist())))  # [1, S, W], row after row
+        lengths = (cached + seq_lens).tolist()
+        per_row = 4 * q.shape[1] * q.shape[2] * q.element_size()  # K, V padded to K's width, their copies
+        outs = []
+        for b0, b1 in row_groups(lengths, max(EXPAND_BUDGET // per_row, 1)):
+            group = PagedLayout(place.tables[b0:b1], place.page_size)
+            qs = q[int(cu[b0]):int(cu[b1])]
+            outs.append(self._expanded_attention(j, qs, expand, group, lengths[b0:b1], cached[b0:b1],
+                                                 cu[b0:b1 + 1] - cu[b0], scale, up))
+        return outs[0] if len(outs) == 1 else torch.cat(outs)
+
+    def _expanded_attention(self, j: int, q: torch.Tensor, expand: Expand, place: PagedLayout, lengths: list[int],
+                            cached: torch.Tensor, cu: torch.Tensor, scale: float, up: Callable) -> torch.Tensor:
+        """prefix_attend over one group of rows, each row's positions [0, lengths[b]) expanded, row after row."""
+        rows = self.kv[j].index_select(1, up(place.row_slots(lengths)))  # [1, S, W]
         k, v = expand(rows.transpose(0, 1))
-        firsts = torch.cumsum(lengths, 0) - lengths
-        width = int(lengths.max()) if len(lengths) else 0
-        table = (firsts[:, None] + torch.arange(width)).clamp(max=max(int(lengths.sum()) - 1, 0))
+        n = torch.tensor(lengths, dtype=torch.int64)
+        table = ((torch.cumsum(n, 0) - n)[:, None] + torch.arange(max(lengths, default=0))).clamp(
+            max=max(sum(lengths) - 1, 0))  # position p of row b: its expanded row, one slot a "page"
         return paged_prefill_attention(q, k.transpose(0, 1), v.transpose(0, 1), up(table), cached, cu, 1, scale)
 
     def copy_pages(self, copies: list[tuple[int, int]], page_size: int) -> None:
