@@ -153,7 +153,7 @@ def test_the_latent_cache_keeps_a_row_per_token():
 
 
 def test_prefix_expansion_groups_rows_within_the_budget():
-    from moelight.runtime.latent_kv_cache import row_groups
+    from moelight.runtime.paged_layout import row_groups
 
     assert row_groups([5, 5, 5, 20, 1], 10) == [(0, 2), (2, 3), (3, 4), (4, 5)]  # 20 > 10 goes alone
     assert row_groups([3, 3], 100) == [(0, 2)] and row_groups([], 4) == []

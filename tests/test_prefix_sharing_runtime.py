@@ -132,3 +132,29 @@ def test_latency_mode_shares_prefixes_with_the_plain_engines_results(policy, fam
         ex = ExpertCacheExecutor(model, slots, policy, "emulated", prefetch_per_layer=1,
                                  device_memory=256 << 20)
     _shares_as_the_plain_engine(model, ex, f"{family} latency {policy.name}", 1e-4 if device == "emulated" else 1e-3)
+
+
+@pytest.mark.parametrize("family", ["mixtral", "deepseek"])
+def test_long_prefixes_under_one_new_token_each_stay_within_the_plan(family):
+    """60 prompts of 27 shared pages and one token more: a prefill chunk of 60 new tokens reads ~26k cached
+    positions, far beyond its planned activations. CGOPipe uploads the prefixes in groups the memory plan
+    counts (`prefix_tokens`), so the strict device's budget holds, and the tokens are the plain engine's."""
+    import random
+
+    model = _structured_model(_family_config(family))
+    rng = random.Random(1)
+    system = [rng.randrange(3, 500) for _ in range(432)]
+    prompts = [system + [rng.randrange(3, 500)] for _ in range(64)]
+    params = [SamplingParams(max_tokens=2, temperature=0.0, ignore_eos=True)] * len(prompts)
+    ids = list(range(len(prompts)))
+    ref = Engine(model, (2,), 64, prefix_sharing=False).generate(prompts, params, ids, 64, 64)
+    ex = PipelineExecutor(model, "cgopipe", "emulated", r_w=0.5, max_prefill_tokens=64, max_prompt_len=448,
+                          max_batch=64, max_context=460)
+    stats = GenerationStats()
+    try:
+        got = Engine(model, (2,), 64, executor=ex).generate(prompts, params, ids, 64, 64, stats=stats)
+        assert ex.device.memory_peak <= ex.plan.total
+    finally:
+        ex.close()
+    assert [r.token_ids for r in got] == [r.token_ids for r in ref]
+    assert stats.prefix_reused_tokens >= 60 * 432

@@ -110,7 +110,9 @@ class EmulatedDevice(Device):
         return t.untyped_storage().data_ptr() in self._pinned
 
     def pinned(self, shape, dtype: torch.dtype) -> torch.Tensor:
-        return self._mark_pinned(torch.empty(shape, dtype=dtype))
+        """Host memory: not counted against the device, even when a compute task asks for it."""
+        with uncounted():
+            return self._mark_pinned(torch.empty(shape, dtype=dtype))
 
     def pin(self, t: torch.Tensor) -> torch.Tensor:
         return self._mark_pinned(t)

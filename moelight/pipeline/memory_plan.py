@@ -88,6 +88,19 @@ def gpu_decode_attention_bytes(cfg: ModelConfig, dtype: torch.dtype, batch: int,
     return kv * el + kv * (el + 4) + 4 * 4 * batch * cfg.num_heads * context + 16 * batch * context
 
 
+def prefix_bytes_per_token(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """A cached prefix position that prefill attention reads on the device (prefix sharing): its cache
+    entries uploaded, expanded to K and V (MLA), copied beside the new tokens' K and V, and gathered in
+    float32 by the attention."""
+    el = _elem(dtype)
+    if cfg.mla:
+        m = cfg.mla
+        kv = cfg.num_heads * (m.qk_head_dim + m.v_head_dim)
+        return el * m.cache_width + el * kv + el * kv + 4 * kv
+    kv = cfg.kv_elements_per_token
+    return el * kv + el * kv + 4 * kv
+
+
 @dataclass(frozen=True)
 class MemoryPlan:
     """Device bytes the runtime may use."""
@@ -95,8 +108,9 @@ class MemoryPlan:
     non_expert: int
     resident_experts: int
     paged_slots: int  # 2 x one layer's CPU-resident experts
-    activations: int  # the largest pass (a prefill chunk or a decode pass)
+    activations: int  # the largest pass (a prefill chunk, with its prefixes' share, or a decode pass)
     kv_buffers: int  # FlexGen: two micro-batches' KV of one layer on the device, and their attention
+    prefix_tokens: int = 4096  # cached prefix positions a prefill pass reads at once (pass_tasks groups rows)
 
     @property
     def total(self) -> int:
@@ -117,12 +131,13 @@ class MemoryPlan:
         held = held_bytes_per_token(cfg, dtype)
         logits = logits_bytes(cfg, dtype)
         decode = (max_sequences or max_batch) * (held + logits) + max_batch * layer
+        prefix_tokens = max(max_prefill_tokens, max_prompt_len)  # a row's prefix is shorter than its prompt
         prefill = (max_prefill_tokens * (held + layer) + prefill_attention_scratch(cfg, max_prompt_len)
-                   + max_batch * logits)
+                   + max_batch * logits + prefix_tokens * prefix_bytes_per_token(cfg, dtype))
         n_kv = 2 if gpu_attention else 0
         kv = n_kv * gpu_decode_attention_bytes(cfg, dtype, max_batch, max_context + 1)
         sparse = sum(cfg.is_sparse(j) for j in range(cfg.num_layers))
-        return cls(non_expert, sparse * resident + dequantized, 2 * paged, max(decode, prefill), kv)
+        return cls(non_expert, sparse * resident + dequantized, 2 * paged, max(decode, prefill), kv, prefix_tokens)
 
 
 def expert_stack_bytes(model: MoECausalLM, n_resident: int) -> tuple[int, int, int]:

@@ -27,7 +27,7 @@ from moelight.pipeline.schedule import Task, attention_on_gpu
 from moelight.runtime.forward import KVPlace, attention_extras, decode_slots
 from moelight.runtime.kv_cache import RaggedKVCache
 from moelight.runtime.latent_kv_cache import LatentKVCache
-from moelight.runtime.paged_layout import PagedLayout
+from moelight.runtime.paged_layout import PagedLayout, row_groups
 
 
 def cached_slots(first: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -118,13 +118,24 @@ class PrefillTasks(PassTasks):
             positions += torch.repeat_interleave(cached, seq_lens)
             self.slots = place.slots(positions, torch.repeat_interleave(torch.arange(len(seq_lens)), seq_lens))
             if bool((cached > 0).any()):  # attention reads the prefixes from the CPU cache, uploaded per layer
-                self.prefix = {"cached": cached, "slots": place.row_slots(cached.tolist()),
-                               "table": self.pinned(prefix_table(cached.tolist(), seq_lens.tolist()))}
+                self.prefix = self._prefix_groups(place, cached, seq_lens, cu)
         else:
             self.slots = torch.repeat_interleave(place, seq_lens) + positions
         cos, sin = self.m.rotary(positions, ex.dtype)
         self.host = {"tokens": self.pinned(tokens), "cos": self.pinned(cos), "sin": self.pinned(sin),
                      "last": self.pinned(cu[1:] - 1 if rows is None else rows)}  # the rows the LM head sees
+
+    def _prefix_groups(self, place: PagedLayout, cached: torch.Tensor, seq_lens: torch.Tensor, cu: torch.Tensor):
+        """The rows in groups whose prefixes total at most the plan's prefix tokens (a chunk of few new
+        tokens may sit on long prefixes): per group its rows' range of q, cached counts, prefix slots in
+        the CPU cache and prefix_table."""
+        groups = []
+        counts = cached.tolist()
+        for b0, b1 in row_groups(counts, self.ex.plan.prefix_tokens):
+            groups.append({"q": (int(cu[b0]), int(cu[b1])), "cu": cu[b0:b1 + 1] - cu[b0], "cached": cached[b0:b1],
+                           "slots": PagedLayout(place.tables[b0:b1], place.page_size).row_slots(counts[b0:b1]),
+                           "table": self.pinned(prefix_table(counts[b0:b1], seq_lens[b0:b1].tolist()))})
+        return groups
 
     def op_embed(self, j, i):
         def run():
@@ -160,13 +171,17 @@ class PrefillTasks(PassTasks):
             if self.prefix is None:
                 a = device_prefill_attention(q, k, v, self.cu, self.ex.scale, **attention_extras(self.m, j),
                                              upload=self.upload)
-            else:  # the prefixes' cache entries gathered from the CPU cache into pinned buffers, used in this task
-                pre = self.prefix
-                entries = (self.upload(t[:, pre["slots"]]).transpose(0, 1) for t in self.cache.layer(j))
-                kp, vp = (t.transpose(0, 1) for t in self.m.layers[j].prefill_kv(*entries))  # MLA: expanded
-                table = self.dev.upload(pre["table"])
-                a = device_prefix_prefill_attention(q, k, v, kp, vp, table, pre["cached"], self.cu, self.ex.scale,
-                                                    **attention_extras(self.m, j), upload=self.upload)
+            else:  # per group of rows, the prefixes' cache entries gathered from the CPU cache into pinned
+                parts = []  # buffers, uploaded and used in this task
+                for pre in self.prefix:
+                    entries = (self.upload(t[:, pre["slots"]]).transpose(0, 1) for t in self.cache.layer(j))
+                    kp, vp = (t.transpose(0, 1) for t in self.m.layers[j].prefill_kv(*entries))  # MLA: expanded
+                    a0, a1 = pre["q"]
+                    parts.append(device_prefix_prefill_attention(
+                        q[a0:a1], k[a0:a1], v[a0:a1], kp, vp, self.dev.upload(pre["table"]), pre["cached"], pre["cu"],
+                        self.ex.scale, **attention_extras(self.m, j), upload=self.upload))
+                    del kp, vp
+                a = parts[0] if len(parts) == 1 else torch.cat(parts)
             a = a.flatten(1)
             self.held.put(("attn", j), 1, a)
             self.held.done(("q", j))

@@ -21,23 +21,10 @@ from cpu_kernels import latent_decode_attention, paged_latent_decode_attention, 
 from moelight.models.config import ModelConfig
 from moelight.runtime.host_memory import empty_huge
 from moelight.runtime.kv_cache import copy_cache_pages
-from moelight.runtime.paged_layout import PagedLayout
+from moelight.runtime.paged_layout import PagedLayout, row_groups
 
 Expand = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # cache rows [T, 1, W] -> K, V [T, H, d]
 EXPAND_BUDGET = 256 << 20  # bytes of expanded prefix K and V that prefix_attend holds at once
-
-
-def row_groups(lengths: list[int], budget: int) -> list[tuple[int, int]]:
-    """Consecutive rows [b0, b1) whose lengths sum to at most `budget` (a longer row goes alone)."""
-    groups, start, total = [], 0, 0
-    for b, n in enumerate(lengths):
-        if b > start and total + n > budget:
-            groups.append((start, b))
-            start, total = b, 0
-        total += n
-    if lengths:
-        groups.append((start, len(lengths)))
-    return groups
 
 
 @dataclass

@@ -54,6 +54,20 @@ def shared_prefix_tokens(prompts: list[list[int]], share: list[bool], page_size:
     return out
 
 
+def row_groups(lengths: list[int], budget: int) -> list[tuple[int, int]]:
+    """Consecutive rows [b0, b1) whose lengths sum to at most `budget` (a longer row goes alone): the
+    groups a prefill over cached prefixes attends in, so the prefixes it holds at once stay bounded."""
+    groups, start, total = [], 0, 0
+    for b, n in enumerate(lengths):
+        if b > start and total + n > budget:
+            groups.append((start, b))
+            start, total = b, 0
+        total += n
+    if lengths:
+        groups.append((start, len(lengths)))
+    return groups
+
+
 @dataclass(frozen=True)
 class PagedLayout:
     tables: torch.Tensor  # int64 [B, pages]
