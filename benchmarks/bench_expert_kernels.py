@@ -33,6 +33,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from markdown_report import emit  # noqa: E402
 
 from cpu_kernels import dispatch, kernel_backend  # noqa: E402
 from cpu_kernels.expert_pack import bf16_matrix, pack_experts  # noqa: E402
@@ -127,11 +130,7 @@ def main() -> None:
                 lines.append(f"| {name} | {t} | {fmt} | {variant} | {s * 1e3:.2f} | {flops / s / 1e9:.0f} | "
                              f"{weight_bytes / s / 1e9:.1f} | {bw / 1e9:.1f} | {100 * share:.0f}% | {ratio} |")
         torch.ops.moelight.set_isa("auto")
-    text = "\n".join(lines)
-    print(text)
-    if a.output:
-        a.output.parent.mkdir(parents=True, exist_ok=True)
-        a.output.write_text(text + "\n")
+    emit(lines, a.output)
 
 
 if __name__ == "__main__":

@@ -20,6 +20,9 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from markdown_report import emit  # noqa: E402
 
 from cpu_kernels import dispatch  # noqa: E402
 from moelight.runtime.cpu_linear import pack_weight, packed_linear, packing_supported  # noqa: E402
@@ -57,11 +60,7 @@ def main() -> None:
             gb, one, small = n * k * 2 / 1e9, best["onednn"], best["small"]
             lines.append(f"| {name} ({n} x {k}) | {m} | {one * 1e3:.3f} | {gb / one:.1f} | {small * 1e3:.3f} | "
                          f"{gb / small:.1f} | {one / small:.2f}x |")
-    text = "\n".join(lines)
-    print(text)
-    if a.output:
-        a.output.parent.mkdir(parents=True, exist_ok=True)
-        a.output.write_text(text + "\n")
+    emit(lines, a.output)
 
 
 if __name__ == "__main__":
