@@ -150,10 +150,9 @@ def paged_prefill_attention(
     than K (MLA's expanded prefix) is zero-padded for the kernel, as in prefill_attention."""
     dv = v_cache.shape[-1]
     if dv < k_cache.shape[-1] and _cpp_ok(q, k_cache, k_cache) and window is None and sinks is None:
-        v_cache = torch.nn.functional.pad(v_cache, (0, k_cache.shape[-1] - dv))
-        if v_cache.stride() != k_cache.stride():
-            k_cache, v_cache = k_cache.contiguous(), v_cache.contiguous()
-        return paged_prefill_attention(q, k_cache, v_cache, block_table, starts, cu_seqlens, page_size, scale)[..., :dv]
+        padded = torch.zeros_like(k_cache)  # K's strides (a transposed view stays one), so K is not copied
+        padded[..., :dv] = v_cache
+        return paged_prefill_attention(q, k_cache, padded, block_table, starts, cu_seqlens, page_size, scale)[..., :dv]
     if window is None and sinks is None and _cpp_ok(q, k_cache, v_cache) and k_cache.stride(-1) == 1 \
             and k_cache.stride() == v_cache.stride():
         return torch.ops.moelight.paged_prefill_attention(q, k_cache, v_cache, block_table, starts, cu_seqlens,

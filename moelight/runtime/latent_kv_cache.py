@@ -20,7 +20,7 @@ import torch
 from cpu_kernels import latent_decode_attention, paged_latent_decode_attention, paged_prefill_attention
 from moelight.models.config import ModelConfig
 from moelight.runtime.host_memory import empty_huge
-from moelight.runtime.kv_cache import copy_cache_pages
+from moelight.runtime.kv_cache import RaggedKVCache, copy_cache_pages
 from moelight.runtime.paged_layout import PagedLayout, row_groups
 
 Expand = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]  # cache rows [T, 1, W] -> K, V [T, H, d]
@@ -120,6 +120,4 @@ class LatentKVCache:
 
 def kv_cache_class(cfg: ModelConfig) -> type:
     """The cache layout a model's attention reads: latent rows for MLA, per-head K and V otherwise."""
-    from moelight.runtime.kv_cache import RaggedKVCache
-
     return LatentKVCache if cfg.mla is not None else RaggedKVCache
