@@ -2,8 +2,9 @@
 // storage type (T), the row width DK (latent + RoPE key) and the latent width DV.
 //
 // Every query head reads the same rows, so the kernel walks the item's keys in blocks of 16 and,
-// per block, serves all heads from the block while it sits in L1: (1) scores of every head, each
-// K chunk loaded once for up to 4 heads (bf16 dot products on a bf16 cache with AVX512-BF16, else
+// per block, serves all heads from the block while it sits in L1: (1) scores of every head: with
+// AVX512-BF16, a bf16 cache and heads in multiples of 16, 16 heads in the vector lanes
+// (heads_in_lanes_scores); else each K chunk loaded once for up to 4 heads (bf16 dot products, or
 // float32 FMAs over the block widened into L1); (2) the online softmax of attend_kernel.h per head;
 // (3) acc_h += p_h . V with V the first DV columns of the same rows (bf16 dot products over key
 // pairs when the output is 16-bit). DRAM sees each row once per item, whatever the head count.
@@ -84,6 +85,51 @@ inline void latent_scores(float* S, const void* q, const void* q_lo, int H, cons
   if (H - r >= 1) latent_tile_scores<V, D, 1, kDot, kLo>(S, q, q_lo, r, kblk, scale);
 }
 
+// Scores of 16 heads against one block of kKeyBlock bf16 keys with the heads in the lanes: qt holds
+// the heads' queries as [D / 2][16] bf16 pairs (pack_heads_in_lanes, once per item), and each key's
+// pair is broadcast from its row. One accumulator per key, so no horizontal sums: the 4-head tiles'
+// partials and transpose_sum cost about as much as their products at MLA's 16+ heads. The loop also
+// prefetches the next block (`next_lines` lines from `next`) into L2, a line per pair step: spread
+// over the products the lines arrive in time; one burst at the block's start left the cold rows'
+// misses in the critical path. S[h * kKeyBlock + t] = scale * q_h . k_t.
+template <class V, int D, bool kLo>
+inline void heads_in_lanes_scores(float* S, const uint32_t* qt, const uint32_t* qt_lo, const uint16_t* kblk,
+                                  float scale, const char* next, int next_lines) {
+  using R = typename V::R;
+  static_assert(V::W == 16 && kKeyBlock == 16, "16 heads in the lanes, 16 keys a block");
+  R acc[kKeyBlock];
+  for (int t = 0; t < kKeyBlock; ++t) acc[t] = V::zero();
+  const uint32_t* k = reinterpret_cast<const uint32_t*>(kblk);
+  for (int c = 0; c < D / 2; ++c) {
+    if (c < next_lines) __builtin_prefetch(next + 64 * c, 0, 2);
+    const R qv = V::load_raw(reinterpret_cast<const uint16_t*>(qt + c * 16));
+#pragma GCC unroll 16
+    for (int t = 0; t < kKeyBlock; ++t) acc[t] = V::dot_bf16(acc[t], qv, V::set1_pair(k[t * (D / 2) + c]));
+    if constexpr (kLo) {
+      const R lv = V::load_raw(reinterpret_cast<const uint16_t*>(qt_lo + c * 16));
+#pragma GCC unroll 16
+      for (int t = 0; t < kKeyBlock; ++t) acc[t] = V::dot_bf16(acc[t], lv, V::set1_pair(k[t * (D / 2) + c]));
+    }
+  }
+  V::transpose16(acc);  // acc[h] lane t
+  const R sv = V::set1(scale);
+  for (int h = 0; h < 16; ++h) V::store(S + h * kKeyBlock, V::mul(sv, acc[h]));
+}
+
+// q [H][D] bf16 (H a multiple of 16) -> qt [H / 16][D / 2][16] bf16 pairs for heads_in_lanes_scores.
+template <class V, int D>
+inline void pack_heads_in_lanes(uint32_t* qt, const uint16_t* q, int H) {
+  using R = typename V::R;
+  for (int g = 0; g < H / 16; ++g) {
+    for (int c0 = 0; c0 < D / 2; c0 += 16) {  // 16 pairs of 16 heads
+      R r[16];
+      for (int h = 0; h < 16; ++h) r[h] = V::load_raw(q + (g * 16 + h) * D + 2 * c0);
+      V::transpose16(r);
+      for (int j = 0; j < 16; ++j) V::store(reinterpret_cast<float*>(qt + (g * D / 2 + c0 + j) * 16), r[j]);
+    }
+  }
+}
+
 template <class V, class T, int DK, int DV>
 void latent_attend(const moelight::LatentArgs& a) {
   using R = typename V::R;
@@ -95,6 +141,7 @@ void latent_attend(const moelight::LatentArgs& a) {
   float* lv = P + H * kKeyBlock;      // H x V::W lane-wise softmax sums
   float* kf = lv + H * kKeyBlock;     // kKeyBlock x DK: a block widened to float32 (or a bf16 tail)
   float* m = kf + kKeyBlock * DK;     // H running maxima
+  uint32_t* qt = reinterpret_cast<uint32_t*>(m + H);  // H x DK / 2 pairs (hi), then lo: heads in lanes
   uint16_t* qh = reinterpret_cast<uint16_t*>(qs);
   uint16_t* ql = qh + H * DK;
   bool has_lo = false;
@@ -116,6 +163,15 @@ void latent_attend(const moelight::LatentArgs& a) {
     for (int c = 0; c < DV; c += V::W) V::store(acc + r * DV + c, V::zero());
   }
 
+  constexpr bool kLanes = kDot && V::W == 16 && DK % 32 == 0;
+  const bool lanes = kLanes && H % 16 == 0;
+  if constexpr (kLanes) {
+    if (lanes) {
+      pack_heads_in_lanes<V, DK>(qt, qh, H);
+      if (has_lo) pack_heads_in_lanes<V, DK>(qt + H * DK / 2, ql, H);
+    }
+  }
+
   const T* rows = static_cast<const T*>(a.rows);
   for (int64_t kb = 0; kb < a.n_keys; kb += kKeyBlock) {
     const int nk = a.n_keys - kb < kKeyBlock ? static_cast<int>(a.n_keys - kb) : kKeyBlock;
@@ -129,7 +185,22 @@ void latent_attend(const moelight::LatentArgs& a) {
         std::memcpy(kf, kraw, static_cast<size_t>(nk) * DK * sizeof(uint16_t));
         kraw = reinterpret_cast<const uint16_t*>(kf);
       }
-      if (has_lo) {
+      if (lanes) {
+        if constexpr (kLanes) {  // lanes is false for the other ISAs: this is not instantiated there
+          const int64_t after = a.n_keys - kb - kKeyBlock;  // rows of the next block
+          const char* next = after <= 0 ? nullptr : reinterpret_cast<const char*>(blk + kKeyBlock * DK);
+          const int next_lines = after <= 0 ? 0 : static_cast<int>((after < kKeyBlock ? after : kKeyBlock) * DK * 2 / 64);
+          for (int g = 0; g < H / 16; ++g) {
+            const uint32_t* qg = qt + g * DK / 2 * 16;
+            float* Sg = P + g * 16 * kKeyBlock;
+            if (has_lo) {
+              heads_in_lanes_scores<V, DK, true>(Sg, qg, qg + H * DK / 2, kraw, a.scale, next, g == 0 ? next_lines : 0);
+            } else {
+              heads_in_lanes_scores<V, DK, false>(Sg, qg, nullptr, kraw, a.scale, next, g == 0 ? next_lines : 0);
+            }
+          }
+        }
+      } else if (has_lo) {
         latent_scores<V, DK, true, true>(P, qh, ql, H, kraw, a.scale);
       } else {
         latent_scores<V, DK, true, false>(P, qh, ql, H, kraw, a.scale);

@@ -27,9 +27,10 @@ struct LatentArgs {
 
 using LatentFn = void (*)(const LatentArgs&);
 
-// Floats of per-thread scratch one call needs (queries, accumulators, scores, one widened block).
+// Floats of per-thread scratch one call needs (queries, accumulators, scores, one widened block,
+// maxima, the queries packed with heads in the lanes).
 inline int64_t latent_scratch_floats(int64_t heads, int64_t dk, int64_t dv) {
-  return heads * dk + heads * dv + 2 * heads * 16 + 16 * dk + heads;
+  return heads * dk + heads * dv + 2 * heads * 16 + 16 * dk + heads + heads * dk;
 }
 
 // AMX (latent_amx.cpp): a bf16 cache and bf16 queries, work items of at most kAmxMaxKeys keys.

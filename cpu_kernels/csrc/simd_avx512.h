@@ -82,6 +82,34 @@ struct VecAvx512 {
     return _mm512_scalef_ps(y, n);  // y * 2^n
   }
 
+  // r[i] lane j -> r[j] lane i for a 16 x 16 block of 32-bit values: 32-bit and 64-bit interleaves
+  // within 128-bit lanes, then a 4 x 4 transpose of the 128-bit lanes (64 shuffles).
+  static void transpose16(R* r) {
+    R t[16];
+    for (int i = 0; i < 8; ++i) {  // lane k of t[2i] / t[2i+1]: (a0 b0 a1 b1) / (a2 b2 a3 b3)
+      t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    R u[16];
+    for (int i = 0; i < 4; ++i) {  // lane k of u[4i + j]: column 4k + j of rows 4i .. 4i + 3
+      const __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+      const __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+      u[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+      u[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+      u[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+      u[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+    }
+    for (int j = 0; j < 4; ++j) {  // r[4k + j] = lane k of u[j], u[4 + j], u[8 + j], u[12 + j]
+      const R v0 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0x44), v1 = _mm512_shuffle_f32x4(u[j], u[4 + j], 0xEE);
+      const R v2 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0x44);
+      const R v3 = _mm512_shuffle_f32x4(u[8 + j], u[12 + j], 0xEE);
+      r[j] = _mm512_shuffle_f32x4(v0, v2, 0x88);
+      r[4 + j] = _mm512_shuffle_f32x4(v0, v2, 0xDD);
+      r[8 + j] = _mm512_shuffle_f32x4(v1, v3, 0x88);
+      r[12 + j] = _mm512_shuffle_f32x4(v1, v3, 0xDD);
+    }
+  }
+
   // out[t] = sum of the lanes of a[t], t = 0..15: a transpose-and-add tree
   // (45 shuffles/adds instead of 16 separate horizontal reductions).
   static R transpose_sum(const R* a) {
