@@ -135,12 +135,15 @@ def paged_case(w: int, dt: torch.dtype, heads: int, lengths: list[int], page: in
 
 
 @pytest.mark.parametrize("dt", [torch.float32, torch.bfloat16])
-def test_paged_cache_reads_the_same_rows_as_the_ragged_one(isa, dt):
+@pytest.mark.parametrize("page,heads", [(16, 16), (16, 32), (8, 16)])
+def test_paged_cache_reads_the_same_rows_as_the_ragged_one(isa, dt, page, heads):
+    """Pages of 16 keys (the kernel's block) are read in place block by block; pages of 8 split blocks,
+    so a short sequence's rows are copied together first."""
     lengths = [40, 70, 0, 1, 16, 17, 900, 333]  # 900: runs cut into chunks and merged
     for w, dv in LATENT_SHAPES:
-        q, cache, table, lens, ragged, offs = paged_case(w, dt, 16, lengths, seed=w)
-        got = paged_latent_decode_attention(q, cache, table, lens, 16, w**-0.5, dv)
-        assert got.shape == (len(lengths), 16, dv) and got.dtype == dt
+        q, cache, table, lens, ragged, offs = paged_case(w, dt, heads, lengths, page=page, seed=w)
+        got = paged_latent_decode_attention(q, cache, table, lens, page, w**-0.5, dv)
+        assert got.shape == (len(lengths), heads, dv) and got.dtype == dt
         within_rounding(got, reference64(q, ragged, offs, lens, w**-0.5, dv))
         assert (got[lens == 0] == 0).all()
 

@@ -63,9 +63,10 @@ LatentFn latent_fn(KvDtype dtype, KvDtype q_dtype, int64_t dk, int64_t dv, bool&
 
 // Every sequence's spans -> work items. A sequence of one span no longer than `chunk` is one item written
 // straight to the output, and so is a short one (<= kGatherRows keys) of several spans (a paged cache):
-// its rows are first copied together into the thread's scratch, which stays in L2 and costs less than a
-// kernel call and a merge per span. Others are cut into parts (at most `chunk` keys of one span each)
-// that latent_attend merges.
+// the kernel reads it block by block where every span but the last is whole blocks (pages of 16), else
+// its rows are first copied together into the thread's scratch; either costs less than a kernel call
+// and a merge per span. Others are cut into parts (at most `chunk` keys of one span each) that
+// latent_attend merges.
 constexpr int64_t kGatherRows = 256;
 
 struct Work {
@@ -74,6 +75,13 @@ struct Work {
   std::vector<const Spans*> gathered;           // the spans of the items that gather
   int64_t n_parts = 0, gather_rows = 0;         // most rows an item gathers
 };
+
+// Every span but the last is whole blocks of the kernel: the item can be read in place (LatentArgs::blocks).
+bool whole_blocks(const Spans& sp) {
+  for (size_t i = 0; i + 1 < sp.size(); ++i)
+    if (sp[i].second % kLatentBlockKeys != 0) return false;
+  return true;
+}
 
 Work plan_chunks(const std::vector<Spans>& seqs, int64_t chunk) {
   Work w;
@@ -139,6 +147,8 @@ at::Tensor latent_attend(const at::Tensor& q, const at::Tensor& cache, const std
   std::vector<std::vector<float>> scratch(nt, std::vector<float>(scratch_len));
   std::vector<std::vector<char>> gather_buf(w.gathered.empty() ? 0 : nt,
                                             std::vector<char>(w.gather_rows * W * cache.element_size()));
+  std::vector<std::vector<const void*>> block_buf(w.gathered.empty() ? 0 : nt);
+  for (auto& blocks : block_buf) blocks.reserve(w.gather_rows / kLatentBlockKeys + 2);
   const char* qp = static_cast<const char*>(qc.data_ptr());
   char* outp = static_cast<char*>(out.data_ptr());
   const char* cp = static_cast<const char*>(cache.data_ptr());
@@ -154,19 +164,29 @@ at::Tensor latent_attend(const at::Tensor& q, const at::Tensor& cache, const std
     a.q = qp + c.b * H * W * qes;
     a.q_dtype = io;
     a.rows = cp + c.row * W * ces;
-    if (c.gather >= 0) {  // a short sequence in several spans: its rows copied together
-      char* dst = gather_buf[parallel ? omp_get_thread_num() : 0].data();
-      a.rows = dst;
-      for (const auto& [row, n] : *w.gathered[c.gather]) {
-        std::memcpy(dst, cp + row * W * ces, static_cast<size_t>(n * W * ces));
-        dst += n * W * ces;
+    const int tid = parallel ? omp_get_thread_num() : 0;
+    if (c.gather >= 0) {  // a short sequence in several spans: read block by block, or copied together
+      const Spans& sp = *w.gathered[c.gather];
+      if (!amx && whole_blocks(sp)) {
+        std::vector<const void*>& blocks = block_buf[tid];
+        blocks.clear();
+        for (const auto& [row, n] : sp)
+          for (int64_t s = 0; s < n; s += kLatentBlockKeys) blocks.push_back(cp + (row + s) * W * ces);
+        a.blocks = blocks.data();
+      } else {
+        char* dst = gather_buf[tid].data();
+        a.rows = dst;
+        for (const auto& [row, n] : sp) {
+          std::memcpy(dst, cp + row * W * ces, static_cast<size_t>(n * W * ces));
+          dst += n * W * ces;
+        }
       }
     }
     a.n_keys = c.n;
     a.heads = static_cast<int>(H);
     a.scale = static_cast<float>(scale);
     a.bf16_p = io != KvDtype::F32;
-    a.scratch = scratch[parallel ? omp_get_thread_num() : 0].data();
+    a.scratch = scratch[tid].data();
     if (c.part < 0) {
       a.out = outp + c.b * H * dv * qes;
       a.out_dtype = io;

@@ -132,6 +132,7 @@ inline void pack_heads_in_lanes(uint32_t* qt, const uint16_t* q, int H) {
 
 template <class V, class T, int DK, int DV>
 void latent_attend(const moelight::LatentArgs& a) {
+  static_assert(kKeyBlock == moelight::kLatentBlockKeys, "LatentArgs::blocks are of kKeyBlock keys");
   using R = typename V::R;
   constexpr bool kDot = V::kBf16Dot && std::is_same<T, Bf16>::value;
   const int H = a.heads;
@@ -175,7 +176,7 @@ void latent_attend(const moelight::LatentArgs& a) {
   const T* rows = static_cast<const T*>(a.rows);
   for (int64_t kb = 0; kb < a.n_keys; kb += kKeyBlock) {
     const int nk = a.n_keys - kb < kKeyBlock ? static_cast<int>(a.n_keys - kb) : kKeyBlock;
-    const T* blk = rows + kb * DK;
+    const T* blk = a.blocks != nullptr ? static_cast<const T*>(a.blocks[kb / kKeyBlock]) : rows + kb * DK;
     const float* vblk = kf;  // float32 V rows (stride DK) for the non-dot P.V
     // Phase 1: scores of every head.
     if constexpr (kDot) {
@@ -188,7 +189,8 @@ void latent_attend(const moelight::LatentArgs& a) {
       if (lanes) {
         if constexpr (kLanes) {  // lanes is false for the other ISAs: this is not instantiated there
           const int64_t after = a.n_keys - kb - kKeyBlock;  // rows of the next block
-          const char* next = after <= 0 ? nullptr : reinterpret_cast<const char*>(blk + kKeyBlock * DK);
+          const void* nblk = after <= 0 ? nullptr : a.blocks != nullptr ? a.blocks[kb / kKeyBlock + 1] : blk + kKeyBlock * DK;
+          const char* next = static_cast<const char*>(nblk);
           const int next_lines = after <= 0 ? 0 : static_cast<int>((after < kKeyBlock ? after : kKeyBlock) * DK * 2 / 64);
           for (int g = 0; g < H / 16; ++g) {
             const uint32_t* qg = qt + g * DK / 2 * 16;

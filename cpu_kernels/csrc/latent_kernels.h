@@ -14,6 +14,8 @@ struct LatentArgs {
   const void* q;      // heads rows of dk elements (absorbed queries, unscaled), in q_dtype
   KvDtype q_dtype;
   const void* rows;   // n_keys rows of dk elements, in the cache dtype
+  const void* const* blocks;  // or, where not null, the first row of each block of 16 keys (a paged
+                              // cache's runs of whole pages: rows contiguous within a block)
   int64_t n_keys;
   int heads;
   float scale;
@@ -26,6 +28,8 @@ struct LatentArgs {
 };
 
 using LatentFn = void (*)(const LatentArgs&);
+
+constexpr int64_t kLatentBlockKeys = 16;  // keys per block of the (non-AMX) kernel: LatentArgs::blocks
 
 // Floats of per-thread scratch one call needs (queries, accumulators, scores, one widened block,
 // maxima, the queries packed with heads in the lanes).
