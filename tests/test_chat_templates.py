@@ -555,7 +555,7 @@ def test_sandbox_refuses_namespace_internals(tmp_path):
 
 
 def test_byte_tokenizer_refuses_tools_and_templates():
-    from moelight.tokenization.tokenizer import ByteTokenizer
+    from moelight.tokenization.byte_tokenizer import ByteTokenizer
 
     with pytest.raises(TokenizerError, match="no place for tools"):
         ByteTokenizer().apply_chat_template(PLAIN, tools=[WEATHER])

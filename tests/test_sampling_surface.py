@@ -12,7 +12,7 @@ from moelight import LLM, SamplingParams
 from moelight.sampling.logits_processors import RowState, apply_processors, bad_word_ids
 from moelight.sampling.params import StructuredOutputsParams
 from moelight.sampling.sampler import _min_p
-from moelight.tokenization.tokenizer import ByteTokenizer
+from moelight.tokenization.byte_tokenizer import ByteTokenizer
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, processors, trainers
 
-from moelight.tokenization.tokenizer import ByteTokenizer, HFTokenizer, TokenizerError, load_tokenizer
+from moelight.tokenization.byte_tokenizer import ByteTokenizer
+from moelight.tokenization.tokenizer import HFTokenizer, TokenizerError, load_tokenizer
 from workloads import Request
 
 CORPUS = ["Hello world, this is a small corpus.", "The quick brown fox jumps over the lazy dog!",

@@ -44,7 +44,7 @@ README_JOB = ["moelight", "run", "--dataset", str(PROMPTS), "--model", "bench-1b
 
 def job_prompts(n: int) -> list[list[int]]:
     """The README job's token lists: the prompt file replicated to n, byte-tokenized as moelight does."""
-    from moelight.tokenization.tokenizer import ByteTokenizer
+    from moelight.tokenization.byte_tokenizer import ByteTokenizer
 
     tok = ByteTokenizer()
     texts = [json.loads(line)["prompt"] for line in PROMPTS.read_text().splitlines() if line.strip()]

@@ -34,6 +34,7 @@ from moelight.expert_cache.cache_policy import CachePolicy
 from moelight.expert_cache.cache_state import CacheStats, ExpertCache, Fetch
 from moelight.expert_cache.copy_worker import CopyWorker
 from moelight.expert_cache.expert_slots import expert_slots, slot_bytes
+from moelight.expert_cache.slot_tables import SlotTable, StreamTable
 from moelight.models.causal_lm import MoECausalLM
 from moelight.models.moe import expert_output
 from moelight.models.quantized_experts import QuantizedExperts, routed_expert_param
@@ -105,7 +106,7 @@ class ExpertCacheExecutor(Executor):
         self._kv_src: RaggedKVCache | LatentKVCache | None = None
         self._kv: RaggedKVCache | LatentKVCache | None = None
         self._prefill = False
-        self._streams = itertools.count()
+        self.stream_count = itertools.count()  # StreamTable's copies, in issue order
         self.counts = DecodeCounts(device)
         self.host = HostBuffers(device)  # the pinned sources of every upload, reused from pass to pass
         self._lent: list[torch.Tensor] = []  # handed out in the pass under way
@@ -162,7 +163,7 @@ class ExpertCacheExecutor(Executor):
             if policy.reorder:  # ProMoE: what has arrived first, what is still coming last
                 on_device.sort(key=lambda e: (self.worker.pending(i * E + e), e))
             ready = self._on_cpu(j, h, weights, ex, on_cpu) if on_cpu else None
-            table = _Table(self, i, on_device)
+            table = SlotTable(self, i, on_device)
             out = mlp.forward_with(h, table.gate_up, table.down, F.linear, routing=(weights, experts),
                                    compute_order=on_cpu + on_device, counts=_total(counts, E), ready=ready)
             self.worker.used(table.slots)
@@ -196,7 +197,7 @@ class ExpertCacheExecutor(Executor):
         self.cache.policy.observe(i, counts)
         needed = [int(e) for e in np.flatnonzero(sum(counts.values()))]
         self.cache.stats.streamed += len(needed)
-        table = _StreamTable(self, i, needed)
+        table = StreamTable(self, i, needed)
         out = mlp.forward_with(h, table.gate_up, table.down, F.linear, routing=(weights, experts),
                                counts=_total(counts, self.E))
         self.worker.used(self.stream_slots)
@@ -354,58 +355,3 @@ def _host_terms(mlp) -> tuple:
     """The block's expert activation and biases, the biases copied to the host (before they move)."""
     activation, gate_up_bias, down_bias = mlp.expert_terms()
     return activation, *(None if b is None else b.detach().cpu().clone() for b in (gate_up_bias, down_bias))
-
-
-class _Table:
-    """A layer's page table as expert_mix indexes it: a slot view that is waited for when first
-    used (so the experts compute as they arrive)."""
-
-    def __init__(self, ex: ExpertCacheExecutor, layer: int, on_device: list[int]) -> None:
-        self.ex, self.layer = ex, layer
-        self.slot = {e: int(ex.cache.slot_of[layer * ex.E + e]) for e in on_device}
-        self.slots = list(self.slot.values())
-        self.gate_up, self.down = _View(self, True), _View(self, False)
-
-    def get(self, e: int, gate_up: bool) -> torch.Tensor:
-        if gate_up:  # the expert's first use: its copy must be done
-            self.ex.worker.wait(self.layer * self.ex.E + e)
-        return self.ex.slots.on_device(self.slot[e], gate_up)
-
-
-class _StreamTable:
-    """DuoServe's two streaming slots: expert n+1 is copied into the slot expert n-1 used, while
-    expert n computes."""
-
-    def __init__(self, ex: ExpertCacheExecutor, layer: int, needed: list[int]) -> None:
-        self.ex, self.layer, self.needed = ex, layer, needed
-        self.keys: dict[int, int] = {}
-        for n in range(min(2, len(needed))):
-            self._copy(n)
-        self.gate_up, self.down = _View(self, True), _View(self, False)
-
-    def _copy(self, n: int) -> None:
-        count = next(self.ex._streams)
-        key, slot = -1 - count, self.ex.stream_slots[n % 2]  # keys outside the cache's, in issue order
-        self.keys[n] = key
-        self.ex.worker.submit([Fetch(key, slot, True, float("inf"), count, self.layer * self.ex.E + self.needed[n])])
-
-    def get(self, e: int, gate_up: bool) -> torch.Tensor:
-        n = self.needed.index(e)
-        slot = self.ex.stream_slots[n % 2]
-        if gate_up:
-            if n >= 1 and n + 1 < len(self.needed):  # expert n-1 is done: its slot takes expert n+1
-                self.ex.worker.used([self.ex.stream_slots[(n + 1) % 2]])
-                self._copy(n + 1)
-            self.ex.worker.wait(self.keys[n])
-        return self.ex.slots.on_device(slot, gate_up)
-
-
-class _View:
-    def __init__(self, table, gate_up: bool) -> None:
-        self.table, self.gate_up = table, gate_up
-
-    def __len__(self) -> int:
-        return self.table.ex.E
-
-    def __getitem__(self, e: int) -> torch.Tensor:
-        return self.table.get(int(e), self.gate_up)

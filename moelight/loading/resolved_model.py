@@ -9,7 +9,9 @@ from dataclasses import dataclass
 
 from moelight.loading.model_source import ModelSource, resolve_model
 from moelight.models.config import ModelConfig
-from moelight.tokenization.tokenizer import ByteTokenizer, Tokenizer, load_tokenizer
+from moelight.tokenization.byte_tokenizer import ByteTokenizer
+from moelight.tokenization.tokenizer import load_tokenizer
+from moelight.tokenization.tokenizer_base import Tokenizer
 
 
 @dataclass

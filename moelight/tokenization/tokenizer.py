@@ -12,7 +12,6 @@ special tokens and any extra keyword arguments, in a jinja environment set up as
 from __future__ import annotations
 
 import json
-from abc import ABC, abstractmethod
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import jinja2
 from tokenizers import Tokenizer as HFBackend
 
 from moelight.errors import TokenizerError  # noqa: F401 - raised and re-exported
+from moelight.tokenization.byte_tokenizer import BYTE_NAMES, ByteTokenizer
 from moelight.tokenization.chat_template import (  # noqa: F401 - compile_chat_template stays importable from here
     CONTINUE_TAG,
     NOT_TEMPLATE_ARGS,
@@ -30,98 +30,7 @@ from moelight.tokenization.chat_template import (  # noqa: F401 - compile_chat_t
     template_messages,
     template_tools,
 )
-
-
-class Tokenizer(ABC):
-    """What the engine needs from any tokenizer."""
-
-    bos_id: int | None
-    eos_id: int | None
-    eos_ids: frozenset[int]  # every id that ends generation (generation_config may list several)
-    pad_id: int | None
-    vocab_size: int
-
-    @abstractmethod
-    def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        """Token ids of ``text``; ``add_bos`` adds the special tokens the model expects around a prompt."""
-
-    @abstractmethod
-    def decode(self, ids: list[int]) -> str:
-        """Text of ``ids`` with special tokens left out."""
-
-    @abstractmethod
-    def apply_chat_template(self, messages: list[dict], *, tools: list[dict] | None = None,
-                            add_generation_prompt: bool = True, **template_kwargs) -> list[int]:
-        """Token ids of a conversation, ending with the prompt for the assistant's answer.
-
-        `tools` (JSON-schema tool dicts) and `template_kwargs` (e.g. Qwen3's `enable_thinking`,
-        GPT-OSS's `reasoning_effort` / `builtin_tools`, `documents`) reach the template as transformers
-        passes them; `chat_template` (a template or a template's name) and `continue_final_message`
-        mean what they mean in transformers' `apply_chat_template`."""
-
-    def encode_request(self, request: Any) -> list[int]:
-        """Prompt ids for a ``workloads.Request``: the chat template for messages, else the raw prompt."""
-        if getattr(request, "messages", None) is not None:
-            return self.apply_chat_template(request.messages, tools=getattr(request, "tools", None))
-        return self.encode(request.prompt)
-
-
-# ----------------------------------------------------------------------------- byte level
-
-
-class ByteTokenizer(Tokenizer):
-    """UTF-8 bytes shifted past three specials (pad 0, bos 1, eos 2): any text, no files.
-
-    Dummy models use it so benchmarks and tests run without a real tokenizer; a prompt
-    of L ASCII characters is L tokens (+ BOS).
-    """
-
-    PAD, BOS, EOS = 0, 1, 2
-    OFFSET = 3
-    SIZE = 256 + OFFSET
-
-    def __init__(self, model_vocab_size: int | None = None):
-        if model_vocab_size is not None and model_vocab_size < self.SIZE:
-            raise TokenizerError(
-                f"the byte-level tokenizer needs a vocabulary of at least {self.SIZE} ids "
-                f"(256 bytes + pad/bos/eos), but the model's vocab_size is {model_vocab_size}"
-            )
-        self.bos_id, self.eos_id, self.pad_id = self.BOS, self.EOS, self.PAD
-        self.eos_ids = frozenset({self.EOS})
-        self.vocab_size = self.SIZE
-        self.model_vocab_size = model_vocab_size
-
-    def encode(self, text: str, add_bos: bool = True) -> list[int]:
-        ids = [b + self.OFFSET for b in text.encode("utf-8")]
-        return [self.BOS, *ids] if add_bos else ids
-
-    def decode(self, ids: list[int]) -> str:
-        # Ids past the byte range (a dummy model with a larger vocab) show as U+FFFD, not silently vanish.
-        out = bytearray()
-        for i in ids:
-            if i >= self.SIZE:
-                out += "\ufffd".encode()
-            elif i >= self.OFFSET:
-                out.append(i - self.OFFSET)
-        return out.decode("utf-8", errors="replace")
-
-    @staticmethod
-    def render_chat(messages: list[dict], add_generation_prompt: bool = True) -> str:
-        """A minimal chat format: ``<|role|>\\ncontent\\n`` per turn, then ``<|assistant|>\\n``."""
-        text = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
-        return text + ("<|assistant|>\n" if add_generation_prompt else "")
-
-    def apply_chat_template(self, messages: list[dict], *, tools: list[dict] | None = None,
-                            add_generation_prompt: bool = True, **template_kwargs) -> list[int]:
-        if tools:
-            raise TokenizerError("the byte-level tokenizer's minimal chat format has no place for tools; "
-                                 "use a model folder with a chat template that renders them")
-        unsupported = [k for k in ("chat_template", "continue_final_message") if template_kwargs.get(k)]
-        if unsupported:
-            raise TokenizerError(f"the byte-level tokenizer has no chat template, so {', '.join(unsupported)} "
-                                 "cannot apply; use a model folder with a chat template")
-        return self.encode(self.render_chat(messages, add_generation_prompt))
-
+from moelight.tokenization.tokenizer_base import Tokenizer
 
 # ----------------------------------------------------------------------------- tokenizer.json
 
@@ -396,7 +305,6 @@ class HFTokenizer(Tokenizer):
 
 # ----------------------------------------------------------------------------- loading
 
-BYTE_NAMES = ("byte", "bytes", "ByteTokenizer")
 
 
 def _model_vocab_size(model_dir: Path) -> int | None:

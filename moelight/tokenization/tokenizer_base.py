@@ -1,0 +1,40 @@
+"""The interface every tokenizer gives the engine (`tokenizer.HFTokenizer`, `byte_tokenizer.ByteTokenizer`)."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+
+class Tokenizer(ABC):
+    """What the engine needs from any tokenizer."""
+
+    bos_id: int | None
+    eos_id: int | None
+    eos_ids: frozenset[int]  # every id that ends generation (generation_config may list several)
+    pad_id: int | None
+    vocab_size: int
+
+    @abstractmethod
+    def encode(self, text: str, add_bos: bool = True) -> list[int]:
+        """Token ids of ``text``; ``add_bos`` adds the special tokens the model expects around a prompt."""
+
+    @abstractmethod
+    def decode(self, ids: list[int]) -> str:
+        """Text of ``ids`` with special tokens left out."""
+
+    @abstractmethod
+    def apply_chat_template(self, messages: list[dict], *, tools: list[dict] | None = None,
+                            add_generation_prompt: bool = True, **template_kwargs) -> list[int]:
+        """Token ids of a conversation, ending with the prompt for the assistant's answer.
+
+        `tools` (JSON-schema tool dicts) and `template_kwargs` (e.g. Qwen3's `enable_thinking`,
+        GPT-OSS's `reasoning_effort` / `builtin_tools`, `documents`) reach the template as transformers
+        passes them; `chat_template` (a template or a template's name) and `continue_final_message`
+        mean what they mean in transformers' `apply_chat_template`."""
+
+    def encode_request(self, request: Any) -> list[int]:
+        """Prompt ids for a ``workloads.Request``: the chat template for messages, else the raw prompt."""
+        if getattr(request, "messages", None) is not None:
+            return self.apply_chat_template(request.messages, tools=getattr(request, "tools", None))
+        return self.encode(request.prompt)
