@@ -3,9 +3,10 @@
 //
 // Every query head reads the same rows, so the kernel walks the item's keys in blocks of 16 and,
 // per block, serves all heads from the block while it sits in L1: (1) scores of every head: with
-// AVX512-BF16, a bf16 cache and heads in multiples of 16, 16 heads in the vector lanes
-// (heads_in_lanes_scores); else each K chunk loaded once for up to 4 heads (bf16 dot products, or
-// float32 FMAs over the block widened into L1); (2) the online softmax of attend_kernel.h per head;
+// heads in multiples of the vector width, W heads in the lanes (latent_lanes.h: bf16 dot products on
+// a bf16 cache with AVX512-BF16, else float32 FMAs over the block widened into L1); other head counts
+// in tiles of up to 4 heads, each K chunk loaded once per tile; (2) the online softmax of
+// attend_kernel.h per head;
 // (3) acc_h += p_h . V with V the first DV columns of the same rows (bf16 dot products over key
 // pairs when the output is 16-bit). DRAM sees each row once per item, whatever the head count.
 // Include after `#pragma GCC target` in an ISA TU.
@@ -15,6 +16,7 @@
 #include <type_traits>
 
 #include "attend_kernel.h"
+#include "latent_lanes.h"
 #include "latent_kernels.h"
 
 namespace {
@@ -85,51 +87,6 @@ inline void latent_scores(float* S, const void* q, const void* q_lo, int H, cons
   if (H - r >= 1) latent_tile_scores<V, D, 1, kDot, kLo>(S, q, q_lo, r, kblk, scale);
 }
 
-// Scores of 16 heads against one block of kKeyBlock bf16 keys with the heads in the lanes: qt holds
-// the heads' queries as [D / 2][16] bf16 pairs (pack_heads_in_lanes, once per item), and each key's
-// pair is broadcast from its row. One accumulator per key, so no horizontal sums: the 4-head tiles'
-// partials and transpose_sum cost about as much as their products at MLA's 16+ heads. The loop also
-// prefetches the next block (`next_lines` lines from `next`) into L2, a line per pair step: spread
-// over the products the lines arrive in time; one burst at the block's start left the cold rows'
-// misses in the critical path. S[h * kKeyBlock + t] = scale * q_h . k_t.
-template <class V, int D, bool kLo>
-inline void heads_in_lanes_scores(float* S, const uint32_t* qt, const uint32_t* qt_lo, const uint16_t* kblk,
-                                  float scale, const char* next, int next_lines) {
-  using R = typename V::R;
-  static_assert(V::W == 16 && kKeyBlock == 16, "16 heads in the lanes, 16 keys a block");
-  R acc[kKeyBlock];
-  for (int t = 0; t < kKeyBlock; ++t) acc[t] = V::zero();
-  const uint32_t* k = reinterpret_cast<const uint32_t*>(kblk);
-  for (int c = 0; c < D / 2; ++c) {
-    if (c < next_lines) __builtin_prefetch(next + 64 * c, 0, 2);
-    const R qv = V::load_raw(reinterpret_cast<const uint16_t*>(qt + c * 16));
-#pragma GCC unroll 16
-    for (int t = 0; t < kKeyBlock; ++t) acc[t] = V::dot_bf16(acc[t], qv, V::set1_pair(k[t * (D / 2) + c]));
-    if constexpr (kLo) {
-      const R lv = V::load_raw(reinterpret_cast<const uint16_t*>(qt_lo + c * 16));
-#pragma GCC unroll 16
-      for (int t = 0; t < kKeyBlock; ++t) acc[t] = V::dot_bf16(acc[t], lv, V::set1_pair(k[t * (D / 2) + c]));
-    }
-  }
-  V::transpose16(acc);  // acc[h] lane t
-  const R sv = V::set1(scale);
-  for (int h = 0; h < 16; ++h) V::store(S + h * kKeyBlock, V::mul(sv, acc[h]));
-}
-
-// q [H][D] bf16 (H a multiple of 16) -> qt [H / 16][D / 2][16] bf16 pairs for heads_in_lanes_scores.
-template <class V, int D>
-inline void pack_heads_in_lanes(uint32_t* qt, const uint16_t* q, int H) {
-  using R = typename V::R;
-  for (int g = 0; g < H / 16; ++g) {
-    for (int c0 = 0; c0 < D / 2; c0 += 16) {  // 16 pairs of 16 heads
-      R r[16];
-      for (int h = 0; h < 16; ++h) r[h] = V::load_raw(q + (g * 16 + h) * D + 2 * c0);
-      V::transpose16(r);
-      for (int j = 0; j < 16; ++j) V::store(reinterpret_cast<float*>(qt + (g * D / 2 + c0 + j) * 16), r[j]);
-    }
-  }
-}
-
 template <class V, class T, int DK, int DV>
 void latent_attend(const moelight::LatentArgs& a) {
   static_assert(kKeyBlock == moelight::kLatentBlockKeys, "LatentArgs::blocks are of kKeyBlock keys");
@@ -142,7 +99,7 @@ void latent_attend(const moelight::LatentArgs& a) {
   float* lv = P + H * kKeyBlock;      // H x V::W lane-wise softmax sums
   float* kf = lv + H * kKeyBlock;     // kKeyBlock x DK: a block widened to float32 (or a bf16 tail)
   float* m = kf + kKeyBlock * DK;     // H running maxima
-  uint32_t* qt = reinterpret_cast<uint32_t*>(m + H);  // H x DK / 2 pairs (hi), then lo: heads in lanes
+  float* qt = m + H;                  // H x DK: queries with heads in lanes (bf16: hi pairs, then lo)
   uint16_t* qh = reinterpret_cast<uint16_t*>(qs);
   uint16_t* ql = qh + H * DK;
   bool has_lo = false;
@@ -164,12 +121,18 @@ void latent_attend(const moelight::LatentArgs& a) {
     for (int c = 0; c < DV; c += V::W) V::store(acc + r * DV + c, V::zero());
   }
 
-  constexpr bool kLanes = kDot && V::W == 16 && DK % 32 == 0;
-  const bool lanes = kLanes && H % 16 == 0;
+  // Heads in lanes: H a multiple of W; bf16 pairs only with 16 lanes (dot_bf16); not for a float32
+  // cache, whose scores keep the tiles' shorter summation chains (its output has float32's rounding).
+  constexpr bool kLanes = kDot ? V::W == 16 && DK % 32 == 0 : !std::is_same<T, float>::value && DK % V::W == 0;
+  const bool lanes = kLanes && H % V::W == 0;
   if constexpr (kLanes) {
     if (lanes) {
-      pack_heads_in_lanes<V, DK>(qt, qh, H);
-      if (has_lo) pack_heads_in_lanes<V, DK>(qt + H * DK / 2, ql, H);
+      if constexpr (kDot) {
+        pack_heads_in_lanes<V, DK / 2>(qt, reinterpret_cast<const float*>(qh), H);
+        if (has_lo) pack_heads_in_lanes<V, DK / 2>(qt + H * DK / 2, reinterpret_cast<const float*>(ql), H);
+      } else {
+        pack_heads_in_lanes<V, DK>(qt, qs, H);
+      }
     }
   }
 
@@ -177,6 +140,11 @@ void latent_attend(const moelight::LatentArgs& a) {
   for (int64_t kb = 0; kb < a.n_keys; kb += kKeyBlock) {
     const int nk = a.n_keys - kb < kKeyBlock ? static_cast<int>(a.n_keys - kb) : kKeyBlock;
     const T* blk = a.blocks != nullptr ? static_cast<const T*>(a.blocks[kb / kKeyBlock]) : rows + kb * DK;
+    const int64_t after = a.n_keys - kb - kKeyBlock;  // keys after this block: prefetched by the lanes' loops
+    const char* next = after <= 0 ? nullptr
+                                  : static_cast<const char*>(a.blocks != nullptr ? a.blocks[kb / kKeyBlock + 1]
+                                                                                 : blk + kKeyBlock * DK);
+    const int next_lines = after <= 0 ? 0 : static_cast<int>((after < kKeyBlock ? after : kKeyBlock) * DK * sizeof(T) / 64);
     const float* vblk = kf;  // float32 V rows (stride DK) for the non-dot P.V
     // Phase 1: scores of every head.
     if constexpr (kDot) {
@@ -187,18 +155,15 @@ void latent_attend(const moelight::LatentArgs& a) {
         kraw = reinterpret_cast<const uint16_t*>(kf);
       }
       if (lanes) {
-        if constexpr (kLanes) {  // lanes is false for the other ISAs: this is not instantiated there
-          const int64_t after = a.n_keys - kb - kKeyBlock;  // rows of the next block
-          const void* nblk = after <= 0 ? nullptr : a.blocks != nullptr ? a.blocks[kb / kKeyBlock + 1] : blk + kKeyBlock * DK;
-          const char* next = static_cast<const char*>(nblk);
-          const int next_lines = after <= 0 ? 0 : static_cast<int>((after < kKeyBlock ? after : kKeyBlock) * DK * 2 / 64);
+        if constexpr (kLanes) {  // lanes is false where kLanes is: not instantiated there
           for (int g = 0; g < H / 16; ++g) {
-            const uint32_t* qg = qt + g * DK / 2 * 16;
+            const float* qg = qt + g * DK / 2 * 16;
             float* Sg = P + g * 16 * kKeyBlock;
+            const int lines = g == 0 ? next_lines : 0;
             if (has_lo) {
-              heads_in_lanes_scores<V, DK, true>(Sg, qg, qg + H * DK / 2, kraw, a.scale, next, g == 0 ? next_lines : 0);
+              heads_in_lanes_scores_bf16<V, DK, true>(Sg, qg, qg + H * DK / 2, kraw, a.scale, next, lines);
             } else {
-              heads_in_lanes_scores<V, DK, false>(Sg, qg, nullptr, kraw, a.scale, next, g == 0 ? next_lines : 0);
+              heads_in_lanes_scores_bf16<V, DK, false>(Sg, qg, nullptr, kraw, a.scale, next, lines);
             }
           }
         }
@@ -214,7 +179,15 @@ void latent_attend(const moelight::LatentArgs& a) {
       } else {
         load_block<V, T, DK, false>(kf, blk, DK, nk);
       }
-      latent_scores<V, DK, false, false>(P, qs, nullptr, H, vblk, a.scale);
+      if (lanes) {
+        if constexpr (kLanes) {
+          for (int g = 0; g < H / V::W; ++g)
+            heads_in_lanes_scores_f32<V, DK>(P + g * V::W * kKeyBlock, qt + g * DK * V::W, vblk, next,
+                                             g == 0 ? next_lines : 0);
+        }
+      } else {
+        latent_scores<V, DK, false, false>(P, qs, nullptr, H, vblk, a.scale);
+      }
     }
     // Phase 2: online softmax per head (softmax_block_row).
     for (int r = 0; r < H; ++r) {

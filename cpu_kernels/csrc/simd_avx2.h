@@ -94,6 +94,29 @@ struct VecAvx2 {
     return _mm256_mul_ps(y, _mm256_castsi256_ps(e));
   }
 
+  // r[i] lane j -> r[j] lane i for a W x W (8 x 8) block: 32-bit and 64-bit interleaves within
+  // 128-bit halves, then the halves swapped across (24 shuffles).
+  static void transpose(R* r) {
+    R t[8];
+    for (int i = 0; i < 4; ++i) {
+      t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+      t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    R u[8];
+    for (int i = 0; i < 2; ++i) {  // half k of u[4i + j]: column 4k + j of rows 4i .. 4i + 3
+      const __m256d a = _mm256_castps_pd(t[4 * i]), b = _mm256_castps_pd(t[4 * i + 1]);
+      const __m256d c = _mm256_castps_pd(t[4 * i + 2]), d = _mm256_castps_pd(t[4 * i + 3]);
+      u[4 * i] = _mm256_castpd_ps(_mm256_unpacklo_pd(a, c));
+      u[4 * i + 1] = _mm256_castpd_ps(_mm256_unpackhi_pd(a, c));
+      u[4 * i + 2] = _mm256_castpd_ps(_mm256_unpacklo_pd(b, d));
+      u[4 * i + 3] = _mm256_castpd_ps(_mm256_unpackhi_pd(b, d));
+    }
+    for (int j = 0; j < 4; ++j) {
+      r[j] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x20);
+      r[4 + j] = _mm256_permute2f128_ps(u[j], u[4 + j], 0x31);
+    }
+  }
+
   // out[t] = sum of the lanes of a[t], t = 0..7 (transpose-and-add tree).
   static R transpose_sum(const R* a) {
     R s1[4];

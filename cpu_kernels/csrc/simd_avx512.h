@@ -82,9 +82,9 @@ struct VecAvx512 {
     return _mm512_scalef_ps(y, n);  // y * 2^n
   }
 
-  // r[i] lane j -> r[j] lane i for a 16 x 16 block of 32-bit values: 32-bit and 64-bit interleaves
-  // within 128-bit lanes, then a 4 x 4 transpose of the 128-bit lanes (64 shuffles).
-  static void transpose16(R* r) {
+  // r[i] lane j -> r[j] lane i for a W x W (16 x 16) block of 32-bit values: 32-bit and 64-bit
+  // interleaves within 128-bit lanes, then a 4 x 4 transpose of the 128-bit lanes (64 shuffles).
+  static void transpose(R* r) {
     R t[16];
     for (int i = 0; i < 8; ++i) {  // lane k of t[2i] / t[2i+1]: (a0 b0 a1 b1) / (a2 b2 a3 b3)
       t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
