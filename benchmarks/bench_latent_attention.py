@@ -19,6 +19,7 @@ first row: 256 sequences of ~85 prompt tokens plus up to 64 new ones.
     python benchmarks/bench_latent_attention.py --output benchmarks/results/latent_attention.md
     python benchmarks/bench_latent_attention.py --threads 1  # one core against one core's read rate
     python benchmarks/bench_latent_attention.py --quick      # one small case, to check it runs
+    python benchmarks/bench_latent_attention.py --isa avx2   # another ISA level this CPU has
 """
 
 from __future__ import annotations
@@ -96,10 +97,14 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="one small case per shape")
     ap.add_argument("--cases", help="sequences x context to run, comma-separated (e.g. 256x117); default: all")
     ap.add_argument("--threads", type=int, help="threads for the kernels and the probe (default: torch's)")
+    ap.add_argument("--isa", choices=("amx", "avx512bf16", "avx512", "avx2"),
+                    help="run the kernels at this ISA level (default: the best this CPU has)")
     ap.add_argument("--output", type=Path)
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.isa and (cpu_kernels.kernel_backend() == "torch" or torch.ops.moelight.set_isa(args.isa) != args.isa):
+        ap.error(f"--isa {args.isa}: this CPU (or build) has no {args.isa} kernels")
     cases = [(32, 128)] if args.quick else CASES
     if args.cases:
         try:
@@ -118,8 +123,9 @@ def main() -> None:
             print(f"B={b} ctx={ctx} {name}: {per} B/token, {t * 1e3:.2f} ms, {r['ours_gbs']:.2f} GB/s, "
                   f"{r['ratio']:.2f} of the read bandwidth ({r['ratio_lo']:.2f}-{r['ratio_hi']:.2f})", flush=True)
     cpu = next((x.split(":", 1)[1].strip() for x in open("/proc/cpuinfo") if x.startswith("model name")), "?")
+    flags = f" --isa {args.isa}" if args.isa else ""
     lines = ["# Latent (MLA) decode attention against GQA at equal context (bf16 cache)", "",
-             f"`python benchmarks/bench_latent_attention.py` at {commit()}, {cpu}, {torch.get_num_threads()} threads "
+             f"`python benchmarks/bench_latent_attention.py{flags}` at {commit()}, {cpu}, {torch.get_num_threads()} threads "
              f"(OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}), torch {torch.__version__}, "
              f"{platform.python_version()}; latent kernel {latent_path()}, GQA kernel {cpu_kernels.kernel_backend()}; "
              f"read bandwidth now {read_bw_now(bufs):.1f} GB/s", "",
