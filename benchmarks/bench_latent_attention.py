@@ -125,7 +125,8 @@ def main() -> None:
     cpu = next((x.split(":", 1)[1].strip() for x in open("/proc/cpuinfo") if x.startswith("model name")), "?")
     flags = f" --isa {args.isa}" if args.isa else ""
     lines = ["# Latent (MLA) decode attention against GQA at equal context (bf16 cache)", "",
-             f"`python benchmarks/bench_latent_attention.py{flags}` at {commit()}, {cpu}, {torch.get_num_threads()} threads "
+             f"`python benchmarks/bench_latent_attention.py{flags}` at {commit()}, {cpu}, "
+             f"{torch.get_num_threads()} threads "
              f"(OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'unset')}), torch {torch.__version__}, "
              f"{platform.python_version()}; latent kernel {latent_path()}, GQA kernel {cpu_kernels.kernel_backend()}; "
              f"read bandwidth now {read_bw_now(bufs):.1f} GB/s", "",

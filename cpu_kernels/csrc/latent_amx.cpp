@@ -64,31 +64,6 @@ void configure(int hg, bool scores) {
   _tile_loadconfig(&c);
 }
 
-// r[i] = row i of a 16 x 16 block of 32-bit values -> r[j] = column j.
-inline void transpose16(R r[16]) {
-  R t[16], u[16];
-  for (int i = 0; i < 8; ++i) {
-    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
-  }
-  for (int g = 0; g < 4; ++g) {  // u[4g + c], lane j: column 4j + c of rows 4g..4g+3
-    const __m512d lo0 = _mm512_castps_pd(t[4 * g]), lo1 = _mm512_castps_pd(t[4 * g + 2]);
-    const __m512d hi0 = _mm512_castps_pd(t[4 * g + 1]), hi1 = _mm512_castps_pd(t[4 * g + 3]);
-    u[4 * g] = _mm512_castpd_ps(_mm512_unpacklo_pd(lo0, lo1));
-    u[4 * g + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(lo0, lo1));
-    u[4 * g + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(hi0, hi1));
-    u[4 * g + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(hi0, hi1));
-  }
-  for (int c = 0; c < 4; ++c) {
-    const R v = _mm512_shuffle_f32x4(u[c], u[4 + c], 0x88), v1 = _mm512_shuffle_f32x4(u[c], u[4 + c], 0xdd);
-    const R w = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0x88), w1 = _mm512_shuffle_f32x4(u[8 + c], u[12 + c], 0xdd);
-    r[c] = _mm512_shuffle_f32x4(v, w, 0x88);
-    r[8 + c] = _mm512_shuffle_f32x4(v, w, 0xdd);
-    r[4 + c] = _mm512_shuffle_f32x4(v1, w1, 0x88);
-    r[12 + c] = _mm512_shuffle_f32x4(v1, w1, 0xdd);
-  }
-}
-
 inline float* align64(void* p) {
   return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 63) & ~static_cast<uintptr_t>(63));
 }
@@ -117,7 +92,7 @@ void latent_attend_amx(const moelight::LatentArgs& a) {
       R r[16];
       for (int h = 0; h < 16; ++h)
         r[h] = h < hg ? V::load(reinterpret_cast<const float*>(q32 + (h0 + h) * (DK / 2) + p)) : V::zero();
-      transpose16(r);
+      V::transpose(r);
       for (int i = 0; i < 16; ++i) V::store(reinterpret_cast<float*>(qv + (p + i) * 16), r[i]);
     }
 
@@ -167,8 +142,8 @@ void latent_attend_amx(const moelight::LatentArgs& a) {
         lo[i] = V::load(st + (kb + i) * 16);
         hi[i] = V::load(st + (kb + 16 + i) * 16);
       }
-      transpose16(lo);
-      transpose16(hi);
+      V::transpose(lo);
+      V::transpose(hi);
       for (int h = 0; h < hg; ++h) {
         const __m512bh both = _mm512_cvtne2ps_pbh(hi[h], lo[h]);  // keys kb..kb+31 of head h
         V::store(reinterpret_cast<float*>(pm + h * n64 + kb), reinterpret_cast<const R&>(both));
