@@ -123,7 +123,8 @@ void latent_attend(const moelight::LatentArgs& a) {
 
   // Heads in lanes: H a multiple of W; bf16 pairs only with 16 lanes (dot_bf16); not for a float32
   // cache, whose scores keep the tiles' shorter summation chains (its output has float32's rounding).
-  constexpr bool kLanes = kDot ? V::W == 16 && DK % 32 == 0 : !std::is_same<T, float>::value && DK % V::W == 0;
+  constexpr bool kLanes =
+      kDot ? V::W == 16 && DK % 32 == 0 : !std::is_same<T, float>::value && DK % V::W == 0;
   const bool lanes = kLanes && H % V::W == 0;
   if constexpr (kLanes) {
     if (lanes) {
@@ -144,7 +145,8 @@ void latent_attend(const moelight::LatentArgs& a) {
     const char* next = after <= 0 ? nullptr
                                   : static_cast<const char*>(a.blocks != nullptr ? a.blocks[kb / kKeyBlock + 1]
                                                                                  : blk + kKeyBlock * DK);
-    const int next_lines = after <= 0 ? 0 : static_cast<int>((after < kKeyBlock ? after : kKeyBlock) * DK * sizeof(T) / 64);
+    const int next_lines =
+        after <= 0 ? 0 : static_cast<int>((after < kKeyBlock ? after : kKeyBlock) * DK * sizeof(T) / 64);
     const float* vblk = kf;  // float32 V rows (stride DK) for the non-dot P.V
     // Phase 1: scores of every head.
     if constexpr (kDot) {
