@@ -83,7 +83,7 @@ def test_mtbench_two_turns(tmp_path):
     for rec in recs:
         turns = rec["turns"]
         assert len(turns) == 2
-        assert turns[1]["user"] == by_id[rec["id"]]["turns"][1]
+        assert [t["user"] for t in turns] == by_id[rec["id"]]["turns"][:2]  # each turn names what it answered
         assert [len(t["output_token_ids"]) for t in turns] == [4, 4]
         assert rec["completion_tokens"] == 8 and rec["output_token_ids"] == turns[1]["output_token_ids"]
         # the second turn's prompt holds the first turn's prompt and answer

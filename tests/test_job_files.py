@@ -121,6 +121,26 @@ def test_a_read_only_folder_is_refused(tmp_path):
     refused(run("--dataset", data, "--output", ro / "o.jsonl", *TINY), "not writable")
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, where root cannot write either")
+def test_a_folder_that_cannot_be_created_or_written_is_refused_before_loading(tmp_path, monkeypatch):
+    data = dataset(tmp_path / "d.jsonl")
+    loads = []
+    monkeypatch.setattr("moelight.engine.session.EngineSession.load", lambda self: loads.append(1))
+    refused(run("--dataset", data, "--output", "/proc/moelight-x/o.jsonl", *TINY), "cannot create the folder")
+    refused(run("--dataset", data, "--output", "/proc/o.jsonl", *TINY), "the folder /proc is not writable")
+    for args in (["--save-policy", "/proc/moelight-x/p.json"], ["--plot", "/proc/moelight-x"]):
+        refused(CliRunner().invoke(app, ["plan", "--model", "tiny", "--hardware", "t4", *args]),
+                "cannot create the folder /proc/moelight-x")
+    assert not loads
+
+
+def test_checking_an_output_folder_leaves_nothing_behind(tmp_path):
+    data = dataset(tmp_path / "d.jsonl")
+    refused(run("--dataset", data, "--output", tmp_path / "new" / "deeper" / "o.jsonl", "--model", "no-such-model",
+                "--load-format", "dummy", *HW), "--model no-such-model")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.jsonl"]  # the check's folders and probe are gone
+
+
 def test_a_new_output_folder_is_created_and_a_load_error_is_not_hidden(tmp_path, model_copy):
     data = dataset(tmp_path / "d.jsonl")
     res = run("--dataset", data, "--output", tmp_path / "new" / "deeper" / "o.jsonl", *TINY)
@@ -232,10 +252,36 @@ def test_max_tokens_cut_by_the_context_and_chat_without_a_template_are_counted(t
     assert res.exit_code == 0, res.output
     report = json.loads((tmp_path / "o.jsonl.report.json").read_text())
     assert report["warnings"]["counts"] == {"max_tokens_cut": 1, "chat_without_template": 1}
-    assert says(res.output, "max_tokens cut so prompt + answer fit") and says(res.output, "no chat template")
+    assert says(res.output, "max_tokens cut so prompt + answer fit") and says(res.output, "without a chat template")
 
 
 # ---- 6. clear errors everywhere a user can reach ---------------------------------------------------
+
+@pytest.mark.parametrize("args, needle", [
+    (["--top-p", "0"], "--top-p 0.0: must be in (0, 1]"), (["--top-p", "1.5"], "--top-p 1.5"),
+    (["--top-k", "-2"], "--top-k -2: must be 0 or -1 (off)"),
+    (["--ray-replicas", "5-2"], "--ray-replicas only apply to a Ray job: add --ray"),
+    (["--ray-gpus-per-replica", "1", "--ray-cpus-per-replica", "2"],
+     "--ray-cpus-per-replica, --ray-gpus-per-replica only apply to a Ray job")])
+def test_sampling_and_ray_options_are_checked_as_options_before_the_dataset(tmp_path, monkeypatch, args, needle):
+    reads = []
+    monkeypatch.setattr("workloads.load_dataset", lambda *a, **k: reads.append(1))
+    refused(run("--dataset", dataset(tmp_path / "d.jsonl"), "--output", tmp_path / "o.jsonl", *TINY, *args), needle)
+    assert not reads
+
+
+def test_a_conversation_without_a_chat_template_is_refused_by_its_line_and_can_be_skipped(tmp_path):
+    ckpt = Path(__file__).parent / "data" / "stdlib-moe"  # tokenizer.json without a chat template
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"id": "plain", "prompt": "def f():"}) + "\n"
+                    + json.dumps({"id": "lone", "messages": [{"role": "user", "content": "import os"}]}) + "\n"
+                    + json.dumps({"id": "chat", "messages": [{"role": "system", "content": "be brief"},
+                                                             {"role": "user", "content": "hi"}]}) + "\n")
+    common = ["--dataset", data, "--model", ckpt, "--no-progress", "--gen-len", "2", *HW]
+    refused(run(*common, "--output", tmp_path / "o.jsonl"), f"{data}:3:", "has no chat_template")
+    res = run(*common, "--output", tmp_path / "o.jsonl", "--skip-bad-lines")
+    assert res.exit_code == 0, res.output
+    assert sorted(ids(tmp_path / "o.jsonl")) == ["lone", "plain"]  # a lone user turn is its text
 
 def test_a_corrupt_tokenizer_json_is_named(tmp_path, model_copy):
     from tests.test_tokenizer import build_tokenizer

@@ -66,10 +66,19 @@ def test_plan_plots(tmp_path):
         (["--model", "tiny", "--hardware", "/no/such/profile.json"], "/no/such/profile.json"),
         (["--model", "tiny", "--hardware", "s1", "--dtype", "float8"], "float8"),
         (["--model", "tiny", "--hardware", "s1", "--family", "deepspeed"], "flexgen"),
+        (["--model", "mixtral-8x7b", "--hardware", "t4", "--prompt-len", "100000", "--gen-len", "8"],
+         "--prompt-len: 100000 prompt tokens + --gen-len 8 = 100008 exceed mixtral-8x7b's context of 32768"),
+        (["--model", "mixtral-8x7b", "--hardware", "t4", "--max-prompt-len", "32760", "--gen-len", "64"],
+         "--max-prompt-len: 32760 prompt tokens"),
+        (["--model", "tiny", "--hardware", "t4", "--prompt-len", "0"], "--prompt-len: 0: a mean prompt length"),
+        (["--model", "tiny", "--hardware", "t4", "--gen-len", "0"], "--gen-len: 0: generate at least 1 token"),
+        (["--model", "tiny", "--hardware", "t4", "--prompt-len", "80", "--max-prompt-len", "10"],
+         "--max-prompt-len: 10: the longest prompt cannot be shorter than the mean"),
     ],
 )
-def test_bad_input_exit_2_without_traceback(args, needle):
-    r = _plan(*args)
+@pytest.mark.parametrize("command", ["plan", "simulate"])
+def test_bad_input_exit_2_without_traceback(args, needle, command):
+    r = runner.invoke(app, [command, *args])
     assert r.exit_code == 2, r.output
     assert "Traceback" not in r.output
     assert says(r.output, needle)

@@ -284,6 +284,16 @@ def test_duplicate_ids(tmp_path):
         read_dataset(p)
 
 
+def test_a_duplicate_of_a_line_number_id_says_that_records_without_ids_are_numbered(tmp_path):
+    p = write_lines(tmp_path / "d.jsonl", [{"prompt": "x"}, {"id": "1", "prompt": "y"}, {"id": "b", "prompt": "z"},
+                                           {"id": "b", "prompt": "w"}])
+    with pytest.raises(DatasetError) as e:
+        read_dataset(p)
+    first, second = [line for line in str(e.value).splitlines() if "duplicate id" in line]
+    assert "'1'" in first and "a record without an id takes its line (or row) number as its id" in first
+    assert "'b'" in second and "without an id" not in second  # an id that is no line number: no hint
+
+
 def test_file_level_errors(tmp_path):
     with pytest.raises(DatasetError, match="missing.jsonl: dataset file does not exist"):
         read_dataset(tmp_path / "missing.jsonl")

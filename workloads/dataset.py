@@ -131,12 +131,20 @@ def detect_jsonl_format(label: str, records: list[tuple[int, dict]], hint_style:
     )
 
 
+def duplicate_id(rid: str, first: str) -> str:
+    """The problem of a second record with id `rid` (the first at `first`, ``file:line``); when that id is
+    the first record's line number, that record may have had no id at all, and the message says so."""
+    implicit = rid.isdigit() and line_of(Problem(first, "")) == int(rid)
+    hint = "; a record without an id takes its line (or row) number as its id" if implicit else ""
+    return f"duplicate id {rid!r} (first at {first}{hint})"
+
+
 def check_duplicates(requests: list[Request], problems: list[Problem]) -> list[Request]:
     seen: dict[str, str] = {}
     kept = []
     for r in requests:
         if r.id in seen:
-            problems.append(Problem(r.source, f"duplicate id {r.id!r} (first at {seen[r.id]})"))
+            problems.append(Problem(r.source, duplicate_id(r.id, seen[r.id])))
             continue
         seen[r.id] = r.source
         kept.append(r)

@@ -101,7 +101,8 @@ def register(app: typer.Typer) -> None:
                                      "--quantize`): the bytes they read, page over the link and hold"),
     ) -> None:
         """Search the HRM policy (batch, micro-batch, placement, r_w, r_c) and explain it."""
-        from hrm import WorkloadSpec, get_hardware, get_model
+        from hrm import get_hardware, get_model
+        from moelight.cli.workload_options import workload_from_options
         from moelight.jobs.path_checks import check_output_dir, check_output_file
 
         with user_errors():
@@ -133,9 +134,9 @@ def register(app: typer.Typer) -> None:
             if dtype == "auto":
                 dtype = "bfloat16" if gpus == 0 else hw.preferred_dtype()
             dtype = canonical_dtype(dtype)
-            workload = WorkloadSpec(prompt_len, gen_len, max_prompt_len, padded, prefill_chunk=prefill_chunk)
         except ValueError as e:
-            raise typer.BadParameter(str(e)) from None
+            raise typer.BadParameter(str(e), param_hint="--dtype") from None
+        workload = workload_from_options(mspec, prompt_len, gen_len, max_prompt_len, padded, prefill_chunk)
         if quantize != "none":
             from moelight.models.expert_format import quantize_format, rank_widths
 

@@ -15,8 +15,8 @@ def run(
     dataset: Path = Opt(..., "--dataset",
                         help="MT-Bench question.jsonl, jsonl with 'prompt', OpenAI batch jsonl, or parquet"),
     model: str = Opt(..., "--model",
-                     help="Hugging Face model folder or preset (tiny, bench-1b, mixtral-8x7b, "
-                          "mixtral-8x22b), or a CoE spec (.json) naming several"),
+                     help="Hugging Face model folder, a preset (tiny, bench-1b, mixtral-8x7b, deepseek-v3, ...: "
+                          "an unknown name lists them all), or a CoE spec (.json) naming several"),
     output: Path = Opt(..., "--output",
                        help="results file: .jsonl or .parquet (OpenAI batch output for OpenAI batch input)"),
     gen_len: int = Opt(128, "--gen-len", min=1,
@@ -39,8 +39,8 @@ def run(
                         "flexgen-cpu, overlap-unpaged"),
     seed: int = Opt(0, "--seed", help="base seed: request r samples with seed + crc32(id)"),
     temperature: float = Opt(0.0, "--temperature", min=0.0, help="0 = greedy"),
-    top_p: float = Opt(1.0, "--top-p"),
-    top_k: int = Opt(0, "--top-k", help="0 = off"),
+    top_p: float = Opt(1.0, "--top-p", help="nucleus sampling, in (0, 1]; 1 = off"),
+    top_k: int = Opt(0, "--top-k", help="sample from the k most likely tokens; 0 or -1 = off"),
     ignore_eos: bool = Opt(False, "--ignore-eos", help="always generate --gen-len tokens (benchmarking)"),
     turn: int = Opt(1, "--turn", min=1, max=2, help="MT-Bench: 2 runs both turns as a conversation"),
     num_requests: int = Opt(None, "--num-requests", min=1,
@@ -80,7 +80,7 @@ def run(
     enable_prefix_caching: bool = Opt(True, "--enable-prefix-caching/--no-enable-prefix-caching",
                                       help="compute a prefix shared by requests (a system prompt, few-shot examples, "
                                       "the n samples of a prompt) once and share its KV pages (default on; "
-                                      "not for DeepSeek's latent cache)"),
+                                      "DeepSeek's latent cache too)"),
 ) -> None:
     """Generate for every request of a dataset; stream results to --output; print a report."""
     from moelight.jobs.dataset_job import run_job

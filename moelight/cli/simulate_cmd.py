@@ -55,7 +55,8 @@ def register(app: typer.Typer) -> None:
         gantt: Path | None = typer.Option(None, "--gantt", help="write the decode-step timeline PNG here"),
     ) -> None:
         """Simulate one batch: prefill, then decode steps, with the schedule's task graph."""
-        from hrm import WorkloadSpec, get_hardware, get_model
+        from hrm import get_hardware, get_model
+        from moelight.cli.workload_options import workload_from_options
         from moelight.jobs.path_checks import check_image_file
         from moelight.planning.job_plan import check_policy_fits
 
@@ -66,7 +67,10 @@ def register(app: typer.Typer) -> None:
         from moelight.pipeline.schedule import SCHEDULES
         from moelight.pipeline.schedule_simulator import simulate_policy
         from optimizer import InfeasibleError, Policy, plan
+        from optimizer.search import FAMILIES
 
+        if family not in FAMILIES:
+            raise typer.BadParameter(f"unknown family {family!r}; valid: {', '.join(FAMILIES)}", param_hint="--family")
         names = list(SCHEDULES) if schedule == "all" else [schedule]
         if any(n not in SCHEDULES for n in names):
             raise typer.BadParameter(
@@ -84,9 +88,9 @@ def register(app: typer.Typer) -> None:
         hw = replace(hw.with_gpus(gpus) if gpus else hw, link_shared=shared_link or hw.link_shared)
         try:
             mspec.check_tensor_parallel(hw.gpu_count)
-            work = WorkloadSpec(prompt_len, gen_len, max_prompt_len, padded, prefill_chunk=prefill_chunk)
         except ValueError as e:
             raise typer.BadParameter(str(e)) from None
+        work = workload_from_options(mspec, prompt_len, gen_len, max_prompt_len, padded, prefill_chunk)
         try:
             dtype = hw.preferred_dtype() if dtype == "auto" else canonical_dtype(dtype)
         except ValueError as e:

@@ -7,7 +7,8 @@ from dataclasses import dataclass, field
 
 KINDS = {
     "max_tokens_cut": "max_tokens cut so prompt + answer fit the model's context",
-    "chat_without_template": "chat messages joined in a plain format: the tokenizer has no chat template",
+    "chat_without_template": "chat messages formatted without a chat template (the tokenizer has none): a lone user "
+                             "turn as its text, the byte tokenizer's turns in its minimal <|role|> format",
     "turn_does_not_fit": "a later turn does not fit the model's context: the conversation ends before it",
 }
 EXAMPLES = 3  # kept per kind

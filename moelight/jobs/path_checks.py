@@ -1,15 +1,17 @@
 """Every path a job writes, checked before anything heavy runs: a typo in an output path costs a
 second, not a model load, and no output ever lands on (or inside) something the job reads.
 
-An output file's folder must exist or be creatable, be a folder and be writable; the file itself
+An output file's folder must exist or be creatable, be a folder and take a new file; the file itself
 (and its report beside it) must not be a folder; and it must be none of the job's inputs (same file
 by any spelling of its path, or by inode through a link) nor inside an input folder (a model folder,
-a dataset folder). An output folder (plots) must be a folder or creatable.
+a dataset folder). An output folder (plots) is checked the same way.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -24,13 +26,6 @@ class OutputPathError(MoelightError):
 
 def _resolved(path: Path) -> Path:
     return Path(os.path.abspath(os.path.expanduser(path)))
-
-
-def _existing_ancestor(path: Path) -> Path:
-    p = path
-    while not p.exists() and p != p.parent:
-        p = p.parent
-    return p
 
 
 def input_conflict(out: Path, read: Path) -> str | None:
@@ -73,21 +68,34 @@ def check_output_file(path: Path, option: str, inputs: Iterable[tuple[str, Path]
 
 
 def check_output_dir(path: Path, option: str, label: Path | None = None) -> None:
-    """`path` is a writable folder, or can be created: its nearest existing ancestor is a writable folder."""
+    """`path` is a folder this process can write a file into, or one it can create: tried for real (the
+    missing folders made, a file made and removed, then the folders this check made removed again),
+    since permission bits say nothing for root, a read-only mount or a pseudo file system such as /proc,
+    where a job would otherwise fail at its end."""
     shown = label if label is not None else path
     target = _resolved(path)
-    if target.exists():
-        if not target.is_dir():
-            raise OutputPathError(f"{option} {shown}: {path} is a file, not a folder"
-                                  + ("" if label is not None else "; name a folder (it is created if missing)"))
-        if not os.access(target, os.W_OK | os.X_OK):
-            raise OutputPathError(f"{option} {shown}: the folder {path} is not writable")
-        return
-    base = _existing_ancestor(target)
-    if not base.is_dir():
-        raise OutputPathError(f"{option} {shown}: cannot create the folder {path}: {base} is a file")
-    if not os.access(base, os.W_OK | os.X_OK):
-        raise OutputPathError(f"{option} {shown}: cannot create the folder {path}: {base} is not writable")
+    if target.exists() and not target.is_dir():
+        raise OutputPathError(f"{option} {shown}: {path} is a file, not a folder"
+                              + ("" if label is not None else "; name a folder (it is created if missing)"))
+    made = [p for p in (target, *target.parents) if not p.exists()]
+    if made and not made[-1].parent.is_dir():
+        raise OutputPathError(f"{option} {shown}: cannot create the folder {path}: {made[-1].parent} is a file")
+    try:
+        try:
+            target.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise OutputPathError(f"{option} {shown}: cannot create the folder {path}: {e.strerror or e}") from None
+        try:
+            fd, probe = tempfile.mkstemp(dir=target, prefix=".moelight-write-check-")
+            os.close(fd)
+            os.unlink(probe)
+        except OSError as e:
+            raise OutputPathError(f"{option} {shown}: the folder {path} is not writable ({e.strerror or e}); "
+                                  "name a folder you can write to") from None
+    finally:
+        for folder in made:  # deepest first: the job creates them when it writes
+            with contextlib.suppress(OSError):
+                folder.rmdir()
 
 
 def check_image_file(path: Path, option: str) -> None:

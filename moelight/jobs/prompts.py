@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from moelight.errors import PromptError
+from moelight.errors import PromptError, TokenizerError
 from moelight.jobs.job_warnings import JobWarnings
 from moelight.sampling.params import SamplingParams, request_seed
 
@@ -60,7 +60,11 @@ def check_prompts(requests, tokenizer, context: int, opts, warnings: JobWarnings
         except (ValueError, TypeError) as e:
             problems.append((r.id, f"{r.source or r.id}: {e}"))
             continue
-        ids = tokenizer.encode_request(r) if (r.prompt or r.messages) else []
+        try:
+            ids = tokenizer.encode_request(r) if (r.prompt or r.messages) else []
+        except TokenizerError as e:  # e.g. a conversation and no chat template: this request, by its line
+            problems.append((r.id, f"{r.source or r.id}: {e}"))
+            continue
         if r.messages and warnings is not None and not getattr(tokenizer, "has_chat_template", False):
             warnings.add("chat_without_template", f"{r.source or r.id}: {len(r.messages)} message(s)")
         try:

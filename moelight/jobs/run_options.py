@@ -53,14 +53,17 @@ class RunOptions(EngineOptions):
             workloads.output_format(self.output)
         except workloads.OutputPathError as e:
             raise OptionError(f"--output {e}") from None
-        check_output_file(self.output, "--output", self.inputs(), companions=output_companions(self.output))
+        self._check_sampling()
         if self.ray is not None:
             self._check_ray()
+        else:
+            self._check_no_ray_options()
         from moelight.parallel.rank_group import torchrun_rank
 
         if torchrun_rank() is not None and (self.ray is not None or is_coe_spec(self.model)):
             raise OptionError("torchrun starts the ranks of one tensor-parallel model: run a CoE spec or --ray "
                               "without torchrun")
+        check_output_file(self.output, "--output", self.inputs(), companions=output_companions(self.output))
 
     def inputs(self) -> list[tuple[str, Path]]:
         """Everything the job reads, by what it is: an output may be none of them, nor inside one."""
@@ -78,6 +81,24 @@ class RunOptions(EngineOptions):
             if value is not None and Path(value).expanduser().exists():
                 reads.append((what, Path(value).expanduser()))
         return reads
+
+    def _check_sampling(self) -> None:
+        """The requests' sampling defaults, named as options (a request's own values are checked with its line)."""
+        if self.temperature < 0:
+            raise OptionError(f"--temperature {self.temperature}: must be >= 0 (0 = greedy)")
+        if not 0 < self.top_p <= 1:
+            raise OptionError(f"--top-p {self.top_p}: must be in (0, 1] (1 = off)")
+        if self.top_k < -1:
+            raise OptionError(f"--top-k {self.top_k}: must be 0 or -1 (off) or a positive count")
+
+    def _check_no_ray_options(self) -> None:
+        """A --ray-* option without --ray would be ignored: say so instead."""
+        given = [option for option, value, default in (
+            ("--ray-replicas", self.ray_replicas, "1"), ("--ray-cpus-per-replica", self.ray_cpus_per_replica, None),
+            ("--ray-gpus-per-replica", self.ray_gpus_per_replica, 0.0)) if value != default]
+        if given:
+            raise OptionError(f"{', '.join(given)} only apply to a Ray job: add --ray (a local Ray cluster) or "
+                              f"--ray ADDRESS, or leave {'them' if len(given) > 1 else 'it'} out")
 
     def _check_ray(self) -> None:
         import importlib.util

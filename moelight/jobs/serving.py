@@ -65,6 +65,14 @@ def generate_planned(session, plan, prompts, params, report: RunReport, turn: in
         report.add_stats(stats)
 
 
+def first_user_turn(req: workloads.Request) -> str | None:
+    """The user text the first round answers: the prompt, or the conversation's last user message."""
+    if req.messages is None:
+        return req.prompt
+    users = [m.get("content") for m in req.messages if m.get("role") == "user"]
+    return users[-1] if users and isinstance(users[-1], str) else None
+
+
 def generate_prepared(session, opts, job: PreparedJob, writer, bar=None, on_result=None) -> None:
     """Generate every turn of a prepared job, writing each request's result when its last turn (and, with
     n samples, its last sample) ends. Round k answers the k-th user turn of every request that has one;
@@ -93,7 +101,7 @@ def generate_prepared(session, opts, job: PreparedJob, writer, bar=None, on_resu
                 i, sample = owners[res.index]
                 req = requests[i]
                 out = turn_output(res, round_params[res.index], len(round_prompts[res.index]), tokenizer,
-                                  user=req.followups[k - 1] if k else None)
+                                  user=req.followups[k - 1] if k else first_user_turn(req))
                 if res.prompt_logprobs is not None:
                     prompt_lps[i] = prompt_logprobs_json(res.prompt_logprobs, round_prompts[res.index],
                                                          round_params[res.index].prompt_logprobs)

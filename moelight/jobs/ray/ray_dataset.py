@@ -75,7 +75,7 @@ def _read_with_ray(opts, path: Path, finished: set[str]):
         if r["problem"]:
             continue
         if r["id"] in seen:
-            problems.append(Problem(r["source"], f"duplicate id {r['id']!r} (first at {seen[r['id']]})"))
+            problems.append(Problem(r["source"], workloads.duplicate_id(r["id"], seen[r["id"]])))
             duplicates.add(r["source"])
         else:
             seen[r["id"]] = r["source"]

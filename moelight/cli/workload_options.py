@@ -1,0 +1,31 @@
+"""`--prompt-len`, `--gen-len`, `--max-prompt-len`, `--padded`, `--prefill-chunk` of `plan` and
+`simulate` as the HRM's workload, each bad value named by its option, and a job longer than the
+model's context refused: `run` would refuse such prompts, so a plan for them would be for nothing."""
+
+from __future__ import annotations
+
+import typer
+
+
+def workload_from_options(mspec, prompt_len: float, gen_len: int, max_prompt_len: int | None, padded: bool,
+                          prefill_chunk: int | None):
+    """The WorkloadSpec these options describe for the model `mspec` (an hrm ModelSpec)."""
+    from hrm import WorkloadSpec
+
+    if not prompt_len > 0:
+        raise typer.BadParameter(f"{prompt_len:g}: a mean prompt length must be > 0 tokens", param_hint="--prompt-len")
+    if gen_len < 1:
+        raise typer.BadParameter(f"{gen_len}: generate at least 1 token", param_hint="--gen-len")
+    if max_prompt_len is not None and max_prompt_len < prompt_len:
+        raise typer.BadParameter(f"{max_prompt_len}: the longest prompt cannot be shorter than the mean "
+                                 f"(--prompt-len {prompt_len:g})", param_hint="--max-prompt-len")
+    longest = max_prompt_len if max_prompt_len is not None else prompt_len
+    if longest + gen_len > mspec.max_position:
+        which = "--max-prompt-len" if max_prompt_len is not None else "--prompt-len"
+        raise typer.BadParameter(f"{longest:g} prompt tokens + --gen-len {gen_len} = {longest + gen_len:g} exceed "
+                                 f"{mspec.name}'s context of {mspec.max_position} tokens; shorten one of them",
+                                 param_hint=which)
+    try:
+        return WorkloadSpec(prompt_len, gen_len, max_prompt_len, padded, prefill_chunk=prefill_chunk)
+    except ValueError as e:
+        raise typer.BadParameter(str(e)) from None
