@@ -6,6 +6,8 @@ import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from hrm.dtypes import canonical_dtype
+
 
 @dataclass(frozen=True)
 class Policy:
@@ -26,6 +28,8 @@ class Policy:
     dtype: str = "bfloat16"
 
     def __post_init__(self) -> None:
+        if min(self.batch_size, self.micro_batch_size, self.num_micro_batches) < 1:
+            raise ValueError("batch_size, micro_batch_size and num_micro_batches must be at least 1")
         if self.batch_size != self.micro_batch_size * self.num_micro_batches:
             raise ValueError("batch_size must equal micro_batch_size * num_micro_batches")
         if not (0.0 <= self.r_w <= 1.0 and 0.0 <= self.r_c <= 1.0):
@@ -68,6 +72,11 @@ class Policy:
         problems += [f"unknown field {k!r}" for k in d if k not in kinds]
         problems += [f"{k!r} must be {_kind_name(t)}, got {d[k]!r}" for k, t in kinds.items()
                      if k in d and (not isinstance(d[k], t) or (t is int and isinstance(d[k], bool)))]
+        if isinstance(d.get("dtype"), str):
+            try:
+                canonical_dtype(d["dtype"])
+            except ValueError as e:
+                problems.append(f"'dtype': {e}")
         if problems:
             raise ValueError("; ".join(problems) + f" (fields: {', '.join(kinds)}; `moelight plan --save-policy` "
                              "writes one)")

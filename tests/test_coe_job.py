@@ -40,6 +40,12 @@ def test_bad_specs_are_named(tmp_path):
         CoESpec.load(tmp_path / "a.json")
     with pytest.raises(CoEError, match="the router names unknown model\\(s\\) math"):
         CoESpec.load(_spec(tmp_path, {"keywords": {"+": "math"}}))
+    with pytest.raises(CoEError, match="router keyword\\(s\\) '' would match every prompt"):
+        CoESpec.load(_spec(tmp_path, {"keywords": {"": "code"}, "default": "chat"}))
+    with pytest.raises(CoEError, match="unknown field\\(s\\) foo, router.keyword; a CoE spec holds"):
+        (tmp_path / "b.json").write_text(json.dumps({"models": {"chat": "tiny"}, "foo": 1,
+                                                     "router": {"keyword": {"x": "chat"}}}))
+        CoESpec.load(tmp_path / "b.json")
 
 
 def test_grouped_schedule_serves_each_model_once_by_usage():
@@ -64,6 +70,8 @@ def test_a_coe_job_through_the_cli(tmp_path):
         coe = report_of(tmp_path / f"{order}.jsonl")["policy"]["coe"]
         assert coe["switches"] == (2 if order == "grouped" else 7)
         assert coe["models"]["chat"]["requests"] == 4 and coe["models"]["code"]["requests"] == 3
+        assert says(res.output, f"a CoE of chat (4 requests), code (3 requests); {order} order")
+        assert says(res.output, "(attention: cpp-") or says(res.output, "(attention: torch")
     assert outs["grouped"] == outs["fcfs"]  # the order changes the switches, not the results
     assert outs["grouped"]["named"][0] == "chat" and outs["grouped"]["r1"][0] == "code"
     alone = CliRunner().invoke(app, ["run", "--dataset", str(write_jsonl(tmp_path / "one.jsonl", records[1:2])),

@@ -86,6 +86,17 @@ def test_run_in_latency_mode_with_moe_infinity_reports_the_cache(traced, tmp_pat
         [r["output_token_ids"] for r in read_jsonl(tmp_path / "thr.jsonl")]
 
 
+def test_a_cache_smaller_than_one_layers_experts_is_refused_by_its_option(traced, tmp_path):
+    _, data = traced  # stdlib-moe: 4 layers of 8 experts, 32 routed experts in all
+    common = ["run", "--dataset", data, "--model", CKPT, "--gen-len", "2", "--device", "emulated", "--hardware",
+              "t4", "--no-progress", "--mode", "latency", "--output", tmp_path / "o.jsonl"]
+    for size, slots in (("3", 3), ("0.125", 4)):
+        res = invoke(*common, "--cache-size", size)
+        assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+        assert says(res.output, f"--cache-size {size}: {slots} expert slot(s), fewer than one layer's 8 experts")
+        assert says(res.output, "give at least 8 slots (or a share >= 0.25")
+
+
 def test_auto_mode_is_explained_in_plan(traced):
     small = invoke("plan", "--model", "mixtral-8x7b", "--hardware", "t4", "--mode", "auto", "--requests", "1")
     assert small.exit_code == 0 and says(small.output, "mode: latency (the faster for this job)")
@@ -141,7 +152,9 @@ def test_train_predictor_and_the_papers_policies_through_the_commands(traced, tm
     wrong = invoke("run", "--dataset", data, "--model", CKPT, "--dtype", "float32", "--device", "emulated",
                    "--hardware", "t4", "--no-progress", "--output", tmp_path / "w.jsonl", "--mode", "latency",
                    "--cache-policy", "duoserve", "--predictor", files["promoe"])
-    assert wrong.exit_code == 2 and says(wrong.output, "a promoe predictor; the duoserve policy needs")
+    assert wrong.exit_code == 2 and says(wrong.output, "--predictor ")
+    assert says(wrong.output, "a promoe predictor; the duoserve policy needs")
+    assert not says(wrong.output, "policy (auto")  # refused with the options, before any planning
     none = invoke("run", "--dataset", data, "--model", CKPT, "--output", tmp_path / "n.jsonl", "--cache-policy",
                   "coserve", "--no-progress")
     assert none.exit_code == 2 and says(none.output, "--cache-policy coserve needs --predictor FILE")

@@ -245,13 +245,16 @@ def test_max_tokens_cut_by_the_context_and_chat_without_a_template_are_counted(t
 
     ctx = preset_config("tiny").max_position_embeddings
     data = tmp_path / "d.jsonl"
-    data.write_text(json.dumps({"id": "long", "prompt": "x" * (ctx - 4), "max_tokens": 50}) + "\n"
+    data.write_text(json.dumps({"id": "long", "prompt": "x" * (ctx - 4), "max_tokens": 50, "min_tokens": 50}) + "\n"
                     + json.dumps({"id": "chat", "messages": [{"role": "system", "content": "be brief"},
                                                              {"role": "user", "content": "hi"}]}) + "\n")
     res = run("--dataset", data, "--output", tmp_path / "o.jsonl", *TINY)
     assert res.exit_code == 0, res.output
     report = json.loads((tmp_path / "o.jsonl.report.json").read_text())
     assert report["warnings"]["counts"] == {"max_tokens_cut": 1, "chat_without_template": 1}
+    assert "(min_tokens 50 too)" in report["warnings"]["examples"]["max_tokens_cut"][0]  # cut with max_tokens
+    long = next(json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines() if '"long"' in line)
+    assert long["completion_tokens"] == ctx - long["prompt_tokens"]  # min_tokens held it to the end
     assert says(res.output, "max_tokens cut so prompt + answer fit") and says(res.output, "without a chat template")
 
 
@@ -317,6 +320,13 @@ def test_a_policy_json_with_wrong_fields_lists_every_problem_and_one_too_big_is_
     refused(run("--dataset", dataset(tmp_path / "d.jsonl"), "--output", tmp_path / "o.jsonl", "--model",
                 "mixtral-8x7b", "--load-format", "dummy", "--hardware", "s1", "--device", "emulated", "--policy", big,
                 "--no-progress"), "does not fit s1")
+    for fields, needle in (({"batch_size": 0, "micro_batch_size": 0}, "must be at least 1"),
+                           ({"dtype": "int3"}, "'dtype': unknown dtype 'int3'")):
+        silly = tmp_path / "silly.json"
+        silly.write_text(json.dumps({"batch_size": 4, "micro_batch_size": 4, "num_micro_batches": 1,
+                                     "attn_on_gpu": False, "ffn_on_gpu": False, "r_w": 0.0, "r_c": 0.0} | fields))
+        refused(run("--dataset", dataset(tmp_path / "d.jsonl"), "--output", tmp_path / "o.jsonl", *TINY,
+                    "--device", "emulated", "--policy", silly, "--overwrite"), "not a policy JSON", needle)
 
 
 def test_a_coe_spec_naming_a_missing_folder_names_the_spec_and_the_entry(tmp_path):
@@ -361,6 +371,16 @@ def test_the_python_api_raises_clear_type_and_value_errors(tiny_llm, call, error
 
 def test_the_python_api_returns_nothing_for_nothing(tiny_llm):
     assert tiny_llm.generate([]) == [] and tiny_llm.chat([]) == []
+
+
+def test_the_python_api_says_when_it_cuts_max_tokens_and_min_tokens_to_the_context(tiny_llm):
+    from moelight import SamplingParams
+
+    ctx = tiny_llm.config.max_position_embeddings
+    with pytest.warns(UserWarning, match="max_tokens cut so prompt"):
+        out = tiny_llm.generate(["x" * (ctx - 6)], SamplingParams(max_tokens=50, min_tokens=50, ignore_eos=True))
+    assert len(out[0].outputs[0].token_ids) == ctx - len(out[0].prompt_token_ids)
+    assert tiny_llm.last_report.warnings["counts"] == {"max_tokens_cut": 1}
 
 
 # ---- 7. README examples on a GPU-less host ---------------------------------------------------------

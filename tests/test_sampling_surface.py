@@ -168,6 +168,9 @@ def test_a_bad_schema_or_regex_is_refused_before_generation(llm):
         llm.generate(["x"], SamplingParams(structured_outputs=StructuredOutputsParams(regex="([a-z")))
     with pytest.raises(ValueError, match="exactly one of"):
         StructuredOutputsParams(json=SCHEMA, regex="a")
+    nothing = StructuredOutputsParams(regex="[^\\x00-\\U0010FFFF]")  # an empty character class: no text matches
+    with pytest.raises(ValueError, match="request 0: the structured-output constraint matches no text"):
+        llm.generate(["x"], SamplingParams(max_tokens=4, structured_outputs=nothing))
 
 
 # ---- skip_tokenizer_init ----------------------------------------------------------------------------

@@ -84,6 +84,15 @@ def test_a_sequence_ends_at_eos_a_stop_token_or_max_tokens():
     assert s.position == 3 + 2 - 1 and s.result().token_ids == [2, 2]
 
 
+def test_stop_strings_wait_for_min_tokens_as_in_vllm():
+    decode = lambda ids, skip: "".join(chr(96 + t) for t in ids)  # noqa: E731  token t is the letter t
+    s = Sequence(0, 3, SamplingParams(max_tokens=8, min_tokens=3, stop=["b"]))
+    assert not s.append(2, eos=set(), decode=decode)  # "b" inside min_tokens: no stop
+    assert not s.append(1, eos=set(), decode=decode) and not s.append(1, eos=set(), decode=decode)  # 3 tokens
+    assert s.append(2, eos=set(), decode=decode)  # the 4th token: longer than min_tokens, its "b" stops
+    assert (s.finish, s.stop_reason, s.text) == ("stop", "b", "baa")  # the earlier "b" is kept, not matched
+
+
 def test_every_executor_implements_the_one_interface():
     from moelight.expert_cache.cache_executor import ExpertCacheExecutor
     from moelight.pipeline.pipeline_executor import PipelineExecutor

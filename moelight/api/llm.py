@@ -12,6 +12,7 @@ the CLI prints and saves.
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 
 from tqdm import tqdm
@@ -21,6 +22,7 @@ from moelight.engine.generation import GenerationStats
 from moelight.engine.options import EngineOptions, OptionError
 from moelight.engine.session_start import open_session
 from moelight.errors import PromptError
+from moelight.jobs.job_warnings import JobWarnings
 from moelight.jobs.prompts import expand_samples, fit_to_context, seeded
 from moelight.jobs.report import RunReport
 from moelight.jobs.serving import generate_planned
@@ -159,13 +161,17 @@ class LLM:
         # as `moelight run` does: request r is fitted to the context and samples with seed + crc32(id)
         ids = [str(i) for i in range(n)]
         context = self.config.max_position_embeddings
-        params = [seeded(fit_to_context(f"prompt {i}", t, p, context), self.options.seed, ids[i])
+        changed = JobWarnings()  # a max_tokens cut to the context: in last_report and said once
+        params = [seeded(fit_to_context(f"prompt {i}", t, p, context, changed), self.options.seed, ids[i])
                   for i, (t, p) in enumerate(zip(token_lists, params, strict=True))]
+        for line in changed.lines():
+            warnings.warn(line, UserWarning, stacklevel=3)
         seq_prompts, seq_params, owners = expand_samples(token_lists, params)  # n samples: n sequences
         self.session.check_sampling(seq_params)
         plan = self.session.plan(seq_prompts, seq_params)
         report = RunReport.for_plan(self.options.model, self.session.dtype_name, plan, n)
         report.load_seconds = self.session.load_seconds  # the model loaded with the LLM
+        report.warnings = changed.to_dict() if changed.counts else {}
         stats = GenerationStats()
         with tqdm(total=len(seq_prompts), unit="seq", disable=not use_tqdm, desc="generating") as bar:
             results = generate_planned(self.session, plan, seq_prompts, seq_params, report,

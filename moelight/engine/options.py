@@ -99,6 +99,13 @@ class EngineOptions:
         if self.cache_policy in NEEDS_PREDICTOR and self.predictor is None:
             raise OptionError(f"--cache-policy {self.cache_policy} needs --predictor FILE "
                               f"(`moelight train-predictor --kind {self.cache_policy} --trace TRACE`)")
+        if self.cache_policy in NEEDS_PREDICTOR:
+            from moelight.expert_cache.predictors import PredictorError, Predictors
+
+            try:
+                Predictors.check_kind(Path(self.predictor).expanduser(), self.cache_policy)
+            except PredictorError as e:
+                raise OptionError(f"--predictor {e}") from None
         self._check_hardware()
         if self.policy != "auto" and not Path(self.policy).expanduser().is_file():
             raise OptionError(f"--policy {self.policy}: no such file; give 'auto' or a policy JSON "

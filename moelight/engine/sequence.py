@@ -1,8 +1,8 @@
 """One sequence being generated: its prompt length, sampling parameters, tokens, and why it ended.
 
 It ends (vLLM's rules) at a stop token (EOS or `stop_token_ids`, not before `min_tokens`, never with
-`ignore_eos`), at a `stop` string found in its detokenized text (the text is cut before it unless
-`include_stop_str_in_output`), when its grammar is complete, or at `max_tokens`. `stop_reason` says
+`ignore_eos`), at a `stop` string found in its detokenized text after `min_tokens` (the text is cut
+before it unless `include_stop_str_in_output`), when its grammar is complete, or at `max_tokens`. `stop_reason` says
 which stop string or stop token ended it (None for EOS and length).
 """
 
@@ -61,7 +61,7 @@ class Sequence:
         if not p.ignore_eos and len(self.out) > p.min_tokens - 1 and (token in eos or token in p.stop_token_ids):
             self.finish = "stop"
             self.stop_reason = token if token in p.stop_token_ids else None
-        elif p.stop and decode is not None and self._stop_string(decode):
+        elif p.stop and decode is not None and self._stop_string(decode, may_stop=len(self.out) > p.min_tokens):
             self.finish = "stop"
         elif constraint is not None and constraint.done:
             self.finish = "stop"
@@ -69,10 +69,15 @@ class Sequence:
             self.finish = "length"
         return self.finish is not None
 
-    def _stop_string(self, decode) -> bool:
-        """Search the text grown by this token for a stop string (one may span the new and old text)."""
+    def _stop_string(self, decode, may_stop: bool = True) -> bool:
+        """Search the text grown by this token for a stop string (one may span the new and old text).
+        Until `min_tokens` are out (`may_stop` False; vLLM checks stop strings once the output is longer
+        than min_tokens) the text only grows: a stop string found there never ends the sequence."""
         before = len(self.text or "")
         text = decode(self.out, self.params.skip_special_tokens)
+        if not may_stop:
+            self.text = text
+            return False
         found = None
         for s in self.params.stop:
             at = text.find(s, max(0, before - len(s) + 1))

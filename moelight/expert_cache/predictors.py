@@ -109,24 +109,36 @@ class Predictors:
             np.savez(f, meta=np.array(json.dumps(meta)), **arrays)
         return path
 
-    @classmethod
-    def load(cls, path: str | Path, kind: str, layers: int, experts: int, hidden_size: int | None = None
-             ) -> Predictors:
-        """Read a predictor file and check it serves this policy and model."""
-        path = Path(path)
+    @staticmethod
+    def _read(path: Path, arrays: bool = True) -> tuple[dict, dict]:
+        """(meta, arrays) of a file checked to be a predictor file (arrays only if asked for)."""
         if not path.is_file():
             raise PredictorError(f"{path}: no such predictor file; train one with `moelight train-predictor`")
         try:
             with np.load(path, allow_pickle=False) as z:
                 meta = json.loads(str(z["meta"]))
-                arrays = {k: z[k] for k in z.files if k != "meta"}
+                data = {k: z[k] for k in z.files if k != "meta"} if arrays else {}
         except Exception as e:  # zip / numpy / json errors of a file that is not ours
             raise PredictorError(f"{path}: not a predictor file ({e})") from None
-        if meta.get("format") != "moelight-predictors-1":
+        if not isinstance(meta, dict) or meta.get("format") != "moelight-predictors-1":
             raise PredictorError(f"{path}: not a predictor file written by `moelight train-predictor`")
+        return meta, data
+
+    @classmethod
+    def check_kind(cls, path: str | Path, kind: str) -> None:
+        """PredictorError unless `path` is a predictor file for the `kind` policy (read before any model loads)."""
+        meta, _ = cls._read(Path(path), arrays=False)
         if meta["kind"] != kind:
             raise PredictorError(f"{path}: a {meta['kind']} predictor; the {kind} policy needs "
                                  f"`moelight train-predictor --kind {kind}`")
+
+    @classmethod
+    def load(cls, path: str | Path, kind: str, layers: int, experts: int, hidden_size: int | None = None
+             ) -> Predictors:
+        """Read a predictor file and check it serves this policy and model."""
+        path = Path(path)
+        cls.check_kind(path, kind)
+        meta, arrays = cls._read(path)
         if (meta["layers"], meta["experts"]) != (layers, experts) or (
                 hidden_size is not None and kind == "promoe" and meta["hidden_size"] != hidden_size):
             raise PredictorError(f"{path}: trained for {meta['layers']} MoE layers x {meta['experts']} experts "

@@ -52,8 +52,19 @@ class CoESpec:
         models = d.get("models") if isinstance(d, dict) else None
         if not isinstance(models, dict) or not models or not all(isinstance(v, str) for v in models.values()):
             raise CoEError(f'{path}: needs "models": {{"name": "model folder or preset", ...}}')
+        unknown_keys = sorted(set(d) - {"models", "router"})
         router = d.get("router") or {}
+        if not isinstance(router, dict):
+            raise CoEError(f'{path}: "router" must be an object with "keywords" and / or "default"')
+        unknown_keys += [f"router.{k}" for k in sorted(set(router) - {"keywords", "default"})]
+        if unknown_keys:
+            raise CoEError(f"{path}: unknown field(s) {', '.join(unknown_keys)}; a CoE spec holds \"models\" and "
+                           '"router" ({"keywords": {...}, "default": ...})')
         keywords = list((router.get("keywords") or {}).items())
+        blank = [repr(word) for word, _ in keywords if not isinstance(word, str) or not word.strip()]
+        if blank:
+            raise CoEError(f"{path}: router keyword(s) {', '.join(blank)} would match every prompt; give each "
+                           "keyword some text (the router's \"default\" takes what no keyword matches)")
         default = router.get("default")
         missing = [f"{name!r}: {where}" for name, where in models.items()
                    if where not in PRESETS and not Path(where).expanduser().is_dir()]

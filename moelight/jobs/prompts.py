@@ -19,10 +19,12 @@ def fit_to_context(where: str, ids: list[int], params: SamplingParams, context: 
     if len(ids) >= context:
         raise PromptError(f"{where} has {len(ids)} tokens, the model's context is {context}")
     if len(ids) + params.max_tokens > context:
+        room = context - len(ids)
         if warnings is not None:
+            also = f" (min_tokens {params.min_tokens} too)" if params.min_tokens > room else ""
             warnings.add("max_tokens_cut", f"{where}: {len(ids)} tokens + max_tokens {params.max_tokens} > "
-                                           f"context {context}, gets {context - len(ids)}")
-        return replace(params, max_tokens=context - len(ids))
+                                           f"context {context}, gets {room}{also}")
+        return replace(params, max_tokens=room, min_tokens=min(params.min_tokens, room))
     return params
 
 

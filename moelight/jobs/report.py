@@ -100,6 +100,8 @@ class RunReport:
             self.warnings = merged.to_dict()
         self.interrupted = self.interrupted or part.interrupted
         self.peak_memory_bytes = max(self.peak_memory_bytes, part.peak_memory_bytes)
+        for name in ("dtype", "attention_backend"):  # what the parts ran with, each named once
+            setattr(self, name, _joined(getattr(self, name), getattr(part, name)))
         for name in ("gpu_lane_syncs_per_step", "launches_per_layer_pass"):  # the worst part's
             if getattr(part, name) is not None:
                 setattr(self, name, max(getattr(self, name) or 0.0, getattr(part, name)))
@@ -134,6 +136,17 @@ class RunReport:
                 "interrupted", "model", "dtype")
         return {k: getattr(self, k) for k in keep}
 
+    def _model_line(self) -> str:
+        coe = self.policy.get("coe")
+        if coe:  # a CoE job: each model ran with its own plan (printed as it started)
+            models = ", ".join(f"{m} ({f['requests']} requests)" for m, f in coe["models"].items())
+            return (f"model         {self.model} ({self.dtype}), a CoE of {models}; {coe['order']} order, "
+                    f"{coe['switches']} model load(s)")
+        tp, batching = self.policy.get("tensor_parallel", 1), self.policy.get("batching")
+        return (f"model         {self.model} ({self.dtype}), batch {self.batch_size}, micro-batch "
+                f"{self.micro_batch_size}" + (f", {batching} batching" if batching else "")
+                + (f", tensor parallel over {tp} ranks" if tp > 1 else ""))
+
     def written_line(self) -> str:
         total = self.already_in_output + self.written
         held = f" (+{self.already_in_output} already in the output = {total})" if self.already_in_output else ""
@@ -145,9 +158,7 @@ class RunReport:
             f"requests      {self.requests} ({self.skipped_requests} skipped)"
             + ("  [interrupted]" if self.interrupted else ""),
             self.written_line(),
-            f"model         {self.model} ({self.dtype}), batch {self.batch_size}, micro-batch {self.micro_batch_size}"
-            + (f", {self.policy['batching']} batching" if self.policy.get("batching") else "")
-            + (f", tensor parallel over {tp} ranks" if (tp := self.policy.get("tensor_parallel", 1)) > 1 else ""),
+            self._model_line(),
             f"tokens        {self.prompt_tokens} prompt, {self.generated_tokens} generated"
             + (f" ({self.prefix_reused_tokens} prompt tokens from shared prefixes, {self.prefill_computed_tokens}"
                " computed)" if self.prefix_reused_tokens else ""),
@@ -169,7 +180,8 @@ class RunReport:
             c = self.cache
             lines.append(f"expert cache  {c['slots']} slots, {c['policy']}: hit rate {c['hit_rate']:.1%}, prefetch "
                          f"recall {c['prefetch_recall']:.1%} ({c['prefetch_used']} used / {c['prefetch_issued']} "
-                         f"issued, {c['prefetch_late']} late, {c['prefetch_wasted']} wasted), "
+                         f"issued, {c['prefetch_late']} late, {c['prefetch_wasted']} wasted, "
+                         f"{c['prefetch_issued'] - c['prefetch_used'] - c['prefetch_wasted']} unused at the end), "
                          f"{c['fetched_bytes'] / 2**20:.1f} MiB moved")
         if self.prediction:
             p = self.prediction
@@ -180,6 +192,12 @@ class RunReport:
             lines.append(f"earlier runs  {len(self.previous_runs)} on this output wrote "
                          f"{sum(r.get('written', 0) for r in self.previous_runs)} results")
         return "\n".join(lines)
+
+
+def _joined(mine: str, theirs: str) -> str:
+    """'a / b': the distinct values parts of a job ran with ('auto' and '' are no value)."""
+    names = [n for n in (*mine.split(" / "), *theirs.split(" / ")) if n and n != "auto"]
+    return " / ".join(dict.fromkeys(names)) or mine
 
 
 def rate(tokens: int, seconds: float) -> float:

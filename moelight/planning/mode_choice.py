@@ -48,6 +48,11 @@ def apply_mode(plan, opts, mspec, workload, requests: int, device: str, ranks: i
     if lat is not None and opts.cache_size is not None:
         total = (mspec.num_layers - mspec.num_dense_layers) * mspec.num_experts
         slots = cache_slots_of(opts.cache_size, total, lat.slots)
+        if slots < mspec.num_experts:  # a layer's routing may ask for every expert of the layer at once
+            least = mspec.num_experts
+            raise ModeError(f"--cache-size {opts.cache_size:g}: {slots} expert slot(s), fewer than one layer's "
+                            f"{least} experts; give at least {least} slots (or a share >= {least / total:.3g} of "
+                            f"the model's {total} routed experts)")
         lat = predict_latency_mode(plan.hardware, mspec, workload, requests, lat.batch_size, dtype, slots=slots,
                                    cpu_offload=offload)
     thr = plan.prediction["end_to_end_tokens_per_s"]

@@ -89,6 +89,7 @@ class GrammarCache:
         self.compiler = xgr.GrammarCompiler(self.info, max_threads=1)
         self.vocab_size = vocab_size
         self._compile = lru_cache(maxsize=256)(self._compile_uncached)
+        self._startable: set[tuple] = set()
 
     def _compile_uncached(self, key: tuple):
         schema, regex, choice, grammar, json_object = key
@@ -111,8 +112,17 @@ class GrammarCache:
         return Constraint(self._compile(params.key()), self.vocab_size)
 
     def check(self, params: StructuredOutputsParams) -> None:
-        """Compile now (a bad schema or regex is an error before any model loads)."""
-        self._compile(params.key())
+        """Compile now (a bad schema or regex is an error before any model loads), and refuse a constraint
+        that no token can start (a regex of an empty character class): masked to nothing, the sampler would
+        emit tokens that break it."""
+        key = params.key()
+        if key in self._startable:
+            return
+        if not Constraint(self._compile(key), self.vocab_size).can_start():
+            raise StructuredOutputError("the structured-output constraint matches no text that this tokenizer's "
+                                        "tokens can begin (no token is allowed first); check the regex, grammar or "
+                                        "schema")
+        self._startable.add(key)
 
 
 class Constraint:
@@ -130,6 +140,11 @@ class Constraint:
         self.matcher.fill_next_token_bitmask(self.bitmask)
         view = row.view(1, -1)
         xgr.apply_token_bitmask_inplace(view, self.bitmask, vocab_size=self.vocab_size)
+
+    def can_start(self) -> bool:
+        """Whether any token (a stop token included, for a constraint the empty text satisfies) may come first."""
+        self.matcher.fill_next_token_bitmask(self.bitmask)
+        return bool(self.bitmask.any())
 
     def accept(self, token: int) -> bool:
         """Advance with the sampled token; False if the grammar rejects it (a bug upstream of the mask)."""
