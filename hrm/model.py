@@ -313,12 +313,15 @@ def _deepseek(cfg: dict, name: str) -> ModelSpec:
 
 
 def _sliding_layers(cfg: dict, layers: int, mtype: str) -> list[int]:
-    """Layers attending through a sliding window: layer_types where given (GPT-OSS alternates by default)."""
+    """Layers attending through a sliding window: layer_types where given (GPT-OSS alternates by default,
+    Mixtral's window holds on every layer)."""
     if cfg.get("sliding_layers") is not None:
         return list(cfg["sliding_layers"])
     types = cfg.get("layer_types")
     if types is None and mtype == "gpt_oss":
         types = ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(layers)]
+    if types is None and mtype == "mixtral":  # a Mixtral window (when not null) holds on every layer
+        types = ["sliding_attention"] * layers
     if not cfg.get("sliding_window") or types is None:
         return []
     return [i for i, t in enumerate(types) if t == "sliding_attention"]

@@ -17,6 +17,7 @@ import time
 
 import numpy as np
 
+from hrm.dtypes import dtype_bytes
 from hrm.hardware import HardwareSpec
 from hrm.model import ModelSpec
 from hrm.workload import WorkloadSpec
@@ -205,5 +206,12 @@ def _infeasible_message(hw, model, workload, dtype, family, alpha) -> str:
     if c_over > 0:
         msgs.append(f"CPU memory short by {c_over / GiB:.2f} GiB (needs {c_need / GiB:.2f} GiB, "
                     f"{pm.cpu_cap / GiB:.2f} GiB usable = {alpha:.0%} of {hw.cpu.memory_bytes / GiB:.1f})")
+    b = dtype_bytes(dtype)
+    sparse = model.num_layers - model.num_dense_layers
+    weights = (model.non_expert_params() * b
+               + sparse * model.num_experts * model.expert_params() * model.expert_weight_bytes(b))
+    usable = (pm.gpu_cap if pm.gpu_mem else 0.0) + pm.cpu_cap
+    why = (f"; the weights alone take {weights / GiB:.1f} GiB in {dtype}, beyond the {usable / GiB:.1f} GiB usable "
+           "in GPU and CPU memory together" if weights > usable else "")
     return (f"no policy fits {model.name} on {hw.name} even at batch size 1 ({where}): "
-            + "; ".join(msgs))
+            + "; ".join(msgs) + why)

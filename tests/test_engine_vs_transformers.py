@@ -39,6 +39,10 @@ VARIANTS = {
     "e8-top3-kv4of8-legacy-sharded-theta5e5": (
         dict(num_local_experts=8, num_experts_per_tok=3, hidden_size=64, num_attention_heads=8,
              num_key_value_heads=4, rope_theta=5e5), "legacy", 3),
+    # a sliding window of 8 keys on every layer: prompts of up to 30 tokens and 10 new ones cross it
+    "e4-top2-kv2of4-legacy-single-window8": (
+        dict(num_local_experts=4, num_experts_per_tok=2, num_attention_heads=4, num_key_value_heads=2,
+             sliding_window=8), "legacy", 1),
     # head_dim 64 (> hidden/heads) is a size the C++ attention kernels take, when they build.
     "e4-top2-kv4of4-packed-single-tied-hd64": (
         dict(num_local_experts=4, num_experts_per_tok=2, hidden_size=64, num_attention_heads=4,

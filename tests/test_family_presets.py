@@ -85,6 +85,23 @@ def test_deepseek_v3_on_the_multi_gpu_presets_says_what_does_not_fit(hw):
     r = CliRunner().invoke(app, ["plan", "--model", "deepseek-v3", "--hardware", hw, "--gen-len", "64"])
     assert r.exit_code != 0
     assert says(r.output, "no policy fits deepseek-v3") and says(r.output, "CPU memory short")
+    assert says(r.output, "the weights alone take 1249.9 GiB in float16, beyond the")  # 671 B params x 2 B
+
+
+def test_a_plan_that_fits_with_its_weights_does_not_blame_them():
+    small = CliRunner().invoke(app, ["plan", "--model", "deepseek-v2-lite", "--hardware", "t4", "--gen-len", "32"])
+    assert small.exit_code == 0 and not says(small.output, "the weights alone")
+
+
+def test_a_mixtral_window_holds_on_every_layer_and_null_means_none():
+    from hrm.model import model_from_hf_config
+
+    cfg = dict(model_type="mixtral", vocab_size=100, hidden_size=64, intermediate_size=64, num_hidden_layers=3,
+               num_attention_heads=4, num_local_experts=4, num_experts_per_tok=2, sliding_window=8)
+    m = model_from_hf_config(cfg)
+    assert (m.sliding_window, m.num_sliding_layers, m.attended_context(100)) == (8, 3, 8.0)
+    m = model_from_hf_config(cfg | {"sliding_window": None})
+    assert (m.num_sliding_layers, m.attended_context(100)) == (0, 100)
 
 
 def test_sliding_window_layers_read_their_window_by_hand():

@@ -152,6 +152,28 @@ def test_a_new_output_folder_is_created_and_a_load_error_is_not_hidden(tmp_path,
               "--no-progress", *HW)
     out = refused(res, "model.safetensors")
     assert "NotADirectory" not in out and "report.json" not in out
+    assert not (tmp_path / "other").exists()  # refused with the model's files, before anything ran
+    good = tmp_path / "new" / "deeper" / "o.jsonl"
+    kept = (good.parent / "o.jsonl.report.json").read_text()
+    res = run("--dataset", data, "--output", good, "--model", model_copy, "--no-progress", "--overwrite", *HW)
+    refused(res, "model.safetensors")
+    assert len(ids(good)) == 6 and (good.parent / "o.jsonl.report.json").read_text() == kept  # both untouched
+
+
+def test_a_failed_run_records_its_error_and_keeps_the_report_of_the_results_already_there(tmp_path):
+    from moelight.jobs.output_file import save_report
+    from moelight.jobs.report import RunReport
+
+    out = tmp_path / "o.jsonl"
+    save_report(RunReport("m", "bfloat16", 3, 3, 3, written=3), out)
+    kept = (tmp_path / "o.jsonl.report.json").read_text()
+    notes = []
+    failed = RunReport("m", "bfloat16", 3, 3, 3)
+    save_report(failed, out, RuntimeError("the device went away\nmore detail"), notes.append)
+    assert failed.error == "RuntimeError: the device went away"
+    assert (tmp_path / "o.jsonl.report.json").read_text() == kept and "was kept" in notes[0]
+    save_report(RunReport("m", "bfloat16", 3, 3, 3), tmp_path / "new.jsonl", RuntimeError("boom"))
+    assert json.loads((tmp_path / "new.jsonl.report.json").read_text())["error"] == "RuntimeError: boom"
 
 
 # ---- 3. resume knows its job ---------------------------------------------------------------------

@@ -134,3 +134,10 @@ def test_plan_quantize_shows_the_predicted_gain(hardware):
     assert says(r.output, "routed experts held as int4: 4.50 bits per weight")
     r = _plan("--model", "mixtral-8x7b", "--hardware", hardware, "--quantize", "int3")
     assert r.exit_code != 0 and says(r.output, "none, int8 or int4")
+
+
+def test_a_warning_on_the_command_line_is_one_line():
+    from moelight.cli import _one_line_warning
+
+    assert _one_line_warning(UserWarning("the MTP head is ignored"), UserWarning, "/x/y.py", 33) == \
+        "warning: the MTP head is ignored\n"

@@ -151,6 +151,15 @@ def test_bad_dtype_and_load_format(ckpt):
         resolve_model("tiny", load_format="safetensors")
 
 
+def test_an_hf_tokenizer_asked_of_a_preset_is_refused():
+    from moelight.errors import TokenizerError
+    from moelight.loading.resolved_model import resolve
+
+    with pytest.raises(TokenizerError, match="--tokenizer hf: tiny is a preset with no tokenizer.json"):
+        resolve("tiny", load_format="dummy", tokenizer="hf")
+    assert resolve("tiny", load_format="dummy").tokenizer is not None  # auto: the byte-level tokenizer
+
+
 # ----------------------------------------------------------------------------- safetensors
 
 

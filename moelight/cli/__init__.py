@@ -14,7 +14,9 @@ for _module in (run_cmd, plan_cmd, profile_cmd, simulate_cmd, trace_cmd, cache_c
 
 def main(argv: list[str] | None = None) -> None:
     import sys
+    import warnings
 
+    warnings.formatwarning = _one_line_warning
     app(args=with_ray_default(sys.argv[1:] if argv is None else argv), prog_name="moelight")
 
 
@@ -26,3 +28,8 @@ def with_ray_default(argv: list[str]) -> list[str]:
             out.insert(i + 1, "local")
             break
     return out
+
+
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """A warning on the command line reads as one line for the user, not a source location."""
+    return f"warning: {message}\n"

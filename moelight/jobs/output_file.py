@@ -22,8 +22,15 @@ def output_companions(output: Path) -> list[Path]:
 
 def save_report(report, output: Path, failing: BaseException | None = None, log=None) -> None:
     """Save the report beside the output (its folder created if need be). While another error is on its
-    way out, a report that cannot be written is said in one line and never replaces that error."""
+    way out, the report records it, a report that cannot be written is said in one line and never replaces
+    that error, and a run that wrote nothing keeps the report already there (it describes the output)."""
     path = report_path(output)
+    if failing is not None:
+        first = (str(failing).strip().splitlines() or [""])[0]
+        report.error = f"{type(failing).__name__}: {first}" if first else type(failing).__name__
+        if not report.written and path.exists():  # the report of the results the output still holds
+            (log or _stderr)(f"note: {path} was kept: this run stopped before writing any result")
+            return
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         report.save(path)

@@ -60,6 +60,7 @@ class RunReport:
     gpu_lane_syncs_per_step: float | None = None
     launches_per_layer_pass: float | None = None
     runtime: dict = field(default_factory=dict)  # the device, schedule and copies behind those figures
+    error: str | None = None  # the error the job stopped on (its first line), None when it ended normally
 
     @classmethod
     def for_plan(cls, model: str, dtype: str, plan, requests: int, skipped: int = 0) -> RunReport:

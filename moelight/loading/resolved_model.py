@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from moelight.errors import TokenizerError
 from moelight.loading.model_source import ModelSource, resolve_model
+from moelight.loading.weights import check_not_truncated, checkpoint_files
 from moelight.models.config import ModelConfig
 from moelight.tokenization.byte_tokenizer import ByteTokenizer
 from moelight.tokenization.tokenizer import load_tokenizer
@@ -32,9 +34,15 @@ class ResolvedModel:
 def resolve(model: str, load_format: str = "auto", dtype: str = "auto", tokenizer: str = "auto") -> ResolvedModel:
     """`--model`, `--load-format`, `--dtype` and `--tokenizer` made concrete, without loading weights."""
     source = resolve_model(model, load_format, dtype)
+    if source.model_dir is not None and source.load_format == "safetensors":
+        for path in checkpoint_files(source.model_dir):  # a missing shard or a cut file: said before planning
+            check_not_truncated(path)
     if tokenizer == "none":  # token ids in and out: the config's end ids only
         return ResolvedModel(source, None, tuple(source.config.eos_token_ids))
     tok_dir = source.model_dir if tokenizer != "byte" else None
+    if tokenizer == "hf" and tok_dir is None:
+        raise TokenizerError(f"--tokenizer hf: {model} is a preset with no tokenizer.json; a preset uses the "
+                             "byte-level tokenizer (--tokenizer auto or byte), or give a model folder that has one")
     tok = load_tokenizer(tok_dir, kind="byte" if tok_dir is None else tokenizer,
                          model_vocab_size=source.config.vocab_size)
     # a real tokenizer may add end-of-turn ids; the byte fallback's ids mean nothing to a checkpoint

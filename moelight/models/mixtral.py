@@ -26,6 +26,7 @@ def config_from_hf(cfg: dict, where: str) -> ModelConfig:
         )
     require(cfg, where, "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads")
     check_act(cfg, where)
+    window = int(cfg.get("sliding_window") or 0)  # Mixtral's own checkpoints say null; a derivative may set it
     return ModelConfig(
         vocab_size=int(cfg["vocab_size"]),
         hidden_size=int(cfg["hidden_size"]),
@@ -42,6 +43,8 @@ def config_from_hf(cfg: dict, where: str) -> ModelConfig:
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         bos_token_id=cfg.get("bos_token_id", 1),
         eos_token_ids=eos_ids_of(cfg),
+        sliding_window=window,
+        sliding_layers=tuple(range(int(cfg["num_hidden_layers"]))) if window else (),
     )
 
 
