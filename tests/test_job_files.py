@@ -160,6 +160,16 @@ def test_a_new_output_folder_is_created_and_a_load_error_is_not_hidden(tmp_path,
     assert len(ids(good)) == 6 and (good.parent / "o.jsonl.report.json").read_text() == kept  # both untouched
 
 
+def test_a_checkpoint_whose_config_names_no_eos_runs_to_max_tokens(tmp_path, model_copy):
+    cfg = json.loads((model_copy / "config.json").read_text())
+    (model_copy / "config.json").write_text(json.dumps(cfg | {"eos_token_id": None}))  # save_pretrained may write it
+    out = tmp_path / "o.jsonl"
+    res = run("--dataset", dataset(tmp_path / "d.jsonl", 3), "--output", out, "--model", model_copy, "--no-progress",
+              "--gen-len", "3", *HW)
+    assert res.exit_code == 0, res.output
+    assert [json.loads(line)["completion_tokens"] for line in out.read_text().splitlines()] == [3, 3, 3]
+
+
 def test_a_failed_run_records_its_error_and_keeps_the_report_of_the_results_already_there(tmp_path):
     from moelight.jobs.output_file import save_report
     from moelight.jobs.report import RunReport

@@ -75,6 +75,18 @@ def test_refill_with_batch_of_one_and_batch_of_all(model):
     assert _run(model, True, _params(0.0), batch_size=64, micro=5)[0] == static
 
 
+@pytest.mark.parametrize("batch_size", [1, 2, 8])
+def test_requests_that_end_at_their_first_token_do_not_strand_the_waiting_ones(model, batch_size):
+    """A wave whose every sequence ends at prefill (max_tokens 1, a prompt cut to fit the context) leaves
+    nothing to decode: the next wave must still be admitted."""
+    params = [SamplingParams(max_tokens=1 if k < 4 or k % 3 else 4, temperature=0.0, ignore_eos=True)
+              for k in range(len(PROMPTS))]
+    static, _ = _run(model, False, params, batch_size=batch_size, micro=1)
+    rolling, stats = _run(model, True, params, batch_size=batch_size, micro=1)
+    assert len(rolling) == len(PROMPTS) and rolling == static
+    assert stats.generated_tokens == sum(p.max_tokens for p in params)
+
+
 def test_slot_pool_first_fit_and_merge():
     pool = SlotPool(10)
     a, b, c = pool.take(3), pool.take(4), pool.take(3)

@@ -155,6 +155,8 @@ class _Run:
                 self.stats.prefill_seconds += wave["prefill_s"]
             batches = sched.decode_batches()
             if not batches:
+                if sched.waiting:  # every running sequence ended at its first token: admit the next ones
+                    continue
                 break
             t0 = time.perf_counter()
             self._decode_step(batches)

@@ -123,9 +123,10 @@ class ModelConfig:
             "max_position_embeddings": self.max_position_embeddings,
             "tie_word_embeddings": self.tie_word_embeddings,
             "bos_token_id": self.bos_token_id,
-            "eos_token_id": list(self.eos_token_ids) if len(self.eos_token_ids) > 1 else self.eos_token_ids[0],
+            "eos_token_id": list(self.eos_token_ids) if len(self.eos_token_ids) > 1 else
+            (self.eos_token_ids[0] if self.eos_token_ids else None),  # a config may name none (the tokenizer may)
             "hidden_act": "silu",
-            "sliding_window": None,
+            "sliding_window": self.sliding_window or None,
         } | self._family_fields()
 
     def _family_fields(self) -> dict:
