@@ -209,3 +209,23 @@ def topk_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
         return x.gather(1, idx), idx
     vals, idx = torch.topk(x, k, dim=-1)
     return vals, idx
+
+
+def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor | None:
+    """x [T, H, d] * cos + rotate_half(x) * sin (cos / sin [T, d] in x's dtype), rounded as torch's three
+    ops round it, in one pass (csrc/norm_rotary.cpp); None where the kernels do not run (the caller's
+    torch ops then)."""
+    if not (x.device.type == "cpu" and x.dim() == 3 and x.stride(2) == 1 and not x.requires_grad
+            and cos.shape == sin.shape == (x.shape[0], x.shape[2]) and cos.dtype == sin.dtype == x.dtype
+            and _cpp_available()):
+        return None
+    return torch.ops.moelight.rotary(x, cos, sin)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor | None:
+    """transformers' RMSNorm of 16-bit x [..., n] with a weight in x's dtype, in one pass (its float32 mean
+    summed in another order than torch's); None where the kernels do not run or x is not 16-bit."""
+    if not (x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16) and weight.dtype == x.dtype
+            and weight.shape == x.shape[-1:] and not x.requires_grad and _cpp_available()):
+        return None
+    return torch.ops.moelight.rms_norm(x, weight, float(eps))

@@ -23,6 +23,8 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
                       double alpha, bool int8_activations);
 std::tuple<at::Tensor, at::Tensor> topk_rows(const at::Tensor& x, int64_t k);
 at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias);
+at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps);
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& block_table, const at::Tensor& lengths, int64_t page_size,
                                   double scale);
@@ -51,6 +53,8 @@ TORCH_LIBRARY(moelight, m) {
         "int act, float limit, float alpha, bool int8_activations=True) -> Tensor");
   m.def("topk_rows(Tensor x, int k) -> (Tensor, Tensor)");
   m.def("small_linear(Tensor x, Tensor w, Tensor? bias) -> Tensor");
+  m.def("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor");
+  m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor lengths, "
         "int page_size, float scale) -> Tensor");
   m.def("paged_prefill_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor starts, "
@@ -67,6 +71,8 @@ TORCH_LIBRARY_IMPL(moelight, CPU, m) {
   m.impl("expert_mix", &moelight::expert_mix);
   m.impl("topk_rows", &moelight::topk_rows);
   m.impl("small_linear", &moelight::small_linear);
+  m.impl("rotary", &moelight::rotary);
+  m.impl("rms_norm", &moelight::rms_norm);
   m.impl("paged_decode_attention", &moelight::paged_decode_attention);
   m.impl("paged_prefill_attention", &moelight::paged_prefill_attention);
 }

@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from cpu_kernels import dispatch
 from moelight.models.config import ModelConfig
 from moelight.models.moe import expert_mix, route, swiglu
 
@@ -22,6 +23,8 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.dtype != torch.float32 and (fused := dispatch.rms_norm(x, self.weight, self.eps)) is not None:
+            return fused  # 16-bit activations on the CPU: the same steps in one pass
         xf = x.float()
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
@@ -45,7 +48,10 @@ def make_norm(cfg: ModelConfig, dim: int | None = None) -> nn.Module:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [T, H, d]; rotate-half convention of Mixtral/Llama checkpoints."""
+    """x [T, H, d]; rotate-half convention of Mixtral/Llama checkpoints (on the CPU one pass of
+    cpu_kernels, rounded as these three ops round)."""
+    if (fused := dispatch.rotary(x, cos, sin)) is not None:
+        return fused
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]
