@@ -212,12 +212,12 @@ def topk_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor | None:
-    """x [T, H, d] * cos + rotate_half(x) * sin (cos / sin [T, d] in x's dtype), rounded as torch's three
-    ops round it, in one pass (csrc/norm_rotary.cpp); None where the kernels do not run (the caller's
-    torch ops then)."""
+    """x [T, H, d] * cos + rotate_half(x) * sin (cos / sin [T, d] in x's dtype, float32 or bf16), rounded as
+    torch's three ops round it, in one pass (csrc/norm_rotary.cpp); None where the kernels do not run
+    (the caller's torch ops then)."""
     if not (x.device.type == "cpu" and x.dim() == 3 and x.stride(2) == 1 and not x.requires_grad
             and cos.shape == sin.shape == (x.shape[0], x.shape[2]) and cos.dtype == sin.dtype == x.dtype
-            and _cpp_available()):
+            and x.dtype in (torch.float32, torch.bfloat16) and _cpp_available()):
         return None
     return torch.ops.moelight.rotary(x, cos, sin)
 

@@ -3,7 +3,8 @@
 // ~10% of an int4 decode step of bench-1b).
 //
 // rotary: x * cos + rotate_half(x) * sin, each product rounded to x's dtype and then the sum, as the
-// three torch ops round them: the same values bit for bit in every dtype (no FMA contraction).
+// three torch ops round them: the same values bit for bit in float32 and bf16 (no FMA contraction;
+// float16 is left to torch).
 // rms_norm: transformers' RMSNorm for 16-bit activations: w * bf16(x * rsqrt(mean(x^2) + eps)), the
 // mean in float32. Its sum runs in another order than torch's, so a 16-bit output can differ from
 // torch's by one rounding step where the two means differ in their last bit; float32 models keep
@@ -17,6 +18,7 @@
 #include <cmath>
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <string>
 
 namespace moelight {
@@ -32,22 +34,49 @@ inline float rounded<float>(float v) {
   return v;
 }
 
-template <typename T>
-__attribute__((optimize("fp-contract=off"))) void rotary_rows(const T* x, const T* cos, const T* sin, T* out,
-                                                              int64_t heads, int64_t d, int64_t x_head) {
-  const int64_t half = d / 2;
-  for (int64_t h = 0; h < heads; ++h) {
-    const T* xh = x + h * x_head;
-    T* oh = out + h * d;
-    for (int64_t i = 0; i < d; ++i) {
-      const float xi = static_cast<float>(xh[i]);
-      const float rot = i < half ? -static_cast<float>(xh[i + half]) : static_cast<float>(xh[i - half]);
-      const float a = rounded<T>(xi * static_cast<float>(cos[i]));
-      const float b = rounded<T>(rot * static_cast<float>(sin[i]));
-      oh[i] = static_cast<T>(a + b);
-    }
+// bf16 <-> float as c10::BFloat16 converts (round to nearest even, NaN to 0x7FC0), in plain integer
+// operations the compiler vectorises.
+inline float bf16_float(uint16_t b) {
+  const uint32_t u = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline uint16_t float_bf16(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return 0x7fc0;
+  return static_cast<uint16_t>((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+inline float bf16_rounded(float v) { return bf16_float(float_bf16(v)); }
+
+// One head: out = round(round(x * cos) + round(rot * sin)), rot = (-x[half:], x[:half]).
+__attribute__((optimize("fp-contract=off"))) void rotary_head(const float* x, const float* cos, const float* sin,
+                                                              float* out, int64_t half) {
+  for (int64_t i = 0; i < half; ++i) out[i] = x[i] * cos[i] + -x[i + half] * sin[i];
+  for (int64_t i = half; i < 2 * half; ++i) out[i] = x[i] * cos[i] + x[i - half] * sin[i];
+}
+
+__attribute__((optimize("fp-contract=off"))) void rotary_head(const uint16_t* x, const uint16_t* cos,
+                                                              const uint16_t* sin, uint16_t* out, int64_t half) {
+  for (int64_t i = 0; i < half; ++i) {
+    const float a = bf16_rounded(bf16_float(x[i]) * bf16_float(cos[i]));
+    const float b = bf16_rounded(-bf16_float(x[i + half]) * bf16_float(sin[i]));
+    out[i] = float_bf16(a + b);
+  }
+  for (int64_t i = half; i < 2 * half; ++i) {
+    const float a = bf16_rounded(bf16_float(x[i]) * bf16_float(cos[i]));
+    const float b = bf16_rounded(bf16_float(x[i - half]) * bf16_float(sin[i]));
+    out[i] = float_bf16(a + b);
   }
 }
+
+inline float to_float(c10::BFloat16 v) { return bf16_float(v.x); }
+inline float to_float(c10::Half v) { return static_cast<float>(v); }
+inline void store(c10::BFloat16& dst, float v) { dst.x = float_bf16(v); }
+inline void store(c10::Half& dst, float v) { dst = static_cast<c10::Half>(v); }
+inline float rounded_as(c10::BFloat16, float v) { return bf16_rounded(v); }
+inline float rounded_as(c10::Half, float v) { return rounded<c10::Half>(v); }
 
 template <typename T>
 void rms_norm_row(const T* x, const T* w, T* out, int64_t n, float eps) {
@@ -56,20 +85,33 @@ void rms_norm_row(const T* x, const T* w, T* out, int64_t n, float eps) {
   int64_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
     for (int l = 0; l < kLanes; ++l) {
-      const float v = static_cast<float>(x[i + l]);
+      const float v = to_float(x[i + l]);
       lane[l] += v * v;
     }
   float sum = 0.0f;
   for (int l = 0; l < kLanes; ++l) sum += lane[l];
-  for (; i < n; ++i) sum += static_cast<float>(x[i]) * static_cast<float>(x[i]);
+  for (; i < n; ++i) sum += to_float(x[i]) * to_float(x[i]);
   const float inv = 1.0f / std::sqrt(sum / static_cast<float>(n) + eps);
-  for (int64_t j = 0; j < n; ++j)
-    out[j] = static_cast<T>(static_cast<float>(w[j]) * rounded<T>(static_cast<float>(x[j]) * inv));
+  for (int64_t j = 0; j < n; ++j) store(out[j], to_float(w[j]) * rounded_as(T(), to_float(x[j]) * inv));
 }
 
 }  // namespace
 
-// x [T, H, d] (d contiguous, rows and heads strided), cos / sin [T, d] contiguous in x's dtype -> [T, H, d].
+template <typename E>
+void rotary_rows(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, at::Tensor& out) {
+  const int64_t T = x.size(0), H = x.size(1), d = x.size(2), xr = x.stride(0), xh = x.stride(1);
+  const E* xp = static_cast<const E*>(x.data_ptr());
+  const E* cp = static_cast<const E*>(cos.data_ptr());
+  const E* sp = static_cast<const E*>(sin.data_ptr());
+  E* op = static_cast<E*>(out.data_ptr());
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, H * d));
+  at::parallel_for(0, T, grain, [&](int64_t t0, int64_t t1) {
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t h = 0; h < H; ++h) rotary_head(xp + t * xr + h * xh, cp + t * d, sp + t * d, op + (t * H + h) * d, d / 2);
+  });
+}
+
+// x [T, H, d] (d contiguous, rows and heads strided), cos / sin [T, d] in x's dtype (float32 or bf16) -> [T, H, d].
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   TORCH_CHECK(x.dim() == 3 && x.stride(2) == 1, "moelight: rotary wants x [T, H, d] with d contiguous");
   const int64_t T = x.size(0), H = x.size(1), d = x.size(2);
@@ -79,18 +121,12 @@ at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& 
               "moelight: rotary wants cos / sin in x's dtype");
   const at::Tensor c = cos.contiguous(), s = sin.contiguous();
   at::Tensor out = at::empty({T, H, d}, x.options());
-  const int64_t xr = x.stride(0), xh = x.stride(1);
-  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, x.scalar_type(), "moelight_rotary", [&] {
-    const scalar_t* xp = x.data_ptr<scalar_t>();
-    const scalar_t* cp = c.data_ptr<scalar_t>();
-    const scalar_t* sp = s.data_ptr<scalar_t>();
-    scalar_t* op = out.data_ptr<scalar_t>();
-    const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, H * d));
-    at::parallel_for(0, T, grain, [&](int64_t t0, int64_t t1) {
-      for (int64_t t = t0; t < t1; ++t)
-        rotary_rows<scalar_t>(xp + t * xr, cp + t * d, sp + t * d, op + t * H * d, H, d, xh);
-    });
-  });
+  if (x.scalar_type() == at::kFloat) {
+    rotary_rows<float>(x, c, s, out);
+  } else {
+    TORCH_CHECK(x.scalar_type() == at::kBFloat16, "moelight: rotary takes float32 or bf16");
+    rotary_rows<uint16_t>(x, c, s, out);
+  }
   return out;
 }
 
