@@ -15,11 +15,14 @@
 #include <c10/util/Half.h>
 #include <torch/library.h>
 
-#include <cmath>
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
-#include <string>
+
+#ifdef __clang__
+#pragma clang fp contract(off)  // GCC: the functions' optimize attribute below
+#endif
 
 namespace moelight {
 namespace {
