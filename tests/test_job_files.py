@@ -380,41 +380,6 @@ def test_dataset_hints_use_cli_syntax(tmp_path):
     assert "format=" not in out
 
 
-@pytest.fixture(scope="module")
-def tiny_llm():
-    from moelight import LLM
-
-    return LLM("tiny", load_format="dummy", hardware="cpu-server")
-
-
-@pytest.mark.parametrize("call, error, needle", [
-    (lambda llm, sp: sp(max_tokens="ten"), TypeError, "max_tokens must be an int, got str"),
-    (lambda llm, sp: llm.generate(None), TypeError, "prompts must be"),
-    (lambda llm, sp: llm.chat("hello"), TypeError, "conversations must be a list"),
-    (lambda llm, sp: llm.chat([{"role": "bot", "content": "hi"}]), ValueError, "role 'bot' is not one of"),
-    (lambda llm, sp: llm.generate("hi", {"max_tokens": 2}), TypeError, "sampling_params must be"),
-])
-def test_the_python_api_raises_clear_type_and_value_errors(tiny_llm, call, error, needle):
-    from moelight import SamplingParams
-
-    with pytest.raises(error, match=needle):
-        call(tiny_llm, SamplingParams)
-
-
-def test_the_python_api_returns_nothing_for_nothing(tiny_llm):
-    assert tiny_llm.generate([]) == [] and tiny_llm.chat([]) == []
-
-
-def test_the_python_api_says_when_it_cuts_max_tokens_and_min_tokens_to_the_context(tiny_llm):
-    from moelight import SamplingParams
-
-    ctx = tiny_llm.config.max_position_embeddings
-    with pytest.warns(UserWarning, match="max_tokens cut so prompt"):
-        out = tiny_llm.generate(["x" * (ctx - 6)], SamplingParams(max_tokens=50, min_tokens=50, ignore_eos=True))
-    assert len(out[0].outputs[0].token_ids) == ctx - len(out[0].prompt_token_ids)
-    assert tiny_llm.last_report.warnings["counts"] == {"max_tokens_cut": 1}
-
-
 # ---- 7. README examples on a GPU-less host ---------------------------------------------------------
 
 def test_latency_mode_on_the_emulated_device_without_hardware_emulates_a_named_gpu(tmp_path):
