@@ -1,6 +1,5 @@
 // The element-wise work between a decode step's matmuls, one pass each instead of torch's chain of
-// small ops (at batch 1 each op's dispatch costs more than its arithmetic: the norms and rotary took
-// ~10% of an int4 decode step of bench-1b).
+// small ops (at batch 1 each op's dispatch costs more than its arithmetic; BENCHMARKS §18 has the gain).
 //
 // rotary: x * cos + rotate_half(x) * sin, each product rounded to x's dtype and then the sum, as the
 // three torch ops round them: the same values bit for bit in float32 and bf16 (no FMA contraction;
@@ -31,10 +30,6 @@ namespace {
 template <typename T>
 inline float rounded(float v) {
   return static_cast<float>(static_cast<T>(v));
-}
-template <>
-inline float rounded<float>(float v) {
-  return v;
 }
 
 // bf16 <-> float as c10::BFloat16 converts (round to nearest even, NaN to 0x7FC0), in plain integer
