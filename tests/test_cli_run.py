@@ -193,6 +193,20 @@ def test_malformed_jsonl_lines_all_reported(tmp_path):
     assert report_of(out)["skipped_requests"] == 3
 
 
+def test_skipped_records_and_prompts_are_named_in_the_report(tmp_path):
+    """A pipeline must account for every id: a record the reader skipped and a prompt too long for the
+    model are both listed, by file:line and why, in the summary and the report."""
+    ds = write_jsonl(tmp_path / "d.jsonl", [{"id": "ok", "prompt": "fine"}, {"id": "bad"},
+                                           {"id": "long", "prompt": "x" * 3000}])
+    out = tmp_path / "o.jsonl"
+    r = invoke("--dataset", ds, *TINY, "--output", out, "--gen-len", "2", "--skip-bad-lines")
+    assert r.exit_code == 0, (r.output, r.exception)
+    skipped = report_of(out)["skipped"]
+    assert [s.split(": ")[0] for s in skipped] == [f"{ds}:2", f"{ds}:3"], skipped
+    assert "missing required field" in skipped[0] and "the model's context is" in skipped[1]
+    assert f"{ds}:3: prompt has 3001 tokens" in r.output.replace("\n", " ")
+
+
 def test_empty_prompt(tmp_path):
     ds = write_jsonl(tmp_path / "e.jsonl", [{"id": "a", "prompt": "x"}, {"id": "b", "prompt": "   "}])
     assert_user_error(invoke("--dataset", ds, *TINY, "--output", tmp_path / "o.jsonl"), f"{ds}:2", "empty")

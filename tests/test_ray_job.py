@@ -192,6 +192,7 @@ def test_a_prompt_too_long_is_reported_as_locally(cluster, tmp_path, monkeypatch
     report = run_job(RunOptions(dataset=data, output=tmp_path / "skip.jsonl", ray="local", skip_bad_lines=True,
                                 **ENGINE))
     assert _ids(tmp_path / "skip.jsonl") == ["ok"] and report.skipped_requests == 1
+    assert len(report.skipped) == 1 and report.skipped[0].startswith(f"{data}:2: prompt has")
 
 
 def test_a_replica_runs_torch_on_one_thread_of_its_own(tmp_path, monkeypatch):

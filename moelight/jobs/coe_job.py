@@ -127,7 +127,7 @@ def run_coe_job(opts):
         raise CoEError(f"{len(problems)} request(s) cannot be routed:\n  " + "\n  ".join(problems[:20]))
     runs = schedule(routed, opts.coe_order)
     total = RunReport(model=str(opts.model), dtype=opts.dtype, requests=len(requests), batch_size=0,
-                      micro_batch_size=0, skipped_requests=job.skipped)
+                      micro_batch_size=0, skipped_requests=len(job.skipped), skipped=job.skipped)
     describe_output(total, opts, job.output)
     per_model: dict[str, dict] = {}
     failing: BaseException | None = None
@@ -159,5 +159,5 @@ def run_coe_job(opts):
 def _serve_model(opts, spec: CoESpec, name: str, requests, writer) -> RunReport:
     """One model's run of a CoE job: its results tagged with its name, its report folded by the caller."""
     sub = replace(opts, model=spec.models[name], output=opts.output)
-    return serve_requests(EngineSession(sub, opts.log), sub, requests, 0, writer,
+    return serve_requests(EngineSession(sub, opts.log), sub, requests, [], writer,
                           on_result=lambda req, res: res | {"model": name}, save=False)

@@ -13,7 +13,7 @@ from moelight.jobs.run_options import RunOptions
 @dataclass
 class JobInput:
     requests: list  # what is left to generate
-    skipped: int  # bad records skipped (--skip-bad-lines)
+    skipped: list[str]  # bad records skipped (--skip-bad-lines), "file:line: why"
     out_format: str
     output: OutputState
 
@@ -26,4 +26,5 @@ def read_requests(opts: RunOptions) -> JobInput:
     )
     out_format = workloads.output_format(opts.output, loaded.format)
     state = prepare_output(opts, out_format, loaded.requests)
-    return JobInput([r for r in loaded.requests if r.id not in state.done], len(loaded.skipped), out_format, state)
+    left = [r for r in loaded.requests if r.id not in state.done]
+    return JobInput(left, [str(p) for p in loaded.skipped], out_format, state)

@@ -88,11 +88,11 @@ def prompt_error(problems: list[str]) -> PromptError:
 
 
 def prepare_prompts(requests, tokenizer, context: int, opts, warnings: JobWarnings | None = None, checker=None):
-    """check_prompts, raising for bad prompts unless --skip-bad-lines; (prompts, params, skipped ids)."""
+    """check_prompts, raising for bad prompts unless --skip-bad-lines; (prompts, params, {skipped id: why})."""
     prompts, params, problems = check_prompts(requests, tokenizer, context, opts, warnings, checker)
     if problems and not opts.skip_bad_lines:
         raise prompt_error([m for _, m in problems])
-    return prompts, params, {rid for rid, _ in problems}
+    return prompts, params, dict(problems)
 
 
 def expand_samples(prompts: list[list[int]], params: list[SamplingParams]):

@@ -46,6 +46,7 @@ class RunReport:
     peak_memory_bytes: int = 0
     attention_backend: str = ""
     skipped_requests: int = 0
+    skipped: list = field(default_factory=list)  # every skipped record and request, "file:line: why"
     interrupted: bool = False
     policy: dict = field(default_factory=dict)
     prediction: dict = field(default_factory=dict)
@@ -63,14 +64,14 @@ class RunReport:
     error: str | None = None  # the error the job stopped on (its first line), None when it ended normally
 
     @classmethod
-    def for_plan(cls, model: str, dtype: str, plan, requests: int, skipped: int = 0) -> RunReport:
-        """The report of a planned job (plan None: nothing left to generate)."""
+    def for_plan(cls, model: str, dtype: str, plan, requests: int, skipped: list[str] = ()) -> RunReport:
+        """The report of a planned job (plan None: nothing left to generate); `skipped`: what was left out."""
+        skips = dict(skipped_requests=len(skipped), skipped=list(skipped))
         if plan is None:
-            return cls(model=model, dtype=dtype, requests=requests, batch_size=0, micro_batch_size=0,
-                       skipped_requests=skipped)
+            return cls(model=model, dtype=dtype, requests=requests, batch_size=0, micro_batch_size=0, **skips)
         return cls(model=model, dtype=dtype, requests=requests, batch_size=plan.batch_size,
-                   micro_batch_size=plan.micro_batch_size, skipped_requests=skipped, policy=dict(plan.info),
-                   prediction=dict(plan.prediction), attention_backend=kernel_backend())
+                   micro_batch_size=plan.micro_batch_size, policy=dict(plan.info),
+                   prediction=dict(plan.prediction), attention_backend=kernel_backend(), **skips)
 
     def add_stats(self, s: GenerationStats) -> None:
         """Fold in one generation round (multi-turn jobs have several)."""
@@ -95,6 +96,7 @@ class RunReport:
         peak memory is the larger, warnings add up, rates are recomputed from the sums."""
         for name in _SUMMED:
             setattr(self, name, getattr(self, name) + getattr(part, name))
+        self.skipped = self.skipped + part.skipped
         if part.warnings:
             merged = JobWarnings(**self.warnings) if self.warnings else JobWarnings()
             merged.absorb(part.warnings)
@@ -188,11 +190,19 @@ class RunReport:
             p = self.prediction
             lines.append(f"predicted     {p.get('end_to_end_tokens_per_s', 0):10.1f} tok/s end-to-end (HRM)")
         lines += [f"warning       {line}" for line in JobWarnings(**self.warnings).lines()] if self.warnings else []
+        lines += self._skipped_lines()
         lines += [f"note          {note}" for note in self.notes]
         if self.previous_runs:
             lines.append(f"earlier runs  {len(self.previous_runs)} on this output wrote "
                          f"{sum(r.get('written', 0) for r in self.previous_runs)} results")
         return "\n".join(lines)
+
+    def _skipped_lines(self, shown: int = 5) -> list[str]:
+        """The first skipped records by file:line; the report holds them all."""
+        lines = [f"skipped       {s}" for s in self.skipped[:shown]]
+        if len(self.skipped) > shown:
+            lines.append(f"skipped       ... and {len(self.skipped) - shown} more (the report's \"skipped\" lists all)")
+        return lines
 
 
 def _joined(mine: str, theirs: str) -> str:

@@ -33,18 +33,18 @@ class PreparedJob:
     report: RunReport
 
 
-def prepare_requests(session, opts, requests, skipped_before: int = 0, solved=None) -> PreparedJob:
+def prepare_requests(session, opts, requests, skipped_before: list[str] = (), solved=None) -> PreparedJob:
     """Tokenize and plan `requests` on `session` (weights not loaded yet); bad prompts raise unless
     skipped. `solved`: a policy solved already for this job (see EngineSession.plan)."""
     warnings = JobWarnings()
     prompts, params, skipped = prepare_prompts(requests, session.tokenizer, session.config.max_position_embeddings,
                                                opts, warnings, session.sampling)
     requests = [r for r in requests if r.id not in skipped]
-    n_skipped = skipped_before + len(skipped)
     # nothing left (e.g. --resume on a finished output): nothing to plan, load or write
     seq_prompts, seq_params, _ = expand_samples(prompts, params)  # the plan holds every sample
     plan = session.plan(seq_prompts, seq_params, opts.turn, solved=solved) if requests else None
-    report = RunReport.for_plan(opts.model, session.dtype_name, plan, len(requests), n_skipped)
+    report = RunReport.for_plan(opts.model, session.dtype_name, plan, len(requests),
+                                [*skipped_before, *skipped.values()])
     report.warnings = warnings.to_dict() if warnings.counts else {}
     return PreparedJob(requests, prompts, params, plan, report)
 
@@ -176,7 +176,7 @@ def prompt_logprobs_json(positions: list, prompt: list[int], k: int) -> list:
     return [None] + logprobs_json(positions[1:], prompt[1:], k)
 
 
-def serve_requests(session, opts, requests, skipped_before: int, writer, on_result=None,
+def serve_requests(session, opts, requests, skipped_before: list[str], writer, on_result=None,
                    output: OutputState | None = None, save: bool = True) -> RunReport:
     """Tokenize, plan, load, generate and write `requests` on `session`; the report is saved beside
     the output (and returned) whatever happens, the session closed. `output`: what the output held

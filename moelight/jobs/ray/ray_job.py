@@ -90,15 +90,15 @@ def check_all_prompts(opts, ds, fields_: dict):
     bad = ds.map_batches(PromptChecker, fn_constructor_kwargs={"opts_fields": fields_}, batch_size=CHECK_BATCH,
                          batch_format="pyarrow", compute=ActorPoolStrategy(size=1), num_cpus=1).take_all()
     if not bad:
-        return ds, 0
+        return ds, []
     if not opts.skip_bad_lines:
         raise prompt_error([r["problem"] for r in bad])
     bad_ids = {r["id"] for r in bad}
-    return ds.filter(lambda r: r["id"] not in bad_ids), len(bad_ids)
+    return ds.filter(lambda r: r["id"] not in bad_ids), [r["problem"] for r in bad]
 
 
 def checked_batches(opts, source, driver: DriverPlan, fields_: dict, max_replicas: int):
-    """(dataset of one block per batch or None, requests in it, prompts dropped, batch size N) for
+    """(dataset of one block per batch or None, requests in it, prompts dropped (why, by line), batch size N) for
     what `read_dataset` gave (Requests the driver parsed, or a lazy dataset of request rows).
 
     Bad prompts raise here, before any replica loads. One block per batch, in the object store
@@ -112,12 +112,12 @@ def checked_batches(opts, source, driver: DriverPlan, fields_: dict, max_replica
         prompts, params, problems = driver.check(source)
         if problems and not opts.skip_bad_lines:
             raise prompt_error([m for _, m in problems])
-        bad = {rid for rid, _ in problems}
+        bad, dropped = {rid for rid, _ in problems}, [m for _, m in problems]
         keep = [r.to_row() for r in source if r.id not in bad]
         if not keep:
-            return None, 0, len(bad), 0
+            return None, 0, dropped, 0
         batch = driver.batch_size(prompts, params, len(keep), max_replicas)
-        return ray.data.from_items(keep, override_num_blocks=math.ceil(len(keep) / batch)), len(keep), len(bad), batch
+        return ray.data.from_items(keep, override_num_blocks=math.ceil(len(keep) / batch)), len(keep), dropped, batch
     ds = ray.data.from_items([r.to_row() for r in source]) if isinstance(source, list) else source
     ds, bad_prompts = check_all_prompts(opts, ds, fields_)
     remaining = ds.count()
@@ -164,8 +164,9 @@ def run_ray_job(opts) -> RayRunReport:
     fields_ = opts_fields(opts)
     driver = DriverPlan(opts)
     ds, remaining, bad_prompts, batch = checked_batches(opts, source, driver, fields_, hi)
+    skipped = [*map(str, problems), *bad_prompts]
     report = RayRunReport(model=opts.model, dtype=opts.dtype, requests=remaining, batch_size=0, micro_batch_size=0,
-                          skipped_requests=len(problems) + bad_prompts, ray_address=address)
+                          skipped_requests=len(skipped), skipped=skipped, ray_address=address)
     describe_output(report, opts, output)
     if remaining == 0:
         report.wall_seconds = time.perf_counter() - t_job

@@ -58,10 +58,10 @@ class RayRunReport(RunReport):
         """Totals from the replicas' reports; the replicas' rates summed; the stage's wall time for end-to-end."""
         reps = [f for f in figures.values() if f.report is not None]
         self.replicas = [r.to_dict() for r in reps]
-        requests, skipped = self.requests, self.skipped_requests
+        requests, skipped, listed = self.requests, self.skipped_requests, self.skipped
         for r in reps:
             self.absorb(r.report)
-        self.requests, self.skipped_requests = requests, skipped  # the driver counted them
+        self.requests, self.skipped_requests, self.skipped = requests, skipped, listed  # the driver counted them
         self.generation_seconds = stage_seconds
         self.load_seconds = max((r.report.load_seconds for r in reps), default=0.0)
         self.update_rates()
