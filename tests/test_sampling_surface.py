@@ -128,13 +128,24 @@ def test_every_constrained_output_parses_and_validates_on_random_weights(llm, te
     for o in outs:
         assert o.outputs[0].finish_reason == "stop", o.outputs[0].text
         assert _valid(json.loads(o.outputs[0].text)), o.outputs[0].text
+        assert list(json.loads(o.outputs[0].text)) == ["name", "n", "ok"]  # the schema's order, as vLLM's
+
+
+def test_fields_come_in_the_schemas_order(llm):
+    """Reasoning before the answer is the usual reason to order a schema's properties: the same
+    properties in another order are another grammar, not one shared through a sorted key."""
+    backwards = {**SCHEMA, "properties": dict(reversed(SCHEMA["properties"].items()))}
+    for schema in (SCHEMA, backwards, SCHEMA):
+        out = llm.generate(["who"], SamplingParams(max_tokens=80, temperature=0.0, structured_outputs=(
+            StructuredOutputsParams(json=schema))))[0].outputs[0]
+        assert list(json.loads(out.text)) == list(schema["properties"]), out.text
 
 
 def test_a_string_of_bounded_length_admits_no_control_character(llm):
     """JSON strings carry control characters escaped only (RFC 8259): inside "name" (maxLength 6) the
     mask leaves no raw byte below 0x20, and leaves the printable ones."""
     c = llm.session.sampling.grammars.constraint(StructuredOutputsParams(json=SCHEMA))
-    for t in llm.tokenizer.encode('{"n": 5, "name": "a', add_bos=False):  # the schema's keys, sorted
+    for t in llm.tokenizer.encode('{"name": "a', add_bos=False):  # the schema's first key
         assert c.accept(t)
     row = torch.zeros(llm.config.vocab_size)
     c.mask(row)

@@ -50,7 +50,7 @@ class StructuredOutputsParams:
         """What compiles to one grammar: equal keys share one compiled grammar."""
         import json as _json
 
-        schema = _json.dumps(self.json, sort_keys=True) if isinstance(self.json, dict) else self.json
+        schema = _json.dumps(self.json) if isinstance(self.json, dict) else self.json
         return (schema, self.regex, tuple(self.choice) if self.choice else None, self.grammar, bool(self.json_object))
 
 
