@@ -1,6 +1,8 @@
-"""lm-evaluation-harness on moelight: a local multiple-choice task and a perplexity task give the same
-metrics and per-item log-likelihoods through `moelight` as through lm-eval's own `hf` model on the same
-checkpoint, and `moelight eval` runs them from the command line."""
+"""lm-evaluation-harness on moelight: a local multiple-choice task, a perplexity task (texts shorter and
+several times longer than the context) and a generation task with a context longer than the model's give
+the same metrics, per-item log-likelihoods and generations through `moelight` as through lm-eval's own
+`hf` model on the same checkpoint (at moelight's max_length: the context less the slot a prompt leaves),
+and `moelight eval` runs them from the command line."""
 
 from __future__ import annotations
 
@@ -24,7 +26,10 @@ QUESTIONS = [
     {"question": "Hello", "choices": [" world", " there", " you"], "answer": 2},
 ]
 TEXTS = [{"text": "Mixture of experts models route each token to a few experts. " * 3},
-         {"text": "The quick brown fox jumps over the lazy dog, again and again. " * 5}]
+         {"text": "The quick brown fox jumps over the lazy dog, again and again. " * 5},
+         {"text": "Paged experts cross the link while the CPU attends; the GPU waits for none. " * 24}]
+LONG = [{"context": "Experts and routers, tokens and layers: " * 40 + "The model said", "id": 0},
+        {"context": "A short question:", "id": 1}]
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +44,23 @@ def setup(tmp_path_factory):
     tasks.mkdir()
     (root / "mc.jsonl").write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
     (root / "ppl.jsonl").write_text("".join(json.dumps(t) + "\n" for t in TEXTS))
+    (root / "gen.jsonl").write_text("".join(json.dumps(t) + "\n" for t in LONG))
+    (tasks / "tiny_gen.yaml").write_text(f"""task: tiny_gen
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {root / 'gen.jsonl'}
+output_type: generate_until
+test_split: test
+doc_to_text: "{{{{context}}}}"
+doc_to_target: " x"
+generation_kwargs:
+  until: ["\\n\\n"]
+  max_gen_toks: 12
+  do_sample: false
+metric_list:
+  - metric: exact_match
+""")
     (tasks / "tiny_mc.yaml").write_text(f"""task: tiny_mc
 dataset_path: json
 dataset_kwargs:
@@ -72,13 +94,17 @@ metric_list:
 def _evaluate(model, tasks):
     from lm_eval.tasks import TaskManager
 
-    return lm_eval.simple_evaluate(model=model, tasks=["tiny_mc", "tiny_ppl"], task_manager=TaskManager(
+    return lm_eval.simple_evaluate(model=model, tasks=["tiny_mc", "tiny_ppl", "tiny_gen"], task_manager=TaskManager(
         include_path=str(tasks), include_defaults=False), log_samples=True, random_seed=0)
+
+
+def _doc(sample) -> int:
+    return sample["doc_id"]
 
 
 def _loglikelihoods(results, task):
     return [[float(r[0]) if isinstance(r, (list, tuple)) else float(r) for r in sample["filtered_resps"]]
-            for sample in sorted(results["samples"][task], key=lambda s: s["doc_id"])]
+            for sample in sorted(results["samples"][task], key=_doc)]
 
 
 def test_moelight_scores_as_lm_evals_hf_model(setup, monkeypatch):
@@ -88,8 +114,12 @@ def test_moelight_scores_as_lm_evals_hf_model(setup, monkeypatch):
     from moelight.api.lm_eval_model import MoelightLM
 
     folder, tasks, _ = setup
-    ours = _evaluate(MoelightLM(str(folder), dtype="float32", hardware="cpu-server"), tasks)
-    theirs = _evaluate(HFLM(pretrained=str(folder), dtype="float32", device="cpu", batch_size=1), tasks)
+    ours_lm = MoelightLM(str(folder), dtype="float32", hardware="cpu-server")
+    ours = _evaluate(ours_lm, tasks)
+    theirs = _evaluate(HFLM(pretrained=str(folder), dtype="float32", device="cpu", batch_size=1,
+                            max_length=ours_lm.max_length), tasks)
+    longest = max(len(ours_lm.tok_encode(t["text"])) for t in TEXTS)
+    assert longest > 3 * ours_lm.max_length  # several rolling windows
     for task in ("tiny_mc", "tiny_ppl"):
         a, b = _loglikelihoods(ours, task), _loglikelihoods(theirs, task)
         assert len(a) == len(b) > 0
@@ -98,6 +128,9 @@ def test_moelight_scores_as_lm_evals_hf_model(setup, monkeypatch):
         for metric, value in theirs["results"][task].items():
             if isinstance(value, float) and "stderr" not in metric:
                 assert math.isclose(ours["results"][task][metric], value, rel_tol=1e-4, abs_tol=1e-6), metric
+    gens = [[s["filtered_resps"], s["arguments"]] for s in sorted(ours["samples"]["tiny_gen"], key=_doc)]
+    assert gens == [[s["filtered_resps"], s["arguments"]] for s in sorted(theirs["samples"]["tiny_gen"], key=_doc)]
+    assert all(g[0][0] for g in gens), gens  # each generated something
 
 
 def test_moelight_eval_command(setup, monkeypatch):
@@ -113,3 +146,14 @@ def test_moelight_eval_command(setup, monkeypatch):
     bad = CliRunner().invoke(app, ["eval", "--model", str(folder), "--tasks", "no_such_task", "--output",
                                    str(root / "x.json")])
     assert bad.exit_code == 2 and "unknown task" in bad.output
+
+
+def test_registering_moelight_keeps_lm_evals_own_models():
+    """lm-eval fills its registry only while it is empty: registered first, `moelight` would hide `hf`."""
+    import subprocess
+    import sys
+
+    code = ("import moelight.api.lm_eval_model\nfrom lm_eval.api.registry import get_model\n"
+            "print(get_model('hf').__name__, get_model('moelight').__name__)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0 and done.stdout.split() == ["HFLM", "MoelightLM"], done.stderr[-2000:]

@@ -1,18 +1,23 @@
 """moelight as an lm-evaluation-harness model (`moelight` in lm-eval's registry; `moelight eval` runs it).
 
-Log-likelihoods come from `prompt_logprobs` of the whole context + continuation, every request of a
-task in one engine job (batched and planned as any job): the continuation's tokens are scored with
-the model's own float32 log-softmax, and `is_greedy` is every continuation token ranking first.
-`loglikelihood_rolling` scores a text in windows of the model's context as lm-eval's `hf` model does
-(`get_rolling_token_windows`, one prefix token); `generate_until` is a generation with lm-eval's
-`until` strings as stop strings. Tokenization follows the `hf` model's: the tokenizer's own special
-tokens unless `add_bos_token` says otherwise (none for a string that already starts with BOS), the
-prefix token BOS (else EOS) for an empty context.
-lm-eval is an optional extra: `pip install -e ".[eval]"`.
+Log-likelihoods come from one engine job per task (batched and planned as any job): as lm-eval's
+`hf` model does, the last max_length + 1 tokens of context + continuation are scored, all but the
+last from `prompt_logprobs` of the first max_length, the last from the first generated position
+(that token allowed alone, its logprob and rank taken before any transform). A window then fills the
+model's input without a prompt longer than the engine takes. `is_greedy` is every continuation token
+ranking first. `loglikelihood_rolling` scores a text in windows of max_length (the model's context
+less the slot a prompt leaves) as the `hf` model does (`get_rolling_token_windows`, one prefix token);
+`generate_until` keeps the last max_length - max_gen_toks context tokens, as `hf` does, and stops at
+lm-eval's `until` strings. Tokenization follows the `hf` model's: the tokenizer's own special tokens
+unless `add_bos_token` says otherwise (none for a string that already starts with BOS), the prefix
+token BOS (else EOS) for an empty context.
+lm-eval is an optional extra: `pip install -e ".[eval]"`. Importing this module registers `moelight`
+in lm-eval's registry (`moelight eval` does), beside lm-eval's own models.
 """
 
 from __future__ import annotations
 
+import lm_eval.models  # noqa: F401 - lm-eval fills its registry only while it is empty: its models first
 from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
@@ -65,18 +70,19 @@ class MoelightLM(TemplateLM):
 
     def _score(self, pairs: list[tuple[list[int], list[int]]]) -> list[tuple[float, bool]]:
         """(sum of the continuation's logprobs, all greedy) for (context, continuation) token pairs."""
-        prompts, conts = [], []
+        prompts, params, conts = [], [], []
         for context, continuation in pairs:
-            full = (context + continuation)[-self.max_length:]
-            prompts.append({"prompt_token_ids": full})
+            full = (context + continuation)[-(self.max_length + 1):]
+            prompts.append({"prompt_token_ids": full[:-1]})
+            params.append(SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0, logprobs=0,
+                                         allowed_token_ids=[full[-1]]))
             conts.append(min(len(continuation), len(full) - 1))
-        outs = self.llm.generate(prompts, SamplingParams(max_tokens=1, temperature=0.0, prompt_logprobs=0))
         scores = []
-        for out, n in zip(outs, conts, strict=True):
+        for out, n in zip(self.llm.generate(prompts, params), conts, strict=True):
             ids, lps = out.prompt_token_ids, out.prompt_logprobs
-            positions = range(len(ids) - n, len(ids))
-            scores.append((sum(lps[i][ids[i]].logprob for i in positions),
-                           all(lps[i][ids[i]].rank == 1 for i in positions)))
+            last = out.outputs[0].logprobs[0][out.outputs[0].token_ids[0]]
+            scored = [lps[i][ids[i]] for i in range(len(ids) - n + 1, len(ids))] + [last]
+            scores.append((sum(lp.logprob for lp in scored), all(lp.rank == 1 for lp in scored)))
         return scores
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
@@ -104,7 +110,7 @@ class MoelightLM(TemplateLM):
             sample = kwargs.pop("do_sample", False)
             temperature = float(kwargs.pop("temperature", 0.0)) if sample else 0.0
             max_tokens = int(kwargs.pop("max_gen_toks", self.max_gen_toks))
-            ids = self.tok_encode(context)[-(self.max_length - 1):]
+            ids = self.tok_encode(context)[-max(1, self.max_length - max_tokens):]  # hf's max_ctx_len
             prompts.append({"prompt_token_ids": ids})
             params.append(SamplingParams(max_tokens=max_tokens, temperature=temperature,
                                          stop=[u for u in until if u] or None))
