@@ -4,6 +4,7 @@ stop strings, n samples, structured outputs that always parse, skip_tokenizer_in
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -97,6 +98,35 @@ def test_stop_strings_cut_the_text_and_say_which(llm):
     assert kept[0].outputs[0].text == text[:at + 2]
 
 
+def test_the_stop_token_that_ends_a_sequence_is_left_out_of_its_text(llm):
+    """vLLM's rule, with or without stop strings beside it: the text leaves out the EOS or stop token
+    that ended the sequence unless include_stop_str_in_output; token_ids keep it."""
+    stop_at = LETTERS[25]  # "z"
+    base = dict(max_tokens=64, temperature=1.0, seed=2, allowed_token_ids=LETTERS, stop_token_ids=[stop_at])
+    texts = {}
+    for name, extra in {"plain": {}, "with stop strings": {"stop": ["never-said"]},
+                        "kept": {"include_stop_str_in_output": True},
+                        "kept, with stop strings": {"stop": ["never-said"], "include_stop_str_in_output": True}
+                        }.items():
+        out = llm.generate(["hello there"], SamplingParams(**base, **extra))[0].outputs[0]
+        assert (out.finish_reason, out.stop_reason, out.token_ids[-1]) == ("stop", stop_at, stop_at), name
+        texts[name] = out.text
+    assert texts["plain"] == texts["with stop strings"] and "z" not in texts["plain"]
+    assert texts["kept"] == texts["kept, with stop strings"] == texts["plain"] + "z"
+
+
+def test_eos_is_left_out_of_the_text_with_special_tokens_shown(tmp_path):
+    llm = LLM(str(Path(__file__).parent / "data" / "stdlib-moe"), dtype="float32", hardware="cpu-server")
+    eos = llm.tokenizer.eos_id
+    forced = SamplingParams(max_tokens=8, temperature=0.0, min_tokens=2, allowed_token_ids=[eos, 300],
+                            logit_bias={eos: 100.0}, skip_special_tokens=False)
+    out = llm.generate(["def f():"], forced)[0].outputs[0]
+    assert out.token_ids == [300, 300, eos] and out.finish_reason == "stop"
+    assert out.text == llm.tokenizer.decode([300, 300], skip_special_tokens=False)
+    kept = llm.generate(["def f():"], SamplingParams(**{**forced.__dict__, "include_stop_str_in_output": True}))
+    assert kept[0].outputs[0].text == llm.tokenizer.decode([300, 300, eos], skip_special_tokens=False)
+
+
 def test_n_samples_are_distinct_reproducible_and_equal_when_greedy(llm):
     p = SamplingParams(max_tokens=6, temperature=1.0, n=3, seed=7, ignore_eos=True)
     a, b = llm.generate(["x y z"], p)[0], llm.generate(["x y z"], p)[0]
@@ -168,6 +198,18 @@ def test_choice_regex_and_grammar(llm):
         StructuredOutputsParams(json_object=True))))[0].outputs[0]
     if free_json.finish_reason == "stop":  # a free-form JSON value may outrun max_tokens on random weights
         json.loads(free_json.text)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_finished_grammar_outranks_min_tokens_and_allowed_ids(llm, temperature):
+    """min_tokens bans the EOS a finished choice needs, allowed_token_ids leave the grammar nothing: the
+    grammar wins, so the output is still one of the choices (not masked-out tokens reported as "stop")."""
+    so = StructuredOutputsParams(choice=["yes", "no"])
+    for extra in ({"min_tokens": 5}, {"allowed_token_ids": LETTERS[:3]}):
+        outs = llm.generate([f"answer {i}" for i in range(4)], SamplingParams(
+            max_tokens=12, temperature=temperature, seed=1, structured_outputs=so, **extra))
+        assert {o.outputs[0].text for o in outs} <= {"yes", "no"}, (extra, [o.outputs[0] for o in outs])
+        assert {o.outputs[0].finish_reason for o in outs} == {"stop"}
 
 
 def test_a_bad_schema_or_regex_is_refused_before_generation(llm):

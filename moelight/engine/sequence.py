@@ -3,7 +3,8 @@
 It ends (vLLM's rules) at a stop token (EOS or `stop_token_ids`, not before `min_tokens`, never with
 `ignore_eos`), at a `stop` string found in its detokenized text after `min_tokens` (the text is cut
 before it unless `include_stop_str_in_output`), when its grammar is complete, or at `max_tokens`. `stop_reason` says
-which stop string or stop token ended it (None for EOS and length).
+which stop string or stop token ended it (None for EOS and length). The text leaves out the stop token
+that ended it, as vLLM's does, unless `include_stop_str_in_output` (`text_token_ids`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,12 @@ class SequenceResult:
     logprobs: list[dict] | None = None  # per generated token: {token_id: Logprob}
     cumulative_logprob: float | None = None
     prompt_logprobs: list | None = None
+    ended_by_token: bool = False  # its last token is the EOS or stop token that ended it
+
+    def text_token_ids(self, params: SamplingParams) -> list[int]:
+        """The tokens its text shows: all but an ending stop token, unless include_stop_str_in_output."""
+        cut = self.ended_by_token and not params.include_stop_str_in_output
+        return self.token_ids[:-1] if cut else self.token_ids
 
 
 @dataclass
@@ -40,6 +47,7 @@ class Sequence:
     logprobs: list[dict] | None = None
     cumulative_logprob: float | None = None
     prompt_logprobs: list | None = None
+    ended_by_token: bool = False
 
     @property
     def position(self) -> int:
@@ -58,12 +66,17 @@ class Sequence:
         constraint = self.state.constraint if self.state is not None else None
         if constraint is not None:
             constraint.accept(token)
-        if not p.ignore_eos and len(self.out) > p.min_tokens - 1 and (token in eos or token in p.stop_token_ids):
+        grammar_done = constraint is not None and constraint.done  # a finished grammar outranks min_tokens
+        stop_token = token in eos or token in p.stop_token_ids
+        if stop_token and ((not p.ignore_eos and len(self.out) >= p.min_tokens) or grammar_done):
             self.finish = "stop"
             self.stop_reason = token if token in p.stop_token_ids else None
+            self.ended_by_token = True
+            if p.stop and decode is not None:
+                self.text = decode(self.result().text_token_ids(p), p.skip_special_tokens)
         elif p.stop and decode is not None and self._stop_string(decode, may_stop=len(self.out) > p.min_tokens):
             self.finish = "stop"
-        elif constraint is not None and constraint.done:
+        elif grammar_done:
             self.finish = "stop"
         elif len(self.out) >= p.max_tokens:
             self.finish = "length"
@@ -94,4 +107,4 @@ class Sequence:
     def result(self) -> SequenceResult:
         return SequenceResult(self.index, self.out, self.finish or "length", self.stop_reason,
                               self.text if self.params.stop else None, self.logprobs, self.cumulative_logprob,
-                              self.prompt_logprobs)
+                              self.prompt_logprobs, self.ended_by_token)

@@ -147,9 +147,9 @@ def turn_output(res: SequenceResult, p, prompt_tokens: int, tokenizer, user: str
     if res.text is not None:
         text = res.text
     elif p.skip_special_tokens or not hasattr(tokenizer, "backend"):
-        text = tokenizer.decode(res.token_ids)
+        text = tokenizer.decode(res.text_token_ids(p))
     else:
-        text = tokenizer.decode(res.token_ids, skip_special_tokens=False)
+        text = tokenizer.decode(res.text_token_ids(p), skip_special_tokens=False)
     extra: dict = {}
     if res.stop_reason is not None:
         extra["stop_reason"] = res.stop_reason

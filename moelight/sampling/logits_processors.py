@@ -2,8 +2,10 @@
 
 Applied per row in place, in vLLM v1's order: allowed_token_ids, bad_words, min_tokens and
 logit_bias, then the repetition, frequency and presence penalties, then a structured-output
-grammar's mask. Rows that ask for none of these are never touched (the greedy README job pays
-nothing). `RowState` is what a sequence carries for them: its prompt and output tokens, the
+grammar's mask. Where the others leave a grammar no token (min_tokens banning the EOS a finished
+grammar needs; allowed_token_ids outside it), the grammar wins: the row is the grammar's mask over the
+bias and penalties alone, so a constrained output always matches. Rows that ask for none of these are
+never touched (the greedy README job pays nothing). `RowState` is what a sequence carries for them: its prompt and output tokens, the
 tokenized bad words, its stop ids, and its grammar matcher.
 """
 
@@ -30,30 +32,45 @@ class RowState:
 
 def apply_processors(logits: torch.Tensor, states: list[RowState]) -> None:
     """Every row's processors, in place on `logits` [B, V] (float32)."""
-    vocab = logits.shape[-1]
     for row, st in enumerate(states):
-        p = st.params
-        if not p.has_processors:
+        if not st.params.has_processors:
             continue
         x = logits[row]
-        if p.allowed_token_ids:
-            keep = torch.full((vocab,), NEG_INF)
-            ids = torch.tensor([t for t in p.allowed_token_ids if 0 <= t < vocab], dtype=torch.long)
-            keep[ids] = 0.0
-            x += keep
-        for banned in _bad_word_tokens(st):
-            if 0 <= banned < vocab:
-                x[banned] = NEG_INF
-        if len(st.output_ids) < p.min_tokens and st.stop_ids:
-            x[torch.tensor([t for t in st.stop_ids if 0 <= t < vocab], dtype=torch.long)] = NEG_INF
-        if p.logit_bias:
-            for token, bias in p.logit_bias.items():
-                if 0 <= token < vocab:
-                    x[token] += bias
-        if p.has_penalties:
-            apply_penalties(x, st.prompt_ids, st.output_ids, p)
-        if st.constraint is not None:
-            st.constraint.mask(x)
+        before = x.clone() if st.constraint is not None else None
+        _process_row(x, st, restrict=True)
+        if before is not None and bool(torch.isneginf(x).all()):
+            x.copy_(before)
+            _process_row(x, st, restrict=False)
+
+
+def _process_row(x: torch.Tensor, st: RowState, restrict: bool) -> None:
+    """One row's processors in vLLM's order; `restrict` False leaves out the ones that only remove tokens
+    (allowed_token_ids, bad_words, min_tokens)."""
+    p, vocab = st.params, x.shape[-1]
+    if restrict:
+        _restrict(x, st, vocab)
+    if p.logit_bias:
+        for token, bias in p.logit_bias.items():
+            if 0 <= token < vocab:
+                x[token] += bias
+    if p.has_penalties:
+        apply_penalties(x, st.prompt_ids, st.output_ids, p)
+    if st.constraint is not None:
+        st.constraint.mask(x)
+
+
+def _restrict(x: torch.Tensor, st: RowState, vocab: int) -> None:
+    p = st.params
+    if p.allowed_token_ids:
+        keep = torch.full((vocab,), NEG_INF)
+        ids = torch.tensor([t for t in p.allowed_token_ids if 0 <= t < vocab], dtype=torch.long)
+        keep[ids] = 0.0
+        x += keep
+    for banned in _bad_word_tokens(st):
+        if 0 <= banned < vocab:
+            x[banned] = NEG_INF
+    if len(st.output_ids) < p.min_tokens and st.stop_ids:
+        x[torch.tensor([t for t in st.stop_ids if 0 <= t < vocab], dtype=torch.long)] = NEG_INF
 
 
 def apply_penalties(x: torch.Tensor, prompt_ids: list[int], output_ids: list[int], p: SamplingParams) -> None:
