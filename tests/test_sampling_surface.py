@@ -242,6 +242,17 @@ def test_skip_tokenizer_init_runs_a_folder_without_a_tokenizer(tmp_path):
         llm.generate(["text"])
 
 
+def test_max_tokens_none_takes_what_the_context_leaves_and_detokenize_false_leaves_no_text(llm):
+    prompt = "x" * (llm.config.max_position_embeddings - 8)
+    room = llm.config.max_position_embeddings - len(llm.tokenizer.encode(prompt))
+    out = llm.generate([prompt], SamplingParams(max_tokens=None, temperature=0.0, ignore_eos=True, min_tokens=99))
+    assert (len(out[0].outputs[0].token_ids), out[0].outputs[0].finish_reason) == (room, "length")
+    assert not llm.last_report.warnings  # asked for, so nothing was cut
+    ids_only = llm.generate(["hello"], SamplingParams(max_tokens=4, temperature=0.0, detokenize=False))[0].outputs[0]
+    assert ids_only.text == "" and ids_only.token_ids == llm.generate(["hello"], SamplingParams(
+        max_tokens=4, temperature=0.0))[0].outputs[0].token_ids
+
+
 # ---- bad input ----------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("kw, error, needle", [
@@ -251,6 +262,8 @@ def test_skip_tokenizer_init_runs_a_folder_without_a_tokenizer(tmp_path):
     (dict(min_p=2.0), ValueError, "min_p must be in [0, 1]"),
     (dict(presence_penalty=3.0), ValueError, "presence_penalty must be in [-2, 2]"),
     (dict(structured_outputs=StructuredOutputsParams(choice=["a"]), logit_bias="x"), TypeError, "logit_bias"),
+    (dict(max_tokens=0), ValueError, "max_tokens must be >= 1"),
+    (dict(stop=["x"], detokenize=False), ValueError, "stop strings need detokenize=True"),
 ])
 def test_sampling_params_refuse_bad_values(kw, error, needle):
     with pytest.raises(error, match=needle.replace("[", r"\[").replace("]", r"\]")):
@@ -287,3 +300,16 @@ def test_dataset_records_with_bad_sampling_are_named_before_loading(tmp_path):
     bad_schema.write_text(json.dumps(rows[-1]) + "\n")
     res = CliRunner().invoke(app, ["run", "--dataset", str(bad_schema), *args[3:], "--overwrite"])
     assert res.exit_code == 2 and says(res.output, f"{bad_schema}:1") and says(res.output, "does not compile")
+
+
+def test_a_record_can_ask_for_token_ids_only(tmp_path):
+    from moelight.jobs.dataset_job import run_job
+    from moelight.jobs.run_options import RunOptions
+
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"id": "a", "prompt": "x", "max_tokens": 3, "detokenize": False}) + "\n"
+                    + json.dumps({"id": "b", "prompt": "x", "max_tokens": 3}) + "\n")
+    run_job(RunOptions(dataset=data, output=tmp_path / "o.jsonl", model="tiny", load_format="dummy",
+                       hardware="cpu-server", temperature=0.0, ignore_eos=True, progress=False))
+    a, b = (json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines())
+    assert a["output"] == "" and b["output"] and a["output_token_ids"] == b["output_token_ids"]

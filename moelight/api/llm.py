@@ -187,6 +187,7 @@ class LLM:
 
     def _completion(self, k: int, r, p: SamplingParams) -> CompletionOutput:
         text = r.text if r.text is not None else self._decode(r.text_token_ids(p), p.skip_special_tokens)
+        text = text if p.detokenize else ""
         return CompletionOutput(k, text, r.token_ids, r.finish_reason, r.cumulative_logprob, r.logprobs,
                                 r.stop_reason)
 

@@ -150,6 +150,7 @@ def turn_output(res: SequenceResult, p, prompt_tokens: int, tokenizer, user: str
         text = tokenizer.decode(res.text_token_ids(p))
     else:
         text = tokenizer.decode(res.text_token_ids(p), skip_special_tokens=False)
+    text = text if p.detokenize else ""
     extra: dict = {}
     if res.stop_reason is not None:
         extra["stop_reason"] = res.stop_reason

@@ -5,8 +5,8 @@ logit_bias, then the repetition, frequency and presence penalties, then a struct
 grammar's mask. Where the others leave a grammar no token (min_tokens banning the EOS a finished
 grammar needs; allowed_token_ids outside it), the grammar wins: the row is the grammar's mask over the
 bias and penalties alone, so a constrained output always matches. Rows that ask for none of these are
-never touched (the greedy README job pays nothing). `RowState` is what a sequence carries for them: its prompt and output tokens, the
-tokenized bad words, its stop ids, and its grammar matcher.
+never touched (the greedy README job pays nothing). `RowState` is what a sequence carries for them:
+its prompt and output tokens, the tokenized bad words, its stop ids, and its grammar matcher.
 """
 
 from __future__ import annotations

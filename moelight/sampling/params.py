@@ -56,9 +56,10 @@ class StructuredOutputsParams:
 
 @dataclass
 class SamplingParams:
-    """temperature 0 means greedy; top_k 0 or -1 disables top-k; seed makes a request reproducible."""
+    """temperature 0 means greedy; top_k 0 or -1 disables top-k; seed makes a request reproducible;
+    max_tokens None: as many as the model's context leaves after the prompt (vLLM's None)."""
 
-    max_tokens: int = 16
+    max_tokens: int | None = 16
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -80,9 +81,11 @@ class SamplingParams:
     prompt_logprobs: int | None = None
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
+    detokenize: bool = True  # False: token ids only, the text left empty (vLLM's)
 
     def __post_init__(self) -> None:
-        _check_type("max_tokens", self.max_tokens, int)
+        if self.max_tokens is not None:
+            _check_type("max_tokens", self.max_tokens, int)
         _check_type("temperature", self.temperature, float)
         _check_type("top_p", self.top_p, float)
         _check_type("top_k", self.top_k, int)
@@ -91,7 +94,7 @@ class SamplingParams:
         _check_type("min_tokens", self.min_tokens, int)
         for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p"):
             _check_type(name, getattr(self, name), float)
-        for name in ("include_stop_str_in_output", "skip_special_tokens"):
+        for name in ("include_stop_str_in_output", "skip_special_tokens", "detokenize"):
             _check_type(name, getattr(self, name), bool)
         for name in ("seed", "logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:
@@ -121,8 +124,8 @@ class SamplingParams:
         self._check_values()
 
     def _check_values(self) -> None:
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if self.max_tokens is not None and self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1 (or None: what the context leaves), got {self.max_tokens}")
         if self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n}")
         if self.temperature < 0:
@@ -133,8 +136,10 @@ class SamplingParams:
             raise ValueError(f"top_k must be -1, 0 (disabled) or positive, got {self.top_k}")
         if not 0 <= self.min_p <= 1:
             raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
-        if not 0 <= self.min_tokens <= self.max_tokens:
+        if not 0 <= self.min_tokens <= (self.max_tokens if self.max_tokens is not None else self.min_tokens):
             raise ValueError(f"min_tokens must be in [0, max_tokens={self.max_tokens}], got {self.min_tokens}")
+        if self.stop and not self.detokenize:
+            raise ValueError("stop strings need detokenize=True (they are found in the text); use stop_token_ids")
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
