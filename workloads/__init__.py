@@ -18,7 +18,7 @@ from .dataset import (
     replicate,
     skip_hint,
 )
-from .errors import DatasetError, OutputExistsError, OutputPathError, Problem
+from .errors import DatasetError, OutputExistsError, OutputPathError, OutputWriteError, Problem
 from .request import Request
 from .results import TurnOutput, build_error_result, build_result, to_openai_batch
 from .resume import finished_ids, read_results, sidecar_path
@@ -44,6 +44,7 @@ __all__ = [
     "LoadedDataset",
     "OutputExistsError",
     "OutputPathError",
+    "OutputWriteError",
     "Problem",
     "Request",
     "ResultWriter",

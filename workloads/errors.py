@@ -57,3 +57,8 @@ class OutputExistsError(FileExistsError):
 
 class OutputPathError(ValueError):
     """An output path whose extension names no format moelight writes."""
+
+
+class OutputWriteError(OSError):
+    """The output (or its report) could not be written: a full disk, a lost mount. The results written
+    before are in it whole; a cut last line is dropped on --resume."""

@@ -12,7 +12,7 @@ import threading
 from pathlib import Path
 from types import TracebackType
 
-from .errors import OutputExistsError, OutputPathError
+from .errors import OutputExistsError, OutputPathError, OutputWriteError
 from .parquet_io import read_parquet_records, write_parquet_atomic
 from .results import check_result, to_openai_batch
 from .resume import PARQUET_SUFFIXES, is_parquet_path, read_jsonl_results, repair_jsonl, sidecar_path
@@ -80,9 +80,17 @@ class ResultWriter:
         with self._lock:
             if self._closed:
                 raise ValueError(f"write to closed ResultWriter ({self.path})")
-            self._f.write(line)
-            self._f.flush()
+            try:
+                self._f.write(line)
+                self._f.flush()
+            except OSError as e:
+                raise self._write_error(e) from None
             self.written += 1
+
+    def _write_error(self, e: OSError) -> OutputWriteError:
+        return OutputWriteError(
+            f"could not write to {self.stream_path}: {e.strerror or e}; the {self.written} result(s) this run "
+            "wrote before are in it; make room (or fix the path) and rerun with --resume to continue")
 
     def close(self) -> None:
         """Close the stream; for parquet, merge what exists and write the parquet file."""
@@ -90,12 +98,15 @@ class ResultWriter:
             if self._closed:
                 return
             self._closed = True
-            self._f.close()
-            if self.format == "parquet":
-                records = read_parquet_records(self.path) if self.path.exists() else []
-                records += read_jsonl_results(self.stream_path)
-                write_parquet_atomic(self.path, records)
-                self.stream_path.unlink()
+            try:
+                self._f.close()
+                if self.format == "parquet":
+                    records = read_parquet_records(self.path) if self.path.exists() else []
+                    records += read_jsonl_results(self.stream_path)
+                    write_parquet_atomic(self.path, records)
+                    self.stream_path.unlink()
+            except OSError as e:
+                raise self._write_error(e) from None
 
     def __enter__(self) -> ResultWriter:
         return self

@@ -10,9 +10,9 @@ import typer
 def user_error_types() -> tuple[type[BaseException], ...]:
     from moelight.errors import MoelightError
     from moelight.tokenization.tokenizer import TokenizerError
-    from workloads import DatasetError, OutputExistsError, OutputPathError
+    from workloads import DatasetError, OutputExistsError, OutputPathError, OutputWriteError
 
-    return (MoelightError, DatasetError, OutputExistsError, OutputPathError, TokenizerError)
+    return (MoelightError, DatasetError, OutputExistsError, OutputPathError, OutputWriteError, TokenizerError)
 
 
 @contextlib.contextmanager

@@ -1,7 +1,12 @@
-"""Ctrl-C as a flag the job's loop reads between batches. Ray Data's iterator can swallow a
+"""Ctrl-C and SIGTERM, the ways a job is stopped. SIGTERM (`timeout`, a batch scheduler, `docker
+stop`) is taken as Ctrl-C (`sigterm_as_interrupt`): the job stops the same way, its finished
+results on disk and its report saved, where Python's default would end the process at once with
+neither.
+
+Ctrl-C as a flag the job's loop reads between batches: Ray Data's iterator can swallow a
 KeyboardInterrupt raised while the driver waits inside it (and then run the job to its end), so a
-Ray job takes the first SIGINT as a request to stop after the batch in hand; a second one raises
-at once, as usual."""
+Ray job takes the first SIGINT (or SIGTERM) as a request to stop after the batch in hand; a second
+one raises at once, as usual."""
 
 from __future__ import annotations
 
@@ -25,8 +30,33 @@ def interrupt_flag() -> Iterator[threading.Event]:
             raise KeyboardInterrupt
         stop.set()
 
-    previous = signal.signal(signal.SIGINT, on_sigint)
+    previous = {s: signal.signal(s, on_sigint) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield stop
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be: every handler of Ctrl-C handles it."""
+
+
+@contextlib.contextmanager
+def sigterm_as_interrupt() -> Iterator[dict]:
+    """While the block runs (main thread only), SIGTERM raises Terminated; the dict's "terminated" says
+    whether one came (a command exits 143 for it, 130 for Ctrl-C)."""
+    seen = {"terminated": False}
+    if threading.current_thread() is not threading.main_thread():
+        yield seen
+        return
+
+    def on_sigterm(signum, frame) -> None:
+        seen["terminated"] = True
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    try:
+        yield seen
+    finally:
+        signal.signal(signal.SIGTERM, previous)

@@ -36,8 +36,9 @@ def save_report(report, output: Path, failing: BaseException | None = None, log=
         report.save(path)
     except OSError as e:
         if failing is None:
-            raise
-        message = f"note: the report could not be saved to {path} ({e})"
+            raise workloads.OutputWriteError(f"the report could not be saved to {path} ({e.strerror or e}); "
+                                             f"the results are in {output}") from None
+        message = f"note: the report could not be saved to {path} ({e.strerror or e})"
         (log or _stderr)(message)
 
 

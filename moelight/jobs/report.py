@@ -8,6 +8,7 @@ knows at the end (the executor's figures, peak memory).
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -131,7 +132,13 @@ class RunReport:
         return asdict(self)
 
     def save(self, path: Path) -> None:
-        path.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+        """Atomically: a full disk or a kill leaves the report that was there, not half of this one."""
+        tmp = path.with_name(path.name + ".tmp")
+        try:
+            tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
 
     def previous(self) -> dict:
         """What a later, resumed run keeps of this one."""

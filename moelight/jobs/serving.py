@@ -208,13 +208,20 @@ def serve_requests(session, opts, requests, skipped_before: list[str], writer, o
 
 
 def describe_output(report: RunReport, opts, output: OutputState) -> None:
-    """A report that says what the output held before this run, and keeps the earlier runs' reports."""
+    """A report that says what the output held before this run, and keeps the earlier runs' reports
+    (and says how many results came from runs that saved none: killed, or out of disk)."""
     report.already_in_output = len(output.done)
     report.notes += output.notes
-    if output.done and report_path(opts.output).exists():
+    if not output.done:
+        return
+    if report_path(opts.output).exists():
         try:
             earlier = json.loads(report_path(opts.output).read_text())
-        except (OSError, ValueError):
-            return
-        report.previous_runs = list(earlier.get("previous_runs", [])) + [
-            {k: earlier.get(k) for k in RunReport("", "", 0, 0, 0).previous()}]
+            report.previous_runs = list(earlier.get("previous_runs", [])) + [
+                {k: earlier.get(k) for k in RunReport("", "", 0, 0, 0).previous()}]
+        except (OSError, ValueError, AttributeError):
+            report.notes.append(f"{report_path(opts.output)} could not be read: the earlier runs are not listed")
+    unreported = len(output.done) - sum(int(r.get("written") or 0) for r in report.previous_runs)
+    if unreported > 0:
+        report.notes.append(f"{unreported} of the {len(output.done)} results already in the output came from "
+                            "runs that saved no report (killed, or out of disk space)")

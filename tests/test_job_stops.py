@@ -1,0 +1,135 @@
+"""A job stopped from outside or by its disk keeps its work and says so: SIGTERM (what `timeout`, batch
+schedulers and `docker stop` send) stops it as Ctrl-C does (results on disk, the report saved, exit
+143); a full disk is one clear error (exit 2) with the results before it whole; a report never ends
+half-written; and a resumed report counts the results that came from runs that saved no report."""
+
+from __future__ import annotations
+
+import errno
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+import workloads.writer
+from moelight.cli import app
+from moelight.jobs.report import RunReport
+from tests.test_durability import ROOT, _env
+
+N = 40
+
+
+def _data(tmp_path: Path) -> Path:
+    path = tmp_path / "d.jsonl"
+    path.write_text("".join(json.dumps({"id": f"q{i}", "prompt": f"question {i} " * (1 + i % 4)}) + "\n"
+                            for i in range(N)))
+    return path
+
+
+def _args(data: Path, out: Path, *extra: str) -> list[str]:
+    return ["run", "--dataset", str(data), "--output", str(out), "--model", "tiny", "--load-format", "dummy",
+            "--gen-len", "24", "--batch-size", "2", "--hardware", "cpu-server", "--no-progress", *extra]
+
+
+def _start_and_stop_after_results(data: Path, out: Path, sig: int, results: int = 2) -> subprocess.CompletedProcess:
+    proc = subprocess.Popen([sys.executable, "-m", "moelight", *_args(data, out)], cwd=ROOT, env=_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if out.exists() and len(out.read_text().splitlines()) >= results:
+            break
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    stdout, stderr = proc.communicate(timeout=120)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, stdout, stderr)
+
+
+def _ids(out: Path) -> list[str]:
+    return [json.loads(line)["id"] for line in out.read_text().splitlines()]
+
+
+def test_sigterm_stops_the_job_as_ctrl_c_does(tmp_path):
+    data, out = _data(tmp_path), tmp_path / "o.jsonl"
+    done = _start_and_stop_after_results(data, out, signal.SIGTERM)
+    assert done.returncode == 143, done.stderr[-2000:]
+    assert "Traceback" not in done.stderr and "--resume" in done.stderr
+    report = json.loads((tmp_path / "o.jsonl.report.json").read_text())
+    assert report["interrupted"] and report["written"] == len(_ids(out)) < N
+    resumed = CliRunner().invoke(app, _args(data, out, "--resume"))
+    assert resumed.exit_code == 0, resumed.output
+    assert sorted(_ids(out)) == sorted(f"q{i}" for i in range(N))
+    final = json.loads((tmp_path / "o.jsonl.report.json").read_text())
+    assert [r["written"] for r in final["previous_runs"]] == [report["written"]] and not final["notes"]
+
+
+def test_a_resumed_report_counts_results_from_runs_that_saved_none(tmp_path):
+    data, out = _data(tmp_path), tmp_path / "o.jsonl"
+    _start_and_stop_after_results(data, out, signal.SIGKILL)
+    held = len(_ids(out))
+    resumed = CliRunner().invoke(app, _args(data, out, "--resume"))
+    assert resumed.exit_code == 0, resumed.output
+    report = json.loads((tmp_path / "o.jsonl.report.json").read_text())
+    assert report["already_in_output"] == held and report["previous_runs"] == []
+    assert report["notes"] == [f"{held} of the {held} results already in the output came from runs that saved "
+                               "no report (killed, or out of disk space)"]
+
+
+class _FullDisk:
+    """A file that takes `room` bytes, then fails as a full disk does."""
+
+    def __init__(self, f, room: int):
+        self.f, self.room = f, room
+
+    def write(self, text: str) -> int:
+        if len(text) > self.room:
+            self.f.write(text[: self.room])  # what a full disk leaves: part of a line
+            self.room = 0
+            raise OSError(errno.ENOSPC, "No space left on device")
+        self.room -= len(text)
+        return self.f.write(text)
+
+    def __getattr__(self, name):
+        return getattr(self.f, name)
+
+
+def test_a_full_disk_is_one_clear_error_and_resume_continues(tmp_path, monkeypatch):
+    data, out = _data(tmp_path), tmp_path / "o.jsonl"
+    opened = workloads.writer.ResultWriter.__init__
+
+    def small_disk(self, *args, **kwargs):
+        opened(self, *args, **kwargs)
+        self._f = _FullDisk(self._f, room=3000)
+
+    monkeypatch.setattr(workloads.writer.ResultWriter, "__init__", small_disk)
+    full = CliRunner().invoke(app, _args(data, out, "--overwrite"))
+    assert full.exit_code == 2 and full.exception is not None and "Traceback" not in full.output
+    assert "No space left on device" in full.output and "rerun with --resume" in full.output
+    written = len(out.read_text().splitlines()) - 1  # the last line is cut
+    assert 0 < written < N and f"the {written} result(s) this run wrote before" in full.output
+    monkeypatch.setattr(workloads.writer.ResultWriter, "__init__", opened)
+    resumed = CliRunner().invoke(app, _args(data, out, "--resume"))
+    assert resumed.exit_code == 0, resumed.output
+    assert sorted(_ids(out)) == sorted(f"q{i}" for i in range(N))
+
+
+def test_a_report_that_cannot_be_written_leaves_the_one_before(tmp_path, monkeypatch):
+    path = tmp_path / "o.jsonl.report.json"
+    path.write_text('{"kept": true}\n')
+    original = Path.write_text
+
+    def half_then_full(self, text, *args, **kwargs):
+        original(self, text[:10], *args, **kwargs)
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", half_then_full)
+    try:
+        RunReport("m", "bfloat16", 1, 1, 1).save(path)
+    except OSError:
+        pass
+    monkeypatch.setattr(Path, "write_text", original)
+    assert json.loads(path.read_text()) == {"kept": True}
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary left behind
