@@ -73,10 +73,25 @@ class JobRecord:
     def load(cls, path: Path) -> JobRecord:
         try:
             d = json.loads(path.read_text())
-            return cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
-        except (OSError, ValueError, TypeError, KeyError) as e:
+            record = cls(**{k: d[k] for k in cls.__dataclass_fields__ if k in d})
+            record._check_types()
+            return record
+        except (OSError, ValueError, TypeError, KeyError, AttributeError) as e:
             raise ResumeError(f"{path}: not a moelight job record ({e}); remove it to resume without the "
                               "checks, or pass --overwrite to start the output again") from None
+
+    def _check_types(self) -> None:
+        """What `--resume` reads, of the types it was written with (a hand-edited record fails here, not
+        after the job has generated)."""
+        if not isinstance(self.dataset, str) or not isinstance(self.output_format, str):
+            raise TypeError("'dataset' and 'output_format' must be strings")
+        if not isinstance(self.settings, dict) or "model" not in self.settings:
+            raise TypeError("'settings' must be an object of the job's options, the model among them")
+        if self.requests is not None and not (isinstance(self.requests, dict) and all(
+                isinstance(k, str) and isinstance(v, str) for k, v in self.requests.items())):
+            raise TypeError("'requests' must map request ids to hashes")
+        if not isinstance(self.extra, dict):
+            raise TypeError("'extra' must be an object")
 
     def save(self, path: Path) -> None:
         """Atomically, so a killed job never leaves half a record."""
@@ -100,6 +115,10 @@ class JobRecord:
             if now.settings.get(k) != was:
                 out.append(f"--{k.replace('_', '-')}: was {was!r}, now {now.settings.get(k)!r}")
         return out
+
+    def unrecorded(self, now: JobRecord) -> list[str]:
+        """Options this job records that the output's record does not (an older moelight's): not checked."""
+        return [k for k in now.settings if k not in self.settings]
 
     def changed(self, now: JobRecord, ids: set[str]) -> tuple[list[str], list[str]]:
         """(ids whose request changed, ids the output holds that the job no longer has), among `ids`."""
@@ -136,6 +155,10 @@ def check_resume(output: Path, now: JobRecord, done: set[str], output_shape: str
                           + "\n  ".join(problems)
                           + "\nname another --output for this job, or pass --overwrite to replace that output")
     notes = []
+    missing = record.unrecorded(now)
+    if missing:
+        notes.append(f"{path.name} does not record " + ", ".join(f"--{k.replace('_', '-')}" for k in missing)
+                     + ": the output's values of these could not be checked against this job")
     if record.dataset != now.dataset:
         notes.append(f"the dataset moved: the output was started from {record.dataset}, this job reads "
                      f"{now.dataset} (its requests match)")

@@ -1,0 +1,64 @@
+"""`--resume` reads the output's job record (`OUTPUT.job.json`) before anything loads: a record of the
+wrong shape (hand-edited, another tool's) is refused there, with what to do, and never after the job
+has generated; options an older record does not hold are named as unchecked."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from moelight.cli import app
+
+ROWS = [{"id": f"q{i}", "prompt": f"question {i}"} for i in range(4)]
+
+
+def _args(data, out, *extra: str) -> list[str]:
+    return ["run", "--dataset", str(data), "--output", str(out), "--model", "tiny", "--load-format", "dummy",
+            "--gen-len", "3", "--hardware", "cpu-server", "--no-progress", *extra]
+
+
+@pytest.fixture
+def half_done(tmp_path):
+    """A finished output cut to its first two results, with its record: a job to resume."""
+    data, out = tmp_path / "d.jsonl", tmp_path / "o.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    assert CliRunner().invoke(app, _args(data, out)).exit_code == 0
+    out.write_text("".join(out.read_text().splitlines(keepends=True)[:2]))
+    return data, out
+
+
+@pytest.mark.parametrize("edit", [
+    {"settings": "abc"},
+    {"settings": {}},
+    {"requests": [1, 2]},
+    {"requests": {"q0": 5}},
+    {"dataset": 3},
+    {"extra": []},
+])
+def test_a_record_of_the_wrong_shape_is_refused_before_loading(half_done, monkeypatch, edit):
+    import moelight.engine.session
+
+    data, out = half_done
+    record = out.with_name(out.name + ".job.json")
+    record.write_text(json.dumps(json.loads(record.read_text()) | edit))
+    monkeypatch.setattr(moelight.engine.session.EngineSession, "engine",
+                        lambda *a, **k: pytest.fail("the model was loaded"))
+    res = CliRunner().invoke(app, _args(data, out, "--resume"))
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert "not a moelight job record" in res.output and "--overwrite" in res.output
+    assert len(out.read_text().splitlines()) == 2  # untouched
+
+
+def test_options_an_older_record_does_not_hold_are_named_as_unchecked(half_done):
+    data, out = half_done
+    record = out.with_name(out.name + ".job.json")
+    old = json.loads(record.read_text())
+    del old["settings"]["quantize"]
+    record.write_text(json.dumps(old))
+    res = CliRunner().invoke(app, _args(data, out, "--resume"))
+    assert res.exit_code == 0, res.output
+    assert len(out.read_text().splitlines()) == len(ROWS)
+    notes = json.loads(out.with_name(out.name + ".report.json").read_text())["notes"]
+    assert any("does not record --quantize" in n for n in notes), notes
