@@ -60,6 +60,19 @@ def test_grouped_experts_equal_the_per_expert_loop(monkeypatch, padded, T, E, k,
     torch.testing.assert_close(got, ref, rtol=1e-5 if padded else 1e-6, atol=1e-6 if padded else 1e-7)
 
 
+@pytest.mark.parametrize("h,f,dtype", [(36, 10, torch.float32), (24, 12, torch.bfloat16), (18, 16, torch.float32)])
+def test_widths_grouped_mm_cannot_take_run_padded(h, f, dtype):
+    """torch._grouped_mm wants every row a multiple of 16 bytes; a tensor-parallel rank's expert width
+    (DBRX's 20 over two ranks: 10 float32 values, 40 bytes) is not, so those experts run the padded bmm."""
+    gu, dn = (m.to(dtype) for m in _experts(5, h, f))
+    x, w, e = _routing(3, 5, 5, h)
+    table = _table(gu, dn, 2)
+    assert not grouped_experts.grouped_mm_fits(table, dtype)
+    ref = expert_mix(x.to(dtype), w, e, gu, dn, activation=swiglu)
+    got = grouped_expert_mix(x.to(dtype), w, e, table, swiglu)
+    torch.testing.assert_close(got, ref, rtol=1e-5 if dtype == torch.float32 else 2e-2, atol=1e-5)
+
+
 def test_expert_mix_takes_the_grouped_path_for_a_table_and_the_loop_elsewhere():
     gu, dn = _experts(8, 16, 24)
     x, w, e = _routing(6, 8, 2, 16)

@@ -4,7 +4,9 @@ A runtime holds a layer's experts in a few contiguous stacks (the resident ones,
 `GroupedExperts` names them, and `grouped_expert_mix` computes the MoE block over them with every
 index on the device: no per-expert Python loop (two grouped GEMMs per group instead of ~8 small
 kernels per expert) and no count read back to the host. Where `torch._grouped_mm` runs (checked
-once per device and dtype against per-group matmuls) it does the GEMMs; elsewhere each group is
+once per device and dtype against per-group matmuls, and where every row of its operands is a multiple
+of 16 bytes, as it requires: a tensor-parallel rank's odd expert width is not) it does the GEMMs;
+elsewhere each group is
 padded to [experts, tokens, hidden] for a `bmm` (every expert has room for every token: with k
 experts per token that is E/k times the rows, acceptable for decode micro-batches; a larger
 batch, e.g. a prefill, falls back to the per-expert loop of `moe.expert_mix`).
@@ -73,18 +75,28 @@ def grouped_mm_supported(device: torch.device, dtype: torch.dtype) -> bool:
     return _grouped_mm_works[key]
 
 
+def grouped_mm_fits(table: GroupedExperts, dtype: torch.dtype) -> bool:
+    """Whether torch._grouped_mm takes these experts' shapes: rows of h, 2f and f values, each a multiple
+    of 16 bytes."""
+    size = torch.empty((), dtype=dtype).element_size()
+    return all(d * size % 16 == 0 for g in table.groups for d in (*g.gate_up.shape[1:], g.down.shape[2]))
+
+
+def _use_grouped_mm(x: torch.Tensor, table: GroupedExperts) -> bool:
+    return grouped_mm_supported(x.device, x.dtype) and grouped_mm_fits(table, x.dtype)
+
+
 def use_grouped_path(x: torch.Tensor, table) -> bool:
-    return isinstance(table, GroupedExperts) and (
-        grouped_mm_supported(x.device, x.dtype) or x.shape[0] <= PADDED_MAX_TOKENS)
+    return isinstance(table, GroupedExperts) and (_use_grouped_mm(x, table) or x.shape[0] <= PADDED_MAX_TOKENS)
 
 
 def _group_linear(xs: torch.Tensor, w: torch.Tensor, first: int, sorted_e: torch.Tensor, starts: torch.Tensor,
-                  ends: torch.Tensor, tokens: int) -> torch.Tensor:
+                  ends: torch.Tensor, tokens: int, grouped_mm: bool) -> torch.Tensor:
     """Rows of xs [P, K] (sorted by expert) through their expert's w[e - first] [N, K] -> [P, N];
     only the rows of this group's experts are meaningful."""
     n, P = w.shape[0], xs.shape[0]
     arange = torch.arange(P, device=xs.device)
-    if grouped_mm_supported(xs.device, xs.dtype):
+    if grouped_mm:
         if first == 0:
             return torch._grouped_mm(xs, w.transpose(-2, -1), offs=ends[:n].to(torch.int32))
         lo = starts[first]  # the group's rows start here: rotate them to row 0 (on the device)
@@ -113,15 +125,16 @@ def grouped_expert_mix(x: torch.Tensor, weights: torch.Tensor, experts: torch.Te
     ends = counts.cumsum(0)
     starts = ends - counts
     xs = x.index_select(0, order // k)
+    grouped_mm = _use_grouped_mm(x, gate_up)
     y = None
     for g in gate_up.groups:
         n = g.gate_up.shape[0]
         if n == 0:
             continue
-        h = _group_linear(xs, g.gate_up, g.first, sorted_e, starts, ends, T)
+        h = _group_linear(xs, g.gate_up, g.first, sorted_e, starts, ends, T, grouped_mm)
         if gate_up_bias is not None:
             h = h + gate_up_bias.index_select(0, sorted_e)
-        h = _group_linear(activation(h), g.down, g.first, sorted_e, starts, ends, T)
+        h = _group_linear(activation(h), g.down, g.first, sorted_e, starts, ends, T, grouped_mm)
         if down_bias is not None:
             h = h + down_bias.index_select(0, sorted_e)
         inside = ((sorted_e >= g.first) & (sorted_e < g.first + n)).unsqueeze(1)
