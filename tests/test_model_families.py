@@ -5,6 +5,7 @@ in the layout `save_pretrained` writes and in transformers 5's packed in-memory 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -233,6 +234,32 @@ def test_unsupported_model_type_lists_the_supported_ones(tmp_path):
     with pytest.raises(ConfigError, match="'jamba' is not supported.*mixtral, qwen2_moe, qwen3_moe, olmoe, dbrx, "
                                           "gpt_oss, deepseek_v2, deepseek_v3"):
         LLM(str(folder))
+
+
+@pytest.mark.parametrize("changes, needle", [
+    ({"num_experts_per_tok": None}, "missing required field(s) num_experts_per_tok"),
+    ({"num_experts": "four"}, 'num_experts must be a whole number, got "four"'),
+    ({"num_experts_per_tok": 2.7, "rms_norm_eps": "1e-6"}, "num_experts_per_tok must be a whole number, got 2.7; "
+                                                           'rms_norm_eps must be a number, got "1e-6"'),
+    ({"num_experts_per_tok": [2]}, "num_experts_per_tok must be a whole number, got [2]"),
+])
+def test_config_fields_of_the_wrong_type_are_named(tmp_path, changes, needle):
+    from moelight.errors import ConfigError
+
+    folder = _folder("olmoe-top3-clip", tmp_path)
+    _edit(folder, **changes)
+    with pytest.raises(ConfigError, match=re.escape(needle)):
+        LLM(str(folder))
+
+
+def test_a_mixtral_config_with_null_moe_fields_says_they_are_missing():
+    from moelight.errors import ConfigError
+    from moelight.loading.hf_config import config_from_hf_dict
+    from tests.checkpoints import DEFAULTS
+
+    cfg = {"model_type": "mixtral", **DEFAULTS, "num_experts_per_tok": None}
+    with pytest.raises(ConfigError, match=re.escape("no MoE fields (num_experts_per_tok missing)")):
+        config_from_hf_dict(cfg)
 
 
 @pytest.mark.parametrize("method", ["bitsandbytes", "hqq"])  # GPTQ / AWQ / compressed-tensors: test_int_checkpoints

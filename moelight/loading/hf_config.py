@@ -17,6 +17,36 @@ _FAMILY_FORMATS = {("mxfp4", "gpt_oss"), ("fp8", "deepseek_v2"), ("fp8", "deepse
 # GPTQ / AWQ / compressed-tensors (loading/int_checkpoints.py): families whose experts are per-expert linear layers
 INT_METHODS = ("gptq", "awq", "compressed-tensors", "fp8")
 PER_EXPERT_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "olmoe", "deepseek_v2", "deepseek_v3", "kimi_k2")
+# shape fields of every family (DBRX's under ffn_config / attn_config): whole numbers where present
+WHOLE_FIELDS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                "num_key_value_heads", "head_dim", "max_position_embeddings", "sliding_window", "num_local_experts",
+                "num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size",
+                "decoder_sparse_step", "first_k_dense_replace", "n_routed_experts", "n_shared_experts", "n_group",
+                "topk_group", "kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim",
+                "num_nextn_predict_layers", "d_model", "n_heads", "n_layers", "max_seq_len", "moe_num_experts",
+                "moe_top_k", "ffn_hidden_size", "kv_n_heads")
+NUMBER_FIELDS = ("rms_norm_eps", "layer_norm_eps", "rope_theta", "routed_scaling_factor", "clip_qkv",
+                 "swiglu_limit")
+
+
+def check_field_types(cfg: dict, where: str) -> None:
+    """ConfigError naming every shape field that is not a whole number and every rate that is not a number
+    (a hand-edited "four" or 2.7 would otherwise fail deep in an adapter, or be rounded silently)."""
+    bad = []
+    for scope, d in (("", cfg), ("ffn_config.", cfg.get("ffn_config")), ("attn_config.", cfg.get("attn_config"))):
+        if not isinstance(d, dict):
+            continue
+        for k in WHOLE_FIELDS:
+            v = d.get(k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int)
+                                  and not (isinstance(v, float) and v.is_integer())):
+                bad.append(f"{scope}{k} must be a whole number, got {json.dumps(v)}")
+        for k in NUMBER_FIELDS:
+            v = d.get(k)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+                bad.append(f"{scope}{k} must be a number, got {json.dumps(v)}")
+    if bad:
+        raise ConfigError(f"{where}: " + "; ".join(bad))
 
 
 def config_from_hf_dict(cfg: dict, where: str = "config.json") -> ModelConfig:
@@ -30,6 +60,7 @@ def config_from_hf_dict(cfg: dict, where: str = "config.json") -> ModelConfig:
                           "compressed-tensors and block-scaled FP8 checkpoints of "
                           f"{', '.join(PER_EXPERT_FAMILIES)}, GPT-OSS's MXFP4, and unquantised weights: use the "
                           "model's original checkpoint")
+    check_field_types(cfg, where)
     config = family(mtype, where).config_from_hf(cfg, where)
     return replace(config, checkpoint_quant=quant, checkpoint_scheme=scheme) if quant else config
 

@@ -18,7 +18,7 @@ class DecoderLayer(DecoderLayerBase):
 
 
 def config_from_hf(cfg: dict, where: str) -> ModelConfig:
-    missing = [k for k in ("num_local_experts", "num_experts_per_tok") if k not in cfg]
+    missing = [k for k in ("num_local_experts", "num_experts_per_tok") if cfg.get(k) is None]
     if missing:
         raise ConfigError(
             f"{where}: no MoE fields ({', '.join(missing)} missing); this is not a Mixture-of-Experts "
