@@ -123,6 +123,31 @@ def test_prefetch_budget_priority_and_waste():
     assert c.stats.good_pred == 0.0
 
 
+@pytest.mark.parametrize("name", ["combined", "promoe", "duoserve", "moe-infinity"])
+@pytest.mark.parametrize("given", [0, 2])
+def test_a_given_prefetch_budget_wins_over_a_policys_own(name, given):
+    """--prefetch-per-layer N is every policy's budget: combined's own 1 and the learned policies' "all
+    predicted" yield to it, 0 included, and the report states the budget that ran."""
+    rng = np.random.default_rng(5)
+    L, E, h = 4, 8, 5
+    eamc = EAMCollection(rng.integers(0, 5, (4, L, E)).astype(float))
+    prof = RoutingProfile(rng.dirichlet(np.ones(E), L), rng.dirichlet(np.ones(E), (L - 1, E)))
+    mlps = {j: MLP([(rng.normal(size=(h if name == "promoe" else L * E + 2 * E, E)), np.zeros(E))])
+            for j in range(L - 1)}
+    kind = name if name in ("promoe", "duoserve") else "coserve"
+    preds = Predictors(kind, L, E, 2, h, prof, stride=2 if name == "promoe" else 1, mlps=mlps)
+    cache = ExpertCache(L, E, 2 * E, make_policy(name, L, E, eamc, preds), prefetch_per_layer=given,
+                        prefetch_given=True)
+    assert cache.budget == given
+    cache.policy.begin(0)
+    for _ in range(40):
+        j = int(rng.integers(L))
+        cache.policy.observe_hidden(j, rng.normal(size=(2, h)))
+        cache.access(j, {0: np.bincount(rng.choice(E, 4), minlength=E)})
+        assert len(cache.plan_prefetch(j)) <= given
+    assert cache.stats.prefetch_issued <= 40 * given
+
+
 @pytest.mark.parametrize("name", POLICIES)
 def test_the_cache_never_holds_more_than_its_slots(name):
     rng = np.random.default_rng(3)

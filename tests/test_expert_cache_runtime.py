@@ -70,9 +70,10 @@ def cpu_tokens(model) -> int:
 def _executor(model, policy, slots, budget=2, h2d_bandwidth=4e9, device="emulated"):
     if device == "cuda":  # over a copy: the non-expert modules move to the GPU, the experts are pinned
         return ExpertCacheExecutor(copy.deepcopy(model), slots, policy, "cuda", prefetch_per_layer=budget,
-                                   cpu_max_tokens=cpu_tokens(model))
-    return ExpertCacheExecutor(model, slots, policy, "emulated", prefetch_per_layer=budget, device_memory=64 << 20,
-                               cpu_max_tokens=cpu_tokens(model), h2d_bandwidth=h2d_bandwidth, d2h_bandwidth=4e9)
+                                   prefetch_given=True, cpu_max_tokens=cpu_tokens(model))
+    return ExpertCacheExecutor(model, slots, policy, "emulated", prefetch_per_layer=budget, prefetch_given=True,
+                               device_memory=64 << 20, cpu_max_tokens=cpu_tokens(model), h2d_bandwidth=h2d_bandwidth,
+                               d2h_bandwidth=4e9)
 
 
 def check_memory(ex, model, prompts, batch) -> None:

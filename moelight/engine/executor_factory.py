@@ -72,4 +72,4 @@ def cache_executor(model, opts, plan: JobPlan, device: str, kv_tokens: int = 409
                   if n.endswith(("mlp.gate_up_proj", "mlp.down_proj")))
     kwargs["pin_experts"] = available_bytes() > 2 * experts
     return ExpertCacheExecutor(model, plan.info["cache"]["slots"], policy, device, prefetch_per_layer=budget,
-                               max_tokens=kv_tokens, **kwargs)
+                               prefetch_given=opts.prefetch_per_layer is not None, max_tokens=kv_tokens, **kwargs)

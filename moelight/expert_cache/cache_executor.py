@@ -30,7 +30,7 @@ from moelight.devices.device_attention import batched_decode_attention, device_p
 from moelight.devices.device_base import Device, nbytes_of
 from moelight.devices.host_buffers import HostBuffers
 from moelight.devices.registry import create_device
-from moelight.expert_cache.cache_policy import CachePolicy
+from moelight.expert_cache.cache_policy import UNBOUNDED, CachePolicy
 from moelight.expert_cache.cache_state import CacheStats, ExpertCache, Fetch
 from moelight.expert_cache.copy_worker import CopyWorker
 from moelight.expert_cache.expert_slots import expert_slots, slot_bytes
@@ -68,7 +68,8 @@ class ExpertCacheExecutor(Executor):
     supports_paged = True
 
     def __init__(self, model: MoECausalLM, slots: int, policy: CachePolicy, device: str | Device = "emulated",
-                 prefetch_per_layer: int = 0, device_memory: int | None = None, cpu_max_tokens: int = 0,
+                 prefetch_per_layer: int = 0, prefetch_given: bool = False, device_memory: int | None = None,
+                 cpu_max_tokens: int = 0,
                  max_tokens: int = 4096, pin_experts: bool = True, **device_kwargs) -> None:
         """cpu_max_tokens: with a policy that offloads, a missed expert with at most this many tokens
         runs on the CPU next to its host copy (CoServe's K*n + B placement, from the HRM).
@@ -82,7 +83,8 @@ class ExpertCacheExecutor(Executor):
         self.E = cfg.num_experts
         self.cache = ExpertCache(len(self.moe_layers), self.E, slots, policy,
                                  prefetch_per_layer if policy.predicts else 0,
-                                 cpu_max_tokens=cpu_max_tokens if policy.cpu_offload else 0)
+                                 cpu_max_tokens=cpu_max_tokens if policy.cpu_offload else 0,
+                                 prefetch_given=prefetch_given)
         self.stream_slots = [slots, slots + 1] if policy.stream_prefill else []  # DuoServe's prefill buffers
         slots += len(self.stream_slots)
         if isinstance(device, str):
@@ -120,7 +122,8 @@ class ExpertCacheExecutor(Executor):
         """The cache's figures for the job's report (hits, prefetches, bytes moved, its size and policy)
         and the runtime's (host syncs per decode step, kernel launches per layer pass, as measured)."""
         return self.cache_stats.to_dict() | {"slots": self.cache.slots, "policy": self.cache.policy.name,
-                                             "prefetch_per_layer": self.cache.prefetch_per_layer} | self.counts.stats()
+                                             "prefetch_per_layer": self.cache.budget if self.cache.budget < UNBOUNDED
+                                             else None} | self.counts.stats()
 
     # ---- the cache ----
     def _chunks(self, f: Fetch) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import numpy as np
 
+UNBOUNDED = 1 << 30  # a policy's prefetch budget: every expert it names
+
 
 class CachePolicy:
     """No prediction, eviction by one array of scores; subclasses say what the scores are."""
@@ -26,7 +28,8 @@ class CachePolicy:
     copy_chunks = 1  # copies in this many chunks, so a demand overtakes a prefetch between them (ProMoE)
     reorder = False  # cached experts compute first, experts still arriving last (ProMoE)
     wants_hidden = False  # its predictor reads each MoE block's input (`observe_hidden`)
-    prefetch_budget: int | None = None  # prefetches per layer pass whatever the link allows (None: the cache's)
+    prefetch_budget: int | None = None  # its own prefetches per layer pass (None: the link's; UNBOUNDED: all
+    # it names); --prefetch-per-layer wins over it
     prefetch_outranks_cache = False  # a prediction evicts the lowest-scored expert even if it outranks it
 
     def __init__(self, layers: int, experts: int) -> None:

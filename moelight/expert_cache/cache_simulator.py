@@ -108,7 +108,8 @@ def simulate_cache(trace: Trace, make_policy: Callable[[], CachePolicy], slots: 
         raise TraceError(f"policy {policy.name} reads hidden states: record the trace with `moelight trace --hidden`")
     budget = default_prefetch_budget(hw, model, batch, dtype) if prefetch_per_layer is None else prefetch_per_layer
     cache = ExpertCache(L, tm.num_experts, slots, policy, budget if policy.predicts else 0,
-                        cpu_max_tokens=timer.cpu_crossover() if policy.cpu_offload else 0)
+                        cpu_max_tokens=timer.cpu_crossover() if policy.cpu_offload else 0,
+                        prefetch_given=prefetch_per_layer is not None)
     link = LinkQueue(timer.copy, ops.expert_ffn(model, 0, timer.b).bytes, cache.stats, policy.copy_chunks)
     res = CacheSimResult(policy.name, slots, batch, cache.stats)
     pending = list(range(len(trace.requests)))[::-1]

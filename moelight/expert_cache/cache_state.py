@@ -89,9 +89,16 @@ class ExpertCache:
     experts: int
     slots: int
     policy: CachePolicy
-    prefetch_per_layer: int = 0
+    prefetch_per_layer: int = 0  # the link's budget, or the user's (prefetch_given)
     cpu_max_tokens: int = 0  # with a policy that offloads: a miss of at most this many tokens runs on the CPU
     stats: CacheStats = field(default_factory=CacheStats)
+    prefetch_given: bool = False  # --prefetch-per-layer: it wins over a policy's own budget
+
+    @property
+    def budget(self) -> int:
+        """Prefetches per layer pass: the user's where given, else the policy's own, else the link's."""
+        own = self.policy.prefetch_budget
+        return self.prefetch_per_layer if own is None or self.prefetch_given else own
 
     def __post_init__(self) -> None:
         if self.slots < self.experts:
@@ -145,8 +152,7 @@ class ExpertCache:
     def plan_prefetch(self, layer: int) -> list[Fetch]:
         """Prefetches after `layer`'s routing, highest priority first, within the per-layer budget."""
         self.evicted_now = []
-        own = self.policy.prefetch_budget
-        budget = own if own is not None else self.prefetch_per_layer
+        budget = self.budget
         prio = self.policy.prefetch(layer) if budget else None
         if prio is None:
             return []

@@ -20,7 +20,7 @@ from __future__ import annotations
 import numpy as np
 
 from moelight.expert_cache.baseline_policies import LRU
-from moelight.expert_cache.cache_policy import CachePolicy
+from moelight.expert_cache.cache_policy import UNBOUNDED, CachePolicy
 from moelight.expert_cache.predictors import Predictors, duoserve_features, sigmoid
 
 
@@ -31,7 +31,7 @@ class ProMoE(LRU):
     copy_chunks = 3
     reorder = True
     wants_hidden = True
-    prefetch_budget = 1 << 30  # whatever the predictor names
+    prefetch_budget = UNBOUNDED  # whatever the predictor names
     prefetch_outranks_cache = True  # a prediction enters the LRU like an access (its scores are ticks)
 
     def __init__(self, layers: int, experts: int, predictors: Predictors) -> None:
@@ -67,7 +67,7 @@ class DuoServe(LRU):
     name = "duoserve"
     predicts = True
     stream_prefill = True
-    prefetch_budget = 1 << 30
+    prefetch_budget = UNBOUNDED
     prefetch_outranks_cache = True
 
     def __init__(self, layers: int, experts: int, predictors: Predictors) -> None:
