@@ -174,6 +174,21 @@ def test_bad_records_are_reported_as_locally_before_any_model_loads(cluster, tmp
                            progress=False))
     assert str(remote.value) == str(local.value)
     assert not out.exists()
+    # the job ended: Ray Data's warm-up has ended too (a shutdown under it printed Ray's tracebacks)
+    assert not [t for t in threading.enumerate() if t.name == "moelight-ray-warm-up" and t.is_alive()]
+
+
+def test_no_cluster_at_the_address_is_an_option_error(monkeypatch):
+    from moelight.engine.options import OptionError
+    from moelight.jobs.ray.resources import connect
+
+    def no_cluster(**kwargs):
+        raise ConnectionError("Could not find any running Ray instance.")
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", no_cluster)
+    with pytest.raises(OptionError, match=r"--ray auto: no Ray cluster found there .*ray start --head"):
+        connect("auto")
 
 
 @pytest.mark.parametrize("checked_by", ["driver", "ray tasks"])

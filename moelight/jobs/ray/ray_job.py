@@ -156,14 +156,17 @@ def run_ray_job(opts) -> RayRunReport:
     address = connect(opts.ray, opts.log)
     configure_ray_data(opts.progress)
     warm = warm_up_ray_data()
-    source, fmt, problems, _ = read_dataset(opts, finished)
-    out_format = workloads.output_format(opts.output, fmt)
-    output = prepare_output(opts, out_format, source if isinstance(source, list) else None)
-    if isinstance(source, list):
-        source = [r for r in source if r.id not in output.done]
-    fields_ = opts_fields(opts)
-    driver = DriverPlan(opts)
-    ds, remaining, bad_prompts, batch = checked_batches(opts, source, driver, fields_, hi)
+    try:
+        source, fmt, problems, _ = read_dataset(opts, finished)
+        out_format = workloads.output_format(opts.output, fmt)
+        output = prepare_output(opts, out_format, source if isinstance(source, list) else None)
+        if isinstance(source, list):
+            source = [r for r in source if r.id not in output.done]
+        fields_ = opts_fields(opts)
+        driver = DriverPlan(opts)
+        ds, remaining, bad_prompts, batch = checked_batches(opts, source, driver, fields_, hi)
+    finally:  # a bad dataset ends the job here: Ray must not shut down under the warm-up's tasks
+        warm.join()
     skipped = [*map(str, problems), *bad_prompts]
     report = RayRunReport(model=opts.model, dtype=opts.dtype, requests=remaining, batch_size=0, micro_batch_size=0,
                           skipped_requests=len(skipped), skipped=skipped, ray_address=address)
@@ -172,7 +175,6 @@ def run_ray_job(opts) -> RayRunReport:
         report.wall_seconds = time.perf_counter() - t_job
         save_report(report, opts.output)
         return report
-    warm.join()
     cpus, gpus = per_replica_resources(opts, hi)
     warn_if_pool_cannot_start(lo, cpus, gpus, opts.log)
     if opts.log:

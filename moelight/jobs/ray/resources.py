@@ -6,6 +6,8 @@ import logging
 import math
 import warnings
 
+from moelight.engine.options import OptionError
+
 MIN_POOL_WAIT_S = 3600  # how long the pool may take to load its minimum of replicas (big models load slowly)
 
 
@@ -15,8 +17,13 @@ def connect(address: str | None, log=None) -> str:
 
     if not ray.is_initialized():
         target = None if address in (None, "", "local") else address
-        ray.init(address=target, log_to_driver=False, include_dashboard=False,
-                 configure_logging=False, ignore_reinit_error=True)
+        try:
+            ray.init(address=target, log_to_driver=False, include_dashboard=False,
+                     configure_logging=False, ignore_reinit_error=True)
+        except ConnectionError as e:
+            raise OptionError(f"--ray {address}: no Ray cluster found there ({str(e).splitlines()[0]}); start one "
+                              "(`ray start --head`), give its address, or pass --ray alone to run a local one "
+                              "for the job") from None
     ctx = ray.get_runtime_context()
     where = ctx.gcs_address if hasattr(ctx, "gcs_address") else "local"
     if log:
