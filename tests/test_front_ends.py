@@ -50,6 +50,8 @@ def test_cli_and_api_give_the_same_tokens_and_report(tmp_path, temperature):
     assert {o.request_id: o.outputs[0].token_ids for o in outs} == cli_tokens
     assert_same_job(cli_report, llm.last_report.to_dict())
     assert llm.last_report.end_to_end_tokens_per_s > 0 and llm.last_stats.generated_tokens == 6 * len(PROMPTS)
+    # the API writes no file: its summary has no "written" line, the command's names its output
+    assert "written" not in llm.last_report.summary() and cli_report["output"].endswith(".jsonl")
 
 
 def test_cli_and_api_agree_on_the_emulated_cgopipe_runtime(tmp_path):

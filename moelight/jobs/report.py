@@ -53,6 +53,7 @@ class RunReport:
     prediction: dict = field(default_factory=dict)
     tpot_ms: dict = field(default_factory=dict)  # time per output token: p50 / p90 / p99 of the decode steps
     cache: dict = field(default_factory=dict)  # latency mode: the expert cache's hits, prefetches, bytes moved
+    output: str = ""  # the file the job writes ("" for the Python API, which returns its results)
     written: int = 0  # results this run wrote to the output
     already_in_output: int = 0  # results a resumed output held before this run
     warnings: dict = field(default_factory=dict)  # JobWarnings.to_dict(): what was changed to make requests run
@@ -167,7 +168,7 @@ class RunReport:
         lines = [
             f"requests      {self.requests} ({self.skipped_requests} skipped)"
             + ("  [interrupted]" if self.interrupted else ""),
-            self.written_line(),
+            *([self.written_line()] if self.output else []),
             self._model_line(),
             f"tokens        {self.prompt_tokens} prompt, {self.generated_tokens} generated"
             + (f" ({self.prefix_reused_tokens} prompt tokens from shared prefixes, {self.prefill_computed_tokens}"

@@ -210,6 +210,7 @@ def serve_requests(session, opts, requests, skipped_before: list[str], writer, o
 def describe_output(report: RunReport, opts, output: OutputState) -> None:
     """A report that says what the output held before this run, and keeps the earlier runs' reports
     (and says how many results came from runs that saved none: killed, or out of disk)."""
+    report.output = str(opts.output)
     report.already_in_output = len(output.done)
     report.notes += output.notes
     if not output.done:
