@@ -117,8 +117,8 @@ def test_finished_ids_missing_and_corrupt_middle(tmp_path):
 def test_openai_output_shape(tmp_path):
     out = tmp_path / "out.jsonl"
     assert output_format(out, "openai") == "openai" and output_format(out) == "jsonl"
-    chat = result("req-1", "Hi!", meta={"custom_id": "req-1", "model": "mixtral-8x7b",
-                                        "url": "/v1/chat/completions"})
+    chat = result("req-1", "Hi!", model="/models/served", meta={"custom_id": "req-1", "model": "mixtral-8x7b",
+                                                                "url": "/v1/chat/completions"})  # the body's name
     comp = result("req-2", "text", meta={"custom_id": "req-2", "url": "/v1/completions"})
     with ResultWriter(out, format="openai", model_name="moelight-default") as w:
         w.write(chat)
