@@ -85,8 +85,10 @@ class Sequence:
     def _stop_string(self, decode, may_stop: bool = True) -> bool:
         """Search the text grown by this token for a stop string (one may span the new and old text).
         Until `min_tokens` are out (`may_stop` False; vLLM checks stop strings once the output is longer
-        than min_tokens) the text only grows: a stop string found there never ends the sequence."""
-        before = len(self.text or "")
+        than min_tokens) the text only grows: a stop string found there never ends the sequence. The text
+        of a character whose bytes are still coming is U+FFFD until it completes, so the search starts
+        before those placeholders (a stop string may begin with that character)."""
+        before = len((self.text or "").rstrip("\ufffd"))
         text = decode(self.out, self.params.skip_special_tokens)
         if not may_stop:
             self.text = text

@@ -47,7 +47,7 @@ class ByteTokenizer(Tokenizer):
     @staticmethod
     def render_chat(messages: list[dict], add_generation_prompt: bool = True) -> str:
         """A minimal chat format: ``<|role|>\\ncontent\\n`` per turn, then ``<|assistant|>\\n``."""
-        text = "".join(f"<|{m['role']}|>\n{m['content']}\n" for m in messages)
+        text = "".join(f"<|{m['role']}|>\n{m['content'] or ''}\n" for m in messages)
         return text + ("<|assistant|>\n" if add_generation_prompt else "")
 
     def apply_chat_template(self, messages: list[dict], *, tools: list[dict] | None = None,

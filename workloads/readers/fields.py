@@ -43,6 +43,16 @@ def get_text(obj: dict, key: str, *, required: bool = True) -> str | None:
         raise RecordError(f"field '{key}' must be a string, got {_type_name(v)}")
     if not v.strip():
         raise RecordError(f"empty prompt in field '{key}'")
+    return check_text(v, f"field '{key}'")
+
+
+def check_text(v: str, where: str) -> str:
+    """`v`, if it is text: a JSON \\ud800-style escape can give a lone surrogate, which no tokenizer encodes."""
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise RecordError(f"{where} holds a lone surrogate ({v[e.start]!r} at character {e.start}), which is "
+                          "not text: fix the escape that made it (a surrogate pair is two \\u escapes)") from None
     return v
 
 
@@ -78,7 +88,7 @@ def opt_float(obj: dict, key: str, lo: float | None = None, hi: float | None = N
 def _content_text(content: Any, where: str) -> str:
     """Chat content is a string, or OpenAI's list of parts of which only text is supported."""
     if isinstance(content, str):
-        return content
+        return check_text(content, f"{where}: content")
     if isinstance(content, list):
         texts = []
         for part in content:
@@ -87,12 +97,14 @@ def _content_text(content: Any, where: str) -> str:
             else:
                 kind = part.get("type") if isinstance(part, dict) else _type_name(part)
                 raise RecordError(f"{where}: only text content parts are supported, got {kind!r}")
-        return "".join(texts)
+        return check_text("".join(texts), f"{where}: content")
     raise RecordError(f"{where}: content must be a string, got {_type_name(content)}")
 
 
 def parse_messages(v: Any, key: str = "messages") -> list[dict]:
-    """Validate chat turns and normalise them to ``{"role": str, "content": str}``."""
+    """Validate chat turns: each keeps its fields for the chat template (OpenAI's `tool_calls`,
+    `tool_call_id`, `name`, reasoning), its content made a string (None only beside an assistant's
+    tool calls); fields that are null are left out, as a message object would not have them."""
     if not isinstance(v, list):
         raise RecordError(f"field '{key}' must be a list of {{role, content}} objects, got {_type_name(v)}")
     if not v:
@@ -107,10 +119,18 @@ def parse_messages(v: Any, key: str = "messages") -> list[dict]:
             raise RecordError(f"{where}: role must be one of {', '.join(CHAT_ROLES)}, got {role!r}")
         if "content" not in m:
             raise RecordError(f"{where}: missing 'content'")
-        content = _content_text(m["content"], where)
+        calls = m.get("tool_calls")
+        if calls is not None and not (isinstance(calls, list) and all(isinstance(c, dict) for c in calls)):
+            raise RecordError(f"{where}: tool_calls must be a list of objects, got {_type_name(calls)}")
+        for name in ("tool_call_id", "name"):
+            if m.get(name) is not None and not isinstance(m[name], str):
+                raise RecordError(f"{where}: {name} must be a string, got {_type_name(m[name])}")
+        if m["content"] is None and not (role == "assistant" and calls):
+            raise RecordError(f"{where}: content may be null only in an assistant turn with tool_calls")
+        content = None if m["content"] is None else _content_text(m["content"], where)
         if role == "user" and not content.strip():
             raise RecordError(f"{where}: empty prompt (user content is blank)")
-        out.append({"role": role, "content": content})
+        out.append({**{k: x for k, x in m.items() if x is not None}, "role": role, "content": content})
     if not any(m["role"] == "user" for m in out):
         raise RecordError(f"field '{key}' has no user turn")
     return out

@@ -1,6 +1,9 @@
 """Parquet datasets: one row per request with a text prompt column.
 
-Rows are reported as ``file:row N`` (1-based) in errors, like lines in jsonl.
+A row is read as a jsonl record is (`prompt_jsonl.parse_prompt_record`): the prompt column, `id`,
+`max_tokens`, sampling columns (`temperature`, `n`, `stop`, `logprobs`, ...), `messages`, and every
+other column kept in the result's `meta`. Rows are reported as ``file:row N`` (1-based) in errors,
+like lines in jsonl.
 """
 
 from __future__ import annotations
@@ -12,9 +15,15 @@ import pyarrow.parquet as pq
 
 from ..errors import DatasetError, Problem
 from ..request import Request
-from .fields import RecordError, get_id, get_text, opt_int, sampling_fields
+from .fields import RecordError
+from .prompt_jsonl import parse_prompt_record
 
-OPTIONAL_COLUMNS = ("max_tokens", "max_new_tokens", "temperature", "top_p", "top_k", "seed")
+
+def _holds_strings(t: pa.DataType) -> bool:
+    """Strings, also dictionary-encoded (an arrow `dictionary_encode()`, a pandas Categorical)."""
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    return pa.types.is_string(t) or pa.types.is_large_string(t)
 
 
 def read_parquet(path: Path, label: str, prompt_column: str = "prompt", id_column: str = "id",
@@ -32,22 +41,18 @@ def read_parquet(path: Path, label: str, prompt_column: str = "prompt", id_colum
     if table.num_rows == 0:
         raise DatasetError(f"{label}: file is empty (0 rows)")
     ptype = table.schema.field(prompt_column).type
-    if not (pa.types.is_string(ptype) or pa.types.is_large_string(ptype)):
+    if not _holds_strings(ptype):
         raise DatasetError(f"{label}: column '{prompt_column}' must hold strings, has type {ptype}")
-    keep = [c for c in (prompt_column, id_column, *OPTIONAL_COLUMNS) if c in names]
-    rows = table.select(keep).to_pylist()
     requests: list[Request] = []
     problems: list[Problem] = []
-    for i, row in enumerate(rows, start=1):
+    for i, row in enumerate(table.to_pylist(), start=1):
         where = f"{label}:row {i}"
+        record = {k: v for k, v in row.items() if k not in (prompt_column, id_column)}
+        record["prompt"] = row[prompt_column]
+        if row.get(id_column) is not None:
+            record["id"] = row[id_column]
         try:
-            prompt = get_text(row, prompt_column)
-            rid = get_id(row, id_column, str(i)) if id_column in row else str(i)
-            requests.append(Request(
-                id=rid, prompt=prompt, source=where,
-                max_new_tokens=opt_int(row, "max_new_tokens", "max_tokens", minimum=1),
-                **sampling_fields(row),
-            ))
+            requests.append(parse_prompt_record(record, where, i))
         except RecordError as e:
             problems.append(Problem(where, str(e)))
     return requests, problems
