@@ -257,6 +257,15 @@ def test_a_missing_scale_is_named(tmp_path):
         build_model(load_config(quantized), torch.float32, quantized)
 
 
+def test_tensors_that_do_not_fit_the_configs_bits_are_named(tmp_path):
+    quantized, _ = _checkpoints(tmp_path, "gptq-int4-sym")
+    cfg = json.loads((quantized / "config.json").read_text())
+    cfg["quantization_config"]["bits"] = 8
+    (quantized / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(WeightsError, match=r"'s tensors \(.*qweight.*\) do not fit config.json's 8-bit gptq"):
+        build_model(load_config(quantized), torch.float32, quantized)
+
+
 @pytest.mark.parametrize("case", [c for c in CASES if KEPT[c]])
 def test_tensor_parallel_ranks_hold_their_part_of_the_codes_as_shipped(tmp_path, case):
     """Split over 2 GPUs in bf16, each rank loads its part of the checkpoint's experts as shipped (gate/up
@@ -283,3 +292,25 @@ def test_tensor_parallel_ranks_hold_their_part_of_the_codes_as_shipped(tmp_path,
                 whole = getattr(reference.layers[j].mlp, name).detach()
                 want = part_of(f"layers.{j}.mlp.{name}", whole, reference.config, r, 2)
                 torch.testing.assert_close(dequantize(held.matrix()), want, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("method", ["gptq", "compressed-tensors"])
+def test_a_last_group_cut_short_dequantizes_by_its_own_group(method):
+    """K = 96 with groups of 64: both formats keep ceil(K / group) = 2 groups, the second 32 wide."""
+    from moelight.loading.int_checkpoints import dequantized, read_module, scheme_of
+
+    n, k, group = 16, 96, 64
+    w = torch.randn(n, k, generator=torch.Generator().manual_seed(3)) * 0.05
+    u, zero, scale = _rtn(torch.cat([w, torch.zeros(n, 128 - k)], 1), 4, group, True)
+    u, cols = u[:, :k], torch.arange(k) // group
+    want = (u.float() - zero.float()[:, cols]) * scale[:, cols]
+    if method == "gptq":
+        quant = {"quant_method": "gptq", "bits": 4, "group_size": group, "sym": True, "desc_act": False}
+        parts = {"qweight": _pack(u.t(), 4, 0), "qzeros": _pack((zero - 1).t(), 4, 1),
+                 "scales": scale.t().half().contiguous(), "g_idx": cols.to(torch.int32)}
+    else:
+        quant = _quant_config({"format": "pack-quantized", "weights": {
+            "num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": group}})
+        parts = {"weight_packed": _pack(u, 4, 1), "weight_scale": scale.half(), "weight_shape": torch.tensor([n, k])}
+    got = dequantized(read_module(scheme_of(quant, "config.json"), parts))
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)

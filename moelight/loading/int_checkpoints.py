@@ -132,8 +132,11 @@ def read_module(s: IntScheme, t: dict[str, torch.Tensor]) -> QuantPiece | torch.
     u, zero, scale, g_idx = _unpacked(s, t)
     n, k = u.shape
     group = k if s.group == -1 else s.group
-    if g_idx is not None and not torch.equal(g_idx.long(), torch.arange(k) // group):
-        return (u.float() - zero[:, g_idx.long()]) * scale[:, g_idx.long()]  # act order: per-column groups
+    plain = torch.arange(k) // group
+    if (g_idx is not None and not torch.equal(g_idx.long(), plain)) or k % group:
+        # act order, or a last group cut short (K not a multiple of the group): dequantised per column
+        cols = plain if g_idx is None else g_idx.long()
+        return (u.float() - zero[:, cols]) * scale[:, cols]
     if s.bits == 4:
         codes = u.to(torch.uint8)
         return QuantPiece("uint4", codes[:, 0::2] | (codes[:, 1::2] << 4), scale, -zero * scale)
@@ -154,7 +157,7 @@ def _unpacked(s: IntScheme, t: dict) -> tuple[torch.Tensor, torch.Tensor, torch.
     offset = 1 << (s.bits - 1)  # compressed-tensors packs signed values as value + offset
     n, k = (int(d) for d in t["weight_shape"]) if "weight_shape" in t else (t["weight_packed"].shape[0], None)
     u = _unpack_along(t["weight_packed"], s.bits, dim=1)[:, :k]
-    n_groups = 1 if s.group == -1 else u.shape[1] // s.group
+    n_groups = 1 if s.group == -1 else -(-u.shape[1] // s.group)  # a last group may be cut short
     scale = t["weight_scale"].float().reshape(-1, n_groups).expand(n, n_groups).contiguous()
     if "weight_zero_point" in t and not s.sym:
         zero = _unpack_along(t["weight_zero_point"], s.bits, dim=0)[:n].float()  # zero point + offset

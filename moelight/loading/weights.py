@@ -110,9 +110,14 @@ def fill_parameters(cfg: ModelConfig, model_dir: Path, numels: dict[str, int],
                     extra = (_read(*handles[t.companion], t.companion),)
                 target = dest(t.param)
                 if raw in modules:  # kept quantized where the experts are held so, else dequantised
-                    piece = read_module(cfg.checkpoint_scheme, {p: _read(*handles[n], n) for p, n in
-                                                                modules[raw].items()})
-                    tensor = piece if isinstance(target, QuantizedExperts) else dequantized(piece)
+                    s = cfg.checkpoint_scheme
+                    try:
+                        piece = read_module(s, {p: _read(*handles[n], n) for p, n in modules[raw].items()})
+                        tensor = piece if isinstance(target, QuantizedExperts) else dequantized(piece)
+                    except RuntimeError as e:  # shapes that do not unpack as config.json says
+                        raise WeightsError(f"{path}: {raw}'s tensors ({', '.join(modules[raw].values())}) do not "
+                                           f"fit config.json's {s.bits}-bit {s.method} with group {s.group} "
+                                           f"({str(e).splitlines()[0]})") from None
                 else:
                     tensor = _read(*handles[raw], raw)
                 filled[t.param] = filled.get(t.param, 0) + _copy(target, t, tensor, path, raw, extra)
