@@ -158,6 +158,7 @@ def pack_experts(gate_up: QuantMatrix, down: QuantMatrix, gate_up_bias: torch.Te
     if down.shape != (e, h, f):
         raise ValueError(f"down {down.shape} does not match gate_up {gate_up.shape}")
     f_pad = _ceil(f, STRIP)
+    gate_up, down = _whole_k_group(gate_up, _ceil(h, STRIP)), _whole_k_group(down, f_pad)
     ordered = QuantMatrix(gate_up.fmt, _gate_up_order(gate_up.codes, f, f_pad),
                           _gate_up_order(gate_up.scales, f, f_pad), _gate_up_order(gate_up.bias, f, f_pad),
                           gate_up.group)
@@ -174,6 +175,14 @@ def pack_experts(gate_up: QuantMatrix, down: QuantMatrix, gate_up_bias: torch.Te
     return PackedExperts(w13, s13, z13, w2, s2, z2, gate_up.fmt, g13, down.fmt, g2, h, f,
                          None if b13 is None else b13.reshape(e, f_pad // 16, 32).contiguous(),
                          None if b2 is None else b2.contiguous())
+
+
+def _whole_k_group(m: QuantMatrix, k_pad: int) -> QuantMatrix:
+    """One scale along all of K (int8 per channel, a checkpoint's group -1): the kernel's group is then K
+    padded to whole strips (the padded columns are zero), a multiple of 32 as its groups must be."""
+    if m.fmt == "bf16" or m.group != m.shape[2] or m.group == k_pad:
+        return m
+    return QuantMatrix(m.fmt, m.codes, m.scales, m.bias, k_pad)
 
 
 def bf16_matrix(w: torch.Tensor) -> QuantMatrix:

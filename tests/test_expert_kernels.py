@@ -136,7 +136,7 @@ def _case(shape, fmt):
 
 FORMAT_SHAPES = [(s, "bf16") for s in SHAPES] + [(SHAPES[7], f) for f in ("int8", "int4", "fp8", "mxfp4")] + [
     (SHAPES[0], "int4"), (SHAPES[2], "int8"), (SHAPES[3], "int4"), (SHAPES[4], "fp8"), (SHAPES[5], "int4"),
-    (SHAPES[6], "mxfp4")]
+    (SHAPES[6], "mxfp4"), (SHAPES[8], "int8")]  # int8's one scale per row over K not a multiple of 32
 _REFS: dict = {}
 
 
