@@ -325,3 +325,20 @@ def test_dense_layers_and_a_shared_expert_on_the_emulated_runtime(tmp_path, sche
         assert pager.sparse == [True, False, True] and pager.page_bytes(0, 1, 1) == 0
     finally:
         piped.close()
+
+
+def test_yarn_without_original_max_position_embeddings_reads_as_transformers_reads_it(tmp_path):
+    """A config.json (as the Hub's DeepSeek-V2 derivatives can ship it) whose YaRN parameters do not
+    name original_max_position_embeddings: transformers takes the model's context for it."""
+    import transformers
+
+    folder = _folder("deepseek_v2-group-limited-q-lora-yarn-sharded", tmp_path)
+    cfg = json.loads((folder / "config.json").read_text())
+    for key in ("rope_scaling", "rope_parameters"):
+        if isinstance(cfg.get(key), dict):
+            cfg[key].pop("original_max_position_embeddings", None)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    hf = transformers.DeepseekV2ForCausalLM.from_pretrained(str(folder), dtype=torch.float32).eval()
+    llm = LLM(str(folder), dtype="float32")
+    outs = llm.generate(PROMPTS, SamplingParams(max_tokens=N_NEW, temperature=0.0, ignore_eos=True))
+    assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, p) for p in PROMPTS]

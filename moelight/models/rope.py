@@ -19,13 +19,15 @@ def inverse_frequencies(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
     d, base = cfg.head_dim, cfg.rope_theta
     if not cfg.rope_scaling:
         return 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d)), 1.0
-    return _yarn(dict(cfg.rope_scaling), d, base)
+    return _yarn(dict(cfg.rope_scaling), d, base, cfg.max_position_embeddings)
 
 
-def _yarn(p: dict, d: int, base: float) -> tuple[torch.Tensor, float]:
+def _yarn(p: dict, d: int, base: float, context: int) -> tuple[torch.Tensor, float]:
     """YaRN (arXiv 2309.00071): interpolate the low frequencies by `factor`, keep the high ones,
-    ramp linearly between the beta_fast / beta_slow correction dimensions."""
-    factor, original = float(p["factor"]), int(p["original_max_position_embeddings"])
+    ramp linearly between the beta_fast / beta_slow correction dimensions. Without an
+    original_max_position_embeddings the model's context is the original one, as transformers reads it."""
+    factor = float(p["factor"])
+    original = int(p.get("original_max_position_embeddings") or context)
     attention_factor = p.get("attention_factor")
     if attention_factor is None:
         mscale, mscale_all_dim = p.get("mscale"), p.get("mscale_all_dim")
