@@ -152,6 +152,12 @@ def test_the_api_keeps_its_ranks_across_calls_and_a_rank_0_failure_ends_them(job
             assert got == [o.outputs[0].token_ids for o in one.generate(prompts, params)]
         followers = list(llm.session.group.processes)
         assert len(followers) == 1 and followers[0].is_alive()
+        from moelight.parallel.sharding import TensorParallelError
+
+        with pytest.raises(TensorParallelError, match="already open in this process"):  # and the first one lives
+            LLM(str(ckpt), gpus=2, device="emulated", hardware="t4", dtype="float32")
+        got = [o.outputs[0].token_ids for o in llm.generate(["x"], params)]
+        assert got == [o.outputs[0].token_ids for o in one.generate(["x"], params)]
 
         def broken(self, *args, **kwargs):
             raise RuntimeError("rank 0 broke")

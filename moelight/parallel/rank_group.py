@@ -217,6 +217,10 @@ def start_group(world: int, device: str, options, follower_main: str) -> RankGro
         torch.set_num_threads(threads_per_rank(world))
         return group
     _comm_timeout()  # a bad value is an error here, not in a follower
+    if dist.is_initialized():  # one default process group per process: it belongs to the LLM that opened it
+        raise TensorParallelError("a tensor-parallel group is already open in this process (another LLM with "
+                                  "gpus > 1): close that one first (llm.close()), or run each tensor-parallel "
+                                  "LLM in a process of its own")
     port = _free_port()
     ctx = mp.get_context("spawn")
     errors = ctx.Queue()
