@@ -17,6 +17,7 @@ The JSON form is the profile cache written by `moelight profile`.
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -226,6 +227,9 @@ class HardwareSpec:
 
     @classmethod
     def from_dict(cls, d: dict) -> HardwareSpec:
+        if not isinstance(d, dict):
+            raise ValueError(f"malformed hardware spec: a JSON object of cpu, gpu, link ... is needed, got "
+                             f"{type(d).__name__}")
         try:
             gpu = Level(**d["gpu"]) if d.get("gpu") else None
             link = Link(**d["link"]) if d.get("link") else None
@@ -241,9 +245,48 @@ class HardwareSpec:
                 interconnect_latency_s=float(d.get("interconnect_latency_s", 5e-6)),
                 host_bandwidth=float(d.get("host_bandwidth", 0.0)),
                 staging_bandwidth=float(d.get("staging_bandwidth", 0.0)),
-            )
+            )._checked()
         except (KeyError, TypeError) as e:
             raise ValueError(f"malformed hardware spec: {e}") from e
+
+    def _checked(self) -> HardwareSpec:
+        """Itself, if every rate and size is a number the model can divide by (ValueError naming each
+        field that is not: a zero bandwidth, a negative memory, "lots")."""
+        bad: list[str] = []
+
+        def number(where: str, v, zero_ok: bool = True) -> None:
+            ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and v >= 0
+            if not ok or (v == 0 and not zero_ok):
+                bad.append(f"{where} must be a {'non-negative' if zero_ok else 'positive'} number, got {v!r}")
+
+        for name, lvl in (("cpu", self.cpu), ("gpu", self.gpu)):
+            if lvl is None:
+                continue
+            number(f"{name}.memory_bytes", lvl.memory_bytes, zero_ok=False)
+            number(f"{name}.bandwidth", lvl.bandwidth, zero_ok=False)
+            if not isinstance(lvl.flops, dict) or not lvl.flops:
+                bad.append(f"{name}.flops must map dtypes to FLOP/s (float32, bfloat16, ...), got {lvl.flops!r}")
+            else:
+                for dtype, v in lvl.flops.items():
+                    number(f"{name}.flops.{dtype}", v, zero_ok=False)
+            for f in ("attention_bandwidth", "layer_overhead_s", "runtime_layer_s", "step_overhead_s",
+                      "sequence_step_s", "elementwise_bandwidth", "gemm_bandwidth"):
+                number(f"{name}.{f}", getattr(lvl, f))
+        if self.gpu is not None:
+            if isinstance(self.gpu_count, bool) or not isinstance(self.gpu_count, int) or self.gpu_count < 1:
+                bad.append(f"gpu_count must be a whole number >= 1 with a gpu, got {self.gpu_count!r}")
+            if self.link is None:
+                bad.append("a gpu needs its link (h2d, d2h bytes/s)")
+        if self.link is not None:
+            number("link.h2d", self.link.h2d, zero_ok=False)
+            number("link.d2h", self.link.d2h, zero_ok=False)
+            for f in ("pageable_h2d", "pageable_d2h", "latency_s"):
+                number(f"link.{f}", getattr(self.link, f))
+        for f in ("interconnect", "interconnect_latency_s", "host_bandwidth", "staging_bandwidth"):
+            number(f, getattr(self, f))
+        if bad:
+            raise ValueError(f"hardware spec {self.name!r}: " + "; ".join(bad))
+        return self
 
     def save(self, path: str | Path) -> Path:
         p = Path(path).expanduser()

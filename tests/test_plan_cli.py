@@ -141,3 +141,25 @@ def test_a_warning_on_the_command_line_is_one_line():
 
     assert _one_line_warning(UserWarning("the MTP head is ignored"), UserWarning, "/x/y.py", 33) == \
         "warning: the MTP head is ignored\n"
+
+
+@pytest.mark.parametrize("edit, needle", [
+    (lambda d: d["link"].__setitem__("h2d", 0), "link.h2d must be a positive number, got 0"),
+    (lambda d: d["cpu"].__setitem__("bandwidth", 0), "cpu.bandwidth must be a positive number"),
+    (lambda d: d["gpu"].__setitem__("flops", {}), "gpu.flops must map dtypes to FLOP/s"),
+    (lambda d: d["cpu"].__setitem__("memory_bytes", "lots"), "cpu.memory_bytes must be a positive number, got 'lots'"),
+    (lambda d: d["gpu"].__setitem__("memory_bytes", -16e9), "gpu.memory_bytes must be a positive number"),
+    (lambda d: d.__setitem__("gpu_count", -2), "gpu_count must be a whole number >= 1 with a gpu, got -2"),
+    (lambda d: d["gpu"].__setitem__("bandwidth", float("nan")), "gpu.bandwidth must be a positive number"),
+])
+def test_a_hardware_file_with_unusable_numbers_is_named(tmp_path, edit, needle):
+    from hrm import get_hardware
+
+    d = get_hardware("t4").to_dict()
+    edit(d)
+    (tmp_path / "hw.json").write_text(json.dumps(d))
+    r = _plan("--model", "mixtral-8x7b", "--hardware", str(tmp_path / "hw.json"))
+    assert r.exit_code == 2 and says(r.output, needle) and "Traceback" not in r.output, r.output
+    (tmp_path / "list.json").write_text("[1, 2]")
+    r = _plan("--model", "mixtral-8x7b", "--hardware", str(tmp_path / "list.json"))
+    assert r.exit_code == 2 and says(r.output, "a JSON object of cpu, gpu, link"), r.output
