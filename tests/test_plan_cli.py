@@ -163,3 +163,20 @@ def test_a_hardware_file_with_unusable_numbers_is_named(tmp_path, edit, needle):
     (tmp_path / "list.json").write_text("[1, 2]")
     r = _plan("--model", "mixtral-8x7b", "--hardware", str(tmp_path / "list.json"))
     assert r.exit_code == 2 and says(r.output, "a JSON object of cpu, gpu, link"), r.output
+
+
+def test_plan_and_simulate_warn_of_a_profile_taken_on_a_busy_host(tmp_path):
+    from hrm import get_hardware
+    from moelight.profiling.host_load import busy_note
+
+    d = get_hardware("t4").to_dict() | {"notes": busy_note(0.83, 2)}
+    (tmp_path / "hw.json").write_text(json.dumps(d))
+    for args in (["plan", "--model", "mixtral-8x7b"], ["simulate", "--model", "mixtral-8x7b"]):
+        r = runner.invoke(app, [*args, "--hardware", str(tmp_path / "hw.json")])
+        assert r.exit_code == 0 and says(r.output, "warning: the host was busy when profiled"), r.output
+
+
+@pytest.mark.parametrize("command", ["plan", "simulate"])
+def test_an_integer_dtype_is_refused_for_quantize(command):
+    r = runner.invoke(app, [command, "--model", "mixtral-8x7b", "--hardware", "s1", "--dtype", "int4"])
+    assert r.exit_code == 2 and says(r.output, "integer experts are --quantize int8 / int4"), r.output

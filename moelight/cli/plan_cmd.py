@@ -102,7 +102,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Search the HRM policy (batch, micro-batch, placement, r_w, r_c) and explain it."""
         from hrm import get_hardware, get_model
-        from moelight.cli.workload_options import workload_from_options
+        from moelight.cli.workload_options import compute_dtype, warn_if_busy, workload_from_options
         from moelight.jobs.path_checks import check_output_dir, check_output_file
 
         with user_errors():
@@ -110,7 +110,6 @@ def register(app: typer.Typer) -> None:
                 check_output_dir(plot, "--plot")
             if save_policy is not None:
                 check_output_file(save_policy, "--save-policy")
-        from hrm.dtypes import canonical_dtype
         from optimizer import InfeasibleError
         from optimizer import plan as run_plan
         from optimizer.search import FAMILIES
@@ -130,10 +129,11 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(f"{e}{hint}", param_hint="--hardware") from None
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="--hardware") from None
+        warn_if_busy(hw)
         try:
             if dtype == "auto":
                 dtype = "bfloat16" if gpus == 0 else hw.preferred_dtype()
-            dtype = canonical_dtype(dtype)
+            dtype = compute_dtype(dtype)
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="--dtype") from None
         workload = workload_from_options(mspec, prompt_len, gen_len, max_prompt_len, padded, prefill_chunk)

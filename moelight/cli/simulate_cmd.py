@@ -56,14 +56,13 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Simulate one batch: prefill, then decode steps, with the schedule's task graph."""
         from hrm import get_hardware, get_model
-        from moelight.cli.workload_options import workload_from_options
+        from moelight.cli.workload_options import compute_dtype, warn_if_busy, workload_from_options
         from moelight.jobs.path_checks import check_image_file
         from moelight.planning.job_plan import check_policy_fits
 
         if gantt is not None:
             with user_errors():
                 check_image_file(gantt, "--gantt")
-        from hrm.dtypes import canonical_dtype
         from moelight.pipeline.schedule import SCHEDULES
         from moelight.pipeline.schedule_simulator import simulate_policy
         from optimizer import InfeasibleError, Policy, plan
@@ -81,6 +80,7 @@ def register(app: typer.Typer) -> None:
             hw = get_hardware(hardware)
         except (KeyError, FileNotFoundError, ValueError) as e:
             raise typer.BadParameter(str(e.args[0] if isinstance(e, KeyError) else e)) from None
+        warn_if_busy(hw)
         if not hw.has_gpu:
             raise typer.BadParameter(
                 f"hardware {hw.name!r} has no GPU: the schedules need one", param_hint="--hardware"
@@ -92,7 +92,7 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(str(e)) from None
         work = workload_from_options(mspec, prompt_len, gen_len, max_prompt_len, padded, prefill_chunk)
         try:
-            dtype = hw.preferred_dtype() if dtype == "auto" else canonical_dtype(dtype)
+            dtype = hw.preferred_dtype() if dtype == "auto" else compute_dtype(dtype)
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="--dtype") from None
         if policy == "auto":

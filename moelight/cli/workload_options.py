@@ -29,3 +29,26 @@ def workload_from_options(mspec, prompt_len: float, gen_len: int, max_prompt_len
         return WorkloadSpec(prompt_len, gen_len, max_prompt_len, padded, prefill_chunk=prefill_chunk)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
+
+
+COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def compute_dtype(dtype: str) -> str:
+    """--dtype of plan / simulate, as `run` takes it: a 16- or 32-bit float (int8 / int4 are --quantize)."""
+    from hrm.dtypes import canonical_dtype
+
+    name = canonical_dtype(dtype)
+    if name not in COMPUTE_DTYPES:
+        raise ValueError(f"{dtype!r} is not one of auto, {', '.join(COMPUTE_DTYPES)}; integer experts are "
+                         "--quantize int8 / int4")
+    return name
+
+
+def warn_if_busy(hw) -> None:
+    """The warning `run` gives for a profile taken beside other work: it prices these plans too."""
+    from moelight.profiling.host_load import busy_warning
+
+    warning = busy_warning(hw.notes)
+    if warning:
+        typer.echo(warning, err=True)
