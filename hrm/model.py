@@ -122,6 +122,10 @@ class ModelSpec:
         """Routed-expert parameters of the average layer (dense layers have none): what a layer pages."""
         return round(self.sparse_fraction * self.num_experts * self.expert_params())
 
+    def moe_layer_expert_params(self) -> int:
+        """Routed-expert parameters of one MoE layer: what a buffer that holds a layer's experts holds."""
+        return self.num_experts * self.expert_params()
+
     def shared_expert_params(self) -> int:
         """The shared expert of one sparse layer and its h -> 1 sigmoid gate (where it has one)."""
         if not self.shared_expert_size:

@@ -7,7 +7,7 @@ LP. `build_point_model` evaluates all coefficients for a whole (mu, n_mb) grid a
 once (numpy broadcasting); `Affine` pieces are (c0, cx, cy) arrays.
 
 Per-layer decode time (DESIGN.md section 4), n = n_mb micro-batches of mu tokens, N = mu*n:
-  T_layer = max(T_h2d(x, y), T_d2h(y), T_host(x, y), T_stage(x), T_cpu, T_gpu)
+  T_layer = max(T_h2d(x, y), T_d2h(y), T_host(x, y), T_stage(x), max(T_cpu, T_gpu) + fill)
   T_h2d  = [F(1-x) W_layer_experts + A(1-y) KV_layer(N, c_mean) + cross-level activations
             + F all-reduce traffic over PCIe] / B_h2d + copies x the link's fixed cost per copy
   T_d2h  = [cross-level activations + A(1-y) new K/V of N tokens + F all-reduce traffic] / B_d2h + copies
@@ -16,6 +16,12 @@ Per-layer decode time (DESIGN.md section 4), n = n_mb micro-batches of mu tokens
   T_stage = F(1-x) W_layer_experts / the runtime's pageable->pinned copy rate (the first hop)
   T_gpu  = n * (F (pre + post + all-reduces)(mu) + A attention(mu, c_mean))    on the GPU
   T_cpu  = n * ((1-F)(pre + post)(mu) + (1-A) attention(mu, c_mean)) on the CPU
+  fill   = max(0, chain - max(T_cpu, T_gpu)) where attention and the FFN run on different levels, with
+           chain = (T_cpu + T_gpu) / n + one micro-batch's activations over the link and back: a
+           micro-batch's layer runs its GPU work, its attention and its FFN in turn, and its next layer
+           waits for them, so a layer pass takes at least that chain whatever the other micro-batches
+           overlap (n = 1: the lanes add up, as CGOPipe's task graph runs them; many micro-batches:
+           the busier lane binds)
   (pre + post include the driving level's fixed per-layer-pass overhead; GEMMs stream their
   weights at the level's achieved small-M rate, hrm.costs.op_time)
 With t GPUs (tensor parallelism) the GPU level and the links are t-fold aggregates (hrm.hardware),
@@ -92,6 +98,12 @@ class PointModel:
     cpu_mem: dict[str, Affine] = field(default_factory=dict)
     gpu_cap: float = 0.0
     cpu_cap: float = 0.0
+    fill: np.ndarray | float = 0.0  # what a micro-batch's own chain through a layer adds to the busier lane
+
+    @property
+    def compute(self) -> np.ndarray:
+        """The compute side of T_layer: the busier lane, and the fill before the lanes overlap."""
+        return np.maximum(self.t_cpu, self.t_gpu) + self.fill
 
     @property
     def batch(self) -> np.ndarray:
@@ -118,8 +130,8 @@ class PointModel:
         link = np.maximum(h2d, d2h)
         moved = np.maximum(np.maximum(link, host), stage)
         return {"T_h2d": h2d, "T_d2h": d2h, "T_link": link, "T_host": host, "T_stage": stage,
-                "T_cpu": self.t_cpu, "T_gpu": self.t_gpu,
-                "T_layer": np.maximum(moved, np.maximum(self.t_cpu, self.t_gpu))}
+                "T_cpu": self.t_cpu, "T_gpu": self.t_gpu, "T_fill": self.fill + np.zeros(np.shape(self.t_cpu)),
+                "T_layer": np.maximum(moved, self.compute)}
 
     @property
     def nothing_on_gpu(self) -> bool:
@@ -162,8 +174,9 @@ class PointModel:
 
 def binding_roof(layer_times: dict) -> str:
     """Which term sets T_layer: "link", "host", "stage" (the pinned-buffer copy), "cpu" or "gpu"."""
+    fill = layer_times.get("T_fill", 0.0)  # the compute side's fill counts with its busier lane
     parts = {"link": layer_times["T_link"], "host": layer_times["T_host"], "stage": layer_times["T_stage"],
-             "cpu": layer_times["T_cpu"], "gpu": layer_times["T_gpu"]}
+             "cpu": layer_times["T_cpu"] + fill, "gpu": layer_times["T_gpu"] + fill}
     return max(parts, key=parts.get)
 
 
@@ -193,6 +206,7 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
 
     w_le = costs.layer_expert_bytes(m, dtype)
     w_e = L * w_le
+    w_moe = float(m.moe_layer_expert_params() * m.expert_weight_bytes(b))  # a buffer holds a MoE layer's
     non_exp = float(m.non_expert_params() * b)
     copies = costs.kv_copies(hw, m)  # MLA under TP: every rank keeps (and reads) its own latent
     kv_mean_layer = costs.kv_cache_bytes(m, big_n, c_mean, dtype, copies=copies)
@@ -268,9 +282,9 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
     if f_g:
         gpu_mem["non_expert_weights"] = _aff(non_exp + (t - 1) * m.replicated_params() * b, shape=shape)
         gpu_mem["resident_experts"] = _aff(0.0, w_e, 0.0, shape)
-        gpu_mem["paged_weight_buffers"] = _aff(2 * w_le, -2 * w_le, 0.0, shape)
-        if m.expert_bits:  # quantized experts: one layer expanded into the dtype for its GEMMs
-            gpu_mem["dequantized_layer"] = _aff(float(m.layer_expert_params() * b), shape=shape)
+        gpu_mem["paged_weight_buffers"] = _aff(2 * w_moe, -2 * w_moe, 0.0, shape)
+        if m.expert_bits:  # quantized experts: one MoE layer expanded into the dtype for its GEMMs
+            gpu_mem["dequantized_layer"] = _aff(float(m.moe_layer_expert_params() * b), shape=shape)
     if f_g or a_g:
         gpu_mem["activations"] = _aff(t * act, shape=shape)
     if a_g:
@@ -282,10 +296,15 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
     cpu_mem["experts"] = _aff(w_e, -f_g * w_e, 0.0, shape)
     cpu_mem["kv_cache"] = _aff(kv_total, 0.0, -a_g * kv_total, shape)
     if f_g:
-        cpu_mem["pinned_weight_pages"] = _aff(2 * w_le / n_mb, -2 * w_le / n_mb, 0.0, shape)
+        cpu_mem["pinned_weight_pages"] = _aff(2 * w_moe / n_mb, -2 * w_moe / n_mb, 0.0, shape)
     if has_gpu and (f_g or a_g):
         cpu_mem["pinned_activations"] = _aff(qkv_n + out_n, shape=shape)
 
+    if has_gpu and f_g != a_g:  # a micro-batch's own chain through the layer: its lanes run in turn
+        chain = (t_cpu + t_gpu + cross_h2d / bh + cross_d2h / bd) / n_mb + 2.0 * link.latency_s
+        fill = np.maximum(0.0, chain - np.maximum(t_cpu, t_gpu))
+    else:
+        fill = zeros
     gpu = hw.gpu_total()
     return PointModel(
         mu=mu, n_mb=n_mb, a_g=a_g, f_g=f_g, num_layers=L, gen_len=g, prompt=p,
@@ -294,5 +313,5 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
         pre_h2d=pre_h2d, pre_d2h=pre_d2h, pre_host=pre_host, pre_stage=pre_stage, head_pre=head, head_dec=head,
         gpu_mem=gpu_mem, cpu_mem=cpu_mem,
         gpu_cap=alpha * gpu.memory_bytes if gpu is not None else 0.0,
-        cpu_cap=alpha * hw.cpu.memory_bytes,
+        cpu_cap=alpha * hw.cpu.memory_bytes, fill=fill,
     )

@@ -56,7 +56,7 @@ def _lines(pm: PointModel) -> list[Line]:
     max term, where two of its pieces are equal."""
     lines = _edges(pm)
     zero = np.zeros(np.shape(pm.mu))
-    const = Affine(np.maximum(pm.t_gpu, pm.t_cpu), zero, zero)
+    const = Affine(pm.compute + zero, zero, zero)
     pre_const = Affine(pm.pre_comp, zero, zero)
     for pieces in ((*pm.decode_roofs, const), (*pm.prefill_roofs, pre_const)):
         for p, q in combinations(pieces, 2):
@@ -137,7 +137,7 @@ def time_lower_bound(pm: PointModel) -> np.ndarray:
     def least(piece: Affine) -> np.ndarray:  # min of the piece over the polygon's vertices (inf: none)
         return np.min([np.where(ok, piece.at(x, y), np.inf) for ok, x, y in vertices], axis=0)
 
-    layer = np.maximum(np.maximum(pm.t_gpu, pm.t_cpu), np.max([least(a) for a in pm.decode_roofs], axis=0))
+    layer = np.maximum(pm.compute, np.max([least(a) for a in pm.decode_roofs], axis=0))
     pre_layer = np.maximum(pm.pre_comp, np.max([least(a) for a in pm.prefill_roofs], axis=0))
     return pm.prefill_time_of(pre_layer) + (pm.gen_len - 1) * pm.step_time_of(layer)
 
@@ -166,7 +166,7 @@ def solve_point_pulp(pm: PointModel, index: int = 0, msg: bool = False) -> tuple
     for a in pm.decode_roofs:
         c0, cx, cy = sa(a)
         prob += t_dec >= c0 + cx * x + cy * y
-    prob += t_dec >= max(s(pm.t_gpu), s(pm.t_cpu))
+    prob += t_dec >= s(pm.compute)
     for a in pm.prefill_roofs:
         c0, cx, cy = sa(a)
         prob += t_pre >= c0 + cx * x + cy * y

@@ -36,7 +36,7 @@ def test_more_resources_never_lower_throughput(seed):
         variants.append(dataclasses.replace(hw, gpu=_scale_level(hw.gpu, mem=1.5)))
         variants.append(dataclasses.replace(hw, link=Link(hw.link.h2d * 2, hw.link.d2h * 2)))
     for v in variants:
-        assert _plan(v, m, wl).e2e_tok_s >= base * (1 - 1e-9)
+        assert _plan(v, m, wl).e2e_tok_s >= base * (1 - 1e-6)  # within the LP solver's tolerance
 
 
 def test_more_memory_and_link_on_mixtral_presets():
