@@ -180,3 +180,9 @@ def test_plan_and_simulate_warn_of_a_profile_taken_on_a_busy_host(tmp_path):
 def test_an_integer_dtype_is_refused_for_quantize(command):
     r = runner.invoke(app, [command, "--model", "mixtral-8x7b", "--hardware", "s1", "--dtype", "int4"])
     assert r.exit_code == 2 and says(r.output, "integer experts are --quantize int8 / int4"), r.output
+
+
+@pytest.mark.parametrize("bad", ["int4-g16", "int4-g100", "int8-g64"])
+def test_plan_takes_the_quantize_choices_run_takes(bad):
+    r = runner.invoke(app, ["plan", "--model", "mixtral-8x7b", "--hardware", "s1", "--quantize", bad])
+    assert r.exit_code == 2 and says(r.output, f"'{bad}' is not one of none, int8, int4, int4-g64, int4-g32"), r.output

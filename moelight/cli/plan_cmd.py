@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from moelight.cli.errors import user_errors
+from moelight.engine.options import QUANTIZE
 
 GiB = 2.0**30
 
@@ -137,6 +138,8 @@ def register(app: typer.Typer) -> None:
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="--dtype") from None
         workload = workload_from_options(mspec, prompt_len, gen_len, max_prompt_len, padded, prefill_chunk)
+        if quantize not in QUANTIZE:
+            raise typer.BadParameter(f"{quantize!r} is not one of {', '.join(QUANTIZE)}", param_hint="--quantize")
         if quantize != "none":
             from moelight.models.expert_format import quantize_format, rank_widths
 
