@@ -313,3 +313,16 @@ def test_a_record_can_ask_for_token_ids_only(tmp_path):
                        hardware="cpu-server", temperature=0.0, ignore_eos=True, progress=False))
     a, b = (json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines())
     assert a["output"] == "" and b["output"] and a["output_token_ids"] == b["output_token_ids"]
+
+
+def test_the_progress_bar_counts_requests_whatever_their_samples(tmp_path):
+    from typer.testing import CliRunner
+
+    from moelight.cli import app
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"id": f"r{i}", "prompt": "x", "n": 3}) + "\n" for i in range(2)))
+    res = CliRunner().invoke(app, ["run", "--dataset", str(data), "--output", str(tmp_path / "o.jsonl"), "--model",
+                                   "tiny", "--load-format", "dummy", "--hardware", "cpu-server", "--gen-len", "2"])
+    assert res.exit_code == 0, res.output
+    assert "2/2" in res.output and "6/2" not in res.output and "3/2" not in res.output, res.output

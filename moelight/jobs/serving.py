@@ -106,10 +106,10 @@ def generate_prepared(session, opts, job: PreparedJob, writer, bar=None, on_resu
                     prompt_lps[i] = prompt_logprobs_json(res.prompt_logprobs, round_prompts[res.index],
                                                          round_params[res.index].prompt_logprobs)
                 samples[i][sample] = out
-                if bar is not None:
-                    bar.update(1)
                 if any(s is None for s in samples[i]):
                     return  # its other samples are still running
+                if bar is not None:  # a request's turn, all its samples done (the bar counts requests)
+                    bar.update(1)
                 turns[i].append(samples[i][0])
                 if i in last_round:
                     write(i)
