@@ -62,3 +62,17 @@ def test_options_an_older_record_does_not_hold_are_named_as_unchecked(half_done)
     assert len(out.read_text().splitlines()) == len(ROWS)
     notes = json.loads(out.with_name(out.name + ".report.json").read_text())["notes"]
     assert any("does not record --quantize" in n for n in notes), notes
+
+
+@pytest.mark.parametrize("suffix", [".report.json", ".job.json", ".partial.jsonl"])
+def test_a_file_the_job_writes_beside_its_output_is_never_the_dataset(tmp_path, suffix):
+    """The output is checked against the inputs, and so are its report, job record and parquet stream."""
+    from workloads import sidecar_path
+
+    out = tmp_path / ("o.parquet" if suffix == ".partial.jsonl" else "o.jsonl")
+    data = sidecar_path(out) if suffix == ".partial.jsonl" else tmp_path / (out.name + suffix)
+    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    before = data.read_bytes()
+    res = CliRunner().invoke(app, _args(data, out, "--format", "jsonl", "--overwrite"))
+    assert res.exit_code == 2 and "which is the dataset" in res.output, res.output
+    assert data.read_bytes() == before

@@ -57,8 +57,15 @@ def check_not_an_input(path: Path, option: str, inputs: Iterable[tuple[str, Path
 
 def check_output_file(path: Path, option: str, inputs: Iterable[tuple[str, Path]] = (),
                       companions: Iterable[Path] = ()) -> None:
-    """`path` (and `companions`, files written beside it: a report, a sidecar) can be written as files."""
-    check_not_an_input(path, option, list(inputs))
+    """`path` (and `companions`, files written beside it: a report, a sidecar) can be written as files,
+    and none of them is (or lies inside) an input."""
+    inputs = list(inputs)
+    check_not_an_input(path, option, inputs)
+    for p in companions:
+        for what, read in inputs:
+            if read is not None and input_conflict(p, read):
+                raise OutputPathError(f"{option} {path}: the job writes {p} beside it, which is the {what} {read}; "
+                                      f"moelight never writes over what a job reads: name another {option} file")
     for p in (path, *companions):
         if p.is_dir():
             raise OutputPathError(f"{option} {path}: {p} is a folder; name a file")
