@@ -108,3 +108,20 @@ def test_unroutable_requests_are_all_reported_before_any_model_loads(tmp_path):
     assert res.exit_code == 2
     assert says(res.output, "3 request(s) cannot be routed") and says(res.output, "model 'nope' is not one of")
     assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_skipped_requests_are_counted_once_and_loads_as_done(tmp_path):
+    """--skip-bad-lines goes on without a request that cannot be routed and one too long for its model;
+    the report's requests, skipped and written add up, and the switches count the loads that ran."""
+    spec = _spec(tmp_path, {"keywords": {"def ": "code"}, "default": "chat"})
+    data = write_jsonl(tmp_path / "req.jsonl", [{"id": "a", "prompt": "def f(): pass"}, {"id": "b", "prompt": "hi"},
+                                                {"id": "c", "prompt": "q", "model": "nope"},
+                                                {"id": "d", "prompt": "def " + "x " * 5000}])
+    res = CliRunner().invoke(app, ["run", "--dataset", str(data), "--model", str(spec), "--output",
+                                   str(tmp_path / "o.jsonl"), "--device", "cpu", "--no-progress", "--gen-len", "2",
+                                   "--hardware", "cpu-server", "--skip-bad-lines"])
+    assert res.exit_code == 0, res.output
+    report = report_of(tmp_path / "o.jsonl")
+    assert (report["requests"], report["skipped_requests"], report["written"]) == (2, 2, 2)
+    assert [s.split(": ")[0] for s in report["skipped"]] == [f"{data}:3", f"{data}:4"]
+    assert report["policy"]["coe"]["switches"] == 2

@@ -116,18 +116,20 @@ def run_coe_job(opts):
     if opts.coe_order not in ORDERS:
         raise CoEError(f"--coe-order {opts.coe_order!r} is not one of {', '.join(ORDERS)}")
     job = read_requests(opts)
-    requests = job.requests
-    problems, routed = [], []
-    for r in requests:
+    problems, routed, requests = [], [], []
+    for r in job.requests:
         try:
             routed.append(spec.route(r))
+            requests.append(r)
         except CoEError as e:
             problems.append(str(e))
-    if problems:
-        raise CoEError(f"{len(problems)} request(s) cannot be routed:\n  " + "\n  ".join(problems[:20]))
+    if problems and not opts.skip_bad_lines:
+        raise CoEError(f"{len(problems)} request(s) cannot be routed:\n  " + "\n  ".join(problems[:20])
+                       + "\nfix them, or pass --skip-bad-lines to go on without them")
     runs = schedule(routed, opts.coe_order)
+    skipped = [*job.skipped, *problems]
     total = RunReport(model=str(opts.model), dtype=opts.dtype, requests=len(requests), batch_size=0,
-                      micro_batch_size=0, skipped_requests=len(job.skipped), skipped=job.skipped)
+                      micro_batch_size=0, skipped_requests=len(skipped), skipped=skipped)
     describe_output(total, opts, job.output)
     per_model: dict[str, dict] = {}
     failing: BaseException | None = None
@@ -136,6 +138,7 @@ def run_coe_job(opts):
             for name, idx in runs:
                 part = _serve_model(opts, spec, name, [requests[i] for i in idx], writer)
                 total.absorb(part)
+                total.requests -= part.skipped_requests  # this model's prompts it could not take
                 total.update_rates(wall_seconds=total.generation_seconds + total.load_seconds)
                 fig = per_model.setdefault(name, {"requests": 0, "loads": 0, "load_seconds": 0.0,
                                                   "generated_tokens": 0, "generation_seconds": 0.0})
@@ -150,7 +153,8 @@ def run_coe_job(opts):
         failing = e
         raise
     finally:
-        total.policy = {"coe": {"order": opts.coe_order, "switches": len(runs), "models": per_model,
+        total.policy = {"coe": {"order": opts.coe_order, "models": per_model,
+                                "switches": sum(f["loads"] for f in per_model.values()),  # loads done
                                 "usage_probability": {m: routed.count(m) / max(1, len(routed)) for m in spec.models}}}
         save_report(total, opts.output, failing, opts.log)
     return total
