@@ -160,3 +160,24 @@ def test_train_predictor_and_the_papers_policies_through_the_commands(traced, tm
     assert none.exit_code == 2 and says(none.output, "--cache-policy coserve needs --predictor FILE")
     bad = invoke("train-predictor", "--trace", root / "trace.parquet", "--kind", "oracle", "--output", tmp_path / "x")
     assert bad.exit_code == 2 and says(bad.output, "promoe, duoserve, coserve")
+
+
+def test_traces_too_small_to_learn_from_are_refused(traced, tmp_path):
+    """An empty trace gives no EAM, one request leaves nothing to learn from after the held-out tenth,
+    and a ProMoE stride as deep as the model predicts no layer: each is said, not written as an empty file."""
+    import pyarrow.compute as pc
+
+    root, _ = traced
+    table = pq.read_table(root / "trace.parquet")
+    pq.write_table(table.filter(pc.equal(table.column("request"), 0)).replace_schema_metadata(
+        table.schema.metadata), tmp_path / "one.parquet")
+    pq.write_table(table.slice(0, 0).replace_schema_metadata(table.schema.metadata), tmp_path / "empty.parquet")
+    res = invoke("eamc", "--trace", tmp_path / "empty.parquet", "--output", tmp_path / "e.npz")
+    assert res.exit_code == 2 and says(res.output, "holds no request"), res.output
+    res = invoke("train-predictor", "--trace", tmp_path / "one.parquet", "--kind", "duoserve", "--output",
+                 tmp_path / "p.npz")
+    assert res.exit_code == 2 and says(res.output, "holds 1 request(s)"), res.output
+    res = invoke("train-predictor", "--trace", root / "trace.parquet", "--kind", "promoe", "--stride", "9",
+                 "--output", tmp_path / "p.npz")
+    assert res.exit_code == 2 and says(res.output, "--stride 9: the model has 4 MoE layers"), res.output
+    assert not (tmp_path / "e.npz").exists() and not (tmp_path / "p.npz").exists()

@@ -25,11 +25,13 @@ def eamc(
     import numpy as np
 
     from moelight.expert_cache.eam import EAMCollection, eam_of
-    from moelight.expert_cache.routing_trace import Trace
+    from moelight.expert_cache.routing_trace import Trace, TraceError
 
     with user_errors():
         check_output_file(output, "--output", [("trace", trace)])
         t = Trace.load(trace)
+        if not t.requests:
+            raise TraceError(f"--trace {trace}: holds no request; trace some with `moelight trace`")
         eams = np.stack([eam_of(r.experts, t.model.num_experts) for r in t.requests])
         col = EAMCollection.build(eams, capacity, seed=seed, model=t.model.name)
         col.save(output)

@@ -77,6 +77,12 @@ def train_predictors(trace: Trace, kind: str, stride: int = 2, epochs: int = 20,
     L, E, k = len(m.moe_layers), m.num_experts, m.top_k
     if kind == "promoe" and any(r.hidden is None for r in trace.requests):
         raise TraceError("ProMoE's predictors read hidden states: record the trace with `moelight trace --hidden`")
+    if len(trace.requests) < 2:
+        raise TraceError(f"the trace holds {len(trace.requests)} request(s): training holds a tenth out (at least "
+                         "one) and learns from the rest; trace more requests")
+    if kind == "promoe" and stride >= L:
+        raise TraceError(f"--stride {stride}: the model has {L} MoE layers, so no layer is {stride} ahead of "
+                         f"another; give a stride below {L}")
     train, held = _split(trace, seed)
     profile = RoutingProfile.from_trace(Trace(m, train))
     stride = stride if kind == "promoe" else 1
@@ -92,5 +98,8 @@ def train_predictors(trace: Trace, kind: str, stride: int = 2, epochs: int = 20,
         out.mlps[layer] = _fit(x, y, widths, epochs, seed + layer)
         h, t = _top_k_accuracy(out.mlps[layer], *_examples(held, kind, layer, stride, profile, E), k)
         hits, total = hits + h, total + t
+    if not out.mlps:
+        raise TraceError(f"no {kind} predictor could be trained: no decode token in the trace's training part "
+                         "reaches a later layer; trace more requests, with more generated tokens")
     out.accuracy = hits / total if total else 0.0
     return out
