@@ -43,6 +43,7 @@ CASES = [
     (["--eamc", "/no/such/eamc.npz"], ["--eamc", "eamc.npz", "no such file", "moelight eamc"]),
     (["--cache-policy", "moe-infinity"], ["--cache-policy moe-infinity needs --eamc"]),
     (["--prefetch-per-layer", "-1"], ["--prefetch-per-layer", ">= 0"]),
+    (["--coe-order", "random"], ["--coe-order", "random", "grouped, fcfs"]),
 ]
 
 
@@ -101,3 +102,19 @@ def test_every_cli_run_option_is_an_engine_option_or_a_job_option():
     assert set(EngineOptions.names()) <= cli
     assert cli <= set(RunOptions.__dataclass_fields__)
     assert set(SCHEDULES) == {"cgopipe", "flexgen", "flexgen-cpu", "overlap-unpaged"}
+
+
+def test_an_eamc_or_predictor_file_a_chosen_policy_would_not_read_is_refused(tmp_path):
+    """--eamc with policy auto takes MoE-Infinity, its one reader; beside another policy, or a predictor
+    beside a policy that reads none, the file would be left unused without a word."""
+    from moelight.engine.options import EngineOptions
+
+    eamc, pred = tmp_path / "e.npz", tmp_path / "p.npz"
+    eamc.write_bytes(b"x")
+    pred.write_bytes(b"x")
+    assert EngineOptions(model="tiny", eamc=str(eamc)).cache_policy_name() == "moe-infinity"
+    assert EngineOptions(model="tiny").cache_policy_name() == "combined"
+    with pytest.raises(OptionError, match="only --cache-policy moe-infinity reads it"):
+        EngineOptions(model="tiny", eamc=str(eamc), cache_policy="lru").validate()
+    with pytest.raises(OptionError, match="only --cache-policy promoe, duoserve or coserve reads one"):
+        EngineOptions(model="tiny", predictor=str(pred)).validate()

@@ -66,10 +66,13 @@ class EngineOptions:
         return method, int(group or 128)
 
     def cache_policy_name(self) -> str:
-        """auto: the combined policy (CPU execution of small misses, an LFU cache filled in the
+        """auto: MoE-Infinity where an EAM collection is given (`--eamc`: the one policy that reads it),
+        else the combined policy (CPU execution of small misses, an LFU cache filled in the
         background), the fastest of the policies that need no trained file on held-out traces
         (BENCHMARKS.md section 9)."""
-        return "combined" if self.cache_policy == "auto" else self.cache_policy
+        if self.cache_policy == "auto":
+            return "moe-infinity" if self.eamc is not None else "combined"
+        return self.cache_policy
 
     def validate(self) -> None:
         """Raise OptionError for the first option that cannot work; touches no weights."""
@@ -96,6 +99,12 @@ class EngineOptions:
             raise OptionError("--cache-policy moe-infinity needs --eamc FILE (`moelight eamc --trace TRACE`)")
         if self.predictor is not None and not Path(self.predictor).expanduser().is_file():
             raise OptionError(f"--predictor {self.predictor}: no such file; train one with `moelight train-predictor`")
+        if self.predictor is not None and self.cache_policy not in NEEDS_PREDICTOR:
+            raise OptionError(f"--predictor {self.predictor}: only --cache-policy promoe, duoserve or coserve reads "
+                              f"one; name the policy it was trained for")
+        if self.eamc is not None and self.cache_policy not in ("auto", "moe-infinity"):
+            raise OptionError(f"--eamc {self.eamc}: only --cache-policy moe-infinity reads it (auto takes it "
+                              f"when --eamc is given); --cache-policy {self.cache_policy} would leave it unused")
         if self.cache_policy in NEEDS_PREDICTOR and self.predictor is None:
             raise OptionError(f"--cache-policy {self.cache_policy} needs --predictor FILE "
                               f"(`moelight train-predictor --kind {self.cache_policy} --trace TRACE`)")

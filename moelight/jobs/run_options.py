@@ -46,6 +46,8 @@ class RunOptions(EngineOptions):
             raise OptionError("--tokenizer none: a dataset job reads and writes text; use auto, hf or byte")
         if self.resume and self.overwrite:
             raise OptionError("--resume and --overwrite contradict each other: choose one")
+        if self.coe_order not in ("grouped", "fcfs"):  # checked for every job, as every option is
+            raise OptionError(f"--coe-order {self.coe_order!r} is not one of the valid choices: grouped, fcfs")
         if self.dataset_format is not None and self.dataset_format not in workloads.FORMATS:
             raise OptionError(f"--format {self.dataset_format!r} is not one of the valid choices: "
                               f"{', '.join(workloads.FORMATS)}")
