@@ -181,3 +181,20 @@ def test_traces_too_small_to_learn_from_are_refused(traced, tmp_path):
                  "--output", tmp_path / "p.npz")
     assert res.exit_code == 2 and says(res.output, "--stride 9: the model has 4 MoE layers"), res.output
     assert not (tmp_path / "e.npz").exists() and not (tmp_path / "p.npz").exists()
+
+
+def test_trace_takes_the_options_its_errors_name(tmp_path):
+    """A prompt too long says "pass --skip-bad-lines", a folder without tokenizer.json "--tokenizer byte":
+    trace has both, so one bad prompt does not block a trace."""
+    data = write_jsonl(tmp_path / "d.jsonl", [{"id": "ok", "prompt": "def f(): pass"},
+                                              {"id": "long", "prompt": "x " * 5000}])
+    common = ["trace", "--model", CKPT, "--dataset", data, "--output", tmp_path / "t.parquet", "--gen-len", "2",
+              "--dtype", "float32", "--no-progress"]
+    refused = invoke(*common)
+    assert refused.exit_code == 2 and says(refused.output, "--skip-bad-lines"), refused.output
+    res = invoke(*common, "--skip-bad-lines")
+    assert res.exit_code == 0 and says(res.output, "traced 1 requests"), res.output
+    assert [r.request_id for r in Trace.load(tmp_path / "t.parquet").requests] == ["ok"]
+    res = invoke("trace", "--model", "tiny", "--load-format", "dummy", "--tokenizer", "byte", "--dataset", data,
+                 "--output", tmp_path / "b.parquet", "--gen-len", "2", "--no-progress", "--skip-bad-lines")
+    assert res.exit_code == 0, res.output

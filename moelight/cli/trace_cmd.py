@@ -25,6 +25,9 @@ def trace(
     temperature: float = Opt(0.0, "--temperature", min=0.0, help="0 = greedy"),
     ignore_eos: bool = Opt(False, "--ignore-eos", help="always generate --gen-len tokens"),
     seed: int = Opt(0, "--seed"),
+    tokenizer: str = Opt("auto", "--tokenizer", help="auto, hf or byte (a folder without tokenizer.json: byte)"),
+    skip_bad_lines: bool = Opt(False, "--skip-bad-lines", help="go on without malformed records and unusable "
+                               "prompts (they are listed)"),
     overwrite: bool = Opt(False, "--overwrite", help="replace an existing --output"),
     progress: bool = Opt(True, "--progress/--no-progress"),
 ) -> None:
@@ -40,7 +43,8 @@ def trace(
             raise OptionError(f"--output {output}: exists; pass --overwrite to replace it")
         opts = RunOptions(model=model, dataset=dataset, output=output, gen_len=gen_len, num_requests=num_requests,
                           dtype=dtype, load_format=load_format, dataset_format=dataset_format,
-                          temperature=temperature, ignore_eos=ignore_eos, seed=seed, device="cpu", overwrite=True)
+                          temperature=temperature, ignore_eos=ignore_eos, seed=seed, device="cpu", overwrite=True,
+                          tokenizer=tokenizer, skip_bad_lines=skip_bad_lines)
         result = run_trace_job(opts, hidden=hidden, progress=progress)
     rows = sum(r.tokens for r in result.requests) * len(result.model.moe_layers)
     typer.echo(f"traced {len(result.requests)} requests, {rows} (token, layer) rows: {output}")

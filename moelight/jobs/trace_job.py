@@ -10,6 +10,7 @@ only each prompt's last token, as the engine does; the trace marks the others' e
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Callable
 
 import numpy as np
@@ -94,10 +95,13 @@ def run_trace_job(opts, hidden: bool = False, progress: bool = True) -> Trace:
     from moelight.jobs.prompts import prepare_prompts
 
     opts.validate()
-    loaded = workloads.load_dataset(opts.dataset, opts.dataset_format, num_requests=opts.num_requests)
+    loaded = workloads.load_dataset(opts.dataset, opts.dataset_format, num_requests=opts.num_requests,
+                                    skip_bad_lines=opts.skip_bad_lines, hint_style="cli")
     session = EngineSession(opts)
     prompts, params, skipped = prepare_prompts(loaded.requests, session.tokenizer,
                                                session.config.max_position_embeddings, opts)
+    for why in skipped.values():  # --skip-bad-lines: each prompt left out, by its line
+        print(f"skipped {why}", file=sys.stderr)
     ids = [r.id for r in loaded.requests if r.id not in skipped]
     session.load()
     bar = tqdm(total=len(ids), unit="req", disable=not progress, desc="tracing")
