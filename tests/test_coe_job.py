@@ -125,3 +125,20 @@ def test_skipped_requests_are_counted_once_and_loads_as_done(tmp_path):
     assert (report["requests"], report["skipped_requests"], report["written"]) == (2, 2, 2)
     assert [s.split(": ")[0] for s in report["skipped"]] == [f"{data}:3", f"{data}:4"]
     assert report["policy"]["coe"]["switches"] == 2
+
+
+def test_a_prompt_one_model_cannot_take_is_refused_before_any_model_loads(tmp_path, monkeypatch):
+    """The chat model serves first (more requests), the code model's context is shorter: its too-long
+    prompt is named before the chat model loads, not after its results are written."""
+    import moelight.engine.session
+
+    spec = _spec(tmp_path)
+    data = write_jsonl(tmp_path / "req.jsonl", [{"id": f"c{i}", "prompt": "hello"} for i in range(3)]
+                       + [{"id": "long", "prompt": "def " + "x " * 5000}])
+    monkeypatch.setattr(moelight.engine.session.EngineSession, "load",
+                        lambda self: pytest.fail("a model loaded before every prompt was checked"))
+    res = CliRunner().invoke(app, ["run", "--dataset", str(data), "--model", str(spec), "--output",
+                                   str(tmp_path / "o.jsonl"), "--device", "cpu", "--no-progress", "--gen-len", "2",
+                                   "--hardware", "cpu-server"])
+    assert res.exit_code == 2 and says(res.output, f"{data}:4: prompt has") and says(res.output, "--skip-bad-lines")
+    assert not (tmp_path / "o.jsonl").exists()

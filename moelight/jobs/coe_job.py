@@ -25,6 +25,7 @@ from moelight.engine.session import EngineSession
 from moelight.errors import MoelightError
 from moelight.jobs.dataset_input import read_requests
 from moelight.jobs.output_file import LazyResultWriter, save_report
+from moelight.jobs.prompts import check_prompts, prompt_error
 from moelight.jobs.report import RunReport
 from moelight.jobs.serving import describe_output, serve_requests
 from moelight.loading.presets import PRESETS
@@ -127,6 +128,8 @@ def run_coe_job(opts):
         raise CoEError(f"{len(problems)} request(s) cannot be routed:\n  " + "\n  ".join(problems[:20])
                        + "\nfix them, or pass --skip-bad-lines to go on without them")
     runs = schedule(routed, opts.coe_order)
+    if not opts.skip_bad_lines:  # every model's prompts checked by its own tokenizer before the first loads
+        _check_prompts(opts, spec, runs, requests)
     skipped = [*job.skipped, *problems]
     total = RunReport(model=str(opts.model), dtype=opts.dtype, requests=len(requests), batch_size=0,
                       micro_batch_size=0, skipped_requests=len(skipped), skipped=skipped)
@@ -158,6 +161,21 @@ def run_coe_job(opts):
                                 "usage_probability": {m: routed.count(m) / max(1, len(routed)) for m in spec.models}}}
         save_report(total, opts.output, failing, opts.log)
     return total
+
+
+def _check_prompts(opts, spec: CoESpec, runs, requests) -> None:
+    """PromptError listing, for every model, the requests routed to it that it cannot take (a prompt
+    too long for its context, a conversation its tokenizer cannot format): said before any model
+    loads, as a single-model job says it, not when that model's turn comes."""
+    bad = []
+    for name in dict.fromkeys(name for name, _ in runs):
+        sub = replace(opts, model=spec.models[name], output=opts.output)
+        session = EngineSession(sub, opts.log)
+        mine = [requests[i] for n, idx in runs if n == name for i in idx]
+        bad += [m for _, m in check_prompts(mine, session.tokenizer, session.config.max_position_embeddings, sub,
+                                            checker=session.sampling)[2]]
+    if bad:
+        raise prompt_error(bad)
 
 
 def _serve_model(opts, spec: CoESpec, name: str, requests, writer) -> RunReport:
