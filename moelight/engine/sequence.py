@@ -29,9 +29,12 @@ class SequenceResult:
     ended_by_token: bool = False  # its last token is the EOS or stop token that ended it
 
     def text_token_ids(self, params: SamplingParams) -> list[int]:
-        """The tokens its text shows: all but an ending stop token, unless include_stop_str_in_output."""
-        cut = self.ended_by_token and not params.include_stop_str_in_output
-        return self.token_ids[:-1] if cut else self.token_ids
+        return text_token_ids(self.token_ids, self.ended_by_token, params)
+
+
+def text_token_ids(ids: list[int], ended_by_token: bool, params: SamplingParams) -> list[int]:
+    """The tokens a text shows: all but an ending stop token, unless include_stop_str_in_output."""
+    return ids[:-1] if ended_by_token and not params.include_stop_str_in_output else ids
 
 
 @dataclass
@@ -73,7 +76,7 @@ class Sequence:
             self.stop_reason = token if token in p.stop_token_ids else None
             self.ended_by_token = True
             if p.stop and decode is not None:
-                self.text = decode(self.result().text_token_ids(p), p.skip_special_tokens)
+                self.text = decode(text_token_ids(self.out, True, p), p.skip_special_tokens)
         elif p.stop and decode is not None and self._stop_string(decode, may_stop=len(self.out) > p.min_tokens):
             self.finish = "stop"
         elif grammar_done:

@@ -128,8 +128,8 @@ def run_coe_job(opts):
         raise CoEError(f"{len(problems)} request(s) cannot be routed:\n  " + "\n  ".join(problems[:20])
                        + "\nfix them, or pass --skip-bad-lines to go on without them")
     runs = schedule(routed, opts.coe_order)
-    if not opts.skip_bad_lines:  # every model's prompts checked by its own tokenizer before the first loads
-        _check_prompts(opts, spec, runs, requests)
+    # every model's prompts checked by its own tokenizer before the first loads; the sessions serve them after
+    sessions = {} if opts.skip_bad_lines else _check_prompts(opts, spec, runs, requests)
     skipped = [*job.skipped, *problems]
     total = RunReport(model=str(opts.model), dtype=opts.dtype, requests=len(requests), batch_size=0,
                       micro_batch_size=0, skipped_requests=len(skipped), skipped=skipped)
@@ -139,7 +139,7 @@ def run_coe_job(opts):
     try:
         with LazyResultWriter(opts, job.out_format, job.output.record) as writer:
             for name, idx in runs:
-                part = _serve_model(opts, spec, name, [requests[i] for i in idx], writer)
+                part = _serve_model(opts, spec, name, [requests[i] for i in idx], writer, sessions.pop(name, None))
                 total.absorb(part)
                 total.requests -= part.skipped_requests  # this model's prompts it could not take
                 total.update_rates(wall_seconds=total.generation_seconds + total.load_seconds)
@@ -163,23 +163,30 @@ def run_coe_job(opts):
     return total
 
 
-def _check_prompts(opts, spec: CoESpec, runs, requests) -> None:
+def _check_prompts(opts, spec: CoESpec, runs, requests) -> dict[str, EngineSession]:
     """PromptError listing, for every model, the requests routed to it that it cannot take (a prompt
     too long for its context, a conversation its tokenizer cannot format): said before any model
-    loads, as a single-model job says it, not when that model's turn comes."""
-    bad = []
+    loads, as a single-model job says it, not when that model's turn comes. The models' sessions (config
+    and tokenizer, no weights yet), by name."""
+    bad, sessions = [], {}
     for name in dict.fromkeys(name for name, _ in runs):
-        sub = replace(opts, model=spec.models[name], output=opts.output)
-        session = EngineSession(sub, opts.log)
+        sub = _model_options(opts, spec, name)
+        session = sessions[name] = EngineSession(sub, opts.log)
         mine = [requests[i] for n, idx in runs if n == name for i in idx]
         bad += [m for _, m in check_prompts(mine, session.tokenizer, session.config.max_position_embeddings, sub,
                                             checker=session.sampling)[2]]
     if bad:
         raise prompt_error(bad)
+    return sessions
 
 
-def _serve_model(opts, spec: CoESpec, name: str, requests, writer) -> RunReport:
-    """One model's run of a CoE job: its results tagged with its name, its report folded by the caller."""
-    sub = replace(opts, model=spec.models[name], output=opts.output)
-    return serve_requests(EngineSession(sub, opts.log), sub, requests, [], writer,
+def _model_options(opts, spec: CoESpec, name: str):
+    return replace(opts, model=spec.models[name], output=opts.output)
+
+
+def _serve_model(opts, spec: CoESpec, name: str, requests, writer, session: EngineSession | None = None) -> RunReport:
+    """One model's run of a CoE job (on `session` where the prompt check made one): its results tagged
+    with its name, its report folded by the caller."""
+    sub = _model_options(opts, spec, name)
+    return serve_requests(session or EngineSession(sub, opts.log), sub, requests, [], writer,
                           on_result=lambda req, res: res | {"model": name}, save=False)

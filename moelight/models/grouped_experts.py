@@ -78,7 +78,7 @@ def grouped_mm_supported(device: torch.device, dtype: torch.dtype) -> bool:
 def grouped_mm_fits(table: GroupedExperts, dtype: torch.dtype) -> bool:
     """Whether torch._grouped_mm takes these experts' shapes: rows of h, 2f and f values, each a multiple
     of 16 bytes."""
-    size = torch.empty((), dtype=dtype).element_size()
+    size = dtype.itemsize
     return all(d * size % 16 == 0 for g in table.groups for d in (*g.gate_up.shape[1:], g.down.shape[2]))
 
 

@@ -36,7 +36,7 @@ def apply_processors(logits: torch.Tensor, states: list[RowState]) -> None:
         if not st.params.has_processors:
             continue
         x = logits[row]
-        before = x.clone() if st.constraint is not None else None
+        before = x.clone() if st.constraint is not None and _restricts(st) else None
         _process_row(x, st, restrict=True)
         if before is not None and bool(torch.isneginf(x).all()):
             x.copy_(before)
@@ -57,6 +57,12 @@ def _process_row(x: torch.Tensor, st: RowState, restrict: bool) -> None:
         apply_penalties(x, st.prompt_ids, st.output_ids, p)
     if st.constraint is not None:
         st.constraint.mask(x)
+
+
+def _restricts(st: RowState) -> bool:
+    """Whether `_restrict` removes any token this step (else the grammar's fallback is the same row)."""
+    p = st.params
+    return bool(p.allowed_token_ids or st.bad_word_ids or (len(st.output_ids) < p.min_tokens and st.stop_ids))
 
 
 def _restrict(x: torch.Tensor, st: RowState, vocab: int) -> None:
