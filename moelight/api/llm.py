@@ -186,17 +186,14 @@ class LLM:
         return outputs
 
     def _completion(self, k: int, r, p: SamplingParams) -> CompletionOutput:
-        text = r.text if r.text is not None else self._decode(r.text_token_ids(p), p.skip_special_tokens)
-        text = text if p.detokenize else ""
+        if not p.detokenize or self.tokenizer is None:  # skip_tokenizer_init: token ids in, token ids out
+            text = ""
+        elif r.text is not None:
+            text = r.text
+        else:
+            text = self.tokenizer.decode(r.text_token_ids(p), p.skip_special_tokens)
         return CompletionOutput(k, text, r.token_ids, r.finish_reason, r.cumulative_logprob, r.logprobs,
                                 r.stop_reason)
-
-    def _decode(self, ids: list[int], skip_special_tokens: bool) -> str:
-        if self.tokenizer is None:  # skip_tokenizer_init: token ids in, token ids out
-            return ""
-        if skip_special_tokens or not hasattr(self.tokenizer, "backend"):
-            return self.tokenizer.decode(ids)
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
 
     def close(self) -> None:
         """Free the runtime's device (cuda / emulated); the LLM is not usable afterwards."""

@@ -78,9 +78,7 @@ class Engine:
         self.tokenizer, self.grammars = tokenizer, grammars
 
     def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        if skip_special_tokens or not hasattr(self.tokenizer, "backend"):
-            return self.tokenizer.decode(ids)
-        return self.tokenizer.decode(ids, skip_special_tokens=False)
+        return self.tokenizer.decode(ids, skip_special_tokens)
 
     def row_state(self, prompt: list[int], params: SamplingParams, out: list[int]) -> RowState | None:
         """What the logits processors need for one sequence (None when it asks for none of them)."""

@@ -144,13 +144,12 @@ def generate_prepared(session, opts, job: PreparedJob, writer, bar=None, on_resu
 def turn_output(res: SequenceResult, p, prompt_tokens: int, tokenizer, user: str | None = None):
     """A finished sequence as the output record holds it: text (cut at a stop string by the engine),
     tokens, finish and stop reasons, and its logprobs when asked for."""
-    if res.text is not None:
+    if not p.detokenize:
+        text = ""
+    elif res.text is not None:
         text = res.text
-    elif p.skip_special_tokens or not hasattr(tokenizer, "backend"):
-        text = tokenizer.decode(res.text_token_ids(p))
     else:
-        text = tokenizer.decode(res.text_token_ids(p), skip_special_tokens=False)
-    text = text if p.detokenize else ""
+        text = tokenizer.decode(res.text_token_ids(p), p.skip_special_tokens)
     extra: dict = {}
     if res.stop_reason is not None:
         extra["stop_reason"] = res.stop_reason

@@ -34,7 +34,8 @@ class ByteTokenizer(Tokenizer):
         ids = [b + self.OFFSET for b in text.encode("utf-8")]
         return [self.BOS, *ids] if add_bos else ids
 
-    def decode(self, ids: list[int]) -> str:
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        # BOS / EOS / PAD have no bytes: they never show, whatever skip_special_tokens says.
         # Ids past the byte range (a dummy model with a larger vocab) show as U+FFFD, not silently vanish.
         out = bytearray()
         for i in ids:

@@ -20,8 +20,8 @@ class Tokenizer(ABC):
         """Token ids of ``text``; ``add_bos`` adds the special tokens the model expects around a prompt."""
 
     @abstractmethod
-    def decode(self, ids: list[int]) -> str:
-        """Text of ``ids`` with special tokens left out."""
+    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+        """Text of ``ids``, special tokens left out unless ``skip_special_tokens`` is False."""
 
     @abstractmethod
     def apply_chat_template(self, messages: list[dict], *, tools: list[dict] | None = None,
