@@ -19,6 +19,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from moelight.errors import MoelightError
+from moelight.jobs.atomic_write import write_text_atomic
 
 VERSION = 1
 # RunOptions fields that change what a request generates (batching and placement do not, in float32)
@@ -95,9 +96,7 @@ class JobRecord:
 
     def save(self, path: Path) -> None:
         """Atomically, so a killed job never leaves half a record."""
-        tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text(json.dumps(asdict(self), indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, path)
+        write_text_atomic(path, json.dumps(asdict(self), indent=1, sort_keys=True) + "\n")
 
     def merged(self, other: JobRecord) -> JobRecord:
         """This record with `other`'s requests added (a resumed job that brings new ones)."""

@@ -8,12 +8,12 @@ knows at the end (the executor's figures, peak memory).
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from cpu_kernels import kernel_backend
 from moelight.engine.generation import GenerationStats
+from moelight.jobs.atomic_write import write_text_atomic
 from moelight.jobs.job_warnings import JobWarnings
 from moelight.planning.memory_check import peak_rss_bytes
 
@@ -133,13 +133,7 @@ class RunReport:
         return asdict(self)
 
     def save(self, path: Path) -> None:
-        """Atomically: a full disk or a kill leaves the report that was there, not half of this one."""
-        tmp = path.with_name(path.name + ".tmp")
-        try:
-            tmp.write_text(json.dumps(self.to_dict(), indent=2) + "\n")
-            os.replace(tmp, path)
-        finally:
-            tmp.unlink(missing_ok=True)
+        write_text_atomic(path, json.dumps(self.to_dict(), indent=2) + "\n")
 
     def previous(self) -> dict:
         """What a later, resumed run keeps of this one."""
