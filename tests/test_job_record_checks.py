@@ -76,3 +76,61 @@ def test_a_file_the_job_writes_beside_its_output_is_never_the_dataset(tmp_path, 
     res = CliRunner().invoke(app, _args(data, out, "--format", "jsonl", "--overwrite"))
     assert res.exit_code == 2 and "which is the dataset" in res.output, res.output
     assert data.read_bytes() == before
+
+
+def _schema(*fields: str) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "a", "schema": {
+        "type": "object", "properties": {f: {"type": "string"} for f in fields}, "required": list(fields)}}}
+
+
+@pytest.mark.parametrize("before, after, changed", [
+    ({"stop": ["x"]}, {"stop": ["y"]}, True),
+    ({"n": 1}, {"n": 2}, True),
+    ({"response_format": _schema("reason", "answer")}, {"response_format": _schema("answer", "reason")}, True),
+    ({"logprobs": 2, "stop": ["x"]}, {"stop": ["x"], "logprobs": 2}, False),  # where a key sits in the line
+])
+def test_a_request_whose_sampling_fields_changed_is_refused_on_resume(tmp_path, before, after, changed):
+    """A finished request asked again with other stop strings, n or schema field order (the order the
+    grammar writes) is another request; the same fields written in another order are not."""
+    data, out = tmp_path / "d.jsonl", tmp_path / "o.jsonl"
+    rows = [dict(r) for r in ROWS]
+    data.write_text("".join(json.dumps(r | before) + "\n" for r in rows))
+    assert CliRunner().invoke(app, _args(data, out)).exit_code == 0
+    out.write_text("".join(out.read_text().splitlines(keepends=True)[:2]))
+    data.write_text("".join(json.dumps(r | after) + "\n" for r in rows))
+    res = CliRunner().invoke(app, _args(data, out, "--resume"))
+    if changed:
+        assert res.exit_code == 2 and "changed under the same id" in res.output, res.output
+        assert "q0" in res.output and len(out.read_text().splitlines()) == 2
+    else:
+        assert res.exit_code == 0, res.output
+        assert len(out.read_text().splitlines()) == len(ROWS)
+
+
+def test_a_record_of_the_first_version_resumes_with_a_note_and_is_upgraded(half_done):
+    """An older moelight's record hashed requests without their sampling fields: its requests are compared
+    that way, the report says what could not be checked, and the rewritten record is of this version."""
+    from moelight.jobs.job_record import VERSION, request_hash
+    from workloads import read_dataset
+
+    data, out = half_done
+    record = out.with_name(out.name + ".job.json")
+    old = json.loads(record.read_text())
+    requests = read_dataset(data)
+    old |= {"version": 1, "requests": {r.id: request_hash(r, version=1) for r in requests}}
+    record.write_text(json.dumps(old))
+    res = CliRunner().invoke(app, _args(data, out, "--resume"))
+    assert res.exit_code == 0, res.output
+    assert len(out.read_text().splitlines()) == len(ROWS)
+    notes = json.loads(out.with_name(out.name + ".report.json").read_text())["notes"]
+    assert any("predates the check of requests' sampling fields" in n for n in notes), notes
+    new = json.loads(record.read_text())
+    assert new["version"] == VERSION and new["requests"] == {r.id: request_hash(r) for r in requests}
+
+
+def test_a_record_of_a_newer_version_is_refused(half_done):
+    data, out = half_done
+    record = out.with_name(out.name + ".job.json")
+    record.write_text(json.dumps(json.loads(record.read_text()) | {"version": 99}))
+    res = CliRunner().invoke(app, _args(data, out, "--resume"))
+    assert res.exit_code == 2 and "version 99" in res.output, res.output

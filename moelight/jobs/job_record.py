@@ -21,13 +21,14 @@ from pathlib import Path
 from moelight.errors import MoelightError
 from moelight.jobs.atomic_write import write_text_atomic
 
-VERSION = 1
+VERSION = 2  # 2: a request's hash covers its sampling fields (stop, n, logprobs, response_format, ...)
 # RunOptions fields that change what a request generates (batching and placement do not, in float32)
 # (which requests a job holds is the requests' business: each is checked by its hash)
 RESULT_OPTIONS = ("model", "load_format", "dtype", "quantize", "tokenizer", "seed", "gen_len", "temperature",
                   "top_p", "top_k", "ignore_eos", "turn")
 _REQUEST_FIELDS = ("prompt", "messages", "followups", "tools", "max_new_tokens", "temperature", "top_p", "top_k",
                    "seed")
+_REQUEST_FIELDS_V2 = (*_REQUEST_FIELDS, "sampling")
 
 
 class ResumeError(MoelightError):
@@ -38,10 +39,26 @@ def record_path(output: Path) -> Path:
     return output.with_name(output.name + ".job.json")
 
 
-def request_hash(request) -> str:
-    """What a request asks, in 16 hex digits: its prompt or messages, later turns, tools and sampling."""
-    body = json.dumps({k: getattr(request, k) for k in _REQUEST_FIELDS}, sort_keys=True, default=str)
+def request_hash(request, version: int = VERSION) -> str:
+    """What a request asks, in 16 hex digits: its prompt or messages, later turns, tools and sampling
+    (`version` 1, an older record's: without the sampling dict's fields)."""
+    if version < 2:
+        body = json.dumps({k: getattr(request, k) for k in _REQUEST_FIELDS}, sort_keys=True, default=str)
+    else:
+        body = json.dumps([_canonical(getattr(request, k)) for k in _REQUEST_FIELDS_V2], default=str)
     return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def _canonical(value, keep_order: bool = False):
+    """`value` with its objects' keys sorted (where a field sits in a record does not change the request),
+    except a JSON schema's `properties`, whose order is the order the grammar writes the fields and
+    the chat template shows a tool's parameters."""
+    if isinstance(value, dict):
+        keys = list(value) if keep_order else sorted(value, key=str)
+        return [[str(k), _canonical(value[k], keep_order=k == "properties")] for k in keys]
+    if isinstance(value, (list, tuple)):
+        return [_canonical(v) for v in value]
+    return value
 
 
 def _model_identity(model: str) -> str:
@@ -68,7 +85,15 @@ class JobRecord:
         settings = {k: getattr(opts, k) for k in RESULT_OPTIONS}
         settings["model"] = _model_identity(opts.model)
         hashes = None if requests is None else {r.id: request_hash(r) for r in requests}
-        return cls(os.path.abspath(Path(opts.dataset).expanduser()), output_format, settings, hashes)
+        record = cls(os.path.abspath(Path(opts.dataset).expanduser()), output_format, settings, hashes)
+        record._requests = requests  # to hash as an older record did (`hashes_of_version`)
+        return record
+
+    def hashes_of_version(self, version: int) -> dict[str, str] | None:
+        """This job's request hashes as a record of `version` wrote them."""
+        if version == self.version or getattr(self, "_requests", None) is None:
+            return self.requests
+        return {r.id: request_hash(r, version) for r in self._requests}
 
     @classmethod
     def load(cls, path: Path) -> JobRecord:
@@ -93,6 +118,9 @@ class JobRecord:
             raise TypeError("'requests' must map request ids to hashes")
         if not isinstance(self.extra, dict):
             raise TypeError("'extra' must be an object")
+        if not isinstance(self.version, int) or not 1 <= self.version <= VERSION:
+            raise TypeError(f"version {self.version!r}: this moelight reads records of versions 1 to {VERSION} "
+                            "(a newer moelight's record hashes requests another way)")
 
     def save(self, path: Path) -> None:
         """Atomically, so a killed job never leaves half a record."""
@@ -102,6 +130,8 @@ class JobRecord:
         """This record with `other`'s requests added (a resumed job that brings new ones)."""
         if self.requests is None or other.requests is None:
             return self
+        if self.version < other.version:  # an older record's hashes give way to the job's (checked equal)
+            return JobRecord(self.dataset, self.output_format, self.settings, other.requests, other.version)
         return JobRecord(self.dataset, self.output_format, self.settings, self.requests | other.requests)
 
     def differences(self, now: JobRecord) -> list[str]:
@@ -121,10 +151,10 @@ class JobRecord:
 
     def changed(self, now: JobRecord, ids: set[str]) -> tuple[list[str], list[str]]:
         """(ids whose request changed, ids the output holds that the job no longer has), among `ids`."""
-        if self.requests is None or now.requests is None:
+        theirs = now.hashes_of_version(self.version)
+        if self.requests is None or theirs is None:
             return [], []
-        changed = sorted(i for i in ids if i in self.requests and i in now.requests
-                         and self.requests[i] != now.requests[i])
+        changed = sorted(i for i in ids if i in self.requests and i in theirs and self.requests[i] != theirs[i])
         gone = sorted(i for i in ids if i not in now.requests)
         return changed, gone
 
@@ -158,6 +188,9 @@ def check_resume(output: Path, now: JobRecord, done: set[str], output_shape: str
     if missing:
         notes.append(f"{path.name} does not record " + ", ".join(f"--{k.replace('_', '-')}" for k in missing)
                      + ": the output's values of these could not be checked against this job")
+    if record.version < 2 and record.requests is not None:
+        notes.append(f"{path.name} predates the check of requests' sampling fields (stop, n, logprobs, "
+                     "response_format, ...): a change to those in the finished requests could not be detected")
     if record.dataset != now.dataset:
         notes.append(f"the dataset moved: the output was started from {record.dataset}, this job reads "
                      f"{now.dataset} (its requests match)")
