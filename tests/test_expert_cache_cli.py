@@ -193,8 +193,22 @@ def test_trace_takes_the_options_its_errors_name(tmp_path):
     refused = invoke(*common)
     assert refused.exit_code == 2 and says(refused.output, "--skip-bad-lines"), refused.output
     res = invoke(*common, "--skip-bad-lines")
-    assert res.exit_code == 0 and says(res.output, "traced 1 requests"), res.output
+    assert res.exit_code == 0 and says(res.output, "traced 1 sequences"), res.output
     assert [r.request_id for r in Trace.load(tmp_path / "t.parquet").requests] == ["ok"]
     res = invoke("trace", "--model", "tiny", "--load-format", "dummy", "--tokenizer", "byte", "--dataset", data,
                  "--output", tmp_path / "b.parquet", "--gen-len", "2", "--no-progress", "--skip-bad-lines")
     assert res.exit_code == 0, res.output
+
+
+def test_trace_records_each_sample_of_a_request_with_n(tmp_path):
+    """n samples are n sequences: each traced on its own (`id#k`), with its own draws."""
+    data = write_jsonl(tmp_path / "d.jsonl", [{"id": "a", "prompt": "def f(): pass", "n": 3, "temperature": 1.0},
+                                              {"id": "b", "prompt": "import os"}])
+    res = invoke("trace", "--model", CKPT, "--dataset", data, "--output", tmp_path / "t.parquet", "--gen-len", "6",
+                 "--dtype", "float32", "--ignore-eos", "--no-progress")
+    assert res.exit_code == 0 and says(res.output, "traced 4 sequences"), res.output
+    requests = Trace.load(tmp_path / "t.parquet").requests
+    assert [r.request_id for r in requests] == ["a#0", "a#1", "a#2", "b"]
+    assert all(r.tokens == r.prompt_len + 5 for r in requests)  # the last token is sampled, never routed
+    decoded = [r.experts[requests[0].prompt_len:].tolist() for r in requests[:3]]
+    assert decoded[0] != decoded[1] or decoded[1] != decoded[2]

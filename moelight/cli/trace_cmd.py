@@ -31,7 +31,8 @@ def trace(
     overwrite: bool = Opt(False, "--overwrite", help="replace an existing --output"),
     progress: bool = Opt(True, "--progress/--no-progress"),
 ) -> None:
-    """Run every request alone on the CPU executor and write its routing, token by token and layer by layer."""
+    """Run every request alone on the CPU executor and write its routing, token by token and layer by layer
+    (each of the n samples of a request with n > 1 as a sequence of its own, `ID#k`)."""
     from moelight.engine.options import OptionError
     from moelight.jobs.run_options import RunOptions
     from moelight.jobs.trace_job import run_trace_job
@@ -47,7 +48,7 @@ def trace(
                           tokenizer=tokenizer, skip_bad_lines=skip_bad_lines)
         result = run_trace_job(opts, hidden=hidden, progress=progress)
     rows = sum(r.tokens for r in result.requests) * len(result.model.moe_layers)
-    typer.echo(f"traced {len(result.requests)} requests, {rows} (token, layer) rows: {output}")
+    typer.echo(f"traced {len(result.requests)} sequences, {rows} (token, layer) rows: {output}")
 
 
 def register(app: typer.Typer) -> None:

@@ -92,7 +92,7 @@ def run_trace_job(opts, hidden: bool = False, progress: bool = True) -> Trace:
 
     import workloads
     from moelight.engine.session import EngineSession
-    from moelight.jobs.prompts import prepare_prompts
+    from moelight.jobs.prompts import expand_samples, prepare_prompts
 
     opts.validate()
     loaded = workloads.load_dataset(opts.dataset, opts.dataset_format, num_requests=opts.num_requests,
@@ -103,6 +103,9 @@ def run_trace_job(opts, hidden: bool = False, progress: bool = True) -> Trace:
     for why in skipped.values():  # --skip-bad-lines: each prompt left out, by its line
         print(f"skipped {why}", file=sys.stderr)
     ids = [r.id for r in loaded.requests if r.id not in skipped]
+    many = {r for r, p in enumerate(params) if p.n > 1}
+    prompts, params, owners = expand_samples(prompts, params)  # a request's n samples: a trace each, `id#k`
+    ids = [f"{ids[r]}#{k}" if r in many else ids[r] for r, k in owners]
     session.load()
     bar = tqdm(total=len(ids), unit="req", disable=not progress, desc="tracing")
     try:
