@@ -174,6 +174,18 @@ def lm_head_time(hw: HardwareSpec, m: ModelSpec, tokens, where: str = "gpu", dty
     return _t(op_time(ops.lm_head(m, tokens, dtype_bytes(dtype)), lvl, dtype))
 
 
+LOGITS_BYTES = 4.0  # float32 logits per vocabulary entry: the host samples from them
+
+
+def logits_to_host_time(hw: HardwareSpec, m: ModelSpec, tokens, copies=1):
+    """Seconds to bring `tokens` rows of float32 logits from the GPU that computed them (one GPU's
+    link, rank 0's under tensor parallelism) to the host sampler, in `copies` copies. At a large
+    vocabulary (Qwen3's 152k) and thousands of sequences a step, this is a real share of it."""
+    if not hw.has_gpu:
+        return _t(np.zeros_like(np.asarray(tokens, float)))
+    return _t(hw.link.copy_seconds(np.asarray(tokens, float) * m.vocab_size * LOGITS_BYTES, "d2h", copies))
+
+
 # ---- tensor parallelism ----
 def allreduce_bytes_per_gpu(hw: HardwareSpec, nbytes):
     """Bytes one GPU sends (and receives) in a ring all-reduce of `nbytes`: 2(t-1)/t x nbytes."""

@@ -61,7 +61,10 @@ def test_end_to_end_throughput_formula():
     assert res.e2e_tok_s == pytest.approx(8 * 6 / total)
     assert res.decode_tok_s == pytest.approx(8 / res.decode_step_time)
     assert res.prefill_tok_s == pytest.approx(8 * 10 / res.prefill_time)
-    head = 2 * costs.lm_head_time(HW, TINY, 4, "gpu")
+    # the head on the GPU, then each micro-batch's float32 logits over the link to the host sampler
+    logits = 2 * HW.link.latency_s + 8 * TINY.vocab_size * 4 / HW.link.d2h
+    assert costs.logits_to_host_time(HW, TINY, 8, copies=2) == pytest.approx(logits)
+    head = 2 * costs.lm_head_time(HW, TINY, 4, "gpu") + logits
     assert res.decode_step_time == pytest.approx(2 * res.layer_times["T_layer"] + head)
 
 

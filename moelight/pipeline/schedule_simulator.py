@@ -131,7 +131,9 @@ def task_durations(
                                        peak=gpu.attention_peak(dtype)))
         if op == "lm_head":
             return costs.lm_head_time(hw, m, mu, "gpu", dtype)
-        if op in ("qkv_d2h", "kv_d2h", "logits_d2h"):
+        if op == "logits_d2h":  # from the GPU that ran the head (rank 0), over its own link
+            return costs.logits_to_host_time(hw, m, t.nbytes / schedule.shape.logits_bytes_per_token)
+        if op in ("qkv_d2h", "kv_d2h"):
             return costs.transfer_time(hw, t.nbytes, "d2h")
         if op in ("attn_h2d", "w_h2d", "kv_h2d"):
             return costs.transfer_time(hw, t.nbytes, "h2d")
@@ -198,7 +200,7 @@ def shape_from_spec(
         qkv_bytes_per_token=float(costs.qkv_bytes(m, 1, dtype)),
         attn_bytes_per_token=float(costs.attention_output_bytes(m, 1, dtype)),
         kv_bytes_per_token_layer=float(costs.kv_cache_bytes(m, 1, 1, dtype)),
-        logits_bytes_per_token=4.0 * m.vocab_size,
+        logits_bytes_per_token=costs.LOGITS_BYTES * m.vocab_size,
         paged_bytes_per_layer=(1.0 - float(r_w)) * costs.layer_expert_bytes(m, dtype),
         prompt_tokens=int(prompt_tokens),
     )
