@@ -69,6 +69,26 @@ def test_tiny_temperature_is_nearly_argmax():
     assert set(draw(logits, SamplingParams(temperature=1e-3), n=500).tolist()) == {1}
 
 
+def test_temperatures_below_vllms_epsilon_are_greedy():
+    """Dividing by 1e-38 overflows every logit to inf (and the draw to NaN's last token): vLLM samples
+    greedily below 1e-5, and so does moelight."""
+    logits = torch.tensor([[30.0, 80.0, 20.0, 79.0]])
+    for t in (1e-38, 1e-20, 9e-6):
+        p = SamplingParams(temperature=t, seed=1)
+        assert p.greedy and Sampler([p], [0])(logits, [0]).tolist() == [1]
+    assert not SamplingParams(temperature=1e-5).greedy
+
+
+def test_a_draw_of_exactly_zero_never_picks_a_masked_token(monkeypatch):
+    """torch.rand returns exactly 0 once in 2^24 draws: the first token of positive probability is taken,
+    not token 0 that top-k / top-p masked out."""
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.zeros(*a, dtype=torch.float32))
+    logits = torch.tensor([[0.0, 0.1, 3.0, 2.9]])
+    for p in (SamplingParams(temperature=1.0, top_k=2, seed=1), SamplingParams(temperature=1.0, top_p=0.5, seed=1),
+              SamplingParams(temperature=1.0, min_p=0.5, seed=1)):
+        assert Sampler([p], [0])(logits, [0]).tolist() in ([2], [3]), p
+
+
 @pytest.mark.parametrize("k", [1, 2, 5])
 def test_top_k_only_draws_the_k_best(k):
     g = torch.Generator().manual_seed(k)

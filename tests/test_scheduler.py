@@ -84,6 +84,18 @@ def test_a_sequence_ends_at_eos_a_stop_token_or_max_tokens():
     assert s.position == 3 + 2 - 1 and s.result().token_ids == [2, 2]
 
 
+def test_ignore_eos_ignores_eos_only_and_an_eos_is_no_stop_reason():
+    """vLLM: stop_token_ids still stop a sequence that ignores EOS; an EOS ends it with stop_reason None,
+    even when it is also among stop_token_ids (unless EOS is ignored: then the stop id ends it)."""
+    s = Sequence(0, 3, SamplingParams(max_tokens=8, ignore_eos=True, stop_token_ids=[7]))
+    assert not s.append(2, eos={2}) and s.append(7, eos={2})
+    assert (s.finish, s.stop_reason) == ("stop", 7)
+    s = Sequence(0, 3, SamplingParams(max_tokens=8, stop_token_ids=[2]))
+    assert s.append(2, eos={2}) and (s.finish, s.stop_reason) == ("stop", None)
+    s = Sequence(0, 3, SamplingParams(max_tokens=8, ignore_eos=True, stop_token_ids=[2]))
+    assert s.append(2, eos={2}) and (s.finish, s.stop_reason) == ("stop", 2)
+
+
 def test_stop_strings_wait_for_min_tokens_as_in_vllm():
     decode = lambda ids, skip: "".join(chr(96 + t) for t in ids)  # noqa: E731  token t is the letter t
     s = Sequence(0, 3, SamplingParams(max_tokens=8, min_tokens=3, stop=["b"]))

@@ -1,7 +1,7 @@
 """One sequence being generated: its prompt length, sampling parameters, tokens, and why it ended.
 
-It ends (vLLM's rules) at a stop token (EOS or `stop_token_ids`, not before `min_tokens`, never with
-`ignore_eos`), at a `stop` string found in its detokenized text after `min_tokens` (the text is cut
+It ends (vLLM's rules) at a stop token (EOS or `stop_token_ids`, not before `min_tokens`; `ignore_eos`
+ignores EOS only), at a `stop` string found in its detokenized text after `min_tokens` (the text is cut
 before it unless `include_stop_str_in_output`), when its grammar is complete, or at `max_tokens`. `stop_reason` says
 which stop string or stop token ended it (None for EOS and length). The text leaves out the stop token
 that ended it, as vLLM's does, unless `include_stop_str_in_output` (`text_token_ids`).
@@ -70,10 +70,11 @@ class Sequence:
         if constraint is not None:
             constraint.accept(token)
         grammar_done = constraint is not None and constraint.done  # a finished grammar outranks min_tokens
-        stop_token = token in eos or token in p.stop_token_ids
-        if stop_token and ((not p.ignore_eos and len(self.out) >= p.min_tokens) or grammar_done):
+        is_eos = token in eos and not p.ignore_eos  # ignore_eos ignores EOS only: stop_token_ids still stop
+        stops = is_eos or token in p.stop_token_ids
+        if (stops and len(self.out) >= p.min_tokens) or (grammar_done and (stops or token in eos)):
             self.finish = "stop"
-            self.stop_reason = token if token in p.stop_token_ids else None
+            self.stop_reason = None if is_eos else token  # vLLM: an EOS is no stop_reason, even if also listed
             self.ended_by_token = True
             if p.stop and decode is not None:
                 self.text = decode(text_token_ids(self.out, True, p), p.skip_special_tokens)

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 
 MAX_LOGPROBS = 20  # vLLM's default max_logprobs: top-k per token (and per prompt token) asked for at most
 
+GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a temperature under it samples greedily
+
 
 @dataclass
 class StructuredOutputsParams:
@@ -56,7 +58,7 @@ class StructuredOutputsParams:
 
 @dataclass
 class SamplingParams:
-    """temperature 0 means greedy; top_k 0 or -1 disables top-k; seed makes a request reproducible;
+    """temperature 0 (below 1e-5) means greedy; top_k 0 or -1 disables top-k; seed makes a request reproducible;
     max_tokens None: as many as the model's context leaves after the prompt (vLLM's None)."""
 
     max_tokens: int | None = 16
@@ -154,7 +156,8 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0.0
+        """Temperatures below vLLM's 1e-5 are greedy: dividing by them overflows the logits to inf."""
+        return self.temperature < GREEDY_BELOW
 
     @property
     def has_penalties(self) -> bool:

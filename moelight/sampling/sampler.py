@@ -55,7 +55,10 @@ class Sampler:
                 probs[j] = _nucleus(probs[j], p.top_p)
         u = torch.stack([torch.rand(1, generator=self.generators[rows[i]]) for i in sampled])
         cdf = torch.cumsum(probs, dim=-1)
-        choice = torch.searchsorted(cdf, u * cdf[:, -1:]).clamp(max=probs.shape[-1] - 1)
+        # the first token whose cdf reaches the draw; a draw of exactly 0 (2^-24 of them) counts as the least
+        # positive one, so it never picks a leading token of probability 0 (masked by top-k / top-p / min_p)
+        draw = (u * cdf[:, -1:]).clamp_min(torch.finfo(cdf.dtype).tiny)
+        choice = torch.searchsorted(cdf, draw).clamp(max=probs.shape[-1] - 1)
         tokens[sampled] = choice[:, 0]
         return tokens
 
