@@ -326,3 +326,28 @@ def test_the_progress_bar_counts_requests_whatever_their_samples(tmp_path):
                                    "tiny", "--load-format", "dummy", "--hardware", "cpu-server", "--gen-len", "2"])
     assert res.exit_code == 0, res.output
     assert "2/2" in res.output and "6/2" not in res.output and "3/2" not in res.output, res.output
+
+
+def test_a_records_ignore_eos_and_stop_ids_and_greedy_samples_are_honoured_and_warned(tmp_path):
+    """A record's `ignore_eos` beats the job's, its `stop_token_ids` still stop it; n > 1 at the job's
+    greedy default gives equal samples, which the report warns of."""
+    from moelight.jobs.dataset_job import run_job
+    from moelight.jobs.run_options import RunOptions
+
+    data, out = tmp_path / "d.jsonl", tmp_path / "o.jsonl"
+    opts = dict(dataset=data, output=out, model="tiny", load_format="dummy", hardware="cpu-server", progress=False)
+    data.write_text(json.dumps({"id": "a", "prompt": "x", "max_tokens": 6, "ignore_eos": True}) + "\n")
+    run_job(RunOptions(**opts, ignore_eos=False))
+    (first,) = (json.loads(line) for line in out.read_text().splitlines())
+    tokens = first["output_token_ids"]
+    assert len(tokens) == 6
+    data.write_text(json.dumps({"id": "a", "prompt": "x", "max_tokens": 6, "ignore_eos": True,
+                                "stop_token_ids": [tokens[2]]}) + "\n"
+                    + json.dumps({"id": "b", "prompt": "x", "max_tokens": 2, "n": 3}) + "\n")
+    run_job(RunOptions(**opts, ignore_eos=True, overwrite=True))
+    a, b = sorted((json.loads(line) for line in out.read_text().splitlines()), key=lambda r: r["id"])
+    stop_at = tokens.index(tokens[2])
+    assert a["output_token_ids"] == tokens[:stop_at + 1] and a["finish_reason"] == "stop", a
+    report = json.loads(out.with_name(out.name + ".report.json").read_text())
+    assert report["warnings"]["counts"] == {"greedy_samples": 1}, report["warnings"]
+    assert len({tuple(o["output_token_ids"]) for o in b["outputs"]}) == 1

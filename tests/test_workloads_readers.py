@@ -131,6 +131,29 @@ def test_openai_batch(tmp_path):
     assert (r2.prompt, r2.max_new_tokens, r2.meta["url"]) == ("Once upon", 5, "/v1/completions")
 
 
+VLLM_EXTRAS = {"min_p": 0.5, "repetition_penalty": 1.2, "min_tokens": 3, "stop_token_ids": [7], "ignore_eos": True,
+               "include_stop_str_in_output": True, "prompt_logprobs": 1, "allowed_token_ids": [1, 2]}
+
+
+def test_openai_bodies_and_jsonl_records_take_vllms_extra_sampling_fields(tmp_path):
+    """vLLM's server takes its own SamplingParams names in a body (extra parameters): they were dropped
+    without a word; a jsonl record's ignore_eos and max_completion_tokens went to its meta."""
+    p = write_lines(tmp_path / "batch.jsonl", [
+        {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+         "body": {"messages": [{"role": "user", "content": "Hi"}], **VLLM_EXTRAS}},
+        {"custom_id": "b", "method": "POST", "url": "/v1/completions", "body": {"prompt": "Hi", **VLLM_EXTRAS}},
+    ])
+    for r in load_dataset(p).requests:
+        assert r.sampling == VLLM_EXTRAS, r.sampling
+    q = write_lines(tmp_path / "d.jsonl", [{"prompt": "Hi", "max_completion_tokens": 3, **VLLM_EXTRAS}])
+    (r,) = load_dataset(q).requests
+    assert r.sampling == VLLM_EXTRAS and r.max_new_tokens == 3 and set(r.meta) <= {"input_format"}, r.meta
+    echo = write_lines(tmp_path / "e.jsonl", [{"custom_id": "a", "method": "POST", "url": "/v1/completions",
+                                               "body": {"prompt": "Hi", "echo": True}}])
+    with pytest.raises(DatasetError, match="'echo' is not supported"):
+        load_dataset(echo)
+
+
 def test_openai_batch_bad_records(tmp_path):
     p = write_lines(tmp_path / "batch.jsonl", [
         {"custom_id": "ok", "body": {"messages": [{"role": "user", "content": "Hi"}]}},

@@ -45,8 +45,7 @@ def request_params(r, opts) -> SamplingParams:
         top_p=opts.top_p if r.top_p is None else r.top_p,
         top_k=opts.top_k if r.top_k is None else r.top_k,
         seed=r.seed if r.seed is not None else request_seed(opts.seed, r.id),
-        ignore_eos=opts.ignore_eos,
-        **getattr(r, "sampling", {}),
+        **({"ignore_eos": opts.ignore_eos} | getattr(r, "sampling", {})),  # a record's own ignore_eos wins
     )
 
 
@@ -73,6 +72,8 @@ def check_prompts(requests, tokenizer, context: int, opts, warnings: JobWarnings
         except TokenizerError as e:  # e.g. a conversation and no chat template: this request, by its line
             problems.append((r.id, f"{r.source or r.id}: {e}"))
             continue
+        if wanted.n > 1 and wanted.greedy and warnings is not None:
+            warnings.add("greedy_samples", f"{r.source or r.id}: n={wanted.n}")
         if r.messages and warnings is not None and not getattr(tokenizer, "has_chat_template", False):
             warnings.add("chat_without_template", f"{r.source or r.id}: {len(r.messages)} message(s)")
         try:

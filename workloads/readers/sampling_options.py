@@ -1,7 +1,8 @@
 """The sampling a request asks for beyond temperature / top-p / top-k / seed, in vLLM's names: read
 from a jsonl record (vLLM's SamplingParams fields) or an OpenAI body (`n`, `stop`, `logprobs` /
-`top_logprobs`, `response_format`, penalties, `logit_bias`), each field checked where it is read so a
-bad one is reported with its line before any model loads."""
+`top_logprobs`, `response_format`, penalties, `logit_bias`, and the extra SamplingParams fields vLLM's
+server takes in a body: `min_p`, `min_tokens`, `stop_token_ids`, `ignore_eos`, ...), each field checked
+where it is read so a bad one is reported with its line before any model loads."""
 
 from __future__ import annotations
 
@@ -108,41 +109,42 @@ def _response_format(v: Any) -> dict | None:
 
 def extra_sampling(obj: dict, openai: str | None = None) -> dict:
     """vLLM SamplingParams fields of a record (None / absent ones left out). `openai`: the body's url,
-    whose `logprobs` means what OpenAI says (chat: a bool with `top_logprobs`; completions: the top-k)."""
+    whose `logprobs` means what OpenAI says (chat: a bool with `top_logprobs`; completions: the top-k).
+    vLLM's own names are read from a body too, as vLLM's server takes them as extra parameters."""
+    if openai == "/v1/chat/completions":
+        lp = obj.get("logprobs")
+        if lp is not None and not isinstance(lp, bool):
+            raise RecordError(f"field 'logprobs' must be true or false for chat completions, got {_type_name(lp)}")
+        top = _integer(obj, "top_logprobs", 0, MAX_LOGPROBS)
+        logprobs = (top or 0) if lp else None
+    else:
+        logprobs = _integer(obj, "logprobs", 0, MAX_LOGPROBS)
+    if obj.get("echo"):  # vLLM's completions echo: the prompt before the text
+        raise RecordError("field 'echo' is not supported: the output record holds the prompt already")
     out: dict = {
         "n": _integer(obj, "n", 1),
         "stop": _strings(obj, "stop"),
         "presence_penalty": _number(obj, "presence_penalty", -2.0, 2.0),
         "frequency_penalty": _number(obj, "frequency_penalty", -2.0, 2.0),
         "logit_bias": _logit_bias(obj),
+        "logprobs": logprobs,
+        "structured_outputs": _response_format(obj.get("response_format")),
+        "min_tokens": _integer(obj, "min_tokens", 0),
+        "repetition_penalty": _number(obj, "repetition_penalty", 1e-6, 100.0),
+        "min_p": _number(obj, "min_p", 0.0, 1.0),
+        "prompt_logprobs": _integer(obj, "prompt_logprobs", 0, MAX_LOGPROBS),
+        "bad_words": _strings(obj, "bad_words"),
+        "allowed_token_ids": _token_ids(obj, "allowed_token_ids"),
+        "stop_token_ids": _token_ids(obj, "stop_token_ids"),
+        "include_stop_str_in_output": _flag(obj, "include_stop_str_in_output"),
+        "skip_special_tokens": _flag(obj, "skip_special_tokens"),
+        "detokenize": _flag(obj, "detokenize"),
+        "ignore_eos": _flag(obj, "ignore_eos"),
     }
-    if openai == "/v1/chat/completions":
-        lp = obj.get("logprobs")
-        if lp is not None and not isinstance(lp, bool):
-            raise RecordError(f"field 'logprobs' must be true or false for chat completions, got {_type_name(lp)}")
-        top = _integer(obj, "top_logprobs", 0, MAX_LOGPROBS)
-        out["logprobs"] = (top or 0) if lp else None
-        out["structured_outputs"] = _response_format(obj.get("response_format"))
-    else:
-        out["logprobs"] = _integer(obj, "logprobs", 0, MAX_LOGPROBS)
-        out["structured_outputs"] = _response_format(obj.get("response_format"))
-    if openai is None:  # vLLM's own names in a jsonl record
-        out |= {
-            "min_tokens": _integer(obj, "min_tokens", 0),
-            "repetition_penalty": _number(obj, "repetition_penalty", 1e-6, 100.0),
-            "min_p": _number(obj, "min_p", 0.0, 1.0),
-            "prompt_logprobs": _integer(obj, "prompt_logprobs", 0, MAX_LOGPROBS),
-            "bad_words": _strings(obj, "bad_words"),
-            "allowed_token_ids": _token_ids(obj, "allowed_token_ids"),
-            "stop_token_ids": _token_ids(obj, "stop_token_ids"),
-            "include_stop_str_in_output": _flag(obj, "include_stop_str_in_output"),
-            "skip_special_tokens": _flag(obj, "skip_special_tokens"),
-            "detokenize": _flag(obj, "detokenize"),
-        }
-        if obj.get("structured_outputs") is not None:
-            if out["structured_outputs"] is not None:
-                raise RecordError("give either 'structured_outputs' or 'response_format', not both")
-            out["structured_outputs"] = _structured(obj["structured_outputs"], "structured_outputs")
+    if obj.get("structured_outputs") is not None:
+        if out["structured_outputs"] is not None:
+            raise RecordError("give either 'structured_outputs' or 'response_format', not both")
+        out["structured_outputs"] = _structured(obj["structured_outputs"], "structured_outputs")
     return {k: v for k, v in out.items() if v is not None}
 
 
@@ -156,4 +158,4 @@ def _flag(obj: dict, key: str) -> bool | None:
 JSONL_KEYS = {"n", "stop", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "response_format",
               "min_tokens", "repetition_penalty", "min_p", "prompt_logprobs", "bad_words", "allowed_token_ids",
               "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens", "structured_outputs",
-              "detokenize"}
+              "detokenize", "ignore_eos", "max_completion_tokens", "echo"}
