@@ -102,8 +102,21 @@ def test_outputs_in_input_order_with_progress_bar(tiny, capsys):
     outs = tiny.generate(PROMPTS, greedy, use_tqdm=True)
     assert "generating" in capsys.readouterr().err
     rev = tiny.generate(PROMPTS[::-1], greedy)
-    assert [o.prompt for o in outs] == PROMPTS and [o.request_id for o in outs] == ["0", "1", "2", "3"]
+    first = int(outs[0].request_id)  # vLLM's ids: a counter over the LLM's calls
+    assert [o.prompt for o in outs] == PROMPTS and [o.request_id for o in outs] == [str(first + i) for i in range(4)]
+    assert [o.request_id for o in rev] == [str(first + 4 + i) for i in range(4)]
     assert [o.outputs[0].token_ids for o in rev] == [o.outputs[0].token_ids for o in outs][::-1]
+
+
+def test_a_second_call_draws_new_samples_and_a_new_llm_the_same_ones(tiny):
+    """Request ids count on over an LLM's calls (vLLM's), and an unseeded request samples with seed +
+    crc32(id): calling generate again gives new samples, a fresh LLM the first call's again."""
+    sampled = SamplingParams(max_tokens=8, temperature=1.0)
+    fresh = LLM("tiny", load_format="dummy", dtype="float32", hardware="cpu-server")
+    once, again = ([o.outputs[0].token_ids for o in fresh.generate(PROMPTS, sampled)] for _ in range(2))
+    assert once != again
+    assert [o.outputs[0].token_ids for o in LLM("tiny", load_format="dummy", dtype="float32",
+                                                 hardware="cpu-server").generate(PROMPTS, sampled)] == once
 
 
 @pytest.mark.parametrize("bad, needle", [

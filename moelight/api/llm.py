@@ -12,6 +12,7 @@ the CLI prints and saves.
 
 from __future__ import annotations
 
+import itertools
 import warnings
 from collections.abc import Sequence
 
@@ -56,6 +57,7 @@ class LLM:
         self.tokenizer = self.session.tokenizer
         self.last_report: RunReport | None = None
         self.last_stats: GenerationStats | None = None
+        self._request_counter = itertools.count()  # vLLM's request ids: 0, 1, ... on from call to call
 
     @property
     def model(self):
@@ -158,8 +160,9 @@ class LLM:
             raise TypeError(f"sampling_params must be a SamplingParams or a list of them, got {type(bad).__name__}")
         if len(params) != n:
             raise ValueError(f"{len(params)} SamplingParams for {n} prompts")
-        # as `moelight run` does: request r is fitted to the context and samples with seed + crc32(id)
-        ids = [str(i) for i in range(n)]
+        # as `moelight run` does: request r is fitted to the context and samples with seed + crc32(id); ids
+        # go on from call to call as vLLM's do, so a second call's unseeded samples are new ones
+        ids = [str(next(self._request_counter)) for _ in range(n)]
         context = self.config.max_position_embeddings
         changed = JobWarnings()  # a max_tokens cut to the context: in last_report and said once
         params = [seeded(fit_to_context(f"prompt {i}", t, p, context, changed), self.options.seed, ids[i])
