@@ -227,3 +227,32 @@ def test_a_shared_prefix_is_neither_recomputed_nor_stored_twice_in_the_hrm():
     assert rate[1] > rate[0]
     with pytest.raises(ValueError, match="shared_prefix"):
         WorkloadSpec(100, 8, shared_prefix=200)
+
+
+def test_the_managers_indexes_agree_with_its_sequences_through_random_rounds():
+    """twins(), the pending pages by owner and the spare-page count are kept as indexes (a job of
+    thousands of sequences scanned every sequence per call): each agrees with a scan of the state."""
+    rng = random.Random(1)
+    system = list(range(100, 100 + 3 * P))
+    prompts = [system[:rng.choice([P, 2 * P, 3 * P])] + [rng.randrange(3, 90) for _ in range(rng.randrange(0, 20))]
+               for _ in range(120)]
+    prompts += [prompts[i] for i in range(0, 120, 7)]  # equal prompts: twins when admitted in one round
+    bm = _manager(prompts, pages=60)
+    waiting, running = list(range(len(prompts))), []
+    while waiting or running:
+        bm.start_round()
+        new = []
+        while waiting and bm.admit(waiting[0]):
+            new.append(waiting.pop(0))
+        for j in new:
+            assert bm.twins(j) == [t for t, s in bm.seqs.items() if s.twin_of == j]
+        bm.computed([j for wave in bm.prefill_waves(new) for j in wave])
+        assert all(o in bm.seqs and bm.seqs[o].twin_of is None for o in bm.pending.values())
+        assert not any(o in new for o in bm.pending.values())  # every computed owner's pages are ready
+        running += new
+        for j in rng.sample(running, k=max(1, len(running) // 2)) if running else []:
+            running.remove(j)
+            bm.release(j)
+        held = {p for s in bm.seqs.values() for p in s.pages + ([s.cow_page] if s.cow_page is not None else [])}
+        assert bm.pool.free_slots + len(bm.evictable) + len(held) == bm.pool.capacity
+    assert not any(bm.refs) and not bm.seqs and not bm.twins_of

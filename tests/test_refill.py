@@ -93,9 +93,8 @@ def test_slot_pool_first_fit_and_merge():
     assert (a, b, c) == (0, 3, 7) and pool.take(1) is None and pool.free_slots == 0
     pool.give(b, 4)
     assert pool.take(5) is None and pool.take(2) == 3  # first fit inside the hole
-    pool.give(a, 3)
-    pool.give(c, 3)
-    pool.give(3, 2)
+    assert pool.give(a, 3) == 3 and pool.give(c, 3) == 5  # the size of the free region each joins
+    assert pool.give(3, 2) == 10
     assert pool.free_slots == 10 and pool.take(10) == 0  # everything merged back into one region
     with pytest.raises(ValueError):
         pool.give(0, 11)

@@ -58,6 +58,8 @@ class BlockManager:
         self.by_hash: dict[bytes, int] = {}
         self.page_hash: dict[int, bytes] = {}
         self.pending: dict[int, int] = {}  # page -> sequence that will compute it
+        self.pending_of: dict[int, list[int]] = {}  # sequence -> the pages it will compute
+        self.twins_of: dict[int, list[int]] = {}  # owner -> its admitted twins
         self.evictable: OrderedDict[int, None] = OrderedDict()  # named pages no sequence holds
         self.seqs: dict[int, _Seq] = {}
         self.round: dict[tuple[int, ...], int] = {}  # this admission round's prompts -> owner
@@ -100,6 +102,7 @@ class BlockManager:
                 self.by_hash[hashes[i]] = s.pages[i]
                 self.page_hash[s.pages[i]] = hashes[i]
                 self.pending[s.pages[i]] = j
+                self.pending_of.setdefault(j, []).append(s.pages[i])
         self.seqs[j] = s
         self.reused_tokens += s.cached
         if self.share[j]:
@@ -118,6 +121,7 @@ class BlockManager:
         s = _Seq(shared + fresh[: total - len(shared)], cached=n, twin_of=owner)
         s.cow_page = fresh[-1] if partial else None
         self.seqs[j] = s
+        self.twins_of.setdefault(owner, []).append(j)
         self.reused_tokens += n
         return True
 
@@ -129,33 +133,38 @@ class BlockManager:
         """n free pages (one consecutive run when there is one), evicting named free pages as needed
         but never those in `exclude` (about to be reused)."""
         keep = set(exclude)
-        spare = sum(1 for p in self.evictable if p not in keep)
+        spare = len(self.evictable) - sum(1 for p in keep if p in self.evictable)  # O(reused), not O(evictable)
         if n > self.pool.free_slots + spare:
             return None
         if n == 0:
             return []
         start = self.pool.take(n)
-        while start is None and any(p not in keep for p in self.evictable):
-            self._evict(next(p for p in self.evictable if p not in keep))
-            start = self.pool.take(n)
+        while start is None and (page := self._oldest_evictable(keep)) is not None:
+            if self._evict(page) >= n:  # the freed page closed a gap: a run of n is there now
+                start = self.pool.take(n)
         if start is not None:
             pages = list(range(start, start + n))
         else:  # fragmented: page by page
             while self.pool.free_slots < n:
-                self._evict(next(p for p in self.evictable if p not in keep))
+                self._evict(self._oldest_evictable(keep))
             pages = [self.pool.take(1) for _ in range(n)]
         for p in pages:
             self.refs[p] = 1
         return pages
 
-    def _evict(self, page: int) -> None:
+    def _oldest_evictable(self, keep: set[int]) -> int | None:
+        """The least recently freed named page not in `keep` (it skips at most len(keep) pages)."""
+        return next((p for p in self.evictable if p not in keep), None)
+
+    def _evict(self, page: int) -> int:
+        """Forget a named free page -> the size of the free region it joins."""
         del self.evictable[page]
         del self.by_hash[self.page_hash.pop(page)]
-        self.pool.give(page, 1)
+        return self.pool.give(page, 1)
 
     # ---- prefill ----
     def twins(self, j: int) -> list[int]:
-        return [t for t, s in self.seqs.items() if s.twin_of == j]
+        return [t for t in self.twins_of.get(j, []) if t in self.seqs]
 
     def cached(self, j: int) -> int:
         return self.seqs[j].cached
@@ -175,9 +184,10 @@ class BlockManager:
 
     def computed(self, done: list[int]) -> None:
         """These sequences were prefilled: the pages they named now hold their KV."""
-        finished = set(done)
-        for page in [p for p, o in self.pending.items() if o in finished]:
-            del self.pending[page]
+        for j in done:
+            for page in self.pending_of.pop(j, []):
+                if self.pending.get(page) == j:
+                    del self.pending[page]
 
     def layout(self, rows: list[int], with_starts: bool = False) -> PagedLayout:
         pages = [self.seqs[j].pages for j in rows]
@@ -212,6 +222,11 @@ class BlockManager:
         """Sequence j finished: its pages lose a holder; named ones stay findable until evicted.
         Returns j, the id executors know it by (the layout's `keys`: twins share their first page)."""
         s = self.seqs.pop(j)
+        self.pending_of.pop(j, None)
+        if s.twin_of is not None and s.twin_of not in self.seqs:
+            self.twins_of.pop(s.twin_of, None)  # the owner and this twin are gone
+        if j in self.twins_of and not any(t in self.seqs for t in self.twins_of[j]):
+            del self.twins_of[j]
         for page in s.pages + ([s.cow_page] if s.cow_page is not None else []):
             self.refs[page] -= 1
             if self.refs[page] > 0:
