@@ -157,3 +157,64 @@ def test_registering_moelight_keeps_lm_evals_own_models():
             "print(get_model('hf').__name__, get_model('moelight').__name__)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and done.stdout.split() == ["HFLM", "MoelightLM"], done.stderr[-2000:]
+
+
+class _Stop(Exception):
+    pass
+
+
+def _capture_llm(monkeypatch) -> dict:
+    """LLM replaced by a stub that records its options and stops: no model load."""
+    import moelight.api.lm_eval_model as lm_model
+
+    seen: dict = {}
+
+    def fake(model, **options):
+        seen.update(options, model=model)
+        raise _Stop
+
+    monkeypatch.setattr(lm_model, "LLM", fake)
+    return seen
+
+
+@pytest.mark.parametrize(("given", "engine"), [("cuda:0", "cuda"), ("cuda:1", "cuda"), ("cpu", "cpu"),
+                                               ("emulated", "emulated"), ("auto", "auto")])
+def test_lm_eval_device_reaches_the_engine(monkeypatch, given, engine):
+    from moelight.api.lm_eval_model import MoelightLM
+
+    seen = _capture_llm(monkeypatch)
+    with pytest.raises(_Stop):
+        MoelightLM("tiny", device=given, dtype="float32")
+    assert seen["device"] == engine and seen["dtype"] == "float32"
+
+
+def test_lm_eval_unknown_device_is_refused_before_a_load(monkeypatch):
+    from moelight.api.lm_eval_model import MoelightLM
+    from moelight.engine.options import OptionError
+
+    seen = _capture_llm(monkeypatch)
+    with pytest.raises(OptionError, match="--device 'mps'"):
+        MoelightLM("tiny", device="mps")
+    assert not seen
+
+
+def test_moelight_eval_device_option(setup, monkeypatch, tmp_path):
+    """`moelight eval --device emulated` reaches the engine; a bad --device is one line, exit 2."""
+    import moelight.api.lm_eval_model as lm_model
+
+    folder, tasks, _ = setup
+    seen = {}
+
+    def fake(model, **options):
+        seen.update(options)
+        raise lm_model.OptionError("stub: stop before the load")
+
+    monkeypatch.setattr(lm_model, "LLM", fake)
+    args = ["eval", "--model", str(folder), "--tasks", "tiny_mc", "--include-path", str(tasks),
+            "--output", str(tmp_path / "r.json")]
+    res = CliRunner().invoke(app, [*args, "--device", "emulated"])
+    assert res.exit_code == 2 and "stub" in res.output and seen["device"] == "emulated", res.output
+    seen.clear()
+    bad = CliRunner().invoke(app, [*args, "--device", "tpu"])
+    assert bad.exit_code == 2 and "--device 'tpu'" in bad.output and not seen, bad.output
+    assert "Traceback" not in bad.output

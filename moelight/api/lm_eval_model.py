@@ -17,13 +17,30 @@ in lm-eval's registry (`moelight eval` does), beside lm-eval's own models.
 
 from __future__ import annotations
 
+import re
+
 import lm_eval.models  # noqa: F401 - lm-eval fills its registry only while it is empty: its models first
 from lm_eval import utils as lm_utils
 from lm_eval.api.model import TemplateLM
 from lm_eval.api.registry import register_model
 
 from moelight.api.llm import LLM
+from moelight.engine.options import DEVICES, OptionError
 from moelight.sampling.params import SamplingParams
+
+
+def engine_device(device: str | None) -> str | None:
+    """moelight's --device for lm-eval's `device` ("cuda:0" and the like name the GPU: cuda); None: the
+    engine's default. Checked before any load, so a typo costs nothing."""
+    if device is None:
+        return None
+    name = str(device).strip().lower()
+    if name in DEVICES:
+        return name
+    if re.fullmatch(r"cuda:\d+", name):
+        return "cuda"
+    raise OptionError(f"--device {device!r} is not one of the valid choices: {', '.join(DEVICES)} "
+                      "(or cuda:N, taken as cuda)")
 
 
 @register_model("moelight")
@@ -31,10 +48,12 @@ class MoelightLM(TemplateLM):
     def __init__(self, pretrained: str = "tiny", add_bos_token: bool | None = None, max_length: int | None = None,
                  max_gen_toks: int = 256, batch_size=None, device=None, **engine_options) -> None:
         """`pretrained`: a model folder or preset; `engine_options`: LLM's (dtype, load_format, ...).
-        `batch_size` / `device` are lm-eval's generic arguments: the planner decides the batch, and
-        `--device`-style placement is an engine option (`device="emulated"` etc. in engine_options)."""
+        `batch_size` is lm-eval's generic argument, ignored: the planner decides the batch. `device` is
+        the engine's (auto, cpu, cuda, emulated; lm-eval's "cuda:N" is cuda); others are refused."""
         super().__init__()
         engine_options = {k: v for k, v in engine_options.items() if v is not None}
+        if device is not None:
+            engine_options["device"] = engine_device(device)
         self.llm = LLM(pretrained, **engine_options)
         self.tokenizer = self.llm.tokenizer
         self.add_bos_token = add_bos_token

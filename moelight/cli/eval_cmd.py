@@ -21,7 +21,7 @@ def eval_(
     num_fewshot: int = Opt(None, "--num-fewshot", min=0),
     dtype: str = Opt("auto", "--dtype", help="auto, float32, bfloat16 or float16"),
     load_format: str = Opt("auto", "--load-format", help="auto, safetensors, or dummy (random weights)"),
-    device: str = Opt("auto", "--device", help="auto, cpu, cuda or emulated"),
+    device: str = Opt("auto", "--device", help="auto, cpu, cuda (or cuda:N) or emulated"),
     hardware: str = Opt(None, "--hardware", help="hardware to plan for (default: this machine's profile)"),
     seed: int = Opt(0, "--seed"),
     overwrite: bool = Opt(False, "--overwrite", help="replace an existing --output"),
@@ -35,9 +35,10 @@ def eval_(
             import lm_eval
             from lm_eval.tasks import TaskManager
 
-            import moelight.api.lm_eval_model  # noqa: F401 - registers the `moelight` model
+            from moelight.api.lm_eval_model import MoelightLM, engine_device  # registers the `moelight` model
         except ImportError:
             raise OptionError('moelight eval needs lm-evaluation-harness: pip install -e ".[eval]"') from None
+        device = engine_device(device)
         if output.suffix.lower() != ".json":
             raise OptionError(f"--output {output}: the results are written as a .json file")
         if output.exists() and not overwrite:
@@ -56,8 +57,6 @@ def eval_(
         if unknown:
             raise OptionError(f"--tasks: unknown task(s) {', '.join(unknown)}"
                               + ("" if include_path else "; pass --include-path for tasks of your own"))
-        from moelight.api.lm_eval_model import MoelightLM
-
         lm = MoelightLM(model, dtype=dtype, load_format=load_format, device=device, hardware=hardware, seed=seed)
         results = lm_eval.simple_evaluate(model=lm, tasks=names, task_manager=manager, num_fewshot=num_fewshot,
                                           limit=limit, log_samples=True, random_seed=seed)
