@@ -212,3 +212,19 @@ def test_trace_records_each_sample_of_a_request_with_n(tmp_path):
     assert all(r.tokens == r.prompt_len + 5 for r in requests)  # the last token is sampled, never routed
     decoded = [r.experts[requests[0].prompt_len:].tolist() for r in requests[:3]]
     assert decoded[0] != decoded[1] or decoded[1] != decoded[2]
+
+
+def test_simulate_cache_refuses_a_bad_dtype_and_a_host_without_gpu(traced, tmp_path):
+    """One line naming the option, exit 2, no traceback: not a ValueError from the simulator."""
+    root, _ = traced
+    sim = ["simulate-cache", "--trace", root / "trace.parquet", "--model", CKPT, "--cache-size", "0.5"]
+    bad = invoke(*sim, "--hardware", "t4", "--dtype", "bogus")
+    assert bad.exit_code == 2 and says(bad.output, "--dtype 'bogus' is not one of"), bad.output
+    cpu = invoke(*sim, "--hardware", "cpu-server")
+    assert cpu.exit_code == 2 and says(cpu.output, "--hardware cpu-server:"), cpu.output
+    from hrm import get_hardware
+
+    profile = get_hardware("cpu-server").save(tmp_path / "cpu_profile.json")
+    saved = invoke(*sim, "--hardware", profile)
+    assert saved.exit_code == 2 and says(saved.output, "has no GPU, and an expert cache lives on one"), saved.output
+    assert invoke(*sim, "--hardware", "t4", "--dtype", "bf16").exit_code == 0

@@ -53,7 +53,7 @@ def simulate_cache(
                                 "(`moelight train-predictor`); repeat for several"),
     prefetch_per_layer: int = Opt(None, "--prefetch-per-layer", min=0,
                                   help="prefetches per layer pass (default: what the link moves in one layer)"),
-    dtype: str = Opt("float16", "--dtype"),
+    dtype: str = Opt("float16", "--dtype", help="float16, bfloat16 or float32: the bytes an expert copy moves"),
     as_json: Path = Opt(None, "--json", help="write every result here"),
     plot: Path = Opt(None, "--plot", help="draw hit rate and latency against cache size into this folder"),
 ) -> None:
@@ -81,6 +81,10 @@ def simulate_cache(
             hw = get_hardware(hardware)
         except (KeyError, FileNotFoundError, ValueError) as e:
             raise OptionError(str(e.args[0] if isinstance(e, KeyError) else e)) from None
+        if not hw.has_gpu:
+            raise OptionError(f"--hardware {hardware}: {hw.name!r} has no GPU, and an expert cache lives on one; "
+                              "give a GPU preset (e.g. t4) or a GPU host's profile JSON")
+        dtype = _dtype(dtype)
         L, E = len(t.model.moe_layers), t.model.num_experts
         sizes = cache_sizes(cache_size, L, E)
         batches = [_positive_int("--batch", b) for b in batch.split(",")]
@@ -153,6 +157,17 @@ def format_result(r, total: int) -> str:
     return (f"batch {r.batch:3d}  slots {r.slots:4d} ({r.slots / total:4.0%})  {r.policy:13s} hit {st.hit_rate:6.1%}  "
             f"recall {st.prefetch_recall:6.1%}  goodpred {st.good_pred:6.1%}  moved {st.fetched_bytes / 1e9:7.2f} GB  "
             f"TPOT p50 {p['p50']:8.2f} ms p90 {p['p90']:8.2f} p99 {p['p99']:8.2f}")
+
+
+def _dtype(text: str) -> str:
+    """--dtype as plan and simulate take it (a 16- or 32-bit float), checked before any replay."""
+    from moelight.cli.workload_options import compute_dtype
+    from moelight.engine.options import OptionError
+
+    try:
+        return compute_dtype(text)
+    except ValueError:
+        raise OptionError(f"--dtype {text!r} is not one of the valid choices: float16, bfloat16, float32") from None
 
 
 def _positive_int(option: str, text: str) -> int:
