@@ -9,6 +9,7 @@ from pathlib import Path
 import typer
 
 from moelight.cli.errors import user_errors
+from moelight.expert_cache.policy_registry import POLICIES
 from moelight.jobs.path_checks import check_output_dir, check_output_file
 
 Opt = typer.Option
@@ -43,7 +44,8 @@ def simulate_cache(
     trace: Path = Opt(..., "--trace", help="a routing trace from `moelight trace`"),
     model: str = Opt(None, "--model", help="model whose costs to use (preset or folder); default: the trace's"),
     hardware: str = Opt("t4", "--hardware", help="GPU preset or profile JSON (link and GPU costs)"),
-    policy: str = Opt("all", "--policy", help="on-demand, lru, lfu, moe-infinity, or all"),
+    policy: str = Opt("all", "--policy", help=f"comma-separated: {', '.join(POLICIES)}; or all (those whose file "
+                      "is given: --eamc, --predictor)"),
     cache_size: str = Opt(None, "--cache-size",
                           help="comma-separated: a share of all experts (< 1) or a slot count (default: "
                                f"{DEFAULT_CACHE_SIZES}, those the model allows: at least one layer's experts)"),
@@ -52,7 +54,8 @@ def simulate_cache(
     predictor: list[Path] = Opt(None, "--predictor", help="promoe / duoserve / coserve file "
                                 "(`moelight train-predictor`); repeat for several"),
     prefetch_per_layer: int = Opt(None, "--prefetch-per-layer", min=0,
-                                  help="prefetches per layer pass (default: what the link moves in one layer)"),
+                                  help="prefetches per layer pass, over any policy's own (default: the "
+                                       "policy's own budget, else what the link moves in one layer)"),
     dtype: str = Opt("float16", "--dtype", help="float16, bfloat16 or float32: the bytes an expert copy moves"),
     as_json: Path = Opt(None, "--json", help="write every result here"),
     plot: Path = Opt(None, "--plot", help="draw hit rate and latency against cache size into this folder"),
@@ -62,7 +65,7 @@ def simulate_cache(
     from moelight.engine.options import OptionError
     from moelight.expert_cache.cache_simulator import simulate_cache as run
     from moelight.expert_cache.eam import EAMCollection
-    from moelight.expert_cache.policy_registry import NEEDS_PREDICTOR, POLICIES, make_policy
+    from moelight.expert_cache.policy_registry import NEEDS_PREDICTOR, make_policy
     from moelight.expert_cache.predictors import Predictors
     from moelight.expert_cache.routing_trace import Trace
 

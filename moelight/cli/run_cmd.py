@@ -7,6 +7,7 @@ from pathlib import Path
 import typer
 
 from moelight.cli.errors import user_errors
+from moelight.expert_cache.policy_registry import POLICIES as CACHE_POLICIES
 
 Opt = typer.Option
 
@@ -56,19 +57,22 @@ def run(
     max_prefill_tokens: int = Opt(4096, "--max-prefill-tokens", min=1, help="tokens per prefill pass"),
     mode: str = Opt("auto", "--mode", help="throughput (CGOPipe), latency (a device expert cache for small "
                     "batches), or auto: the faster by the HRM"),
-    cache_policy: str = Opt("auto", "--cache-policy", help="latency mode: on-demand, lru, lfu, moe-infinity, "
-                            "promoe, duoserve, coserve, combined; auto: combined"),
+    cache_policy: str = Opt("auto", "--cache-policy", help=f"latency mode: {', '.join(CACHE_POLICIES)}; auto: "
+                            "moe-infinity when --eamc is given, else combined"),
     cache_size: float = Opt(None, "--cache-size", help="latency mode: expert slots, a share of all experts (< 1) "
                             "or a count (default: what fits on the device)"),
     eamc: str = Opt(None, "--eamc", help="MoE-Infinity's EAM collection (`moelight eamc`)"),
-    prefetch_per_layer: int = Opt(None, "--prefetch-per-layer", help="latency mode: prefetches per layer pass "
-                                  "(default: as many experts as the link moves during one layer)"),
+    prefetch_per_layer: int = Opt(None, "--prefetch-per-layer", help="latency mode: prefetches per layer pass, "
+                                  "over any policy's own (default: the policy's own budget, 1 for combined and every "
+                                  "predicted expert for promoe / duoserve, else as many experts as the link moves "
+                                  "during one layer)"),
     predictor: str = Opt(None, "--predictor", help="promoe / duoserve / coserve: their file from "
                          "`moelight train-predictor`"),
     coe_order: str = Opt("grouped", "--coe-order", help="a CoE job (--model coe.json): grouped (each model's "
                          "requests together, CoServe) or fcfs (dataset order)"),
+    # \\[ keeps "[ray]" from being read as rich markup (and dropped)
     ray: str = Opt(None, "--ray", help="run as a Ray Data pipeline: --ray alone starts a local Ray cluster, "
-                   "--ray auto connects to a running one, --ray ADDRESS to that one (pip install -e '.[ray]')"),
+                   "--ray auto connects to a running one, --ray ADDRESS to that one (pip install -e '.\\[ray]')"),
     ray_replicas: str = Opt("1", "--ray-replicas", help="with --ray: engines (Ray actors), a count or MIN-MAX "
                             "for an autoscaling pool"),
     ray_cpus_per_replica: float = Opt(None, "--ray-cpus-per-replica", help="with --ray: CPUs per engine (a "

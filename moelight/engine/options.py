@@ -53,10 +53,10 @@ class EngineOptions:
     micro_batch_size: int | None = None  # override the policy's micro-batch size
     max_prefill_tokens: int = 4096  # tokens per prefill pass
     mode: str = "auto"  # throughput (CGOPipe), latency (a device expert cache), auto: the faster by the HRM
-    cache_policy: str = "auto"  # latency mode's expert cache (expert_cache.policies.POLICIES); auto: combined
+    cache_policy: str = "auto"  # latency mode's expert cache (policy_registry.POLICIES); auto: cache_policy_name()
     cache_size: float | None = None  # expert slots: a share of all experts (< 1) or a count; None: what fits
     eamc: str | None = None  # MoE-Infinity's EAM collection (`moelight eamc`)
-    prefetch_per_layer: int | None = None  # prefetches per layer pass; None: what the link moves in one layer
+    prefetch_per_layer: int | None = None  # prefetches per layer pass; None: the policy's own, else the link's
     predictor: str | None = None  # ProMoE / DuoServe / CoServe's file (`moelight train-predictor`)
     quantize: str = "none"  # routed experts quantized at load (QUANTIZE); attention and embeddings stay 16-bit
 
