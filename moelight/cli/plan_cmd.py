@@ -83,7 +83,7 @@ def register(app: typer.Typer) -> None:
         prompt_len: float = typer.Option(77, "--prompt-len", help="mean prompt length"),
         gen_len: int = typer.Option(128, "--gen-len", help="tokens generated per request"),
         max_prompt_len: int | None = typer.Option(None, "--max-prompt-len", help="longest prompt"),
-        padded: bool = typer.Option(False, "--padded", help="pad prompts to the max (FlexGen)"),
+        padded: bool = typer.Option(False, "--padded", help="pad prompts to --max-prompt-len (FlexGen; needs it)"),
         prefill_chunk: int | None = typer.Option(
             None, "--prefill-chunk", min=1,
             help="tokens per prefill pass, each streaming the paged weights (moelight run: its "

@@ -19,6 +19,9 @@ def workload_from_options(mspec, prompt_len: float, gen_len: int, max_prompt_len
     if max_prompt_len is not None and max_prompt_len < prompt_len:
         raise typer.BadParameter(f"{max_prompt_len}: the longest prompt cannot be shorter than the mean "
                                  f"(--prompt-len {prompt_len:g})", param_hint="--max-prompt-len")
+    if padded and max_prompt_len is None:  # the HRM would pad to the mean: a no-op, not FlexGen's padding
+        raise typer.BadParameter("pads every prompt to the longest: give --max-prompt-len N with it",
+                                 param_hint="--padded")
     longest = max_prompt_len if max_prompt_len is not None else prompt_len
     if longest + gen_len > mspec.max_position:
         which = "--max-prompt-len" if max_prompt_len is not None else "--prompt-len"
