@@ -98,8 +98,18 @@ def test_infeasible_is_a_message(tmp_path):
 
     small = HardwareSpec("small", Level("cpu", 8 * 2**30, 1e11, {"bfloat16": 1e12}))
     r = _plan("--model", "mixtral-8x7b", "--hardware", str(small.save(tmp_path / "small.json")))
-    assert r.exit_code == 1
+    assert r.exit_code == 2  # a user error, as `simulate` says it
     assert says(r.output, "CPU memory short by") and "Traceback" not in r.output
+    from dataclasses import replace
+
+    from hrm import get_hardware
+
+    t4 = get_hardware("t4")
+    gpu = replace(t4, cpu=replace(t4.cpu, memory_bytes=8 * 2**30), name="small-t4")  # simulate needs a GPU
+    hw = str(gpu.save(tmp_path / "small_t4.json"))
+    plan, sim = _plan("--model", "mixtral-8x7b", "--hardware", hw), runner.invoke(
+        app, ["simulate", "--model", "mixtral-8x7b", "--hardware", hw])
+    assert plan.exit_code == sim.exit_code == 2 and says(sim.output, "no policy fits"), (plan.output, sim.output)
 
 
 def test_profile_then_plan_with_it(tmp_path):

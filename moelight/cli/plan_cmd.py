@@ -160,10 +160,7 @@ def register(app: typer.Typer) -> None:
             hw = replace(hw, link_shared=True)
         try:
             res = run_plan(hw, mspec, workload, dtype, gpus=gpus, family=family)
-        except InfeasibleError as e:
-            typer.echo(f"error: {e}", err=True)
-            raise typer.Exit(1) from None
-        except ValueError as e:  # e.g. --gpus on a host without GPU, a family that needs one
+        except (InfeasibleError, ValueError) as e:  # a job too big, --gpus on a host without GPU, ...: exit 2
             typer.echo(f"error: {e}", err=True)
             raise typer.Exit(2) from None
         if mode not in ("throughput", "latency", "auto"):
