@@ -198,3 +198,30 @@ def test_an_integer_dtype_is_refused_for_quantize(command):
 def test_plan_takes_the_quantize_choices_run_takes(bad):
     r = runner.invoke(app, ["plan", "--model", "mixtral-8x7b", "--hardware", "s1", "--quantize", bad])
     assert r.exit_code == 2 and says(r.output, f"'{bad}' is not one of none, int8, int4, int4-g64, int4-g32"), r.output
+
+
+@pytest.mark.parametrize("requests", [1, 4000])
+@pytest.mark.parametrize("cache", [[], ["--cache-policy", "lru", "--cache-size", "0.5"]])
+def test_plan_and_run_choose_the_same_mode(requests, cache):
+    """`plan --mode auto` and a run's plan (plan_job, what `run` and LLM.generate call) pick alike."""
+    import random
+
+    from moelight.engine.options import EngineOptions
+    from moelight.loading.presets import PRESETS
+    from moelight.planning.job_plan import plan_job
+    from moelight.sampling.params import SamplingParams
+
+    r = _plan("--model", "mixtral-8x7b", "--hardware", "t4", "--mode", "auto", "--requests", str(requests),
+              "--prompt-len", "64", "--max-prompt-len", "64", "--gen-len", "32", "--prefill-chunk", "4096",
+              "--dtype", "float16", *cache)
+    assert r.exit_code == 0, r.output
+    picked = r.output.split("mode: ")[-1].split()[0]
+    rng = random.Random(0)
+    prompts = [[rng.randrange(1, 30000) for _ in range(64)] for _ in range(requests)]
+    opts = EngineOptions(model="mixtral-8x7b", hardware="t4", mode="auto", enable_prefix_caching=False,
+                         cache_policy=cache[1] if cache else "auto", cache_size=float(cache[3]) if cache else None)
+    job = plan_job(opts, PRESETS["mixtral-8x7b"], "float16", prompts, [SamplingParams(max_tokens=32)] * requests,
+                   "emulated")
+    assert picked == job.info["mode"] == ("latency" if requests == 1 else "throughput"), (r.output, job.info)
+    if picked == "latency":
+        assert says(r.output, f"{job.info['cache']['slots']} expert slots, {job.info['cache']['policy']}")

@@ -46,31 +46,50 @@ def used_hw(hw, gpus):
     return hw.with_gpus(gpus) if gpus is not None else hw
 
 
-def _modes(res, hw, mspec, workload, dtype: str, requests: int, mode: str) -> str:
-    """Both modes' predictions for the job and the one --mode picks, with the reason."""
-    if mode == "throughput":
+def _modes(res, hw, mspec, workload, requests: int, opts) -> str:
+    """Both modes' predictions for the job and the one --mode picks, with the reason: the choice is
+    `apply_mode`'s, the one `moelight run` makes for the same job."""
+    if opts.mode == "throughput":
         return ""
-    from optimizer import predict_job
-    from optimizer.latency_mode import best_latency_batch
+    from moelight.planning.job_plan import JobPlan
+    from moelight.planning.mode_choice import ModeError, apply_mode
+    from optimizer import fit_policy, predict_job
 
-    thr = predict_job(hw, mspec, workload, res.policy, requests)["end_to_end_tokens_per_s"]
-    lat = (best_latency_batch(hw, mspec, workload, requests, dtype, cpu_offload=True)  # the combined policy
-           if hw.has_gpu and hw.gpu_count == 1 else None)
+    policy = fit_policy(res.policy, requests)
+    pred = predict_job(hw, mspec, workload, policy, requests, policy.batch_size, policy.micro_batch_size)
+    job = JobPlan(policy.batch_size, policy.micro_batch_size, policy, hw, {}, pred, res.policy)
+    # a GPU runtime (cuda or emulated): a host without GPU is refused for the hardware, not the device
+    chosen = apply_mode(job, replace(opts, mode="auto"), mspec, workload, requests, "cuda", max(1, hw.gpu_count))
+    lat, why_not = chosen.info.get("latency_prediction"), chosen.info["mode_reason"].removeprefix("throughput mode: ")
+    if opts.mode == "latency" and lat is None:
+        raise ModeError(f"--mode latency: {why_not}")
+    thr = pred["end_to_end_tokens_per_s"]
     lines = [f"modes for a job of {requests} requests:",
-             f"  throughput (CGOPipe, batch {min(requests, res.policy.batch_size)}): {thr:.1f} tok/s end-to-end"]
+             f"  throughput (CGOPipe, batch {min(requests, policy.batch_size)}): {thr:.1f} tok/s end-to-end"]
     if lat is None:
-        lines.append("  latency: cannot run here (it needs one GPU that holds the non-expert weights, the KV cache "
-                     "and one layer's experts)")
-        pick = "throughput"
+        lines.append(f"  latency: cannot run here ({why_not})")
     else:
-        lines.append(f"  latency (batch {lat.batch_size}, {lat.slots} expert slots, hit rate {lat.hit_rate:.0%} "
-                     f"assumed): {lat.end_to_end_tokens_per_s:.1f} tok/s end-to-end, {1e3 * lat.step_seconds:.1f} ms "
-                     f"per token ({1e3 * lat.fetch_seconds_per_layer:.2f} ms of misses and "
-                     f"{1e3 * lat.compute_seconds_per_layer:.2f} ms of compute per layer)")
-        pick = mode if mode != "auto" else ("latency" if lat.end_to_end_tokens_per_s > thr else "throughput")
-    why = "asked for" if mode != "auto" else "the faster for this job"
+        lines.append(f"  latency (batch {lat['batch_size']}, {lat['slots']} expert slots, {opts.cache_policy_name()}, "
+                     f"hit rate {lat['hit_rate']:.0%} assumed): {lat['end_to_end_tokens_per_s']:.1f} tok/s end-to-end, "
+                     f"{lat['tpot_ms']:.1f} ms per token ({1e3 * lat['fetch_seconds_per_layer']:.2f} ms of misses "
+                     f"and {1e3 * lat['compute_seconds_per_layer']:.2f} ms of compute per layer)")
+    pick = opts.mode if opts.mode != "auto" else chosen.info["mode"]
+    why = "asked for" if opts.mode != "auto" else "the faster for this job"
     lines.append(f"mode: {pick} ({why})")
     return "\n".join(lines)
+
+
+def _mode_options(model: str, mode: str, cache_policy: str, cache_size: float | None):
+    """The EngineOptions `apply_mode` reads, checked as `run` checks them (no file: plan loads none)."""
+    from moelight.engine.options import EngineOptions, OptionError
+    from moelight.expert_cache.policy_registry import POLICIES
+
+    if cache_policy not in ("auto", *POLICIES):
+        raise OptionError(f"--cache-policy {cache_policy!r} is not one of the valid choices: auto, "
+                          f"{', '.join(POLICIES)}")
+    opts = EngineOptions(model=model, mode=mode, cache_policy=cache_policy, cache_size=cache_size)
+    replace(opts, cache_policy="auto").validate()  # --cache-size's bounds; the policy's files are run's business
+    return opts
 
 
 def register(app: typer.Typer) -> None:
@@ -98,6 +117,11 @@ def register(app: typer.Typer) -> None:
                                  "cache), or auto: predict both for --requests and pick the faster"),
         requests: int | None = typer.Option(None, "--requests", min=1, help="requests in the job (for --mode; "
                                             "default: the throughput plan's batch)"),
+        cache_policy: str = typer.Option("auto", "--cache-policy", help="latency mode's expert cache (as `run "
+                                         "--cache-policy`; auto: combined): a policy that runs small misses on "
+                                         "the CPU is predicted so"),
+        cache_size: float | None = typer.Option(None, "--cache-size", help="latency mode: expert slots, a share "
+                                                "(< 1) or a count (as `run --cache-size`; default: what fits)"),
         quantize: str = typer.Option("none", "--quantize", help="routed experts held as int8 or int4 (as `run "
                                      "--quantize`): the bytes they read, page over the link and hold"),
     ) -> None:
@@ -165,7 +189,9 @@ def register(app: typer.Typer) -> None:
             raise typer.Exit(2) from None
         if mode not in ("throughput", "latency", "auto"):
             raise typer.BadParameter(f"{mode!r}: choose throughput, latency or auto", param_hint="--mode")
-        lines = _modes(res, used_hw(hw, gpus), mspec, workload, dtype, requests or res.policy.batch_size, mode)
+        with user_errors():
+            opts = _mode_options(model, mode, cache_policy, cache_size)
+            lines = _modes(res, used_hw(hw, gpus), mspec, workload, requests or res.policy.batch_size, opts)
         typer.echo(res.to_json() if as_json else format_plan(res))
         if mspec.expert_bits and not as_json:
             typer.echo(f"routed experts held as {quantize}: {mspec.expert_bits:.2f} bits per weight")
