@@ -270,11 +270,6 @@ def layer_expert_bytes(m: ModelSpec, dtype: str = DEFAULT_DTYPE) -> float:
     return float(ops.layer_expert_bytes(m, dtype_bytes(dtype)))
 
 
-def layer_non_expert_bytes(m: ModelSpec, dtype: str = DEFAULT_DTYPE) -> float:
-    """Bytes of one layer's attention projections, norms and router."""
-    return float(m.attn_params_per_layer() * dtype_bytes(dtype))
-
-
 def kv_cache_bytes(m: ModelSpec, seqs, context, dtype: str = DEFAULT_DTYPE, layers: int = 1, copies: int = 1):
     """Bytes of the KV cache of `seqs` sequences at `context` tokens, for `layers` layers (`copies`:
     kv_copies, the host copies tensor-parallel ranks keep)."""

@@ -14,11 +14,6 @@ from hrm.model import ModelSpec
 from hrm.operators import OpCost, moe_ffn
 
 
-def compute_roof(peak: float, intensity):
-    """P <= P_i, whatever the intensity."""
-    return np.full_like(np.asarray(intensity, dtype=float), peak)
-
-
 def memory_roof(bandwidth: float, intensity):
     """P <= B_i * I_i (own memory) or B_{j->i} * I_j (data from another level)."""
     return bandwidth * np.asarray(intensity, dtype=float)

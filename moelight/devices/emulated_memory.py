@@ -166,11 +166,3 @@ class DeviceMemory:
             self.pools, self.waiting = {}, []
             for block in self.blocks.values():
                 block.buffer = None
-
-    def by_tag(self) -> dict[str, int]:
-        out: dict[str, int] = {}
-        with self.lock:
-            for b in self.blocks.values():
-                if b.live or b.buffer is not None:
-                    out[b.tag] = out.get(b.tag, 0) + b.nbytes
-        return out

@@ -237,10 +237,6 @@ class ExpertCacheExecutor(Executor):
             self._kv_src = cache
         return self._kv
 
-    def _write_kv(self, kv, j: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
-        kv[0][j].index_copy_(1, slots, k.transpose(0, 1))
-        kv[1][j].index_copy_(1, slots, v.transpose(0, 1))
-
     def _upload(self, t: torch.Tensor) -> torch.Tensor:
         """A host tensor on the device through a pooled pinned buffer: page-locking memory for each
         copy (cudaHostAlloc) costs more than the copy of these small tensors."""

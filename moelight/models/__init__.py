@@ -29,10 +29,6 @@ FAMILIES = {
 }
 
 
-def supported_model_types() -> tuple[str, ...]:
-    return tuple(FAMILIES)
-
-
 def family(model_type: str | None, where: str = "config.json") -> ModuleType:
     """The family module of a config.json's model_type, or a ConfigError listing the supported ones."""
     if model_type not in FAMILIES:
