@@ -118,3 +118,18 @@ def test_an_eamc_or_predictor_file_a_chosen_policy_would_not_read_is_refused(tmp
         EngineOptions(model="tiny", eamc=str(eamc), cache_policy="lru").validate()
     with pytest.raises(OptionError, match="only --cache-policy promoe, duoserve or coserve reads one"):
         EngineOptions(model="tiny", predictor=str(pred)).validate()
+
+
+def test_one_definition_of_shared_choices():
+    """--quantize's split, MAX_LOGPROBS and --load-format's choices each have one definition the layers share."""
+    import moelight.cli.plan_cmd as plan_cmd
+    import moelight.engine.options as options
+    import moelight.loading.model_source as model_source
+    import moelight.sampling.params as params
+    import workloads.readers.sampling_options as reader
+
+    assert options.quantization("int4-g64") == ("int4", 64) and options.quantization("int8") == ("int8", 128)
+    assert options.EngineOptions(model="tiny", quantize="int4-g32").quantization() == ("int4", 32)
+    assert plan_cmd.quantization is options.quantization
+    assert params.MAX_LOGPROBS is reader.MAX_LOGPROBS
+    assert options.LOAD_FORMATS is model_source.LOAD_FORMATS

@@ -8,7 +8,7 @@ from pathlib import Path
 import typer
 
 from moelight.cli.errors import user_errors
-from moelight.engine.options import QUANTIZE
+from moelight.engine.options import QUANTIZE, quantization
 
 GiB = 2.0**30
 
@@ -167,11 +167,11 @@ def register(app: typer.Typer) -> None:
         if quantize != "none":
             from moelight.models.expert_format import quantize_format, rank_widths
 
-            method, _, group = quantize.partition("-g")
+            method, group = quantization(quantize)
             ranks = max(1, hw.gpu_count if gpus is None else gpus)  # int4 groups fit a rank's down columns
             try:
                 form = quantize_format(method, rank_widths(mspec.hidden_size, mspec.intermediate_size, ranks),
-                                       int(group or 128))
+                                       group)
             except ValueError as e:
                 raise typer.BadParameter(str(e), param_hint="--quantize") from None
             mspec = form.held_in(mspec)

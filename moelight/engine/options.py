@@ -13,15 +13,21 @@ from pathlib import Path
 from moelight.errors import MoelightError
 from moelight.expert_cache.policy_registry import NEEDS_PREDICTOR
 from moelight.expert_cache.policy_registry import POLICIES as CACHE_POLICIES
+from moelight.loading.load_formats import LOAD_FORMATS
 from moelight.pipeline.schedule import SCHEDULES
 
 DEVICES = ("auto", "cpu", "cuda", "emulated")
-LOAD_FORMATS = ("auto", "safetensors", "dummy")
 DTYPE_CHOICES = ("auto", "float32", "bfloat16", "float16")
 TOKENIZERS = ("auto", "hf", "byte", "none")  # none: LLM(skip_tokenizer_init=True), token ids only
 MODES = ("auto", "throughput", "latency")
 # routed experts: as loaded, int8 per channel, or int4 in groups of 128 (or 64 / 32) input channels
 QUANTIZE = ("none", "int8", "int4", "int4-g64", "int4-g32")
+
+
+def quantization(quantize: str) -> tuple[str, int]:
+    """(method, int4 group size) of a QUANTIZE value, 'int4-g64' -> ('int4', 64): run and plan read it alike."""
+    method, _, group = quantize.partition("-g")
+    return method, int(group or 128)
 
 
 class OptionError(MoelightError):
@@ -62,8 +68,7 @@ class EngineOptions:
 
     def quantization(self) -> tuple[str, int]:
         """(method, int4 group size) of --quantize: ('none' | 'int8' | 'int4', group)."""
-        method, _, group = self.quantize.partition("-g")
-        return method, int(group or 128)
+        return quantization(self.quantize)
 
     def cache_policy_name(self) -> str:
         """auto: MoE-Infinity where an EAM collection is given (`--eamc`: the one policy that reads it),

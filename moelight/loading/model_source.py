@@ -10,12 +10,12 @@ import torch
 
 from moelight.errors import ConfigError
 from moelight.loading.hf_config import load_config
+from moelight.loading.load_formats import LOAD_FORMATS
 from moelight.loading.presets import PRESETS, preset_config
 from moelight.loading.weights import build_model
 from moelight.models.config import ModelConfig
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-LOAD_FORMATS = ("auto", "safetensors", "dummy")
 
 
 @dataclass

@@ -17,7 +17,9 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass, field
 
-MAX_LOGPROBS = 20  # vLLM's default max_logprobs: top-k per token (and per prompt token) asked for at most
+# vLLM's default max_logprobs: top-k per token (and per prompt token) asked for at most; one definition with
+# the dataset reader's, which may not import moelight
+from workloads.readers.sampling_options import MAX_LOGPROBS
 
 GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a temperature under it samples greedily
 
