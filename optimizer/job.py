@@ -30,7 +30,7 @@ def fit_policy(policy: Policy, requests: int) -> Policy:
 
 
 def batch_sizes(requests: int, batch_size: int) -> list[int]:
-    """Sizes of the engine's batches (moelight.batching.split_batches)."""
+    """Sizes of the engine's batches (moelight.engine.batching.split_batches)."""
     full, rest = divmod(requests, batch_size)
     return [batch_size] * full + ([rest] if rest else [])
 

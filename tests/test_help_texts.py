@@ -46,3 +46,11 @@ def test_readme_cli_reference_names_every_command():
     assert "--quick" in block and says(_help("profile"), "--quick")
     for option in ("--tasks", "--include-path", "--limit", "--num-fewshot", "--device", "--overwrite"):
         assert option in block and says(_help("eval"), option), option
+
+
+def test_llm_docstring_names_every_engine_option():
+    from moelight.api.llm import LLM
+
+    doc = " ".join(LLM.__init__.__doc__.split())
+    missing = [n for n in EngineOptions.names() if n != "model" and n not in doc]
+    assert not missing, missing

@@ -1,4 +1,4 @@
-"""DESIGN.md §1: dependencies point one way, and planning never needs torch.
+"""ARCHITECTURE.md "Layers": dependencies point one way, and the policy search (hrm, optimizer) never needs torch.
 
 `hrm` (numpy only) and `optimizer` (hrm) never import torch; `workloads` imports neither
 torch nor moelight. Each check imports every submodule in a fresh interpreter.

@@ -39,8 +39,9 @@ class LLM:
     def __init__(self, model: str, skip_tokenizer_init: bool = False, **options) -> None:
         """`options` are EngineOptions' fields: load_format, dtype, tokenizer, seed, policy, hardware,
         gpus, device, schedule, refill, enable_prefix_caching, batch_size, micro_batch_size, max_prefill_tokens,
-        mode, cache_policy, cache_size, eamc, prefetch_per_layer, quantize. `skip_tokenizer_init` (vLLM's): no
-        tokenizer at all (a folder without one): prompts are token ids, outputs carry token ids and empty text."""
+        mode, cache_policy, cache_size, eamc, prefetch_per_layer, predictor, quantize. `skip_tokenizer_init`
+        (vLLM's): no tokenizer at all (a folder without one): prompts are token ids, outputs carry token ids and
+        empty text."""
         unknown = sorted(set(options) - set(EngineOptions.names()))
         if unknown:
             raise OptionError(f"LLM(): unknown option(s) {', '.join(unknown)}; valid: skip_tokenizer_init, "

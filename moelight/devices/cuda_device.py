@@ -10,7 +10,7 @@ stream that writes them and recorded (`record_stream`) on the stream that reads 
 come from CUDA events (enable_timing), so a measured timeline shows when the GPU ran the work.
 
 This project's CI has no GPU: the emulated device runs the same executor code under the same
-rules (DESIGN.md section 8f); tests marked `cuda` run this one where a GPU is present.
+rules (ARCHITECTURE.md, "Layers"); tests marked `cuda` run this one where a GPU is present.
 """
 
 from __future__ import annotations

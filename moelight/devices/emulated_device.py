@@ -1,4 +1,4 @@
-"""An emulated accelerator that behaves like CUDA where CUDA is unforgiving (DESIGN.md section 8f),
+"""An emulated accelerator that behaves like CUDA where CUDA is unforgiving (ARCHITECTURE.md, "Layers"),
 so paging, buffers and synchronisation are tested on every machine:
 
 - copies run later, on a copy stream of their own per direction (copy_stream.py), at the link's

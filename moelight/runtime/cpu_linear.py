@@ -3,7 +3,7 @@
 On this class of CPU, aten's float32 `F.linear` (MKL) runs small-M matmuls at a fraction
 of peak, and decode is all small M (a few to a few hundred tokens per expert). oneDNN
 with weights reordered once into its blocked layout reaches several times the FLOP/s in
-float32 and about 1.5x in bfloat16 (benchmarks/bench_linear.py). Packing replaces the
+float32 and about 1.5x in bfloat16. Packing replaces the
 model's dense weights layer by layer, so peak memory grows by one layer at most.
 """
 
