@@ -288,6 +288,13 @@ def test_max_tokens_cut_by_the_context_and_chat_without_a_template_are_counted(t
     long = next(json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines() if '"long"' in line)
     assert long["completion_tokens"] == ctx - long["prompt_tokens"]  # min_tokens held it to the end
     assert says(res.output, "max_tokens cut so prompt + answer fit") and says(res.output, "without a chat template")
+    # a request skipped for its length warns of nothing it would have needed
+    data.write_text(json.dumps({"id": "chat", "messages": [{"role": "user", "content": "x" * ctx}]}) + "\n"
+                    + json.dumps({"id": "ok", "prompt": "hi"}) + "\n")
+    res = run("--dataset", data, "--output", tmp_path / "o.jsonl", *TINY, "--skip-bad-lines", "--overwrite")
+    report = json.loads((tmp_path / "o.jsonl.report.json").read_text())
+    assert res.exit_code == 0 and len(report["skipped"]) == 1 and "d.jsonl:1" in report["skipped"][0], res.output
+    assert report["warnings"]["counts"] == {}, report["warnings"]
 
 
 # ---- 6. clear errors everywhere a user can reach ---------------------------------------------------

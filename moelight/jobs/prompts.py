@@ -72,15 +72,16 @@ def check_prompts(requests, tokenizer, context: int, opts, warnings: JobWarnings
         except TokenizerError as e:  # e.g. a conversation and no chat template: this request, by its line
             problems.append((r.id, f"{r.source or r.id}: {e}"))
             continue
-        if wanted.n > 1 and wanted.greedy and warnings is not None:
-            warnings.add("greedy_samples", f"{r.source or r.id}: n={wanted.n}")
-        if r.messages and warnings is not None and not getattr(tokenizer, "has_chat_template", False):
-            warnings.add("chat_without_template", f"{r.source or r.id}: {len(r.messages)} message(s)")
         try:
             p = fit_to_context(f"{r.source or r.id}: prompt", ids, wanted, context, warnings)
         except PromptError as e:
             problems.append((r.id, str(e)))
             continue
+        if warnings is not None:  # (a request skipped above ran nothing to warn of)
+            if wanted.n > 1 and wanted.greedy:
+                warnings.add("greedy_samples", f"{r.source or r.id}: n={wanted.n}")
+            if r.messages and not getattr(tokenizer, "has_chat_template", False):
+                warnings.add("chat_without_template", f"{r.source or r.id}: {len(r.messages)} message(s)")
         prompts.append(ids)
         params.append(p)
     return prompts, params, problems
