@@ -97,6 +97,19 @@ def test_a_cache_smaller_than_one_layers_experts_is_refused_by_its_option(traced
         assert says(res.output, "give at least 8 slots (or a share >= 0.25")
 
 
+def test_a_model_of_one_moe_layer_is_not_told_to_give_a_share_it_cannot(tmp_path):
+    """With one MoE layer a layer's experts are all of them: no share below 1 holds them, so the hint
+    asks for a count only."""
+    from tests.checkpoints import make_hf_model, save_checkpoint
+
+    folder = save_checkpoint(make_hf_model(num_hidden_layers=1), tmp_path / "one")
+    data = write_jsonl(tmp_path / "d.jsonl", [{"id": "a", "prompt": "hi"}])
+    res = invoke("run", "--dataset", data, "--model", folder, "--gen-len", "2", "--device", "emulated", "--hardware",
+                 "t4", "--no-progress", "--mode", "latency", "--output", tmp_path / "o.jsonl", "--cache-size", "0.75")
+    assert res.exit_code == 2 and says(res.output, "give at least 4 slots"), res.output
+    assert "share" not in res.output.split("give at least")[1], res.output
+
+
 def test_auto_mode_is_explained_in_plan(traced):
     small = invoke("plan", "--model", "mixtral-8x7b", "--hardware", "t4", "--mode", "auto", "--requests", "1")
     assert small.exit_code == 0 and says(small.output, "mode: latency (the faster for this job)")

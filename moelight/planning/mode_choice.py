@@ -50,9 +50,10 @@ def apply_mode(plan, opts, mspec, workload, requests: int, device: str, ranks: i
         slots = cache_slots_of(opts.cache_size, total, lat.slots)
         if slots < mspec.num_experts:  # a layer's routing may ask for every expert of the layer at once
             least = mspec.num_experts
+            share = (f" (or a share >= {least / total:.3g} of the model's {total} routed experts)"
+                     if least < total else "")  # a share is below 1: one MoE layer takes a count
             raise ModeError(f"--cache-size {opts.cache_size:g}: {slots} expert slot(s), fewer than one layer's "
-                            f"{least} experts; give at least {least} slots (or a share >= {least / total:.3g} of "
-                            f"the model's {total} routed experts)")
+                            f"{least} experts; give at least {least} slots{share}")
         lat = predict_latency_mode(plan.hardware, mspec, workload, requests, lat.batch_size, dtype, slots=slots,
                                    cpu_offload=offload)
     thr = plan.prediction["end_to_end_tokens_per_s"]
