@@ -110,6 +110,20 @@ def test_a_model_of_one_moe_layer_is_not_told_to_give_a_share_it_cannot(tmp_path
     assert "share" not in res.output.split("give at least")[1], res.output
 
 
+@pytest.mark.parametrize("extra, needle", [
+    (["--device", "cpu", "--hardware", "cpu-server", "--cache-size", "0.5"], "cannot run: the CPU executor"),
+    (["--device", "emulated", "--mode", "throughput", "--cache-policy", "lru"], "--mode is throughput"),
+])
+def test_expert_cache_options_where_no_cache_runs_are_refused(tmp_path, extra, needle):
+    """--cache-size / --cache-policy set for a job that runs no expert cache would be ignored: refused."""
+    data = write_jsonl(tmp_path / "d.jsonl", [{"id": "a", "prompt": "hi"}])
+    hardware = [] if "--hardware" in extra else ["--hardware", "t4"]
+    res = invoke("run", "--dataset", data, "--model", "tiny", "--load-format", "dummy", "--gen-len", "2",
+                 *hardware, "--no-progress", "--output", tmp_path / "o.jsonl", *extra)
+    assert res.exit_code == 2 and says(res.output, needle) and "Traceback" not in res.output, res.output
+    assert not (tmp_path / "o.jsonl").exists()
+
+
 def test_auto_mode_is_explained_in_plan(traced):
     small = invoke("plan", "--model", "mixtral-8x7b", "--hardware", "t4", "--mode", "auto", "--requests", "1")
     assert small.exit_code == 0 and says(small.output, "mode: latency (the faster for this job)")

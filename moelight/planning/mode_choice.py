@@ -25,12 +25,19 @@ def apply_mode(plan, opts, mspec, workload, requests: int, device: str, ranks: i
     from optimizer.latency_mode import best_latency_batch, predict_latency_mode
 
     info = plan.info
+    cache_options = _cache_options(opts)
     if opts.mode == "throughput":
+        if cache_options:  # set for nothing: say so rather than run without them
+            raise ModeError(f"{', '.join(cache_options)}: latency mode's expert-cache options, and --mode is "
+                            "throughput; drop them or use --mode auto / latency")
         info.update(mode="throughput", mode_reason="--mode throughput")
         return plan
     why_not = _no_latency_mode(device, plan.hardware, ranks)
     if not why_not and opts.mode == "auto" and opts.policy != "auto":
         why_not = f"--policy {opts.policy} is a throughput-mode policy"
+    if why_not and cache_options:
+        raise ModeError(f"{', '.join(cache_options)}: latency mode's expert-cache options, and latency mode cannot "
+                        f"run: {why_not}")
     if why_not:
         if opts.mode == "latency":
             raise ModeError(f"--mode latency: {why_not}")
@@ -79,6 +86,14 @@ def apply_mode(plan, opts, mspec, workload, requests: int, device: str, ranks: i
         lat.fetch_seconds_per_layer > lat.compute_seconds_per_layer else "gpu", "tpot_ms": 1e3 * lat.step_seconds}
     info.update(batch_size=lat.batch_size, micro_batch_size=lat.batch_size, num_micro_batches=1)
     return replace(plan, batch_size=lat.batch_size, micro_batch_size=lat.batch_size, prediction=pred)
+
+
+def _cache_options(opts) -> list[str]:
+    """The latency-mode options the job sets (each applies to the device expert cache only)."""
+    given = {"--cache-policy": opts.cache_policy != "auto", "--cache-size": opts.cache_size is not None,
+             "--eamc": opts.eamc is not None, "--predictor": opts.predictor is not None,
+             "--prefetch-per-layer": opts.prefetch_per_layer is not None}
+    return [name for name, is_set in given.items() if is_set]
 
 
 def _no_latency_mode(device: str, hw, ranks: int) -> str:
