@@ -297,6 +297,24 @@ def test_max_tokens_cut_by_the_context_and_chat_without_a_template_are_counted(t
     assert not report["warnings"].get("counts"), report["warnings"]
 
 
+def test_a_conversation_cut_by_the_context_says_so_in_its_record(tmp_path):
+    """A second turn that no longer fits ends the conversation: the record's `turns` holds the turn
+    that ran and `turns_cut` the one that did not (its top-level output alone looked single-turn)."""
+    from moelight.loading.presets import preset_config
+
+    ctx = preset_config("tiny").max_position_embeddings
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"id": "cut", "prompt": "hi", "followups": ["x" * ctx]}) + "\n"
+                    + json.dumps({"id": "whole", "prompt": "hi", "followups": ["and?"]}) + "\n")
+    res = run("--dataset", data, "--output", tmp_path / "o.jsonl", *TINY)
+    assert res.exit_code == 0, res.output
+    records = {r["id"]: r for r in map(json.loads, (tmp_path / "o.jsonl").read_text().splitlines())}
+    assert len(records["cut"]["turns"]) == 1 and records["cut"]["turns_cut"] == 1
+    assert len(records["whole"]["turns"]) == 2 and "turns_cut" not in records["whole"]
+    report = json.loads((tmp_path / "o.jsonl.report.json").read_text())
+    assert report["warnings"]["counts"].get("turn_does_not_fit") == 1, report["warnings"]
+
+
 # ---- 6. clear errors everywhere a user can reach ---------------------------------------------------
 
 @pytest.mark.parametrize("args, needle", [

@@ -41,7 +41,8 @@ def build_result(request: Request, turns: list[TurnOutput], model: str | None = 
 
     Top-level output fields describe the last turn (with `n` samples: the first); token counts are
     summed over turns and samples (each turn's prompt includes the conversation so far). ``turns``
-    is present only for multi-turn requests, ``outputs`` (every sample) only for n > 1; a sample's
+    is present for every multi-turn request (with ``turns_cut``, the later turns that did not fit the
+    context and did not run, where any), ``outputs`` (every sample) only for n > 1; a sample's
     logprobs, stop_reason and cumulative_logprob, and the prompt's logprobs, only when asked for.
     """
     if not turns:
@@ -62,7 +63,10 @@ def build_result(request: Request, turns: list[TurnOutput], model: str | None = 
         result["outputs"] = [sample_record(k, t) for k, t in enumerate(samples)]
     if prompt_logprobs is not None:
         result["prompt_logprobs"] = prompt_logprobs
-    if len(turns) > 1:
+    asked = 1 + len(request.followups)
+    if asked > 1:  # a conversation: its turns, and how many the context left out (the report says why)
+        if len(turns) < asked:
+            result["turns_cut"] = asked - len(turns)
         result["turns"] = [
             {"user": t.user, "output": t.text, "output_token_ids": list(t.token_ids),
              "finish_reason": t.finish_reason, "prompt_tokens": t.prompt_tokens,
