@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
@@ -176,3 +177,33 @@ def test_parquet_resume_after_crash(tmp_path):
         w2.write(result("c"))
     assert pq.read_table(out).column("id").to_pylist() == ["a", "b", "c"]
     assert not sidecar_path(out).exists()
+
+
+def test_parquet_columns_have_one_type_whatever_the_rows(tmp_path):
+    """stop_reason is a token id or a string; output_token_ids of error rows only is empty: each result
+    field has one type in every file, so two runs' outputs read as one dataset."""
+    import pyarrow.dataset as ds
+
+    token_stop = result("t") | {"stop_reason": 277}
+    string_stop = result("s") | {"stop_reason": "e"}
+    for name, rows in (("a", [token_stop]), ("b", [string_stop]), ("c", [token_stop, string_stop])):
+        with ResultWriter(tmp_path / f"{name}.parquet") as w:
+            for r in rows:
+                w.write(r)
+    table = ds.dataset([tmp_path / f"{n}.parquet" for n in "bac"]).to_table()
+    assert table.schema.field("stop_reason").type == pa.string()
+    assert [r["stop_reason"] for r in read_results(tmp_path / "c.parquet")] == [277, "e"]
+    assert read_results(tmp_path / "a.parquet")[0]["stop_reason"] == 277
+
+
+def test_parquet_rows_in_both_the_file_and_its_stream_are_written_once(tmp_path):
+    """A run killed after its parquet was rewritten but before its stream was removed: resume keeps one
+    row per id."""
+    out = tmp_path / "out.parquet"
+    with ResultWriter(out) as w:
+        w.write(result("a"))
+        w.write(result("b"))
+    sidecar_path(out).write_text(json.dumps(result("b")) + "\n")  # the stream the kill left behind
+    with ResultWriter(out, resume=True) as w:
+        w.write(result("c"))
+    assert pq.read_table(out).column("id").to_pylist() == ["a", "b", "c"]

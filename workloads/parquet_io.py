@@ -1,7 +1,9 @@
 """Result records <-> parquet tables.
 
-Nested fields (messages, turns, meta, error) are stored as JSON strings and listed in
-the schema metadata, so any result dict survives a round trip without a fixed schema.
+A result's own fields have one type in every file (`RESULT_TYPES`), whatever rows a run happens to
+hold, so outputs of several runs (or a resumed one) read as one dataset; its nested or mixed fields
+(messages, turns, meta, error, logprobs, stop_reason: a token id or a string) are JSON text, named in
+the schema metadata. Other columns (a dataset's own) take the type their values share, or JSON.
 """
 
 from __future__ import annotations
@@ -39,6 +41,15 @@ def _column_type(values: list) -> pa.DataType | None:
     return None
 
 
+RESULT_TYPES = {
+    "id": pa.string(), "prompt": pa.string(), "output": pa.string(), "finish_reason": pa.string(),
+    "model": pa.string(), "prompt_tokens": pa.int64(), "completion_tokens": pa.int64(),
+    "output_token_ids": pa.list_(pa.int64()), "cumulative_logprob": pa.float64(), "turns_cut": pa.int64(),
+    "outputs_text": pa.list_(pa.string()), "outputs_token_ids": pa.list_(pa.list_(pa.int64())),
+    "outputs_finish_reason": pa.list_(pa.string()),
+}
+RESULT_JSON = {"messages", "turns", "meta", "error", "logprobs", "prompt_logprobs", "outputs", "stop_reason", "tools"}
+
 SAMPLE_COLUMNS = {"output": "outputs_text", "output_token_ids": "outputs_token_ids",
                   "finish_reason": "outputs_finish_reason"}
 
@@ -62,12 +73,16 @@ def records_to_table(records: list[dict]) -> pa.Table:
     arrays, json_cols = {}, []
     for k in keys:
         values = [r.get(k) for r in records]
-        typ = _column_type(values)
-        if typ is None:
-            json_cols.append(k)
-            values = [None if v is None else json.dumps(v, ensure_ascii=False) for v in values]
-            typ = pa.string()
-        arrays[k] = pa.array(values, type=typ)
+        typ = None if k in RESULT_JSON else RESULT_TYPES.get(k) or _column_type(values)
+        if typ is not None:
+            try:
+                arrays[k] = pa.array(values, type=typ)
+                continue
+            except (pa.ArrowInvalid, pa.ArrowTypeError, OverflowError):  # a value the type cannot hold
+                pass
+        json_cols.append(k)
+        arrays[k] = pa.array([None if v is None else json.dumps(v, ensure_ascii=False) for v in values],
+                             type=pa.string())
     table = pa.table(arrays)
     return table.replace_schema_metadata({JSON_COLUMNS_KEY: json.dumps(json_cols).encode()})
 

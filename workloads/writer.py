@@ -103,7 +103,7 @@ class ResultWriter:
                 if self.format == "parquet":
                     records = read_parquet_records(self.path) if self.path.exists() else []
                     records += read_jsonl_results(self.stream_path)
-                    write_parquet_atomic(self.path, records)
+                    write_parquet_atomic(self.path, _first_of_each_id(records))
                     self.stream_path.unlink()
             except OSError as e:
                 raise self._write_error(e) from None
@@ -115,3 +115,10 @@ class ResultWriter:
                  tb: TracebackType | None) -> None:
         # Convert even on an exception (Ctrl-C): every finished result still lands in the parquet.
         self.close()
+
+
+def _first_of_each_id(records: list[dict]) -> list[dict]:
+    """One row per id, in order: a run killed after its parquet was written but before its stream was
+    removed left those rows in both."""
+    seen: set[str] = set()
+    return [r for r in records if not (r["id"] in seen or seen.add(r["id"]))]
