@@ -86,6 +86,8 @@ class SamplingParams:
     skip_special_tokens: bool = True
     structured_outputs: StructuredOutputsParams | None = None
     detokenize: bool = True  # False: token ids only, the text left empty (vLLM's)
+    # vLLM's; it spaces special tokens for slow (Python) tokenizers only: a tokenizer.json decodes as it is
+    spaces_between_special_tokens: bool = True
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None:
@@ -98,7 +100,8 @@ class SamplingParams:
         _check_type("min_tokens", self.min_tokens, int)
         for name in ("presence_penalty", "frequency_penalty", "repetition_penalty", "min_p"):
             _check_type(name, getattr(self, name), float)
-        for name in ("include_stop_str_in_output", "skip_special_tokens", "detokenize"):
+        for name in ("include_stop_str_in_output", "skip_special_tokens", "detokenize",
+                     "spaces_between_special_tokens"):
             _check_type(name, getattr(self, name), bool)
         for name in ("seed", "logprobs", "prompt_logprobs"):
             if getattr(self, name) is not None:

@@ -138,6 +138,7 @@ def extra_sampling(obj: dict, openai: str | None = None) -> dict:
         "stop_token_ids": _token_ids(obj, "stop_token_ids"),
         "include_stop_str_in_output": _flag(obj, "include_stop_str_in_output"),
         "skip_special_tokens": _flag(obj, "skip_special_tokens"),
+        "spaces_between_special_tokens": _flag(obj, "spaces_between_special_tokens"),
         "detokenize": _flag(obj, "detokenize"),
         "ignore_eos": _flag(obj, "ignore_eos"),
     }
@@ -158,4 +159,4 @@ def _flag(obj: dict, key: str) -> bool | None:
 JSONL_KEYS = {"n", "stop", "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "response_format",
               "min_tokens", "repetition_penalty", "min_p", "prompt_logprobs", "bad_words", "allowed_token_ids",
               "stop_token_ids", "include_stop_str_in_output", "skip_special_tokens", "structured_outputs",
-              "detokenize", "ignore_eos", "max_completion_tokens", "echo"}
+              "detokenize", "ignore_eos", "max_completion_tokens", "echo", "spaces_between_special_tokens"}
