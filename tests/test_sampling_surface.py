@@ -255,6 +255,11 @@ def test_max_tokens_none_takes_what_the_context_leaves_and_detokenize_false_leav
 
 # ---- bad input ----------------------------------------------------------------------------------------
 
+def test_vllms_spaces_between_special_tokens_is_taken():
+    """vLLM scripts set it; a tokenizer.json decodes as it is either way (vLLM v1's fast detokenizer too)."""
+    assert SamplingParams(spaces_between_special_tokens=False).spaces_between_special_tokens is False
+
+
 @pytest.mark.parametrize("kw, error, needle", [
     (dict(n=0), ValueError, "n must be at least 1"),
     (dict(logprobs=21), ValueError, "logprobs must be in [0, 20]"),
@@ -266,11 +271,6 @@ def test_max_tokens_none_takes_what_the_context_leaves_and_detokenize_false_leav
     (dict(stop=["x"], detokenize=False), ValueError, "stop strings need detokenize=True"),
     (dict(spaces_between_special_tokens="no"), TypeError, "spaces_between_special_tokens"),
 ])
-def test_vllms_spaces_between_special_tokens_is_taken():
-    """vLLM scripts set it; a tokenizer.json decodes as it is either way (vLLM v1's fast detokenizer too)."""
-    assert SamplingParams(spaces_between_special_tokens=False).spaces_between_special_tokens is False
-
-
 def test_sampling_params_refuse_bad_values(kw, error, needle):
     with pytest.raises(error, match=needle.replace("[", r"\[").replace("]", r"\]")):
         SamplingParams(**kw)
