@@ -90,7 +90,8 @@ def predict_latency_mode(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, reque
     passes = float(costs.layer_overhead_time(hw, m.num_layers, "gpu"))
     dec_c, dec_f = layer(batch, batch, ops.decode_attention(m, batch, wl.mean_context, b))
     step = m.num_layers * (dec_c + dec_f) + t(ops.lm_head(m, batch, b)) + passes \
-        + float(costs.step_overhead_time(hw, 1.0, "gpu")) + float(costs.sequence_step_time(hw, batch))
+        + float(costs.step_overhead_time(hw, 1.0, "gpu")) + float(costs.sequence_step_time(hw, batch)) \
+        + float(costs.logits_to_host_time(hw, m, batch))  # the host samples from the GPU's logits
     prompt = wl.effective_prompt
     pre_c, pre_f = layer(batch * prompt, batch, ops.prefill_attention(m, batch, prompt, b))
     prefill_batch = m.num_layers * (pre_c + pre_f) + passes
