@@ -17,6 +17,7 @@ import torch
 
 from moelight.errors import MoelightError
 from moelight.sampling.params import StructuredOutputsParams
+from moelight.sampling.utf8_guard import Utf8Guard, allowed_tokens, token_transitions
 
 
 class StructuredOutputError(MoelightError, ValueError):
@@ -42,8 +43,9 @@ def tokenizer_info(tokenizer, vocab_size: int, stop_ids):
         vocab = [bytes([i - offset]) if offset <= i < size else b"" for i in range(vocab_size)]
         return xgr.TokenizerInfo(vocab, xgr.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=stops)
     vocab = [""] * vocab_size
+    special = {i for i, t in backend.get_added_tokens_decoder().items() if t.special}
     for token, idx in backend.get_vocab(with_added_tokens=True).items():
-        if idx < vocab_size:
+        if idx < vocab_size and idx not in special:  # a special token reads as no text: never in a string
             vocab[idx] = token
     kind, prefix_space = _vocab_type(json.loads(backend.to_str()))
     return xgr.TokenizerInfo(vocab, getattr(xgr.VocabType, kind), vocab_size=vocab_size, stop_token_ids=stops,
@@ -88,28 +90,35 @@ class GrammarCache:
         self.info = tokenizer_info(tokenizer, vocab_size, stop_ids)
         self.compiler = xgr.GrammarCompiler(self.info, max_threads=1)
         self.vocab_size = vocab_size
-        self._compile = lru_cache(maxsize=256)(self._compile_uncached)
+        self._compile = lru_cache(maxsize=4096)(self._compile_uncached)  # a job of many schemas: each once
         self._startable: set[tuple] = set()
+        self._transitions = token_transitions(self.info.decoded_vocab)
+        self._allowed = allowed_tokens(self._transitions)
 
     def _compile_uncached(self, key: tuple):
         schema, regex, choice, grammar, json_object = key
         try:
             if schema is not None:
+                check_schema_keywords(json.loads(schema))
                 return self.compiler.compile_grammar(json_schema_grammar(schema))
             if json_object:
                 return self.compiler.compile_builtin_json_grammar()
             if regex is not None:
                 return self.compiler.compile_regex(regex)
             if choice is not None:
-                alternatives = " | ".join(json.dumps(c) for c in choice)
+                # EBNF string literals: " and \ escaped, every other character as it is (a \ud83d\ude42
+                # surrogate pair would read as two code points)
+                alternatives = " | ".join(json.dumps(c, ensure_ascii=False) for c in choice)
                 return self.compiler.compile_grammar(f"root ::= {alternatives}")
             return self.compiler.compile_grammar(grammar)
+        except StructuredOutputError:
+            raise
         except Exception as e:  # noqa: BLE001 - xgrammar raises RuntimeError / its own errors for bad input
             why = re.sub(r"^\[[0-9:]+\] \S+:\d+: ", "", str(e).strip())  # xgrammar's log prefix
             raise StructuredOutputError(f"the structured-output constraint does not compile: {why}") from None
 
     def constraint(self, params: StructuredOutputsParams) -> Constraint:
-        return Constraint(self._compile(params.key()), self.vocab_size)
+        return Constraint(self._compile(params.key()), self.vocab_size, Utf8Guard(self._transitions, self._allowed))
 
     def check(self, params: StructuredOutputsParams) -> None:
         """Compile now (a bad schema or regex is an error before any model loads), and refuse a constraint
@@ -128,18 +137,22 @@ class GrammarCache:
 class Constraint:
     """One sequence's grammar state: masks the logits, follows the sampled tokens."""
 
-    def __init__(self, compiled, vocab_size: int) -> None:
+    def __init__(self, compiled, vocab_size: int, utf8: Utf8Guard | None = None) -> None:
         xgr = _xgr()
         self.matcher = xgr.GrammarMatcher(compiled)
         self.bitmask = xgr.allocate_token_bitmask(1, vocab_size)
         self.vocab_size = vocab_size
+        self.utf8 = utf8
 
     def mask(self, row: torch.Tensor) -> None:
-        """Tokens the grammar does not allow next become -inf in this row of logits."""
+        """Tokens the grammar does not allow next, or that would leave the text no valid UTF-8, become
+        -inf in this row of logits."""
         xgr = _xgr()
         self.matcher.fill_next_token_bitmask(self.bitmask)
         view = row.view(1, -1)
         xgr.apply_token_bitmask_inplace(view, self.bitmask, vocab_size=self.vocab_size)
+        if self.utf8 is not None:
+            self.utf8.restrict(row)
 
     def can_start(self) -> bool:
         """Whether any token (a stop token included, for a constraint the empty text satisfies) may come first."""
@@ -148,8 +161,40 @@ class Constraint:
 
     def accept(self, token: int) -> bool:
         """Advance with the sampled token; False if the grammar rejects it (a bug upstream of the mask)."""
+        if self.utf8 is not None:
+            self.utf8.accept(token)
         return bool(self.matcher.accept_token(token))
 
     @property
     def done(self) -> bool:
         return bool(self.matcher.is_terminated())
+
+
+# JSON Schema keywords xgrammar does not enforce (vLLM refuses these for xgrammar too): accepted, they
+# would let "stop" outputs break the schema
+_UNENFORCED = ("multipleOf", "uniqueItems", "contains", "minContains", "maxContains", "minProperties",
+               "maxProperties", "propertyNames", "patternProperties", "allOf", "not", "if", "then", "else",
+               "dependentRequired", "dependentSchemas", "dependencies", "unevaluatedProperties",
+               "unevaluatedItems")
+_SCHEMA_VALUED = ("properties", "$defs", "definitions")  # maps of names to schemas: a name is no keyword
+
+
+def check_schema_keywords(schema, where: str = "") -> None:
+    """Refuse a schema that uses a keyword the grammar cannot enforce, naming where it sits."""
+    if isinstance(schema, list):
+        for i, item in enumerate(schema):
+            check_schema_keywords(item, f"{where}[{i}]")
+        return
+    if not isinstance(schema, dict):
+        return
+    bad = [k for k in _UNENFORCED if k in schema]
+    if bad:
+        raise StructuredOutputError(f"the JSON schema uses {', '.join(bad)} at {where or 'its root'}: structured "
+                                    "outputs cannot enforce it (xgrammar's JSON schema support), so outputs "
+                                    "could break it; remove it or validate the outputs afterwards")
+    for key, value in schema.items():
+        if key in _SCHEMA_VALUED and isinstance(value, dict):
+            for name, sub in value.items():
+                check_schema_keywords(sub, f"{where}/{key}/{name}")
+        elif key not in ("enum", "const", "default", "examples", "required"):
+            check_schema_keywords(value, f"{where}/{key}")
