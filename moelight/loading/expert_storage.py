@@ -6,6 +6,8 @@
   compressed-tensors int4, int8 and FP8) keeps them as shipped: on the CPU in bfloat16, where the
   fused kernel multiplies them directly, and on GPUs in a 16-bit dtype, which page them so and
   expands them before its GEMMs (act-order GPTQ aside: loading/int_checkpoints.py).
+- Experts the checkpoint stores in float (modules_to_not_convert, loading/checkpoint_experts.py) are
+  plain experts; a mix of float and quantized ones is held only where all are dequantised at load.
 - Otherwise (float32 runs, checked bit for bit against transformers; groups along K that a
   tensor-parallel rank's columns would split) the experts are dequantised into the run's dtype at load.
 A tensor-parallel rank holds its part of the codes and scales (parallel/sharding.py).
@@ -33,7 +35,7 @@ def choose_expert_format(cfg: ModelConfig, dtype: torch.dtype, device: str, meth
     or the experts are dequantised at load)."""
     widths = rank_widths(cfg.hidden_size, cfg.intermediate_size, ranks)
     if method != "none":
-        if cfg.checkpoint_quant:
+        if cfg.checkpoint_quant and not cfg.experts_all_float:
             raise ConfigError(f"--quantize {method}: this checkpoint's experts are already {cfg.checkpoint_quant}-"
                               "quantized; leave --quantize out to run them as shipped")
         try:
@@ -42,8 +44,18 @@ def choose_expert_format(cfg: ModelConfig, dtype: torch.dtype, device: str, meth
             raise ConfigError(f"--quantize {method}: {e}") from None
     on_cpu = device == "cpu" and dtype == torch.bfloat16  # the fused kernel multiplies the codes
     on_gpu = device != "cpu" and dtype in (torch.bfloat16, torch.float16)  # paged as shipped
-    if not (on_cpu or on_gpu):
-        return None  # dequantised at load
+    if not (on_cpu or on_gpu) or cfg.experts_all_float:
+        return None  # dequantised at load, or stored in float
+    form = _as_shipped(cfg, widths)
+    if form is not None and cfg.float_expert:
+        raise ConfigError(f"{cfg.float_expert} is stored in float and {cfg.quantized_expert} {cfg.checkpoint_quant}-"
+                          f"quantized: a {str(dtype).removeprefix('torch.')} run holds all routed experts in one "
+                          "format; run with --dtype float32 (every expert dequantised at load), or use a checkpoint "
+                          "that quantizes all routed experts or none")
+    return form
+
+
+def _as_shipped(cfg: ModelConfig, widths: tuple[int, ...]) -> ExpertFormat | None:
     if cfg.checkpoint_scheme is not None:
         return expert_format_of(cfg.checkpoint_scheme, widths)
     if cfg.checkpoint_quant in _SHIPPED:

@@ -7,6 +7,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from moelight.errors import ConfigError
+from moelight.loading.checkpoint_experts import with_expert_storage
 from moelight.loading.int_checkpoints import scheme_of
 from moelight.models import family
 from moelight.models.config import ModelConfig
@@ -62,7 +63,23 @@ def config_from_hf_dict(cfg: dict, where: str = "config.json") -> ModelConfig:
                           "model's original checkpoint")
     check_field_types(cfg, where)
     config = family(mtype, where).config_from_hf(cfg, where)
-    return replace(config, checkpoint_quant=quant, checkpoint_scheme=scheme) if quant else config
+    if not quant:
+        return config
+    return replace(config, checkpoint_quant=quant, checkpoint_scheme=scheme,
+                   float_modules=_float_modules(quant_cfg, where))
+
+
+def _float_modules(quant: dict, where: str) -> tuple[str, ...]:
+    """The modules a quantized checkpoint keeps in float: HF's modules_to_not_convert, compressed-tensors' ignore
+    (transformers and vLLM load them as plain weights)."""
+    keys = []
+    for field in ("modules_to_not_convert", "ignore"):
+        listed = quant.get(field) or []
+        if not isinstance(listed, list) or not all(isinstance(k, str) and k for k in listed):
+            raise ConfigError(f"{where}: quantization_config.{field} must be a list of module names, got "
+                              f"{json.dumps(listed)}")
+        keys += listed
+    return tuple(keys)
 
 
 def load_config(model_dir: str | Path) -> ModelConfig:
@@ -73,4 +90,5 @@ def load_config(model_dir: str | Path) -> ModelConfig:
         cfg = json.loads(path.read_text())
     except json.JSONDecodeError as e:
         raise ConfigError(f"{path}:{e.lineno}: invalid JSON ({e.msg})") from e
-    return config_from_hf_dict(cfg, where=str(path))
+    config = config_from_hf_dict(cfg, where=str(path))
+    return with_expert_storage(config, path.parent) if config.checkpoint_quant else config

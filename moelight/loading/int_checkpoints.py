@@ -18,6 +18,8 @@ the plain k // group, their groups are not contiguous and the layer is dequantis
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from moelight.errors import ConfigError, WeightsError
@@ -101,15 +103,22 @@ def expert_format_of(s: IntScheme, widths: tuple[int, ...]) -> ExpertFormat | No
     return ExpertFormat("uint4" if s.bits == 4 else "int8", group, zero=True, origin=origin)
 
 
-def quantized_modules(names, s: IntScheme, where: str) -> dict[str, dict[str, str]]:
-    """`module.weight` -> {part: tensor name} for every quantized module in the checkpoint's names; a
-    module missing a part it needs (a scale, its zero points) is a WeightsError naming both."""
+def quantized_modules(names, s: IntScheme, where: str,
+                      listed: Callable[[str], bool] = lambda m: False) -> dict[str, dict[str, str]]:
+    """`module.weight` -> {part: tensor name} for every quantized module in the checkpoint's names (a
+    module stored in float is read as a plain weight); a module missing a part it needs (a scale, its
+    zero points) or stored quantized though `listed` (modules_to_not_convert / ignore) keeps it in float
+    is a WeightsError naming both."""
     parts, modules = _PARTS[s.layout], {}
     names = set(names)
-    for name in names:
+    for name in sorted(names):  # the first offender named, the same in every run
         module, _, part = name.rpartition(".")
         scale = _PARTS[s.layout][1]  # a float layout's `weight` is quantized only beside its scale
         if part in parts and (s.layout not in _FLOAT or f"{module}.{scale}" in names):
+            if listed(module):
+                raise WeightsError(f"{where}: {module} is kept in float by quantization_config (modules_to_not_"
+                                   f"convert / ignore) but stored {s.method}-quantized ({name}); take it off "
+                                   "that list, or store it in float")
             modules.setdefault(f"{module}.weight", {})[part] = name
     needed = _NEEDED[s.layout] + (("weight_zero_point",) if s.layout == "pack-quantized" and not s.sym else ())
     for weight, found in modules.items():

@@ -26,6 +26,8 @@ from moelight.models.config import ModelConfig
 from moelight.models.quantized_experts import QuantizedExperts, hold_experts_quantized, quantized_experts_of
 from moelight.models.targets import Target
 
+_FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)  # codes that mean nothing without their scale
+
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
     """The safetensors files of a checkpoint folder, validated to exist."""
@@ -106,7 +108,9 @@ def fill_parameters(cfg: ModelConfig, model_dir: Path, numels: dict[str, int],
                 extra = ()
                 if t.companion is not None:
                     if t.companion not in handles:
-                        raise WeightsError(f"{path}: {raw} needs {t.companion}, which the checkpoint lacks")
+                        raise WeightsError(f"{path}: {raw} needs {t.companion}, which the checkpoint lacks (a "
+                                           "module kept in float is listed in quantization_config."
+                                           "modules_to_not_convert)")
                     extra = (_read(*handles[t.companion], t.companion),)
                 target = dest(t.param)
                 if raw in modules:  # kept quantized where the experts are held so, else dequantised
@@ -134,7 +138,7 @@ def fill_parameters(cfg: ModelConfig, model_dir: Path, numels: dict[str, int],
 def _quantized_modules(cfg: ModelConfig, handles: dict, model_dir: Path) -> dict[str, dict[str, str]]:
     if cfg.checkpoint_scheme is None:
         return {}
-    return quantized_modules(handles, cfg.checkpoint_scheme, str(model_dir))
+    return quantized_modules(handles, cfg.checkpoint_scheme, str(model_dir), cfg.listed_float)
 
 
 def fillable_parameters(model: MoECausalLM) -> dict:
@@ -143,6 +147,12 @@ def fillable_parameters(model: MoECausalLM) -> dict:
     quantized = quantized_experts_of(model)
     params = {n: p for n, p in model.named_parameters() if n.rpartition(".")[0] not in quantized}
     return params | quantized
+
+
+def safetensors_names(path: Path) -> set[str]:
+    """The tensor names of one safetensors file (its header only)."""
+    with _open(path) as f:
+        return set(f.keys())
 
 
 def _open(path: Path):
@@ -178,6 +188,9 @@ def _copy(param: torch.Tensor, t: Target, tensor: torch.Tensor, path: Path, name
         except (RuntimeError, ValueError) as e:  # a reshape / split that the config's shape cannot take
             raise WeightsError(f"{path}: tensor {name} of shape {tuple(tensor.shape)} does not fit "
                                f"config.json's shape ({e})") from None
+    if isinstance(tensor, torch.Tensor) and tensor.dtype in _FP8 and isinstance(target, torch.Tensor):
+        raise WeightsError(f"{path}: tensor {name} is stored in {tensor.dtype} without its scale (listed as "
+                           "kept in float in quantization_config, or its scale tensor is missing)")
     if tuple(target.shape) != tuple(tensor.shape):
         raise WeightsError(
             f"{path}: tensor {name} has shape {tuple(tensor.shape)}, config.json implies {tuple(target.shape)}"

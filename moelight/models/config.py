@@ -8,6 +8,7 @@ shared experts, dense layers, ...) default to Mixtral's values. Each family file
 
 from __future__ import annotations
 
+import re
 from dataclasses import asdict, dataclass, field
 
 from moelight.errors import ConfigError
@@ -55,6 +56,9 @@ class ModelConfig:
     ignored_layers: int = 0  # checkpoint layers after the last that are not run (DeepSeek's MTP head)
     checkpoint_quant: str = ""  # the checkpoint's quant_method ('mxfp4', 'fp8', 'gptq', 'awq', ...); '': 16-bit
     checkpoint_scheme: IntScheme | None = None  # GPTQ / AWQ / compressed-tensors: how its weights are packed
+    float_modules: tuple[str, ...] = ()  # quantization_config's modules_to_not_convert / ignore: kept in float
+    float_expert: str = ""  # a routed-expert tensor the checkpoint stores in float ('': none, or not looked at)
+    quantized_expert: str = ""  # a routed-expert tensor it stores quantized ('': none, or not looked at)
     expert_format: ExpertFormat | None = None  # the run holds the routed experts in this format (expert_format.py)
 
     def __post_init__(self) -> None:
@@ -96,6 +100,23 @@ class ModelConfig:
             return self.num_heads * m.cache_width, m.cache_width, self.num_heads * m.kv_lora_rank
         q = self.num_heads * self.head_dim
         return q, 2 * self.num_kv_heads * self.head_dim, q
+
+    def listed_float(self, name: str) -> bool:
+        """Whether quantization_config keeps module (or tensor) `name` in float: a `re:` pattern matched
+        from the start of the name (compressed-tensors' `ignore`), else a run of whole dotted parts of it
+        (modules_to_not_convert's 'lm_head', 'block_sparse_moe')."""
+        for key in self.float_modules:
+            if key.startswith("re:"):
+                if re.match(key[3:], name):
+                    return True
+            elif f".{key}." in f".{name}.":
+                return True
+        return False
+
+    @property
+    def experts_all_float(self) -> bool:
+        """A quantized checkpoint whose routed experts are all stored in float (plain 16-bit experts)."""
+        return bool(self.float_expert) and not self.quantized_expert
 
     def is_sparse(self, layer: int) -> bool:
         return layer not in self.dense_layers
