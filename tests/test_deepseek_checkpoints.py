@@ -163,3 +163,34 @@ def test_configs_it_cannot_run_are_refused_before_loading(tmp_path, change, matc
 
     with pytest.raises(ConfigError, match=match):
         LLM(str(folder))
+
+
+def _fp8_keeping(tmp_path, kept: str, listed: list[str]) -> tuple[Path, Path]:
+    """(FP8 folder with every FP8-able weight quantized but `kept`, stored in float; the same values plain)."""
+    from moelight.models.deepseek import _FP8_WEIGHT
+
+    tensors, config = saved(hf_model(seed=3), tmp_path / "fp8")
+    plain = dict(tensors)
+    for name in list(tensors):
+        if _FP8_WEIGHT.search(name.removeprefix("model.").replace(".shared_experts.", ".shared_expert.")) \
+                and kept not in name:
+            q, s = quantize_fp8_blocks(tensors[name], tuple(BLOCK))
+            tensors[name], tensors[name + "_scale_inv"] = q, s
+            plain[name] = dequantize_fp8_blocks(q, s, tuple(BLOCK))
+    write(tmp_path / "plain", plain, dict(config))
+    config["quantization_config"] = {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": BLOCK,
+                                     "modules_to_not_convert": listed}
+    return write(tmp_path / "fp8", tensors, config), tmp_path / "plain"
+
+
+def test_a_module_kept_in_float_by_modules_to_not_convert_loads_plain(tmp_path):
+    folder, plain = _fp8_keeping(tmp_path, "kv_a_proj_with_mqa", ["kv_a_proj_with_mqa", "lm_head"])
+    ours_, reference = (build_model(load_config(d), torch.float32, d) for d in (folder, plain))
+    for (n, a), b in zip(ours_.named_parameters(), reference.parameters(), strict=True):
+        assert torch.equal(a, b), n
+
+
+def test_an_fp8_tensor_listed_as_float_is_named(tmp_path):
+    folder, _ = _fp8_keeping(tmp_path, "no module", ["o_proj"])
+    with pytest.raises(WeightsError, match=r"o_proj\.weight is stored in torch\.float8_e4m3fn without its scale"):
+        build_model(load_config(folder), torch.float32, folder)

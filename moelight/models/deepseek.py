@@ -100,8 +100,8 @@ def tensor_targets(raw: str, cfg: ModelConfig) -> list[Target] | None:
     if layer and cfg.num_layers <= int(layer.group(1)) < cfg.num_layers + cfg.ignored_layers:
         return None
     targets = hf_style_targets(name, cfg)
-    if not (cfg.fp8_block and _FP8_WEIGHT.search(name)):
-        return targets
+    if not (cfg.fp8_block and _FP8_WEIGHT.search(name)) or cfg.listed_float(raw.removesuffix(".weight")):
+        return targets  # 16-bit, or kept in float by modules_to_not_convert
     block = cfg.fp8_block
     keep = cfg.expert_format is not None and ".experts." in name  # routed experts held in e4m3
     read = fp8_piece if keep else dequantize_fp8_blocks
