@@ -152,6 +152,8 @@ def test_kimi_k2_loads_through_the_v3_family(tmp_path):
     ({"n_group": 3}, "n_group 3 must divide n_routed_experts"),
     ({"quantization_config": {"quant_method": "fp8", "fmt": "e5m2", "weight_block_size": [128, 128]}},
      "fmt 'e5m2'"),
+    ({"quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [0, 0]}},
+     r"weight_block_size \[0, 0\].*two positive whole numbers"),
     ({"rope_parameters": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1e4}},
      r"rope scaling \(linear\) is not supported"),
 ])

@@ -84,7 +84,8 @@ class EngineSession:
         """Hold the routed experts quantized from load on (--quantize, or a quantized checkpoint kept as
         shipped on the CPU): the memory check and the loader then see the smaller experts."""
         method, group = self.opts.quantization()
-        cfg = with_expert_format(self.config, self.source.dtype, self.device, method, group, self.ranks)
+        cfg = with_expert_format(self.config, self.source.dtype, self.device, method, group, self.ranks,
+                                 self.opts.quantize)
         self.resolved = replace(self.resolved, source=replace(self.source, config=cfg))
         self.source, self.config = self.resolved.source, cfg
         if cfg.expert_format is not None and self.log:

@@ -29,19 +29,20 @@ _SHIPPED = {"mxfp4": ("mxfp4", 32), "fp8": ("fp8", 128)}
 
 
 def choose_expert_format(cfg: ModelConfig, dtype: torch.dtype, device: str, method: str,
-                         group: int = 128, ranks: int = 1) -> ExpertFormat | None:
+                         group: int = 128, ranks: int = 1, given: str = "") -> ExpertFormat | None:
     """The run's expert format, None for the run's dtype. `method`: --quantize ('none', 'int8', 'int4');
     `ranks`: tensor-parallel ranks (a group along the down projection's K must fit in one rank's columns,
-    or the experts are dequantised at load)."""
+    or the experts are dequantised at load); `given`: the --quantize value as written, for messages."""
     widths = rank_widths(cfg.hidden_size, cfg.intermediate_size, ranks)
     if method != "none":
+        given = given or method
         if cfg.checkpoint_quant and not cfg.experts_all_float:
-            raise ConfigError(f"--quantize {method}: this checkpoint's experts are already {cfg.checkpoint_quant}-"
+            raise ConfigError(f"--quantize {given}: this checkpoint's experts are already {cfg.checkpoint_quant}-"
                               "quantized; leave --quantize out to run them as shipped")
         try:
             return quantize_format(method, widths, group)
         except ValueError as e:
-            raise ConfigError(f"--quantize {method}: {e}") from None
+            raise ConfigError(f"--quantize {given}: {e}") from None
     on_cpu = device == "cpu" and dtype == torch.bfloat16  # the fused kernel multiplies the codes
     on_gpu = device != "cpu" and dtype in (torch.bfloat16, torch.float16)  # paged as shipped
     if not (on_cpu or on_gpu) or cfg.experts_all_float:
@@ -68,5 +69,5 @@ def _as_shipped(cfg: ModelConfig, widths: tuple[int, ...]) -> ExpertFormat | Non
 
 
 def with_expert_format(cfg: ModelConfig, dtype: torch.dtype, device: str, method: str,
-                       group: int = 128, ranks: int = 1) -> ModelConfig:
-    return replace(cfg, expert_format=choose_expert_format(cfg, dtype, device, method, group, ranks))
+                       group: int = 128, ranks: int = 1, given: str = "") -> ModelConfig:
+    return replace(cfg, expert_format=choose_expert_format(cfg, dtype, device, method, group, ranks, given))

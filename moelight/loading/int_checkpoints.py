@@ -42,23 +42,31 @@ def scheme_of(quant: dict, where: str) -> IntScheme | None:
     naming the field for one moelight cannot read (checked before anything is loaded)."""
     method = quant.get("quant_method")
     if method == "gptq":
+        layout = quant.get("checkpoint_format") or "gptq"
+        if layout not in ("gptq", "gptq_v2"):  # marlin, bitblas...: other packings of the same codes
+            raise ConfigError(f"{where}: quantization_config.checkpoint_format {layout!r} is not supported; "
+                              "moelight reads GPTQ's 'gptq' and 'gptq_v2' layouts (re-save the model in one)")
         return _checked(IntScheme("gptq", "gptq", int(quant.get("bits", 4)), int(quant.get("group_size", 128)),
                                   bool(quant.get("sym", True)), bool(quant.get("desc_act", False)),
-                                  quant.get("checkpoint_format", "gptq") == "gptq"), where)
+                                  layout == "gptq"), where)
     if method == "awq":
         version = str(quant.get("version", "gemm")).lower()
         if version != "gemm":
             raise ConfigError(f"{where}: AWQ version {version!r}; moelight reads AWQ's GEMM layout only")
-        return _checked(IntScheme("awq", "awq", int(quant.get("bits", quant.get("w_bit", 4))),
-                                  int(quant.get("group_size", quant.get("q_group_size", 128))),
-                                  not quant.get("zero_point", True)), where)
+        bits = int(quant.get("bits", quant.get("w_bit", 4)))
+        if bits != 4 or not quant.get("zero_point", True):
+            raise ConfigError(f"{where}: AWQ with bits {bits} and zero_point {quant.get('zero_point', True)}; "
+                              "moelight reads AWQ GEMM's 4-bit weights with zero points (bits 4, zero_point true)")
+        return _checked(IntScheme("awq", "awq", bits, int(quant.get("group_size", quant.get("q_group_size", 128))),
+                                  False), where)
     if method == "compressed-tensors":
         return _compressed_tensors(quant, where)
     if method == "fp8":  # Qwen3-FP8 style: e4m3 weights, `weight_scale_inv` per [rows, columns] block
         block = quant.get("weight_block_size")
-        if quant.get("fmt", "e4m3") != "e4m3" or not (isinstance(block, list) and len(block) == 2):
+        if quant.get("fmt", "e4m3") != "e4m3" or not positive_pair(block):
             raise ConfigError(f"{where}: an FP8 checkpoint with fmt {quant.get('fmt')!r} and weight_block_size "
-                              f"{block!r}; moelight reads e4m3 weights with [rows, columns] block scales")
+                              f"{block!r}; moelight reads e4m3 weights with [rows, columns] block scales, two "
+                              "positive whole numbers")
         return IntScheme("fp8", "fp8-block", 8, int(block[1]), block=(int(block[0]), int(block[1])))
     return None
 
@@ -73,14 +81,29 @@ def _compressed_tensors(quant: dict, where: str) -> IntScheme:
     strategy, bits = w.get("strategy"), int(w.get("num_bits", 0))
     if strategy not in ("channel", "group", "tensor", "block"):
         raise ConfigError(f"{where}: compressed-tensors weight strategy {strategy!r}: channel, group, tensor or block")
+    if strategy == "group" and not (isinstance(w.get("group_size"), int) and w["group_size"] > 0):
+        raise ConfigError(f"{where}: compressed-tensors weights with strategy 'group' need a positive group_size, "
+                          f"got {w.get('group_size')!r}")
+    if fmt == "pack-quantized" and w.get("type", "int") != "int":
+        raise ConfigError(f"{where}: pack-quantized weights of type {w.get('type')!r}; moelight reads integer "
+                          "(type 'int') pack-quantized weights")
     if fmt == "float-quantized":
         if w.get("type") != "float" or bits != 8:
             raise ConfigError(f"{where}: float-quantized weights of {bits} bits, type {w.get('type')!r}: FP8 only")
+        if strategy == "block" and not positive_pair(w.get("block_structure")):
+            raise ConfigError(f"{where}: compressed-tensors block_structure {w.get('block_structure')!r}: "
+                              "[rows, columns], two positive whole numbers")
         block = tuple(int(b) for b in w.get("block_structure") or ()) if strategy == "block" else ()
         return IntScheme("compressed-tensors", fmt, 8, block[1] if block else -1, True, False, False, block)
     group = int(w["group_size"]) if strategy == "group" else -1
     act = w.get("actorder") not in (None, False, "static")
     return _checked(IntScheme("compressed-tensors", fmt, bits, group, bool(w.get("symmetric", True)), act), where)
+
+
+def positive_pair(block) -> bool:
+    """An FP8 weight_block_size that can be read: [rows, columns], both whole and positive."""
+    return (isinstance(block, list) and len(block) == 2
+            and all(isinstance(b, int) and not isinstance(b, bool) and b > 0 for b in block))
 
 
 def _checked(s: IntScheme, where: str) -> IntScheme:
@@ -141,6 +164,7 @@ def read_module(s: IntScheme, t: dict[str, torch.Tensor]) -> QuantPiece | torch.
     u, zero, scale, g_idx = _unpacked(s, t)
     n, k = u.shape
     group = k if s.group == -1 else s.group
+    _check_groups(scale.shape[1], -(-k // group), k, g_idx)
     plain = torch.arange(k) // group
     if (g_idx is not None and not torch.equal(g_idx.long(), plain)) or k % group:
         # act order, or a last group cut short (K not a multiple of the group): dequantised per column
@@ -150,6 +174,16 @@ def read_module(s: IntScheme, t: dict[str, torch.Tensor]) -> QuantPiece | torch.
         codes = u.to(torch.uint8)
         return QuantPiece("uint4", codes[:, 0::2] | (codes[:, 1::2] << 4), scale, -zero * scale)
     return QuantPiece("int8", (u - 128).to(torch.int8), scale, (128.0 - zero) * scale)
+
+
+def _check_groups(found: int, needed: int, k: int, g_idx: torch.Tensor | None) -> None:
+    """ValueError where the scales or g_idx do not fit config.json's group size (a wrong group_size would
+    otherwise apply each scale to the wrong columns, silently)."""
+    if found != needed:
+        raise ValueError(f"scales have {found} groups per row; K={k} in config.json's group_size needs {needed}")
+    if g_idx is not None and (g_idx.numel() != k or k and not 0 <= int(g_idx.min()) <= int(g_idx.max()) < found):
+        raise ValueError(f"g_idx has {g_idx.numel()} entries in {int(g_idx.min()) if k else 0}.."
+                         f"{int(g_idx.max()) if k else 0}; it needs K={k} group numbers in 0..{found - 1}")
 
 
 def _unpacked(s: IntScheme, t: dict) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:

@@ -118,7 +118,7 @@ def fill_parameters(cfg: ModelConfig, model_dir: Path, numels: dict[str, int],
                     try:
                         piece = read_module(s, {p: _read(*handles[n], n) for p, n in modules[raw].items()})
                         tensor = piece if isinstance(target, QuantizedExperts) else dequantized(piece)
-                    except RuntimeError as e:  # shapes that do not unpack as config.json says
+                    except (RuntimeError, ValueError) as e:  # shapes that do not unpack as config.json says
                         raise WeightsError(f"{path}: {raw}'s tensors ({', '.join(modules[raw].values())}) do not "
                                            f"fit config.json's {s.bits}-bit {s.method} with group {s.group} "
                                            f"({str(e).splitlines()[0]})") from None

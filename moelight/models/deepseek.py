@@ -228,7 +228,9 @@ def _fp8_block(cfg: dict, where: str) -> tuple[int, ...]:
     if quant.get("quant_method") != "fp8":
         return ()
     block = quant.get("weight_block_size")
-    if quant.get("fmt", "e4m3") != "e4m3" or not (isinstance(block, list) and len(block) == 2):
+    if quant.get("fmt", "e4m3") != "e4m3" or not (isinstance(block, list) and len(block) == 2
+                                                  and all(isinstance(b, int) and b > 0 for b in block)):
         raise ConfigError(f"{where}: an FP8 checkpoint with fmt {quant.get('fmt')!r} and weight_block_size "
-                          f"{block!r}; moelight dequantises e4m3 weights with [rows, columns] block scales")
+                          f"{block!r}; moelight dequantises e4m3 weights with [rows, columns] block scales, two "
+                          "positive whole numbers")
     return tuple(int(b) for b in block)

@@ -67,7 +67,12 @@ def quantize_format(method: str, widths: tuple[int, ...], group: int = 128) -> E
         return ExpertFormat("int8", 0, origin="--quantize int8")
     if method != "int4":
         raise ValueError(f"--quantize {method!r}: none, int8 or int4")
-    g = int4_group_for(*widths, preferred=group)
+    try:
+        g = int4_group_for(*widths, preferred=group)
+    except ValueError:
+        raise ValueError(f"no int4 group of 32, 64 or 128 (at most {group}) divides the experts' input widths "
+                         f"{widths} (hidden size, expert width per rank): int4 needs multiples of 32; "
+                         "--quantize int8 has no such limit") from None
     return ExpertFormat("uint4", g, zero=True, origin=f"--quantize int4 (group {g})")
 
 
