@@ -172,7 +172,8 @@ def expert_mix(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, packed
                act: ActSpec = ActSpec()) -> torch.Tensor:
     """All routed experts of a layer in one call: x [T, h], expert ids [T, k] and routing weights [T, k]
     -> sum over each token's experts of weight * down(act(gate_up(x))), [T, h] in x's dtype.
-    Computes in bf16 with float32 accumulation whatever x's dtype (csrc/expert_mix.cpp)."""
+    Computes in bf16 with float32 accumulation whatever x's dtype (csrc/expert_mix.cpp); float32 engines run
+    quantized experts dequantized on their float32 loop instead (moelight/runtime/cpu_linear.py)."""
     if not _cpp_available() or x.device.type != "cpu":
         return expert_mix_torch(x, ids, weights, packed, act)
     p = packed

@@ -122,6 +122,9 @@ def pack_model(model: MoECausalLM, quantize: str = "none", group: int = 128, fus
     False keeps dense experts on the per-expert oneDNN loop (None: fused_enabled decides). bf16 on a
     CPU whose oneDNN packs no bf16: the other matmuls run on packed float32 copies (upcast_bf16_linears)."""
     dtype = model.embed_tokens.weight.dtype
+    if dtype != torch.bfloat16 and _has_quantized_experts(model):
+        _expand_quantized_experts(model, dtype)
+        quantize = "none"
     fused = fused_enabled(dtype, quantize) if fused_experts is None else fused_experts
     fused = fused or _has_quantized_experts(model)
     upcast = dtype == torch.bfloat16 and upcast_bf16_linears()
@@ -145,6 +148,21 @@ def pack_model(model: MoECausalLM, quantize: str = "none", group: int = 128, fus
             moe.gate_up_proj, moe.down_proj = gate_up, down
             moe.linear = upcast_packed_linear if upcast else packed_linear
     return True
+
+
+def _expand_quantized_experts(model: MoECausalLM, dtype: torch.dtype) -> None:
+    """float32 with quantized experts: a dense copy of their dequantized values, run by the float32 loop, so
+    the CPU engine computes dequantize-then-matmul as the device paths do (the fused kernel computes in
+    bf16, with int8 activations on VNNI / AVX2 hosts) and greedy float32 tokens are the same on every path."""
+    from cpu_kernels.expert_pack import dequantize
+
+    for layer in model.layers:
+        moe = layer.mlp
+        for name in ("gate_up_proj", "down_proj"):
+            w = getattr(moe, name, None)
+            if hasattr(w, "matrix"):
+                delattr(moe, name)
+                setattr(moe, name, dequantize(w.matrix()).to(dtype))
 
 
 def _has_quantized_experts(model: MoECausalLM) -> bool:

@@ -3,7 +3,8 @@
 `pack_model` (runtime/cpu_linear.py) swaps a MoE block's gate_up_proj / down_proj for one
 `FusedExperts`; `models.moe.expert_mix` hands it the whole layer (no Python loop per expert).
 bf16 models run it by default, float32 models keep the oneDNN loop (bit-exact against
-transformers); quantized experts (`--quantize int8|int4`) always run it.
+transformers); quantized experts (`--quantize int8|int4`) run it in bf16, and in float32 are
+dequantized at pack time onto the float32 loop (runtime/cpu_linear.py: the device paths' numbers).
 MOELIGHT_EXPERTS=loop keeps bf16 on the loop (to measure one against the other).
 """
 
