@@ -46,3 +46,19 @@ def test_cpu_engine_float32_quantized_experts_match_the_emulated_pipeline(folder
     emulated = _run(folder, quantize, device="emulated", policy=str(folder / "policy.json"), hardware="t4")
     assert cpu[0] == emulated[0]
     torch.testing.assert_close(torch.tensor(cpu[1]), torch.tensor(emulated[1]), rtol=0, atol=1e-5)
+
+
+
+def test_the_memory_check_counts_the_float32_copy_the_cpu_engine_holds():
+    """A float32 CPU run holds its quantized experts expanded: the check before loading counts them so
+    (it counted their int4 bytes); bf16 holds them quantized."""
+    from dataclasses import replace
+
+    from moelight.loading.presets import preset_config
+    from moelight.models.expert_format import ExpertFormat
+    from moelight.planning.memory_check import parameter_count, weight_bytes
+
+    cfg = preset_config("tiny")
+    quantized = replace(cfg, expert_format=ExpertFormat("uint4", 32, zero=True))
+    assert weight_bytes(quantized, torch.float32, on_cpu=True) >= parameter_count(cfg) * 4
+    assert weight_bytes(quantized, torch.bfloat16, on_cpu=True) < parameter_count(cfg) * 2

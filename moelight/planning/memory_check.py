@@ -24,12 +24,13 @@ def dtype_bytes(dtype: torch.dtype) -> int:
 
 
 def weight_bytes(cfg: ModelConfig, dtype: torch.dtype, on_cpu: bool = False) -> int:
-    """Every weight in `dtype`, routed experts in `cfg.expert_format` where the run holds them quantized;
+    """Every weight in `dtype`, routed experts in `cfg.expert_format` where the run holds them quantized (on
+    the CPU in bf16 only: float32 / float16 expand them to a dense copy);
     `on_cpu`: the CPU engine's packed matmuls, float32 copies of bf16 weights where this CPU packs no bf16,
     and the plain bf16 weights beside them that the few-row decode matmuls read (extra_linear_bytes)."""
     extra = extra_linear_bytes(dtype) * packed_linear_count(cfg) if on_cpu else 0
     form = cfg.expert_format
-    if form is None:
+    if form is None or (on_cpu and dtype != torch.bfloat16):  # the CPU engine expands them (pack_model)
         return parameter_count(cfg) * dtype_bytes(dtype) + extra
     e, h, f = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size
     sparse = sum(cfg.is_sparse(i) for i in range(cfg.num_layers))
