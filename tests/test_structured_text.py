@@ -17,7 +17,7 @@ pytest.importorskip("xgrammar")
 from moelight import LLM, SamplingParams  # noqa: E402
 from moelight.sampling.params import StructuredOutputsParams as SO  # noqa: E402
 from moelight.sampling.structured import StructuredOutputError, check_schema_keywords  # noqa: E402
-from moelight.sampling.utf8_guard import BAD, Utf8Guard, allowed_tokens, token_transitions  # noqa: E402
+from moelight.sampling.utf8_guard import BAD, STATES, allowed_bits, token_transitions  # noqa: E402
 
 STDLIB_MOE = Path(__file__).parent / "data" / "stdlib-moe"
 
@@ -47,15 +47,18 @@ def test_the_guard_admits_exactly_the_tokens_that_keep_the_text_utf8():
     vocab = [bytes([b]) for b in range(256)] + ["é".encode(), "🙂".encode(), b"\xed\xa0", b"\xe0\x80", b"\xf0\x9f",
                                                 b"\x98\x82", b"", b"ab\xc3"]
     transitions = token_transitions(vocab)
-    guard = Utf8Guard(transitions, allowed_tokens(transitions))
     for _ in range(200):
-        text, guard.state = b"", 0
+        text, state = b"", 0
         for _ in range(12):
-            allowed = [t for t in range(len(vocab)) if transitions[guard.state, t] != BAD]
+            allowed = [t for t in range(len(vocab)) if transitions[state, t] != BAD]
             assert allowed == [t for t in range(len(vocab)) if _valid_prefix(text + vocab[t])]
             token = rng.choice(allowed)
-            text += vocab[token]
-            guard.accept(token)
+            text, state = text + vocab[token], int(transitions[state, token])
+    # packed as xgrammar packs a token bitmask: bit j of word i is token 32 i + j
+    bits = allowed_bits(transitions)
+    for state in range(STATES):
+        unpacked = [t for t in range(len(vocab)) if (int(bits[state, t // 32]) >> (t % 32)) & 1]
+        assert unpacked == [t for t in range(len(vocab)) if transitions[state, t] != BAD]
 
 
 def test_pattern_strings_come_out_as_characters_that_validate(llm):

@@ -17,7 +17,7 @@ import torch
 
 from moelight.errors import MoelightError
 from moelight.sampling.params import StructuredOutputsParams
-from moelight.sampling.utf8_guard import Utf8Guard, allowed_tokens, token_transitions
+from moelight.sampling.utf8_guard import Utf8Guard, allowed_bits, token_transitions
 
 
 class StructuredOutputError(MoelightError, ValueError):
@@ -93,7 +93,7 @@ class GrammarCache:
         self._compile = lru_cache(maxsize=4096)(self._compile_uncached)  # a job of many schemas: each once
         self._startable: set[tuple] = set()
         self._transitions = token_transitions(self.info.decoded_vocab)
-        self._allowed = allowed_tokens(self._transitions)
+        self._utf8_bits = allowed_bits(self._transitions)
 
     def _compile_uncached(self, key: tuple):
         schema, regex, choice, grammar, json_object = key
@@ -118,7 +118,7 @@ class GrammarCache:
             raise StructuredOutputError(f"the structured-output constraint does not compile: {why}") from None
 
     def constraint(self, params: StructuredOutputsParams) -> Constraint:
-        return Constraint(self._compile(params.key()), self.vocab_size, Utf8Guard(self._transitions, self._allowed))
+        return Constraint(self._compile(params.key()), self.vocab_size, Utf8Guard(self._transitions, self._utf8_bits))
 
     def check(self, params: StructuredOutputsParams) -> None:
         """Compile now (a bad schema or regex is an error before any model loads), and refuse a constraint
@@ -149,10 +149,10 @@ class Constraint:
         -inf in this row of logits."""
         xgr = _xgr()
         self.matcher.fill_next_token_bitmask(self.bitmask)
+        if self.utf8 is not None:
+            self.utf8.restrict(self.bitmask[0])
         view = row.view(1, -1)
         xgr.apply_token_bitmask_inplace(view, self.bitmask, vocab_size=self.vocab_size)
-        if self.utf8 is not None:
-            self.utf8.restrict(row)
 
     def can_start(self) -> bool:
         """Whether any token (a stop token included, for a constraint the empty text satisfies) may come first."""

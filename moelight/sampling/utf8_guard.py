@@ -57,23 +57,29 @@ def token_transitions(decoded_vocab: list[bytes]) -> np.ndarray:
 
 
 class Utf8Guard:
-    """One sequence's place in a UTF-8 character: which tokens may come next."""
+    """One sequence's place in a UTF-8 character: which tokens may come next, as xgrammar's packed token
+    bitmask (bit j of word i: token 32 i + j), so joining it to the grammar's costs a word per 32 tokens."""
 
-    def __init__(self, transitions: np.ndarray, allowed: torch.Tensor) -> None:
-        self.transitions, self.allowed, self.state = transitions, allowed, READY
+    def __init__(self, transitions: np.ndarray, bits: torch.Tensor) -> None:
+        self.transitions, self.bits, self.state = transitions, bits, READY
 
-    def restrict(self, row: torch.Tensor) -> None:
-        """-inf for the tokens that would break the text, unless none of the row's finite ones is left
+    def restrict(self, bitmask: torch.Tensor) -> None:
+        """The grammar's allowed tokens less those that would break the text, unless none would be left
         (then the grammar's own mask stands: it outranks this guard)."""
-        kept = row.masked_fill(~self.allowed[self.state][: row.shape[-1]], float("-inf"))
-        if bool(torch.isfinite(kept).any()):
-            row.copy_(kept)
+        both = bitmask & self.bits[self.state]
+        if bool(both.any()):
+            bitmask.copy_(both)
 
     def accept(self, token: int) -> None:
         nxt = int(self.transitions[self.state, token]) if token < self.transitions.shape[1] else self.state
         self.state = READY if nxt == BAD else nxt
 
 
-def allowed_tokens(transitions: np.ndarray) -> torch.Tensor:
-    """[STATES, vocab] bool: the tokens each state admits."""
-    return torch.from_numpy(transitions != BAD)
+def allowed_bits(transitions: np.ndarray) -> torch.Tensor:
+    """[STATES, words] int32: the tokens each state admits, packed 32 to a word as xgrammar packs them."""
+    allowed = transitions != BAD
+    words = -(-allowed.shape[1] // 32)
+    padded = np.zeros((STATES, words * 32), np.uint32)
+    padded[:, : allowed.shape[1]] = allowed
+    packed = (padded.reshape(STATES, words, 32) << np.arange(32, dtype=np.uint32)).sum(-1, dtype=np.uint32)
+    return torch.from_numpy(packed.view(np.int32).copy())
