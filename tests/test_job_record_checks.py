@@ -29,6 +29,14 @@ def half_done(tmp_path):
     return data, out
 
 
+def _resumed_notes(data, out) -> list[str]:
+    """Resume the half-done job to its end; the report's notes."""
+    res = CliRunner().invoke(app, _args(data, out, "--resume"))
+    assert res.exit_code == 0, res.output
+    assert len(out.read_text().splitlines()) == len(ROWS)
+    return json.loads(out.with_name(out.name + ".report.json").read_text())["notes"]
+
+
 @pytest.mark.parametrize("edit", [
     {"settings": "abc"},
     {"settings": {}},
@@ -57,10 +65,7 @@ def test_options_an_older_record_does_not_hold_are_named_as_unchecked(half_done)
     old = json.loads(record.read_text())
     del old["settings"]["quantize"]
     record.write_text(json.dumps(old))
-    res = CliRunner().invoke(app, _args(data, out, "--resume"))
-    assert res.exit_code == 0, res.output
-    assert len(out.read_text().splitlines()) == len(ROWS)
-    notes = json.loads(out.with_name(out.name + ".report.json").read_text())["notes"]
+    notes = _resumed_notes(data, out)
     assert any("does not record --quantize" in n for n in notes), notes
 
 
@@ -119,10 +124,7 @@ def test_a_record_of_the_first_version_resumes_with_a_note_and_is_upgraded(half_
     requests = read_dataset(data)
     old |= {"version": 1, "requests": {r.id: request_hash(r, version=1) for r in requests}}
     record.write_text(json.dumps(old))
-    res = CliRunner().invoke(app, _args(data, out, "--resume"))
-    assert res.exit_code == 0, res.output
-    assert len(out.read_text().splitlines()) == len(ROWS)
-    notes = json.loads(out.with_name(out.name + ".report.json").read_text())["notes"]
+    notes = _resumed_notes(data, out)
     assert any("predates the check of requests' sampling fields" in n for n in notes), notes
     new = json.loads(record.read_text())
     assert new["version"] == VERSION and new["requests"] == {r.id: request_hash(r) for r in requests}
