@@ -136,3 +136,13 @@ def test_a_record_of_a_newer_version_is_refused(half_done):
     record.write_text(json.dumps(json.loads(record.read_text()) | {"version": 99}))
     res = CliRunner().invoke(app, _args(data, out, "--resume"))
     assert res.exit_code == 2 and "version 99" in res.output, res.output
+
+
+def test_a_last_line_cut_by_a_kill_is_named_when_the_job_resumes(half_done):
+    """The writer drops an incomplete last line before it appends; the report says so (it was silent)."""
+    data, out = half_done
+    with open(out, "a") as f:
+        f.write('{"id": "q2", "output": "hal')
+    notes = _resumed_notes(data, out)
+    assert any("last line was incomplete (27 bytes" in n for n in notes), notes
+    assert sorted(json.loads(line)["id"] for line in out.read_text().splitlines()) == [r["id"] for r in ROWS]

@@ -56,6 +56,40 @@ def read_jsonl_results(path: str | Path) -> list[dict]:
     return records
 
 
+def _cut_tail(data: bytes) -> int | None:
+    """Where an incomplete last line (no trailing newline, not a whole JSON object) begins; None if the
+    data ends in a complete line, or in a whole object that only lacks its newline."""
+    if not data or data.endswith(b"\n"):
+        return None
+    cut = data.rfind(b"\n") + 1
+    try:
+        if isinstance(json.loads(data[cut:].decode("utf-8")), dict):
+            return None
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        pass
+    return cut
+
+
+def partial_tail_bytes(path: str | Path) -> int:
+    """Bytes of an incomplete last line that `repair_jsonl` would cut (a run killed mid-write)."""
+    path = Path(path)
+    if not path.is_file():
+        return 0
+    with open(path, "rb") as f:
+        size, block = f.seek(0, os.SEEK_END), 1 << 16
+        while True:  # read back from the end until the last line's start is in view (outputs can be GBs)
+            start = max(0, size - block)
+            f.seek(start)
+            data = f.read()
+            if start == 0 or b"\n" in data[:-1]:
+                break
+            block *= 4
+    if start:  # the first line read may be cut by the seek: only the lines after it count
+        data = data[data.index(b"\n") + 1:]
+    cut = _cut_tail(data)
+    return 0 if cut is None else len(data) - cut
+
+
 def repair_jsonl(path: str | Path) -> int:
     """Cut an incomplete last line (no trailing newline) off ``path``; return bytes dropped.
 
@@ -66,16 +100,12 @@ def repair_jsonl(path: str | Path) -> int:
         return 0
     with open(path, "rb+") as f:
         data = f.read()
-        if not data or data.endswith(b"\n"):
-            return 0
-        cut = data.rfind(b"\n") + 1
-        tail = data[cut:]
-        try:
-            if isinstance(json.loads(tail.decode("utf-8")), dict):
+        cut = _cut_tail(data)
+        if cut is None:
+            if data and not data.endswith(b"\n"):
                 f.write(b"\n")
-                return 0
-        except (UnicodeDecodeError, json.JSONDecodeError):
-            pass
+            return 0
+        tail = data[cut:]
         f.truncate(cut)
         f.flush()
         os.fsync(f.fileno())

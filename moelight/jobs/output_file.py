@@ -9,6 +9,7 @@ from pathlib import Path
 
 import workloads
 from moelight.jobs.job_record import JobRecord, check_resume, output_shape, record_path
+from workloads.resume import partial_tail_bytes
 
 
 def report_path(output: Path) -> Path:
@@ -74,7 +75,13 @@ def prepare_output(opts, out_format: str, requests=None) -> OutputState:
     if not opts.resume:
         return OutputState(record)
     done = workloads.finished_ids(opts.output)
-    return OutputState(record, done, check_resume(opts.output, record, done, output_shape(opts.output)))
+    notes = check_resume(opts.output, record, done, output_shape(opts.output))
+    stream = workloads.sidecar_path(opts.output) if workloads.output_format(opts.output) == "parquet" else opts.output
+    cut = partial_tail_bytes(stream)
+    if cut:  # repaired when the writer opens: said here, so the report tells what was dropped
+        notes.append(f"{stream}: its last line was incomplete ({cut} bytes; a run killed while writing it): "
+                     "it is dropped and its request runs again")
+    return OutputState(record, done, notes)
 
 
 class LazyResultWriter:
