@@ -8,9 +8,13 @@ model's input without a prompt longer than the engine takes. `is_greedy` is ever
 ranking first. `loglikelihood_rolling` scores a text in windows of max_length (the model's context
 less the slot a prompt leaves) as the `hf` model does (`get_rolling_token_windows`, one prefix token);
 `generate_until` keeps the last max_length - max_gen_toks context tokens, as `hf` does, and stops at
-lm-eval's `until` strings. Tokenization follows the `hf` model's: the tokenizer's own special tokens
-unless `add_bos_token` says otherwise (none for a string that already starts with BOS), the prefix
-token BOS (else EOS) for an empty context.
+lm-eval's `until` strings, with the task's sampling settings (temperature, top_k, top_p, min_p,
+repetition_penalty; others refused, not dropped). Tokenization follows the `hf` model's: the
+tokenizer's own special tokens, or BOS as `add_bos_token` says (True adds it whatever the tokenizer
+does); none for a string that already starts with BOS; the prefix token BOS (else EOS) for an empty
+context. One difference: a Llama-style tokenizer.json without a post-processor gets BOS from moelight
+by default (see tokenization/tokenizer.py), none from transformers 5: pass add_bos_token=False for hf's.
+Chat templates (`apply_chat_template=True`) render as moelight's chat jobs do.
 lm-eval is an optional extra: `pip install -e ".[eval]"`. Importing this module registers `moelight`
 in lm-eval's registry (`moelight eval` does), beside lm-eval's own models.
 """
@@ -75,10 +79,14 @@ class MoelightLM(TemplateLM):
 
     def tok_encode(self, string: str, add_special_tokens: bool | None = None, **kwargs) -> list[int]:
         add = add_special_tokens if add_special_tokens is not None else self.add_bos_token
-        if add is None:  # the tokenizer's default, unless the text already starts with BOS
-            bos = self._bos_text()
-            add = not (bos and string.startswith(bos))
-        return self.tokenizer.encode(string, add_bos=add)
+        bos = self._bos_text()
+        if add_special_tokens is None and bos and string.startswith(bos):  # hf's: the text has its BOS already
+            add = False
+        ids = self.tokenizer.encode(string, add_bos=add is not False)
+        bos_id = self.tokenizer.bos_id
+        if add and self.add_bos_token and bos_id is not None and ids[:1] != [bos_id]:
+            ids = [bos_id, *ids]  # add_bos_token=True: BOS even where the tokenizer adds none (hf sets it so)
+        return ids
 
     def _bos_text(self) -> str:
         if self.tokenizer.bos_id is None:
@@ -126,11 +134,48 @@ class MoelightLM(TemplateLM):
             kwargs = dict(gen_kwargs)
             until = kwargs.pop("until", None) or []
             until = [until] if isinstance(until, str) else list(until)
-            sample = kwargs.pop("do_sample", False)
-            temperature = float(kwargs.pop("temperature", 0.0)) if sample else 0.0
             max_tokens = int(kwargs.pop("max_gen_toks", self.max_gen_toks))
             ids = self.tok_encode(context)[-max(1, self.max_length - max_tokens):]  # hf's max_ctx_len
             prompts.append({"prompt_token_ids": ids})
-            params.append(SamplingParams(max_tokens=max_tokens, temperature=temperature,
-                                         stop=[u for u in until if u] or None))
+            params.append(SamplingParams(max_tokens=max_tokens, stop=[u for u in until if u] or None,
+                                         **generation_sampling(kwargs)))
         return [out.outputs[0].text for out in self.llm.generate(prompts, params)]
+
+    # ---- chat templates (lm-eval's apply_chat_template=True) ----
+    @property
+    def tokenizer_name(self) -> str:
+        return str(self.llm.options.model).replace("/", "__")
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        templates = getattr(self.tokenizer, "chat_templates", None)
+        if isinstance(templates, dict) and isinstance(chat_template, str):
+            return templates.get(chat_template)
+        return getattr(self.tokenizer, "chat_template", None)
+
+    def apply_chat_template(self, chat_history: list[dict], add_generation_prompt: bool = True) -> str:
+        return self.tokenizer.render_chat(chat_history, add_generation_prompt=add_generation_prompt)
+
+
+# lm-eval's generation settings that carry over (HF generate's names, as its `hf` model passes them on)
+_SAMPLING_KWARGS = {"top_k": int, "top_p": float, "min_p": float, "repetition_penalty": float}
+
+
+def generation_sampling(kwargs: dict) -> dict:
+    """SamplingParams fields of a task's generation_kwargs (until and max_gen_toks taken out). As HF's
+    generate: greedy unless do_sample; a setting moelight cannot honour is refused, not dropped."""
+    kwargs = dict(kwargs)
+    sample = bool(kwargs.pop("do_sample", False))
+    temperature = float(kwargs.pop("temperature", 1.0 if sample else 0.0))
+    out = {"temperature": temperature if sample else 0.0}
+    for name, kind in _SAMPLING_KWARGS.items():
+        if kwargs.get(name) is not None:
+            out[name] = kind(kwargs.pop(name))
+        kwargs.pop(name, None)
+    if not sample:  # HF ignores the sampling settings of a greedy generate
+        out = {"temperature": 0.0, **({"repetition_penalty": out["repetition_penalty"]}
+                                      if "repetition_penalty" in out else {})}
+    unknown = sorted(k for k, v in kwargs.items() if v is not None)
+    if unknown:
+        raise ValueError(f"generation_kwargs {', '.join(unknown)}: moelight cannot honour them (it takes until, "
+                         f"max_gen_toks, do_sample, temperature, {', '.join(_SAMPLING_KWARGS)})")
+    return out

@@ -24,6 +24,10 @@ def eval_(
     device: str = Opt("auto", "--device", help="auto, cpu, cuda (or cuda:N) or emulated"),
     hardware: str = Opt(None, "--hardware", help="hardware to plan for (default: this machine's profile)"),
     seed: int = Opt(0, "--seed"),
+    apply_chat_template: bool = Opt(False, "--apply-chat-template",
+                                    help="format each prompt with the model's chat template (lm-eval's option)"),
+    add_bos_token: bool = Opt(None, "--add-bos-token/--no-add-bos-token",
+                              help="BOS before every text, or none (default: the tokenizer's own choice)"),
     overwrite: bool = Opt(False, "--overwrite", help="replace an existing --output"),
 ) -> None:
     """Run lm-eval's evaluator with moelight as the model; print each task's metrics, save everything."""
@@ -57,9 +61,11 @@ def eval_(
         if unknown:
             raise OptionError(f"--tasks: unknown task(s) {', '.join(unknown)}"
                               + ("" if include_path else "; pass --include-path for tasks of your own"))
-        lm = MoelightLM(model, dtype=dtype, load_format=load_format, device=device, hardware=hardware, seed=seed)
+        lm = MoelightLM(model, dtype=dtype, load_format=load_format, device=device, hardware=hardware, seed=seed,
+                        add_bos_token=add_bos_token)
         results = lm_eval.simple_evaluate(model=lm, tasks=names, task_manager=manager, num_fewshot=num_fewshot,
-                                          limit=limit, log_samples=True, random_seed=seed)
+                                          limit=limit, log_samples=True, random_seed=seed,
+                                          apply_chat_template=apply_chat_template)
     output.parent.mkdir(parents=True, exist_ok=True)
     output.write_text(json.dumps(results, indent=1, default=str) + "\n")
     for task, metrics in results["results"].items():

@@ -1,0 +1,119 @@
+"""lm-eval's options reach moelight as they reach its `hf` model: a task's sampling settings (they were
+dropped), add_bos_token=True on a tokenizer that adds no BOS itself (it was ignored), a text that
+starts with BOS (no second one), and chat templates (apply_chat_template crashed)."""
+
+from __future__ import annotations
+
+import pytest
+
+lm_eval = pytest.importorskip("lm_eval")
+
+from tests.test_lm_eval import _doc, setup  # noqa: E402, F401 - the module's checkpoint and tasks
+
+
+def test_a_tasks_sampling_settings_become_the_requests_and_unknown_ones_are_refused():
+    from moelight.api.lm_eval_model import generation_sampling
+
+    assert generation_sampling({"do_sample": True, "temperature": 0.7, "top_k": 1, "top_p": 0.9}) == \
+        {"temperature": 0.7, "top_k": 1, "top_p": 0.9}
+    assert generation_sampling({"do_sample": True}) == {"temperature": 1.0}
+    assert generation_sampling({"temperature": 0.7, "top_k": 5}) == {"temperature": 0.0}  # greedy: as HF
+    with pytest.raises(ValueError, match="num_beams"):
+        generation_sampling({"num_beams": 4})
+
+
+def _generate(lm, tasks, yaml: str, **kw):
+    from lm_eval.tasks import TaskManager
+
+    (tasks / "tiny_gen_opts.yaml").write_text(yaml)
+    results = lm_eval.simple_evaluate(model=lm, tasks=["tiny_gen_opts"], task_manager=TaskManager(
+        include_path=str(tasks), include_defaults=False), log_samples=True, random_seed=0, **kw)
+    return [[s["filtered_resps"], s["arguments"]] for s in sorted(results["samples"]["tiny_gen_opts"], key=_doc)]
+
+
+def _task(root, sampling: str) -> str:
+    return f"""task: tiny_gen_opts
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {root / 'gen.jsonl'}
+output_type: generate_until
+test_split: test
+doc_to_text: "{{{{context}}}}"
+doc_to_target: " x"
+generation_kwargs:
+  until: ["\\n\\n"]
+  max_gen_toks: 8
+{sampling}
+metric_list:
+  - metric: exact_match
+"""
+
+
+def test_top_k_one_samples_the_greedy_tokens(setup, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    from moelight.api.lm_eval_model import MoelightLM
+
+    folder, tasks, root = setup
+    lm = MoelightLM(str(folder), dtype="float32", hardware="cpu-server")
+    greedy = _generate(lm, tasks, _task(root, "  do_sample: false"))
+    top1 = _generate(lm, tasks, _task(root, "  do_sample: true\n  temperature: 1.0\n  top_k: 1"))
+    assert [g[0] for g in top1] == [g[0] for g in greedy]
+
+
+def test_chat_templates_render_as_the_hf_models(setup, monkeypatch):  # noqa: F811
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    from lm_eval.models.huggingface import HFLM
+
+    from moelight.api.lm_eval_model import MoelightLM
+
+    folder, tasks, root = setup
+    ours = MoelightLM(str(folder), dtype="float32", hardware="cpu-server")
+    theirs = HFLM(pretrained=str(folder), dtype="float32", device="cpu", batch_size=1, max_length=ours.max_length)
+    yaml = _task(root, "  do_sample: false")
+    assert _generate(ours, tasks, yaml, apply_chat_template=True) == \
+        _generate(theirs, tasks, yaml, apply_chat_template=True)
+
+
+def test_add_bos_token_true_adds_bos_where_the_tokenizer_adds_none(tmp_path):
+    from lm_eval.models.huggingface import HFLM
+
+    from moelight.api.lm_eval_model import MoelightLM
+    from tests.checkpoints import make_hf_model, save_checkpoint
+    from tests.test_tokenizer import build_tokenizer
+
+    folder = save_checkpoint(make_hf_model(seed=4, vocab_size=640), tmp_path / "ckpt", "legacy", 1)
+    build_tokenizer(folder, post_processor=False, add_bos_token=None)
+    ours = MoelightLM(str(folder), dtype="float32", hardware="cpu-server", add_bos_token=True)
+    theirs = HFLM(pretrained=str(folder), dtype="float32", device="cpu", batch_size=1, add_bos_token=True)
+    for text in ("Hello world", "<s>Hello", " lead"):
+        assert ours.tok_encode(text) == theirs.tok_encode(text), text
+    assert ours.tok_encode("Hello world")[0] == ours.tokenizer.bos_id
+
+
+def test_the_eval_command_takes_the_chat_template_and_bos_choices(setup, monkeypatch):  # noqa: F811
+    import json
+
+    from typer.testing import CliRunner
+
+    import moelight.api.lm_eval_model as lm_model
+    from moelight.cli import app
+
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    folder, tasks, root = setup
+    seen = {}
+    real = lm_model.MoelightLM.__init__
+
+    def spy(self, *a, **kw):
+        seen.update(kw)
+        real(self, *a, **kw)
+
+    monkeypatch.setattr(lm_model.MoelightLM, "__init__", spy)
+    out = root / "chat.json"
+    res = CliRunner().invoke(app, ["eval", "--model", str(folder), "--tasks", "tiny_gen", "--include-path", str(tasks),
+                                   "--dtype", "float32", "--hardware", "cpu-server", "--limit", "1", "--output",
+                                   str(out), "--apply-chat-template", "--no-add-bos-token", "--overwrite"])
+    assert res.exit_code == 0, (res.output, res.exception)
+    assert seen["add_bos_token"] is False
+    sample = json.loads(out.read_text())["samples"]["tiny_gen"][0]
+    assert sample["arguments"][0][0].startswith("<s>[INST] ")  # the checkpoint's Mistral template
