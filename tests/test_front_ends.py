@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from moelight import LLM, SamplingParams
 from moelight.cli import app
+from moelight.engine.options import OptionError
 from moelight.errors import PromptError
 from optimizer import Policy
 
@@ -130,3 +131,22 @@ def test_a_second_call_draws_new_samples_and_a_new_llm_the_same_ones(tiny):
 def test_bad_prompts_are_clear_errors(tiny, bad, needle):
     with pytest.raises(PromptError, match=needle):
         tiny.generate([PROMPTS[0], bad], SamplingParams(max_tokens=2))
+
+
+def test_a_vllm_script_ports_over(tiny):
+    """What a vLLM script reaches for: get_tokenizer(), the chat prompt's text, the sampled token first in
+    each logprobs dict, max_model_len; its no-op arguments taken, its renamed ones named."""
+    assert tiny.get_tokenizer() is tiny.tokenizer
+    out = tiny.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=3, temperature=0.0))[0]
+    assert out.prompt == tiny.tokenizer.decode(out.prompt_token_ids, skip_special_tokens=False) and "hi" in out.prompt
+    sampled = tiny.generate(PROMPTS[:2], SamplingParams(max_tokens=4, temperature=1.0, seed=3, logprobs=3))
+    for c in (o.outputs[0] for o in sampled):
+        assert all(next(iter(lp)) == t for lp, t in zip(c.logprobs, c.token_ids, strict=True))
+    short = LLM("tiny", load_format="dummy", dtype="float32", hardware="cpu-server", max_model_len=24,
+                enforce_eager=True, trust_remote_code=False)
+    ids = short.tokenizer.encode(PROMPTS[0])
+    with pytest.warns(UserWarning, match="max_tokens"):
+        cut = short.generate([{"prompt_token_ids": ids}], SamplingParams(max_tokens=100, temperature=0.0))
+    assert len(ids) + len(cut[0].outputs[0].token_ids) <= 24
+    with pytest.raises(OptionError, match="vLLM's tensor_parallel_size is moelight's gpus"):
+        LLM("tiny", load_format="dummy", tensor_parallel_size=2)

@@ -31,21 +31,37 @@ from moelight.sampling.params import SamplingParams
 from workloads.readers.fields import CHAT_ROLES
 
 PROMPT_KEYS = {"prompt", "prompt_token_ids"}  # vLLM's TextPrompt / TokensPrompt
+# vLLM constructor arguments: what moelight calls them (refused with the hint: the meaning differs a little)
+VLLM_NAMES = {"tensor_parallel_size": "gpus (tensor-parallel ranks)", "max_num_seqs": "batch_size",
+              "quantization": "quantize (int8 / int4 at load; a quantized checkpoint is read as it ships)",
+              "gpu_memory_utilization": "hardware (the plan keeps 10% of each memory free)"}
+VLLM_NO_OPS = ("enforce_eager", "disable_log_stats")  # moelight captures no CUDA graphs, logs no stats
 
 
 class LLM:
     """Loads the model once; each `generate` plans its own job (batch, micro-batch, placement)."""
 
-    def __init__(self, model: str, skip_tokenizer_init: bool = False, **options) -> None:
+    def __init__(self, model: str, skip_tokenizer_init: bool = False, max_model_len: int | None = None,
+                 trust_remote_code: bool = False, **options) -> None:
         """`options` are EngineOptions' fields: load_format, dtype, tokenizer, seed, policy, hardware,
         gpus, device, schedule, refill, enable_prefix_caching, batch_size, micro_batch_size, max_prefill_tokens,
-        mode, cache_policy, cache_size, eamc, prefetch_per_layer, predictor, quantize. `skip_tokenizer_init`
-        (vLLM's): no tokenizer at all (a folder without one): prompts are token ids, outputs carry token ids and
-        empty text."""
+        mode, cache_policy, cache_size, eamc, prefetch_per_layer, predictor, quantize. vLLM's own:
+        `skip_tokenizer_init` (no tokenizer at all (a folder without one): prompts are token ids, outputs
+        carry token ids and empty text), `max_model_len` (prompt + output at most this many tokens, below the
+        model's context), `trust_remote_code` (moelight runs no model code of a checkpoint's: its own
+        architectures only) and `enforce_eager` (no CUDA graphs either way) are taken."""
+        for name in VLLM_NO_OPS:
+            options.pop(name, None)
+        renamed = sorted(n for n in options if n in VLLM_NAMES)
+        if renamed:
+            raise OptionError("LLM(): " + "; ".join(f"vLLM's {n} is moelight's {VLLM_NAMES[n]}" for n in renamed))
         unknown = sorted(set(options) - set(EngineOptions.names()))
         if unknown:
             raise OptionError(f"LLM(): unknown option(s) {', '.join(unknown)}; valid: skip_tokenizer_init, "
+                              "max_model_len, trust_remote_code, "
                               f"{', '.join(n for n in EngineOptions.names() if n != 'model')}")
+        if max_model_len is not None and (not isinstance(max_model_len, int) or max_model_len < 2):
+            raise OptionError(f"LLM(): max_model_len {max_model_len!r}: a number of tokens >= 2")
         if skip_tokenizer_init:
             options["tokenizer"] = "none"
         self.options = EngineOptions(model=model, **options)
@@ -56,6 +72,8 @@ class LLM:
         self.session.load()
         self.config = self.session.config
         self.tokenizer = self.session.tokenizer
+        context = self.config.max_position_embeddings
+        self.max_model_len = context if max_model_len is None else min(max_model_len, context)
         self.last_report: RunReport | None = None
         self.last_stats: GenerationStats | None = None
         self._request_counter = itertools.count()  # vLLM's request ids: 0, 1, ... on from call to call
@@ -63,6 +81,11 @@ class LLM:
     @property
     def model(self):
         return self.session.model
+
+    def get_tokenizer(self):
+        """The model's tokenizer (vLLM's accessor): moelight's own, with encode / decode /
+        apply_chat_template / render_chat, the special ids (bos_id, eos_id, eos_ids) and vocab_size."""
+        return self.tokenizer
 
     def generate(
         self,
@@ -117,7 +140,8 @@ class LLM:
             raise ValueError("chat needs a tokenizer (its chat template); this LLM was built with "
                              "skip_tokenizer_init=True: give prompt_token_ids to generate() instead")
         token_lists = [self.tokenizer.apply_chat_template(c, **render) for c in conversations]
-        return self._run(token_lists, [None] * len(token_lists), sampling_params, use_tqdm)
+        texts = [self.tokenizer.decode(ids, skip_special_tokens=False) for ids in token_lists]  # vLLM's prompt
+        return self._run(token_lists, texts, sampling_params, use_tqdm)
 
     def _one_prompt(self, i: int, p) -> tuple[str | None, list[int]]:
         if isinstance(p, dict):
@@ -164,7 +188,7 @@ class LLM:
         # as `moelight run` does: request r is fitted to the context and samples with seed + crc32(id); ids
         # go on from call to call as vLLM's do, so a second call's unseeded samples are new ones
         ids = [str(next(self._request_counter)) for _ in range(n)]
-        context = self.config.max_position_embeddings
+        context = self.max_model_len
         changed = JobWarnings()  # a max_tokens cut to the context: in last_report and said once
         params = [seeded(fit_to_context(f"prompt {i}", t, p, context, changed), self.options.seed, ids[i])
                   for i, (t, p) in enumerate(zip(token_lists, params, strict=True))]

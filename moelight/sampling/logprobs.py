@@ -24,7 +24,7 @@ class Logprob:
 
 def position_logprobs(logits: torch.Tensor, chosen: torch.Tensor, k: int,
                       decode=None) -> tuple[list[dict[int, Logprob]], list[float]]:
-    """For logits [R, V] and the token chosen at each row [R]: the top-k + chosen dict per row, and
+    """For logits [R, V] and the token chosen at each row [R]: the chosen + top-k dict per row, and
     the chosen tokens' logprobs (for cumulative_logprob)."""
     dicts: list[dict[int, Logprob]] = []
     chosen_lp: list[float] = []
@@ -35,13 +35,12 @@ def position_logprobs(logits: torch.Tensor, chosen: torch.Tensor, k: int,
         ranks = (lp > mine[:, None]).sum(-1) + 1
         top_v, top_i = torch.topk(lp, k, dim=-1) if k else (lp[:, :0], pick[:, None][:, :0])
         for r in range(lp.shape[0]):
-            entry = {int(t): Logprob(float(v), i + 1) for i, (t, v) in enumerate(zip(top_i[r].tolist(),
-                                                                                     top_v[r].tolist(), strict=True))}
             token = int(pick[r])
-            if token not in entry:
-                entry[token] = Logprob(float(mine[r]), int(ranks[r]))
-            else:  # ties: the chosen token's own rank
-                entry[token].rank = int(ranks[r])
+            # the chosen token first, with its own rank (ties), then the top-k: vLLM's order
+            entry = {token: Logprob(float(mine[r]), int(ranks[r]))}
+            for i, (t, v) in enumerate(zip(top_i[r].tolist(), top_v[r].tolist(), strict=True)):
+                if t != token:
+                    entry[t] = Logprob(float(v), i + 1)
             if decode is not None:
                 for t, v in entry.items():
                     v.decoded_token = decode(t)
