@@ -13,6 +13,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 import workloads.writer
@@ -52,10 +53,12 @@ def _ids(out: Path) -> list[str]:
     return [json.loads(line)["id"] for line in out.read_text().splitlines()]
 
 
-def test_sigterm_stops_the_job_as_ctrl_c_does(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_stops_the_job_as_ctrl_c_does(tmp_path, sig):
+    """SIGTERM (schedulers, `timeout`) and SIGHUP (the terminal closed): exit 128 + the signal."""
     data, out = _data(tmp_path), tmp_path / "o.jsonl"
-    done = _start_and_stop_after_results(data, out, signal.SIGTERM)
-    assert done.returncode == 143, done.stderr[-2000:]
+    done = _start_and_stop_after_results(data, out, sig)
+    assert done.returncode == 128 + sig, done.stderr[-2000:]
     assert "Traceback" not in done.stderr and "--resume" in done.stderr
     report = json.loads((tmp_path / "o.jsonl.report.json").read_text())
     assert report["interrupted"] and report["written"] == len(_ids(out)) < N
@@ -133,3 +136,17 @@ def test_a_report_that_cannot_be_written_leaves_the_one_before(tmp_path, monkeyp
     monkeypatch.setattr(Path, "write_text", original)
     assert json.loads(path.read_text()) == {"kept": True}
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary left behind
+
+
+def test_a_stop_while_the_report_is_saved_says_the_results_are_in_the_output(tmp_path, monkeypatch):
+    """It said the output was not touched: a user told so may delete what the run finished."""
+    import moelight.jobs.serving
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(moelight.jobs.serving, "save_report", stopped)
+    data, out = _data(tmp_path), tmp_path / "o.jsonl"
+    res = CliRunner().invoke(app, _args(data, out))
+    assert res.exit_code == 130 and "not touched" not in res.output, res.output
+    assert "results finished before the stop are in" in res.output and len(_ids(out)) == N

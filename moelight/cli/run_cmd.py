@@ -89,18 +89,23 @@ def run(
     """Generate for every request of a dataset; stream results to --output; print a report."""
     from moelight.jobs.dataset_job import run_job
     from moelight.jobs.interrupt_flag import sigterm_as_interrupt
-    from moelight.jobs.output_file import report_path
+    from moelight.jobs.output_file import output_bytes, report_path
     from moelight.jobs.run_options import RunOptions
 
     opts = RunOptions(**{k: v for k, v in locals().items() if k in RunOptions.__dataclass_fields__})
     opts.log = lambda line: typer.echo(line, err=True)
+    bytes_before = output_bytes(output)
     with sigterm_as_interrupt() as stopped:
         try:
             with user_errors():
                 report = run_job(opts)
-        except KeyboardInterrupt:  # before the job could report (reading, planning): nothing was generated
-            typer.echo(f"interrupted before any result was written: {output} was not touched", err=True)
-            raise typer.Exit(143 if stopped["terminated"] else 130) from None
+        except KeyboardInterrupt:  # before the job could report: reading, planning, or saving the report
+            if output_bytes(output) != bytes_before:
+                typer.echo(f"interrupted: the results finished before the stop are in {output} (its report may "
+                           "not be saved); rerun with --resume to continue", err=True)
+            else:
+                typer.echo(f"interrupted before any result was written: {output} was not touched", err=True)
+            raise typer.Exit(stopped["exit"]) from None
     if report is None:  # a torchrun rank other than 0: rank 0 prints and writes
         return
     typer.echo(report.summary())
@@ -116,7 +121,7 @@ def run(
                        f"(with {report.already_in_output} from before); rerun with --resume to continue", err=True)
         else:
             typer.echo(f"interrupted before any result was written: nothing was written to {output}", err=True)
-        raise typer.Exit(143 if stopped["terminated"] else 130)
+        raise typer.Exit(stopped["exit"])
 
 
 def register(app: typer.Typer) -> None:

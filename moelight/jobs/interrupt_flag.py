@@ -44,19 +44,21 @@ class Terminated(KeyboardInterrupt):
 
 @contextlib.contextmanager
 def sigterm_as_interrupt() -> Iterator[dict]:
-    """While the block runs (main thread only), SIGTERM raises Terminated; the dict's "terminated" says
-    whether one came (a command exits 143 for it, 130 for Ctrl-C)."""
-    seen = {"terminated": False}
+    """While the block runs (main thread only), SIGTERM and SIGHUP (the terminal closed) raise Terminated;
+    the dict's "exit" is the code a command exits with: 128 + the signal, 130 for Ctrl-C."""
+    seen = {"terminated": False, "exit": 130}
     if threading.current_thread() is not threading.main_thread():
         yield seen
         return
 
-    def on_sigterm(signum, frame) -> None:
-        seen["terminated"] = True
+    def on_signal(signum, frame) -> None:
+        seen.update(terminated=True, exit=128 + signum)
         raise Terminated
 
-    previous = signal.signal(signal.SIGTERM, on_sigterm)
+    stops = [signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+    previous = {s: signal.signal(s, on_signal) for s in stops}
     try:
         yield seen
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for s, handler in previous.items():
+            signal.signal(s, handler)

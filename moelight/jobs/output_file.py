@@ -54,6 +54,11 @@ def output_present(output: Path) -> bool:
     return output.exists() or workloads.sidecar_path(output).exists()
 
 
+def output_bytes(output: Path) -> int:
+    """The size of what the output holds now (its parquet stream too): whether a stopped job wrote to it."""
+    return sum(p.stat().st_size for p in (output, workloads.sidecar_path(output)) if p.is_file())
+
+
 @dataclass
 class OutputState:
     """What the output holds before the job runs, and the record of the job it will belong to."""
