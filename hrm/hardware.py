@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
@@ -289,9 +290,16 @@ class HardwareSpec:
         return self
 
     def save(self, path: str | Path) -> Path:
+        """Atomically (a file of this process's, then a rename): two jobs profiling at once, or one killed
+        mid-write, never leave a reader half a profile."""
         p = Path(path).expanduser()
         p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(json.dumps(self.to_dict(), indent=2))
+        tmp = p.with_name(f"{p.name}.{os.getpid()}.tmp")
+        try:
+            tmp.write_text(json.dumps(self.to_dict(), indent=2))
+            os.replace(tmp, p)
+        finally:
+            tmp.unlink(missing_ok=True)
         return p
 
     @classmethod

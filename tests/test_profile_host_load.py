@@ -4,6 +4,7 @@ count (after `pip install` builds the kernels it is high on an idle host)."""
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from types import SimpleNamespace
@@ -71,3 +72,16 @@ def test_a_first_run_profile_taken_beside_other_work_warns(monkeypatch, tmp_path
     assert (tmp_path / "hardware.json").is_file() and "busy" in hw.notes
     assert any("took a quick one" in line for line in logged)
     assert any(line.startswith("warning: the host was busy") for line in logged), logged
+
+
+def test_a_cached_profile_cut_short_is_taken_again_and_saves_are_atomic(monkeypatch, tmp_path):
+    """A kill or a full disk mid-write left half a JSON file, and every later run failed on it."""
+    _fake_measurements(monkeypatch, 0.0)
+    cached = tmp_path / "hardware.json"
+    monkeypatch.setattr(hardware_presets, "DEFAULT_PROFILE_PATH", cached)
+    cached.write_text('{"name": "prof')
+    logged: list[str] = []
+    hw = resolve_hardware(None, logged.append)
+    assert any("damaged profile: took a quick one" in line for line in logged), logged
+    assert json.loads(cached.read_text())["name"] == hw.name
+    assert [p.name for p in tmp_path.iterdir()] == ["hardware.json"]  # no temporary left beside it

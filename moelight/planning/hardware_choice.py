@@ -45,7 +45,7 @@ def resolve_hardware(name: str | None, log: Callable[[str], None] | None = None)
     if key.lower() == "profile" and (not cached.is_file() or _profile_is_stale(cached)):
         from moelight.profiling.machine_profile import profile_machine
 
-        why = "an older moelight's profile" if cached.is_file() else "no hardware profile yet"
+        why = "an older moelight's or a damaged profile" if cached.is_file() else "no hardware profile yet"
         t0 = time.perf_counter()
         hw = profile_machine(quick=True)
         try:
@@ -70,8 +70,8 @@ def resolve_hardware(name: str | None, log: Callable[[str], None] | None = None)
 
 
 def _profile_is_stale(path) -> bool:
-    """A measured CPU level (it has a GEMM curve) without the element-wise rate (written before
-    the HRM charged element-wise work: plans ~25% optimistic) or without the host's work per
+    """Not JSON (a write cut short), or a measured CPU level (it has a GEMM curve) without the element-wise
+    rate (written before the HRM charged element-wise work: plans ~25% optimistic) or without the host's work per
     sequence (large batches on a GPU host: several times optimistic), or a measured GPU without its
     expert-GEMM rate (written before the HRM used achieved GPU rates: plans 2-3x optimistic) or
     without the runtime's cost per layer pass (small models on fast GPUs: ~10x optimistic)."""
@@ -80,7 +80,9 @@ def _profile_is_stale(path) -> bool:
     try:
         d = json.loads(path.read_text())
         cpu, gpu = d.get("cpu", {}), d.get("gpu") or {}
-    except (OSError, ValueError, AttributeError):
+    except ValueError:
+        return True  # cut short (a run killed, or a disk full, while it was written): take it again
+    except (OSError, AttributeError):
         return False  # let the normal load report what is wrong with it
     measured_cpu = bool(cpu.get("gemm_flops"))
     return (measured_cpu and (not cpu.get("elementwise_bandwidth") or not cpu.get("sequence_step_s"))) or (
