@@ -146,3 +146,23 @@ def test_a_last_line_cut_by_a_kill_is_named_when_the_job_resumes(half_done):
     notes = _resumed_notes(data, out)
     assert any("last line was incomplete (27 bytes" in n for n in notes), notes
     assert sorted(json.loads(line)["id"] for line in out.read_text().splitlines()) == [r["id"] for r in ROWS]
+
+
+def test_a_second_job_on_an_output_in_use_is_refused_at_once(tmp_path, monkeypatch):
+    """Two jobs on one output mixed, duplicated or lost results: the second (the same path, or the same
+    file through a link) is refused before it reads anything, and the lock goes with the first job."""
+    import moelight.engine.session
+    from moelight.jobs.output_lock import output_lock
+
+    data, out = tmp_path / "d.jsonl", tmp_path / "o.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    (tmp_path / "link.jsonl").symlink_to(out)
+    monkeypatch.setattr(moelight.engine.session.EngineSession, "engine",
+                        lambda *a, **k: pytest.fail("the model was loaded"))
+    with output_lock(out):  # a job writing it
+        for target in (out, tmp_path / "link.jsonl"):
+            res = CliRunner().invoke(app, _args(data, target, "--resume"))
+            assert res.exit_code == 2 and "another moelight job is writing it" in res.output, res.output
+    monkeypatch.undo()
+    assert CliRunner().invoke(app, _args(data, out)).exit_code == 0
+    assert not (tmp_path / "o.jsonl.lock").exists() and len(out.read_text().splitlines()) == len(ROWS)

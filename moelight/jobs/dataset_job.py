@@ -12,6 +12,7 @@ from __future__ import annotations
 from moelight.engine.session_start import open_session
 from moelight.jobs.dataset_input import read_requests
 from moelight.jobs.output_file import LazyResultWriter
+from moelight.jobs.output_lock import output_lock
 from moelight.jobs.report import RunReport
 from moelight.jobs.run_options import RunOptions
 from moelight.jobs.serving import serve_requests
@@ -20,6 +21,16 @@ from moelight.jobs.serving import serve_requests
 def run_job(opts: RunOptions) -> RunReport | None:
     """The job; None on a torchrun rank other than 0, which serves rank 0's job and writes nothing."""
     opts.validate()
+    from moelight.parallel.rank_group import torchrun_rank
+
+    rank = torchrun_rank()
+    if rank is not None and rank[0] != 0:  # a follower rank writes nothing: rank 0 holds the output's lock
+        return _run_job(opts)
+    with output_lock(opts.output):
+        return _run_job(opts)
+
+
+def _run_job(opts: RunOptions) -> RunReport | None:
     from moelight.jobs.coe_job import run_coe_job
     from moelight.jobs.run_options import is_coe_spec
 

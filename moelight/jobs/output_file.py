@@ -17,8 +17,10 @@ def report_path(output: Path) -> Path:
 
 
 def output_companions(output: Path) -> list[Path]:
-    """The files a job writes beside its output: the report, the job record, a parquet output's stream."""
-    return [report_path(output), record_path(output), workloads.sidecar_path(output)]
+    """The files a job writes beside its output: the report, the job record, a parquet output's stream, the
+    lock."""
+    return [report_path(output), record_path(output), workloads.sidecar_path(output),
+            output.with_name(output.name + ".lock")]
 
 
 def save_report(report, output: Path, failing: BaseException | None = None, log=None) -> None:
