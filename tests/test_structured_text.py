@@ -86,6 +86,8 @@ def test_a_choice_outside_the_basic_plane_is_written_as_itself(llm, temperature)
     ({"type": "object", "properties": {"a": {"allOf": [{"type": "integer"}]}}}, "allOf at /properties/a"),
     ({"type": "integer", "multipleOf": 3}, "multipleOf"),
     ({"$defs": {"x": {"type": "object", "minProperties": 1}}, "$ref": "#/$defs/x"}, "minProperties at /$defs/x"),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]},
+     "required b (not among its properties)"),
 ])
 def test_schema_keywords_the_grammar_cannot_enforce_are_refused(llm, schema, needle):
     with pytest.raises(StructuredOutputError, match=re.escape(needle)):

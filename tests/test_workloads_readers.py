@@ -152,6 +152,13 @@ def test_openai_bodies_and_jsonl_records_take_vllms_extra_sampling_fields(tmp_pa
                                                "body": {"prompt": "Hi", "echo": True}}])
     with pytest.raises(DatasetError, match="'echo' is not supported"):
         load_dataset(echo)
+    for field in ({"guided_choice": ["yes", "no"]}, {"best_of": 4}, {"use_beam_search": True},
+                  {"truncate_prompt_tokens": 8}):
+        bad = write_lines(tmp_path / "g.jsonl", [{"prompt": "Hi", **field}])
+        with pytest.raises(DatasetError, match=f"{next(iter(field))} not supported"):
+            load_dataset(bad)
+    both = write_lines(tmp_path / "m.jsonl", [{"prompt": "Hi", "max_tokens": 3, "max_completion_tokens": 5}])
+    assert load_dataset(both).requests[0].max_new_tokens == 5  # vLLM's rule, as in an OpenAI body
 
 
 def test_openai_batch_bad_records(tmp_path):

@@ -48,7 +48,7 @@ def parse_prompt_record(obj: dict, where: str, lineno: int, turn: int = 1) -> Re
         messages=messages,
         prompt=prompt,
         followups=list(followups),
-        max_new_tokens=opt_int(obj, "max_new_tokens", "max_tokens", "max_completion_tokens", minimum=1),
+        max_new_tokens=opt_int(obj, "max_new_tokens", "max_completion_tokens", "max_tokens", minimum=1),  # vLLM's
         source=where,
         meta=meta,
         **sampling_fields(obj),

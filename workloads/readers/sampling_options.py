@@ -10,6 +10,8 @@ from typing import Any
 
 from .fields import RecordError, _type_name
 
+UNSUPPORTED_KEYS = ("use_beam_search", "best_of", "length_penalty", "truncate_prompt_tokens", "guided_json",
+                    "guided_regex", "guided_choice", "guided_grammar", "guided_decoding_backend")
 MAX_LOGPROBS = 20  # top-k logprobs per token at most (vLLM's default max_logprobs)
 
 
@@ -121,6 +123,11 @@ def extra_sampling(obj: dict, openai: str | None = None) -> dict:
         logprobs = _integer(obj, "logprobs", 0, MAX_LOGPROBS)
     if obj.get("echo"):  # vLLM's completions echo: the prompt before the text
         raise RecordError("field 'echo' is not supported: the output record holds the prompt already")
+    unsupported = [k for k in UNSUPPORTED_KEYS if obj.get(k) not in (None, False, 1 if k == "best_of" else None)]
+    if unsupported:  # vLLM's fields moelight does not honour: refused, never dropped
+        raise RecordError(f"field(s) {', '.join(unsupported)} not supported (no beam search, best_of, prompt "
+                          "truncation; guided_* are vLLM's old names: give 'structured_outputs' or "
+                          "'response_format')")
     out: dict = {
         "n": _integer(obj, "n", 1),
         "stop": _strings(obj, "stop"),
