@@ -36,22 +36,27 @@ def output_lock(output: Path) -> Iterator[None]:
         yield
         return
     path = lock_path(output)
+    created = [d for d in [path.parent, *path.parent.parents] if not d.exists()]  # left as found, if empty
     path.parent.mkdir(parents=True, exist_ok=True)
     f = open(path, "a+")
     try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        f.seek(0)
-        holder = f.read().strip() or "another process"
-        f.close()
-        raise OutputLockedError(f"--output {output}: another moelight job is writing it ({holder}, {path.name}); "
-                                "wait for it to end, or name another --output") from None
-    f.truncate(0)
-    f.write(f"pid {os.getpid()}\n")
-    f.flush()
-    try:
-        yield
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            f.seek(0)
+            holder = f.read().strip() or "another process"
+            raise OutputLockedError(f"--output {output}: another moelight job is writing it ({holder}, "
+                                    f"{path.name}); wait for it to end, or name another --output") from None
+        f.truncate(0)
+        f.write(f"pid {os.getpid()}\n")
+        f.flush()
+        try:
+            yield
+        finally:
+            with contextlib.suppress(OSError):
+                path.unlink()
+            for d in created:  # deepest first; a folder the job wrote into stays
+                with contextlib.suppress(OSError):
+                    d.rmdir()
     finally:
-        with contextlib.suppress(OSError):
-            path.unlink()
         f.close()  # releases the lock
