@@ -140,6 +140,20 @@ def test_openai_output_shape(tmp_path):
     assert bb["model"] == "moelight-default"
     assert c["response"] is None and c["error"] == {"code": "context_length", "message": "prompt too long"}
     assert finished_ids(out) == {"req-1", "req-2", "req-3"}
+    assert body["choices"][0]["stop_reason"] is None and "prompt_logprobs" not in body
+
+
+def test_openai_output_carries_vllms_stop_reason_and_prompt_logprobs(tmp_path):
+    """Which stop string or stop token ended a choice, and the prompt's logprobs asked for: computed, they
+    were left out of the OpenAI-shaped line."""
+    out = tmp_path / "out.jsonl"
+    prompt_lps = [None, {"token": "b", "logprob": -1.5, "rank": 2, "top": []}]
+    stopped = result("r", "x", meta={"custom_id": "r", "url": "/v1/completions"}, prompt_logprobs=prompt_lps)
+    stopped["stop_reason"] = 277
+    with ResultWriter(out, format="openai") as w:
+        w.write(stopped)
+    body = lines(out)[0]["response"]["body"]
+    assert body["choices"][0]["stop_reason"] == 277 and body["prompt_logprobs"] == prompt_lps
 
 
 def test_parquet_round_trip(tmp_path):

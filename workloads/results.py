@@ -102,7 +102,8 @@ def check_result(result: dict) -> None:
 
 
 def to_openai_batch(result: dict, default_model: str = "moelight") -> dict:
-    """Render a result as one line of OpenAI Batch output (chat.completion or text_completion)."""
+    """Render a result as one line of OpenAI Batch output (chat.completion or text_completion), with vLLM's
+    extra fields: each choice's stop_reason (the stop string or token id that ended it), prompt_logprobs."""
     meta = result.get("meta") or {}
     custom_id = result["id"]
     line_id = f"batch_req_{uuid.uuid4().hex[:24]}"
@@ -119,14 +120,18 @@ def to_openai_batch(result: dict, default_model: str = "moelight") -> dict:
         body = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion", "created": created,
                 "model": model,
                 "choices": [{"index": o["index"], "text": o["output"], "logprobs": _completion_logprobs(o),
-                             "finish_reason": o["finish_reason"]} for o in samples],
+                             "finish_reason": o["finish_reason"], "stop_reason": o.get("stop_reason")}
+                            for o in samples],
                 "usage": usage}
     else:
         body = {"id": f"chatcmpl-{uuid.uuid4().hex[:24]}", "object": "chat.completion", "created": created,
                 "model": model,
                 "choices": [{"index": o["index"], "message": {"role": "assistant", "content": o["output"]},
-                             "logprobs": _chat_logprobs(o), "finish_reason": o["finish_reason"]} for o in samples],
+                             "logprobs": _chat_logprobs(o), "finish_reason": o["finish_reason"],
+                             "stop_reason": o.get("stop_reason")} for o in samples],
                 "usage": usage}
+    if result.get("prompt_logprobs") is not None:  # vLLM's extra field, when the request asked for it
+        body["prompt_logprobs"] = result["prompt_logprobs"]
     return {"id": line_id, "custom_id": custom_id,
             "response": {"status_code": 200, "request_id": uuid.uuid4().hex, "body": body},
             "error": None}
