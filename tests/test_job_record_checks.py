@@ -93,6 +93,9 @@ def _schema(*fields: str) -> dict:
     ({"n": 1}, {"n": 2}, True),
     ({"response_format": _schema("reason", "answer")}, {"response_format": _schema("answer", "reason")}, True),
     ({"logprobs": 2, "stop": ["x"]}, {"stop": ["x"], "logprobs": 2}, False),  # where a key sits in the line
+    ({"response_format": _schema("reason", "answer")},
+     {"response_format": _schema("reason", "answer") | {"json_schema": {"name": "a", "schema": {
+         **_schema("reason", "answer")["json_schema"]["schema"], "required": ["answer", "reason"]}}}}, False),
 ])
 def test_a_request_whose_sampling_fields_changed_is_refused_on_resume(tmp_path, before, after, changed):
     """A finished request asked again with other stop strings, n or schema field order (the order the

@@ -52,10 +52,11 @@ def request_hash(request, version: int = VERSION) -> str:
 def _canonical(value, keep_order: bool = False):
     """`value` with its objects' keys sorted (where a field sits in a record does not change the request),
     except a JSON schema's `properties`, whose order is the order the grammar writes the fields and
-    the chat template shows a tool's parameters."""
+    the chat template shows a tool's parameters; a schema's `required` names as a set."""
     if isinstance(value, dict):
         keys = list(value) if keep_order else sorted(value, key=str)
-        return [[str(k), _canonical(value[k], keep_order=k == "properties")] for k in keys]
+        return [[str(k), sorted(map(str, value[k])) if k == "required" and isinstance(value[k], list)
+                 else _canonical(value[k], keep_order=k == "properties")] for k in keys]
     if isinstance(value, (list, tuple)):
         return [_canonical(v) for v in value]
     return value
