@@ -169,3 +169,34 @@ def test_a_second_job_on_an_output_in_use_is_refused_at_once(tmp_path, monkeypat
     monkeypatch.undo()
     assert CliRunner().invoke(app, _args(data, out)).exit_code == 0
     assert not (tmp_path / "o.jsonl.lock").exists() and len(out.read_text().splitlines()) == len(ROWS)
+
+
+def test_the_same_checkpoint_at_another_path_resumes_and_a_fine_tune_of_it_does_not(tmp_path):
+    """A node-local copy of the model folder (or a link) is the same job, said in a note; a folder with the
+    same config.json but other weights is not; an older record (path and config.json) still resumes."""
+    import shutil
+
+    from tests.checkpoints import make_hf_model, save_checkpoint
+
+    first = save_checkpoint(make_hf_model(seed=1), tmp_path / "model")
+    data, out = tmp_path / "d.jsonl", tmp_path / "o.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    args = ["run", "--dataset", str(data), "--output", str(out), "--gen-len", "3", "--hardware", "cpu-server",
+            "--no-progress", "--dtype", "float32"]
+    assert CliRunner().invoke(app, [*args, "--model", str(first)]).exit_code == 0
+    out.write_text("".join(out.read_text().splitlines(keepends=True)[:2]))
+    copy = shutil.copytree(first, tmp_path / "node-local")
+    res = CliRunner().invoke(app, [*args, "--model", str(copy), "--resume"])
+    assert res.exit_code == 0, res.output
+    notes = json.loads(out.with_name(out.name + ".report.json").read_text())["notes"]
+    assert any("the model folder moved" in n for n in notes), notes
+    out.write_text("".join(out.read_text().splitlines(keepends=True)[:2]))
+    tuned = save_checkpoint(make_hf_model(seed=2), tmp_path / "tuned")
+    res = CliRunner().invoke(app, [*args, "--model", str(tuned), "--resume"])
+    assert res.exit_code == 2 and "--model: was" in res.output, res.output
+    record = out.with_name(out.name + ".job.json")
+    old = json.loads(record.read_text())
+    old["settings"]["model"] = old["settings"]["model"].split(", weights")[0] + ")"  # an older record's form
+    record.write_text(json.dumps(old))
+    assert CliRunner().invoke(app, [*args, "--model", str(copy), "--resume"]).exit_code == 2  # moved: unknown
+    assert CliRunner().invoke(app, [*args, "--model", str(first), "--resume"]).exit_code == 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -62,10 +63,35 @@ def _canonical(value, keep_order: bool = False):
     return value
 
 
+def _content(identity) -> str | None:
+    """What a model folder's identity says of its content (config.json and a sample of its weights), None
+    for a preset, a spec, or an older record's identity (the path was all of it then)."""
+    found = re.search(r"\((config\.json [0-9a-f]{16}, weights [0-9a-f]{16})\)$", str(identity or ""))
+    return found.group(1) if found else None
+
+
+def _weights_sample(folder: Path) -> str:
+    """16 hex digits of the weight files' sizes and 4 KiB from the middle and the end of each: a copy of
+    the checkpoint at another path has the same, a fine-tune of it (the same config.json) another."""
+    digest = hashlib.sha256()
+    for f in sorted(folder.glob("*.safetensors")):
+        size = f.stat().st_size
+        digest.update(f"{f.name} {size}".encode())
+        with open(f, "rb") as fh:
+            for at in (size // 2, max(0, size - 4096)):
+                fh.seek(at)
+                digest.update(fh.read(4096))
+    return digest.hexdigest()[:16]
+
+
 def _model_identity(model: str) -> str:
-    """A model folder by its path and config.json's content; a preset or CoE spec by its name / content."""
+    """A model folder by its path, config.json and weights (`_weights_sample`); a preset or CoE spec by its
+    name / content."""
     path = Path(model).expanduser()
-    target = path / "config.json" if path.is_dir() else path
+    if path.is_dir() and (path / "config.json").is_file():
+        digest = hashlib.sha256((path / "config.json").read_bytes()).hexdigest()[:16]
+        return f"{os.path.abspath(path)} (config.json {digest}, weights {_weights_sample(path)})"
+    target = path
     if target.is_file():
         digest = hashlib.sha256(target.read_bytes()).hexdigest()[:16]
         return f"{os.path.abspath(path)} ({target.name} {digest})"
@@ -142,9 +168,19 @@ class JobRecord:
             out.append(f"output format: the output holds {self.output_format} records, this job writes "
                        f"{now.output_format}")
         for k, was in self.settings.items():
-            if now.settings.get(k) != was:
+            if now.settings.get(k) != was and not (k == "model" and self.same_model(now)):
                 out.append(f"--{k.replace('_', '-')}: was {was!r}, now {now.settings.get(k)!r}")
         return out
+
+    def same_model(self, now: JobRecord) -> bool:
+        """The checkpoint moved (`model_moved`), or an older record names it by path and config.json only."""
+        was, is_now = str(self.settings.get("model")), str(now.settings.get("model"))
+        return self.model_moved(now) or re.sub(r", weights [0-9a-f]{16}\)$", ")", is_now) == was
+
+    def model_moved(self, now: JobRecord) -> bool:
+        """The same checkpoint (config.json and weights) at another path: a node-local copy, a link."""
+        was, is_now = (_content(r.settings.get("model")) for r in (self, now))
+        return was is not None and was == is_now and self.settings.get("model") != now.settings.get("model")
 
     def unrecorded(self, now: JobRecord) -> list[str]:
         """Options this job records that the output's record does not (an older moelight's): not checked."""
@@ -192,6 +228,9 @@ def check_resume(output: Path, now: JobRecord, done: set[str], output_shape: str
     if record.version < 2 and record.requests is not None:
         notes.append(f"{path.name} predates the check of requests' sampling fields (stop, n, logprobs, "
                      "response_format, ...): a change to those in the finished requests could not be detected")
+    if record.model_moved(now):
+        notes.append(f"the model folder moved: the output was started from {record.settings['model']}, this job "
+                     f"reads {now.settings['model']} (the same config.json and weights)")
     if record.dataset != now.dataset:
         notes.append(f"the dataset moved: the output was started from {record.dataset}, this job reads "
                      f"{now.dataset} (its requests match)")
