@@ -221,3 +221,17 @@ def test_parquet_rows_in_both_the_file_and_its_stream_are_written_once(tmp_path)
     with ResultWriter(out, resume=True) as w:
         w.write(result("c"))
     assert pq.read_table(out).column("id").to_pylist() == ["a", "b", "c"]
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_an_output_deleted_while_the_job_runs_is_an_error_not_results_written(tmp_path, fmt):
+    """The run appended to a file no path named any more: it reported its results written."""
+    from workloads import OutputWriteError
+
+    out = tmp_path / f"out.{fmt}"
+    w = ResultWriter(out)
+    w.write(result("a"))
+    w.stream_path.unlink()
+    with pytest.raises(OutputWriteError, match="deleted or replaced while the job ran: the 1 result") as e:
+        w.close()
+    assert "are in it" not in str(e.value)

@@ -8,6 +8,7 @@ and is converted on ``close`` (resume reads the parquet and the sidecar).
 from __future__ import annotations
 
 import json
+import os
 import threading
 from pathlib import Path
 from types import TracebackType
@@ -87,6 +88,19 @@ class ResultWriter:
                 raise self._write_error(e) from None
             self.written += 1
 
+    def _check_still_there(self) -> None:
+        """The stream this run wrote is the file at its path: one deleted (or replaced) while the job ran took
+        this run's results with it, and the job must not report them written."""
+        try:
+            gone = os.stat(self.stream_path).st_ino != os.fstat(self._f.fileno()).st_ino
+        except FileNotFoundError:
+            gone = True
+        if gone and self.written:
+            self._f.close()
+            raise OutputWriteError(
+                f"{self.stream_path} was deleted or replaced while the job ran: the {self.written} result(s) this "
+                "run wrote went with it; rerun the job (with --resume if an output is there again)")
+
     def _write_error(self, e: OSError) -> OutputWriteError:
         return OutputWriteError(
             f"could not write to {self.stream_path}: {e.strerror or e}; the {self.written} result(s) this run "
@@ -98,6 +112,7 @@ class ResultWriter:
             if self._closed:
                 return
             self._closed = True
+            self._check_still_there()
             try:
                 self._f.close()
                 if self.format == "parquet":
