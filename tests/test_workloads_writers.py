@@ -206,6 +206,10 @@ def test_parquet_columns_have_one_type_whatever_the_rows(tmp_path):
                 w.write(r)
     table = ds.dataset([tmp_path / f"{n}.parquet" for n in "bac"]).to_table()
     assert table.schema.field("stop_reason").type == pa.string()
+    with ResultWriter(tmp_path / "d.parquet") as w:  # no stop_reason, no logprobs in any row
+        w.write(result("plain"))
+    first = ds.dataset([tmp_path / f"{n}.parquet" for n in "dac"]).to_table()  # the first file's schema rules
+    assert sorted(first.column("stop_reason").to_pylist(), key=str) == sorted([None, "277", "277", '"e"'], key=str)
     assert [r["stop_reason"] for r in read_results(tmp_path / "c.parquet")] == [277, "e"]
     assert read_results(tmp_path / "a.parquet")[0]["stop_reason"] == 277
 

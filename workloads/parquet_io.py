@@ -68,8 +68,9 @@ def records_to_table(records: list[dict]) -> pa.Table:
     keys: list[str] = []
     for r in records:
         keys.extend(k for k in r if k not in keys)
-    if not keys:
-        keys = ["id"]
+    # every result field a column in every file (null where no row has it): several runs' outputs read as
+    # one dataset, whichever rows each happened to hold
+    keys += [k for k in (*RESULT_TYPES, *sorted(RESULT_JSON)) if k not in keys]
     arrays, json_cols = {}, []
     for k in keys:
         values = [r.get(k) for r in records]
