@@ -32,6 +32,25 @@ LONG = [{"context": "Experts and routers, tokens and layers: " * 40 + "The model
         {"context": "A short question:", "id": 1}]
 
 
+def gen_task(name: str, root, generation: str) -> str:
+    """A generate_until task over the long contexts, with `generation` (YAML lines) after its `until`."""
+    return f"""task: {name}
+dataset_path: json
+dataset_kwargs:
+  data_files:
+    test: {root / 'gen.jsonl'}
+output_type: generate_until
+test_split: test
+doc_to_text: "{{{{context}}}}"
+doc_to_target: " x"
+generation_kwargs:
+  until: ["\\n\\n"]
+{generation}
+metric_list:
+  - metric: exact_match
+"""
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     from tests.checkpoints import make_hf_model, save_checkpoint
@@ -45,22 +64,7 @@ def setup(tmp_path_factory):
     (root / "mc.jsonl").write_text("".join(json.dumps(q) + "\n" for q in QUESTIONS))
     (root / "ppl.jsonl").write_text("".join(json.dumps(t) + "\n" for t in TEXTS))
     (root / "gen.jsonl").write_text("".join(json.dumps(t) + "\n" for t in LONG))
-    (tasks / "tiny_gen.yaml").write_text(f"""task: tiny_gen
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {root / 'gen.jsonl'}
-output_type: generate_until
-test_split: test
-doc_to_text: "{{{{context}}}}"
-doc_to_target: " x"
-generation_kwargs:
-  until: ["\\n\\n"]
-  max_gen_toks: 12
-  do_sample: false
-metric_list:
-  - metric: exact_match
-""")
+    (tasks / "tiny_gen.yaml").write_text(gen_task("tiny_gen", root, "  max_gen_toks: 12\n  do_sample: false"))
     (tasks / "tiny_mc.yaml").write_text(f"""task: tiny_mc
 dataset_path: json
 dataset_kwargs:

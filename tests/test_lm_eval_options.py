@@ -8,7 +8,7 @@ import pytest
 
 lm_eval = pytest.importorskip("lm_eval")
 
-from tests.test_lm_eval import _doc, setup  # noqa: E402, F401 - the module's checkpoint and tasks
+from tests.test_lm_eval import _doc, gen_task, setup  # noqa: E402, F401 - the module's checkpoint and tasks
 
 
 def test_a_tasks_sampling_settings_become_the_requests_and_unknown_ones_are_refused():
@@ -32,22 +32,7 @@ def _generate(lm, tasks, yaml: str, **kw):
 
 
 def _task(root, sampling: str) -> str:
-    return f"""task: tiny_gen_opts
-dataset_path: json
-dataset_kwargs:
-  data_files:
-    test: {root / 'gen.jsonl'}
-output_type: generate_until
-test_split: test
-doc_to_text: "{{{{context}}}}"
-doc_to_target: " x"
-generation_kwargs:
-  until: ["\\n\\n"]
-  max_gen_toks: 8
-{sampling}
-metric_list:
-  - metric: exact_match
-"""
+    return gen_task("tiny_gen_opts", root, "  max_gen_toks: 8\n" + sampling)
 
 
 def test_top_k_one_samples_the_greedy_tokens(setup, monkeypatch):  # noqa: F811
