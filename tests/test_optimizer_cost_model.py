@@ -84,6 +84,19 @@ def test_latency_mode_pays_the_gpus_dispatch_per_layer_pass_and_step():
     assert slow.prefill_seconds - base.prefill_seconds == pytest.approx(2 * TINY.num_layers * 1e-3)  # 2 batches
 
 
+def test_latency_mode_pays_its_logits_copy_to_the_host_sampler():
+    """Each step's float32 logits cross one GPU's link: a slower link costs a step that much more."""
+    import dataclasses
+
+    from optimizer.latency_mode import predict_latency_mode
+
+    base = predict_latency_mode(HW, TINY, WL, requests=8, batch=4, dtype="bfloat16", slots=8)
+    link = dataclasses.replace(HW.link, d2h=HW.link.d2h / 2)
+    slow = predict_latency_mode(dataclasses.replace(HW, link=link), TINY, WL, requests=8, batch=4,
+                                dtype="bfloat16", slots=8)
+    assert slow.step_seconds - base.step_seconds == pytest.approx(4 * TINY.vocab_size * 4 / HW.link.d2h)
+
+
 def test_the_runtime_s_measured_cost_per_layer_pass_prices_the_throughput_plan_not_latency_mode():
     """A GPU's measured cost of a layer pass through the CGOPipe runtime (moelight profile) holds each
     micro-batch's GPU layer pass (it includes the kernel launches, so the larger of the two counts);
