@@ -48,7 +48,7 @@ RESULT_TYPES = {
     "outputs_text": pa.list_(pa.string()), "outputs_token_ids": pa.list_(pa.list_(pa.int64())),
     "outputs_finish_reason": pa.list_(pa.string()),
 }
-RESULT_JSON = {"messages", "turns", "meta", "error", "logprobs", "prompt_logprobs", "outputs", "stop_reason", "tools"}
+RESULT_JSON = {"messages", "turns", "meta", "error", "logprobs", "prompt_logprobs", "outputs", "stop_reason"}
 
 SAMPLE_COLUMNS = {"output": "outputs_text", "output_token_ids": "outputs_token_ids",
                   "finish_reason": "outputs_finish_reason"}

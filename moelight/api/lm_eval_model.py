@@ -163,19 +163,13 @@ _SAMPLING_KWARGS = {"top_k": int, "top_p": float, "min_p": float, "repetition_pe
 def generation_sampling(kwargs: dict) -> dict:
     """SamplingParams fields of a task's generation_kwargs (until and max_gen_toks taken out). As HF's
     generate: greedy unless do_sample; a setting moelight cannot honour is refused, not dropped."""
-    kwargs = dict(kwargs)
+    kwargs = {k: v for k, v in kwargs.items() if v is not None}
     sample = bool(kwargs.pop("do_sample", False))
-    temperature = float(kwargs.pop("temperature", 1.0 if sample else 0.0))
-    out = {"temperature": temperature if sample else 0.0}
-    for name, kind in _SAMPLING_KWARGS.items():
-        if kwargs.get(name) is not None:
-            out[name] = kind(kwargs.pop(name))
-        kwargs.pop(name, None)
+    temperature = float(kwargs.pop("temperature", 1.0))
+    picked = {name: kind(kwargs.pop(name)) for name, kind in _SAMPLING_KWARGS.items() if name in kwargs}
+    if kwargs:
+        raise ValueError(f"generation_kwargs {', '.join(sorted(kwargs))}: moelight cannot honour them (it takes "
+                         f"until, max_gen_toks, do_sample, temperature, {', '.join(_SAMPLING_KWARGS)})")
     if not sample:  # HF ignores the sampling settings of a greedy generate
-        out = {"temperature": 0.0, **({"repetition_penalty": out["repetition_penalty"]}
-                                      if "repetition_penalty" in out else {})}
-    unknown = sorted(k for k, v in kwargs.items() if v is not None)
-    if unknown:
-        raise ValueError(f"generation_kwargs {', '.join(unknown)}: moelight cannot honour them (it takes until, "
-                         f"max_gen_toks, do_sample, temperature, {', '.join(_SAMPLING_KWARGS)})")
-    return out
+        return {"temperature": 0.0} | {k: v for k, v in picked.items() if k == "repetition_penalty"}
+    return {"temperature": temperature, **picked}

@@ -188,8 +188,9 @@ def check_schema_keywords(schema, where: str = "") -> None:
     if not isinstance(schema, dict):
         return
     bad = [k for k in _UNENFORCED if k in schema]
-    props = schema.get("properties") if isinstance(schema.get("properties"), dict) else {}
-    undefined = [n for n in schema.get("required") or [] if isinstance(schema.get("required"), list) and n not in props]
+    props, required = schema.get("properties"), schema.get("required")
+    props = props if isinstance(props, dict) else {}
+    undefined = [n for n in required if n not in props] if isinstance(required, list) else []
     if undefined:  # the grammar writes the defined properties only: the output would lack these
         bad.append(f"required {', '.join(map(str, undefined))} (not among its properties)")
     if bad:

@@ -123,7 +123,8 @@ def extra_sampling(obj: dict, openai: str | None = None) -> dict:
         logprobs = _integer(obj, "logprobs", 0, MAX_LOGPROBS)
     if obj.get("echo"):  # vLLM's completions echo: the prompt before the text
         raise RecordError("field 'echo' is not supported: the output record holds the prompt already")
-    unsupported = [k for k in UNSUPPORTED_KEYS if obj.get(k) not in (None, False, 1 if k == "best_of" else None)]
+    unsupported = [k for k in UNSUPPORTED_KEYS if obj.get(k) not in (None, False) and not (k == "best_of"
+                                                                                       and obj[k] == 1)]
     if unsupported:  # vLLM's fields moelight does not honour: refused, never dropped
         raise RecordError(f"field(s) {', '.join(unsupported)} not supported (no beam search, best_of, prompt "
                           "truncation; guided_* are vLLM's old names: give 'structured_outputs' or "
