@@ -127,8 +127,8 @@ def test_config_top_k_above_experts(ckpt):
 
 
 def test_config_rope_scaling_refused(ckpt):
-    edit_config(ckpt, rope_parameters={"rope_type": "yarn", "factor": 4.0, "rope_theta": 1e6})
-    with pytest.raises(ConfigError, match="rope") as e:
+    edit_config(ckpt, rope_parameters={"rope_type": "dynamic", "factor": 4.0, "rope_theta": 1e6})
+    with pytest.raises(ConfigError, match="rope scaling 'dynamic' is not supported") as e:
         load_config(ckpt)
     assert str(ckpt / "config.json") in str(e.value)
 

@@ -44,7 +44,7 @@ class ModelConfig:
     shared_expert_size: int = 0  # a shared SwiGLU expert with a sigmoid gate (Qwen2-MoE), 0: none
     dense_layers: tuple[int, ...] = ()  # layers with a dense SwiGLU MLP instead of experts
     dense_intermediate_size: int = 0  # that MLP's width
-    rope_scaling: tuple = ()  # sorted (key, value) items of a YaRN rope_parameters dict (GPT-OSS); (): plain RoPE
+    rope_scaling: tuple = ()  # sorted (key, value) items of rope_parameters (rope.py); no rope_type: YaRN; (): plain
     sliding_window: int = 0  # keys a sliding-window layer attends to (the query's own included)
     sliding_layers: tuple[int, ...] = ()  # layers that attend through that window
     attention_sinks: bool = False  # a learned per-head logit in every softmax's denominator (GPT-OSS)
@@ -180,13 +180,35 @@ def require(cfg: dict, where: str, *keys: str) -> None:
         raise ConfigError(f"{where}: missing required field(s) {', '.join(absent)}")
 
 
-def rope_theta_of(cfg: dict, where: str, default: float, allow: tuple[str, ...] = ()) -> float:
-    """rope_theta, refusing rope scaling (YaRN, linear, ...) that the family does not implement."""
+def rope_theta_of(cfg: dict, default: float) -> float:
+    """rope_theta, from rope_parameters (transformers 5) or the top level (transformers 4)."""
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default" and rope_type not in allow:
-        raise ConfigError(f"{where}: rope scaling ({rope_type}) is not supported")
     return float(rope.get("rope_theta", cfg.get("rope_theta", default)))
+
+
+SCALED_ROPE_TYPES = ("linear", "yarn", "llama3")  # what rope.py computes as transformers does
+
+
+def rope_scaling_of(cfg: dict, where: str, allow: tuple[str, ...] = SCALED_ROPE_TYPES) -> tuple:
+    """The config's RoPE scaling as ModelConfig.rope_scaling items (with its rope_type), () for plain
+    RoPE; a type rope.py does not compute is refused rather than run unscaled."""
+    rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    rope_type = rope.pop("rope_type", rope.pop("type", "default"))
+    rope.pop("rope_theta", None)
+    if rope_type == "default":
+        return ()
+    if rope_type not in allow:
+        raise ConfigError(f"{where}: rope scaling {rope_type!r} is not supported (supported: "
+                          f"{', '.join(allow)}); remove rope_scaling / rope_parameters from config.json "
+                          "to run at the model's original context")
+    if float(rope.get("partial_rotary_factor", 1.0)) != 1.0:
+        raise ConfigError(f"{where}: partial_rotary_factor {rope['partial_rotary_factor']} is not supported")
+    need = {"linear": ("factor",), "yarn": ("factor",),
+            "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+    missing = [k for k in need.get(rope_type, ()) if rope.get(k) is None]
+    if missing:
+        raise ConfigError(f"{where}: rope scaling {rope_type!r} needs {', '.join(missing)}")
+    return tuple(sorted({**rope, "rope_type": rope_type}.items()))
 
 
 def eos_ids_of(cfg: dict, default: int | None = 2) -> tuple[int, ...]:

@@ -12,7 +12,7 @@ import re
 import torch
 
 from moelight.errors import ConfigError
-from moelight.models.config import ModelConfig, eos_ids_of, require
+from moelight.models.config import ModelConfig, eos_ids_of, require, rope_scaling_of
 from moelight.models.layers import Attention, DecoderLayerBase, LayerNorm, SparseMoE, apply_rotary
 from moelight.models.targets import Target
 
@@ -101,6 +101,7 @@ def config_from_hf(cfg: dict, where: str) -> ModelConfig:
         rms_norm_eps=1e-5,  # torch's LayerNorm default, which DBRX uses
         # transformers 5 writes (and reads) a top-level rope_parameters; original configs keep it in attn_config
         rope_theta=float((cfg.get("rope_parameters") or {}).get("rope_theta") or attn.get("rope_theta", 10000.0)),
+        rope_scaling=rope_scaling_of(cfg, where),
         max_position_embeddings=int(cfg.get("max_seq_len", 2048)),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         bos_token_id=cfg.get("bos_token_id"),

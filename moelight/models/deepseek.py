@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from moelight.errors import ConfigError
-from moelight.models.config import ModelConfig, check_act, eos_ids_of, require, rope_theta_of
+from moelight.models.config import ModelConfig, check_act, eos_ids_of, require, rope_scaling_of, rope_theta_of
 from moelight.models.fp8 import dequantize_fp8_blocks, fp8_piece
 from moelight.models.grouped_routing import METHODS, GroupRouter, GroupRouting
 from moelight.models.latent_attention import MultiHeadLatentAttention
@@ -153,7 +153,7 @@ def config_from_hf(cfg: dict, where: str) -> ModelConfig:
         top_k=int(cfg["num_experts_per_tok"]),
         head_dim=int(cfg["qk_rope_head_dim"]),  # the rotary dim, as transformers sets head_dim
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=rope_theta_of(cfg, where, 10000.0, allow=("yarn",)),
+        rope_theta=rope_theta_of(cfg, 10000.0),
         max_position_embeddings=int(cfg.get("max_position_embeddings", 4096)),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         bos_token_id=cfg.get("bos_token_id", d["bos"]),
@@ -165,7 +165,7 @@ def config_from_hf(cfg: dict, where: str) -> ModelConfig:
         shared_expert_size=int(get("n_shared_experts") or 0) * f,
         dense_layers=tuple(range(min(dense, n_layers))),
         dense_intermediate_size=int(cfg["intermediate_size"]) if dense else 0,
-        rope_scaling=_yarn_items(cfg),
+        rope_scaling=rope_scaling_of(cfg, where, allow=("yarn",)),
         mla=_latent(cfg, where, mtype, get),
         group_routing=routing,
         fp8_block=_fp8_block(cfg, where),
@@ -192,23 +192,12 @@ def _routing(cfg: dict, where: str, mtype: str, experts: int, get) -> GroupRouti
     return GroupRouting(scoring, method, n_group, topk_group, float(get("routed_scaling_factor")))
 
 
-def _rope(cfg: dict) -> dict:
-    return dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
-
-
-def _yarn_items(cfg: dict) -> tuple:
-    rope = _rope(cfg)
-    if rope.get("rope_type", rope.get("type", "default")) != "yarn":
-        return ()
-    return tuple(sorted((k, v) for k, v in rope.items() if k not in ("rope_type", "type", "rope_theta")))
-
-
 def _latent(cfg: dict, where: str, mtype: str, get) -> LatentAttention:
     nope, rope_dim = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"])
     if rope_dim % 2:
         raise ConfigError(f"{where}: qk_rope_head_dim {rope_dim} must be even (RoPE rotates pairs)")
     scale = (nope + rope_dim) ** -0.5
-    yarn = dict(_yarn_items(cfg))
+    yarn = dict(rope_scaling_of(cfg, where, allow=("yarn",)))
     if yarn.get("mscale_all_dim"):  # DeepSeek's YaRN sharpens the softmax by mscale^2 (transformers' yarn_apply_mscale)
         scale *= yarn_mscale(float(yarn["factor"]), float(yarn["mscale_all_dim"])) ** 2
     return LatentAttention(

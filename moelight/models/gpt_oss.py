@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from moelight.models.config import ModelConfig, check_act, eos_ids_of, require, rope_theta_of
+from moelight.models.config import ModelConfig, check_act, eos_ids_of, require, rope_scaling_of, rope_theta_of
 from moelight.models.layers import Attention, DecoderLayerBase, RMSNorm
 from moelight.models.moe import expert_mix
 from moelight.models.mxfp4 import dequantize_mxfp4, mxfp4_piece
@@ -128,9 +128,6 @@ def config_from_hf(cfg: dict, where: str) -> ModelConfig:
         require(cfg, where, "num_local_experts", "num_experts_per_tok")
     n = int(cfg["num_hidden_layers"])
     types = cfg.get("layer_types") or ["sliding_attention" if (i + 1) % 2 else "full_attention" for i in range(n)]
-    rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
-    rope_type = rope.pop("rope_type", rope.pop("type", "default"))
-    rope.pop("rope_theta", None)
     return ModelConfig(
         vocab_size=int(cfg["vocab_size"]),
         hidden_size=int(cfg["hidden_size"]),
@@ -142,7 +139,7 @@ def config_from_hf(cfg: dict, where: str) -> ModelConfig:
         top_k=int(top_k),
         head_dim=int(cfg.get("head_dim") or 0),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-        rope_theta=rope_theta_of(cfg, where, 150000.0, allow=("yarn",)),
+        rope_theta=rope_theta_of(cfg, 150000.0),
         max_position_embeddings=int(cfg.get("max_position_embeddings", 131072)),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         bos_token_id=cfg.get("bos_token_id"),
@@ -150,7 +147,7 @@ def config_from_hf(cfg: dict, where: str) -> ModelConfig:
         model_type="gpt_oss",
         qkv_bias=bool(cfg.get("attention_bias", True)),
         o_bias=bool(cfg.get("attention_bias", True)),
-        rope_scaling=tuple(sorted(rope.items())) if rope_type == "yarn" else (),
+        rope_scaling=rope_scaling_of(cfg, where, allow=("yarn",)),
         sliding_window=int(cfg.get("sliding_window") or 0),
         sliding_layers=tuple(i for i, t in enumerate(types) if t == "sliding_attention"),
         attention_sinks=True,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from moelight.errors import ConfigError
-from moelight.models.config import ModelConfig, check_act, eos_ids_of, require, rope_theta_of
+from moelight.models.config import ModelConfig, check_act, eos_ids_of, require, rope_scaling_of, rope_theta_of
 from moelight.models.layers import Attention, DecoderLayerBase, RMSNorm, SparseMoE
 from moelight.models.targets import Target, hf_style_targets
 
@@ -38,7 +38,8 @@ def config_from_hf(cfg: dict, where: str) -> ModelConfig:
         top_k=int(cfg["num_experts_per_tok"]),
         head_dim=int(cfg.get("head_dim") or 0),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-        rope_theta=rope_theta_of(cfg, where, 1e6),
+        rope_theta=rope_theta_of(cfg, 1e6),
+        rope_scaling=rope_scaling_of(cfg, where),
         max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         bos_token_id=cfg.get("bos_token_id", 1),

@@ -5,7 +5,7 @@ gate beside the routed ones, optional top-k renormalisation, and dense layers wh
 from __future__ import annotations
 
 from moelight.errors import ConfigError
-from moelight.models.config import ModelConfig, check_act, eos_ids_of, require, rope_theta_of
+from moelight.models.config import ModelConfig, check_act, eos_ids_of, require, rope_scaling_of, rope_theta_of
 from moelight.models.layers import Attention, DecoderLayerBase, RMSNorm, SparseMoE, SwiGLU
 from moelight.models.targets import Target, hf_style_targets
 
@@ -56,7 +56,8 @@ def qwen_config(cfg: dict, where: str, **family_fields) -> ModelConfig:
         top_k=int(cfg["num_experts_per_tok"]),
         head_dim=int(cfg.get("head_dim") or 0),
         rms_norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        rope_theta=rope_theta_of(cfg, where, 10000.0),
+        rope_theta=rope_theta_of(cfg, 10000.0),
+        rope_scaling=rope_scaling_of(cfg, where),
         max_position_embeddings=int(cfg.get("max_position_embeddings", 32768)),
         tie_word_embeddings=bool(cfg.get("tie_word_embeddings", False)),
         bos_token_id=cfg.get("bos_token_id"),

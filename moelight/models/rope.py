@@ -1,6 +1,6 @@
-"""Rotary position embeddings: the plain RoPE inverse frequencies and YaRN's (GPT-OSS, DeepSeek with
-its `mscale` / `mscale_all_dim`), computed as transformers computes them, so cos/sin match to the last
-bit in float32."""
+"""Rotary position embeddings: the plain RoPE inverse frequencies, linear and Llama-3 scaling, and YaRN's
+(GPT-OSS, Qwen3's long-context configs, DeepSeek with its `mscale` / `mscale_all_dim`), computed as
+transformers computes them, so cos/sin match to the last bit in float32."""
 
 from __future__ import annotations
 
@@ -17,9 +17,29 @@ def inverse_frequencies(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
     """(inv_freq [head_dim / 2], the factor cos and sin are scaled by); computed once per config (a
     decode step at batch 1 spent ~0.14 ms on it), so callers must not modify the tensor."""
     d, base = cfg.head_dim, cfg.rope_theta
-    if not cfg.rope_scaling:
-        return 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d)), 1.0
-    return _yarn(dict(cfg.rope_scaling), d, base, cfg.max_position_embeddings)
+    plain = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
+    p = dict(cfg.rope_scaling)
+    rope_type = p.pop("rope_type", "yarn") if p else "default"
+    if rope_type == "default":
+        return plain, 1.0
+    if rope_type == "linear":  # positions divided by factor, folded into the frequencies
+        return plain / float(p["factor"]), 1.0
+    if rope_type == "llama3":
+        return _llama3(p, plain), 1.0
+    return _yarn(p, d, base, cfg.max_position_embeddings)
+
+
+def _llama3(p: dict, inv_freq: torch.Tensor) -> torch.Tensor:
+    """Llama 3.1's scaling: wavelengths longer than original / low_freq_factor are stretched by
+    `factor`, shorter than original / high_freq_factor kept, those between blended smoothly."""
+    factor, low, high = float(p["factor"]), float(p["low_freq_factor"]), float(p["high_freq_factor"])
+    original = float(p["original_max_position_embeddings"])
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > original / low, inv_freq / factor, inv_freq)
+    smooth = (original / wavelen - low) / (high - low)
+    blended = (1 - smooth) * scaled / factor + smooth * scaled
+    medium = ~(wavelen < original / high) * ~(wavelen > original / low)
+    return torch.where(medium, blended, scaled)
 
 
 def _yarn(p: dict, d: int, base: float, context: int) -> tuple[torch.Tensor, float]:
