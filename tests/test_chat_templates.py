@@ -71,6 +71,8 @@ def assert_same(folder: Path, messages, loader: str = "AutoTokenizer", add_gener
     ref, mine = reference(folder, loader), load_tokenizer(folder)
     want = ref.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt, **kwargs)
     assert mine.render_chat(messages, add_generation_prompt, **kwargs) == want
+    assert mine.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, tokenize=False,
+                                    **kwargs) == want  # as vLLM scripts build prompt strings
     ids = _ids(ref.apply_chat_template(messages, tokenize=True, add_generation_prompt=add_generation_prompt,
                                        **kwargs))
     assert mine.apply_chat_template(messages, add_generation_prompt=add_generation_prompt, **kwargs) == ids
@@ -213,8 +215,8 @@ def test_bad_inputs_are_clear_errors(folders):
         mine.render_chat(PLAIN, tools=WEATHER)
     with pytest.raises(TokenizerError, match="documents"):
         mine.render_chat(PLAIN, documents=["just text"])
-    with pytest.raises(TokenizerError, match="tokenize"):
-        mine.apply_chat_template(PLAIN, tokenize=False)
+    with pytest.raises(TokenizerError, match="return_tensors"):
+        mine.apply_chat_template(PLAIN, return_tensors="pt")
     with pytest.raises(TokenizerError, match="messages are dicts"):
         mine.render_chat(["hello"])
 
@@ -246,6 +248,28 @@ def test_byte_tokenizer_refuses_tools_and_templates():
         ByteTokenizer().apply_chat_template(PLAIN, chat_template="{{ messages }}")
     byte = ByteTokenizer()
     assert byte.apply_chat_template(PLAIN, enable_thinking=False) == byte.apply_chat_template(PLAIN)
+    assert byte.apply_chat_template(PLAIN, tokenize=False) == byte.render_chat(PLAIN)
+
+
+def test_get_tokenizer_builds_prompt_strings_as_vllm_scripts_do(folders, tmp_path):
+    """`llm.get_tokenizer().apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)`: the
+    template's text, as transformers renders it; encoded, the ids chat() sends."""
+    from moelight import LLM
+    from tests.checkpoints import make_hf_model, save_checkpoint
+
+    folder = save_checkpoint(make_hf_model(vocab_size=512, max_position_embeddings=1024), tmp_path / "m",
+                             byte_tokenizer=False)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(folders["qwen3"] / f, folder / f)
+    llm = LLM(str(folder), dtype="float32")
+    try:
+        tok = llm.get_tokenizer()
+        text = tok.apply_chat_template(PLAIN, tokenize=False, add_generation_prompt=True)
+        assert isinstance(text, str) and text == reference(folders["qwen3"]).apply_chat_template(
+            PLAIN, tokenize=False, add_generation_prompt=True)
+        assert tok.encode(text, add_bos=False) == tok.apply_chat_template(PLAIN, add_generation_prompt=True)
+    finally:
+        llm.close()
 
 
 # ----------------------------------------------------------------------------- LLM.chat

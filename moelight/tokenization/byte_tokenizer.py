@@ -52,7 +52,8 @@ class ByteTokenizer(Tokenizer):
         return text + ("<|assistant|>\n" if add_generation_prompt else "")
 
     def apply_chat_template(self, messages: list[dict], *, tools: list[dict] | None = None,
-                            add_generation_prompt: bool = True, **template_kwargs) -> list[int]:
+                            add_generation_prompt: bool = True, tokenize: bool = True,
+                            **template_kwargs) -> list[int] | str:
         if tools:
             raise TokenizerError("the byte-level tokenizer's minimal chat format has no place for tools; "
                                  "use a model folder with a chat template that renders them")
@@ -60,4 +61,5 @@ class ByteTokenizer(Tokenizer):
         if unsupported:
             raise TokenizerError(f"the byte-level tokenizer has no chat template, so {', '.join(unsupported)} "
                                  "cannot apply; use a model folder with a chat template")
-        return self.encode(self.render_chat(messages, add_generation_prompt))
+        text = self.render_chat(messages, add_generation_prompt)
+        return self.encode(text) if tokenize else text

@@ -286,12 +286,13 @@ class HFTokenizer(Tokenizer):
         return text[:at].rstrip()  # the template trimmed the message's trailing space
 
     def apply_chat_template(self, messages: list[dict], *, tools: list[dict] | None = None,
-                            add_generation_prompt: bool = True, **template_kwargs) -> list[int]:
+                            add_generation_prompt: bool = True, tokenize: bool = True,
+                            **template_kwargs) -> list[int] | str:
         if not self.has_chat_template and template_kwargs.get("chat_template") is None:
             msgs = template_messages(messages)
             if len(msgs) == 1 and msgs[0].get("role") == "user" and isinstance(msgs[0].get("content"), str) \
-                    and not tools:
-                return self.encode(msgs[0]["content"])  # a lone user turn is just its text
+                    and not tools:  # a lone user turn is just its text
+                return self.encode(msgs[0]["content"]) if tokenize else msgs[0]["content"]
             roles = ", ".join(str(m.get("role")) for m in msgs)
             raise TokenizerError(
                 f"{self.model_dir}: the tokenizer has no chat_template (tokenizer_config.json or "
@@ -300,7 +301,7 @@ class HFTokenizer(Tokenizer):
             )
         # The template writes BOS itself, so no special tokens are added here (as in transformers).
         text = self.render_chat(messages, add_generation_prompt, tools=tools, **template_kwargs)
-        return self.backend.encode(text, add_special_tokens=False).ids
+        return self.backend.encode(text, add_special_tokens=False).ids if tokenize else text
 
 
 # ----------------------------------------------------------------------------- loading

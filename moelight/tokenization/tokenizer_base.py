@@ -25,8 +25,10 @@ class Tokenizer(ABC):
 
     @abstractmethod
     def apply_chat_template(self, messages: list[dict], *, tools: list[dict] | None = None,
-                            add_generation_prompt: bool = True, **template_kwargs) -> list[int]:
-        """Token ids of a conversation, ending with the prompt for the assistant's answer.
+                            add_generation_prompt: bool = True, tokenize: bool = True,
+                            **template_kwargs) -> list[int] | str:
+        """Token ids of a conversation, ending with the prompt for the assistant's answer (its text
+        with ``tokenize=False``, as vLLM scripts build prompt strings through transformers).
 
         `tools` (JSON-schema tool dicts) and `template_kwargs` (e.g. Qwen3's `enable_thinking`,
         GPT-OSS's `reasoning_effort` / `builtin_tools`, `documents`) reach the template as transformers
