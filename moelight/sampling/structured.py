@@ -101,8 +101,8 @@ class GrammarCache:
             if schema is not None:
                 check_schema_keywords(json.loads(schema))
                 return self.compiler.compile_grammar(json_schema_grammar(schema))
-            if json_object:
-                return self.compiler.compile_builtin_json_grammar()
+            if json_object:  # a JSON object, as OpenAI's json_object mode and vLLM promise (not any value)
+                return self.compiler.compile_grammar(json_schema_grammar('{"type": "object"}'))
             if regex is not None:
                 return self.compiler.compile_regex(regex)
             if choice is not None:
