@@ -10,6 +10,7 @@ of every parameter must be filled exactly once; the first one left empty is name
 from __future__ import annotations
 
 import json
+import re
 import struct
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -103,7 +104,7 @@ def fill_parameters(cfg: ModelConfig, model_dir: Path, numels: dict[str, int],
             path = handles[raw][1] if raw in handles else handles[next(iter(modules[raw].values()))][1]
             for t in targets_of(raw, cfg) or ():
                 if t.param not in numels:
-                    _unknown(t.param, raw, path, cfg)
+                    _unknown(t.param, raw, path, cfg, lambda raw=raw: _read(*handles[raw], raw))
                     continue
                 extra = ()
                 if t.companion is not None:
@@ -169,12 +170,22 @@ def _read(f, path: Path, name: str) -> torch.Tensor:
         raise WeightsError(f"{path}: cannot read {name} ({e})") from e
 
 
-def _unknown(param: str, raw: str, path: Path, cfg: ModelConfig) -> None:
-    """A tensor beyond the config's shape (an extra layer or expert) is an error; other names
-    (e.g. rotary inv_freq buffers of old checkpoints) are skipped."""
+def _unknown(param: str, raw: str, path: Path, cfg: ModelConfig, read: Callable[[], torch.Tensor]) -> None:
+    """A tensor the config's model has no place for is an error inside a layer (transformers reports it
+    UNEXPECTED; skipping it would change the outputs silently): an extra layer or expert, or a tensor of a
+    feature config.json turns off, e.g. attention biases. An all-zero bias changes nothing (some GPTQ
+    exports write them) and is skipped, as are names outside the layers (e.g. another model's heads)."""
     parts = param.split(".")
-    if parts[0] == "layers" and parts[1].isdigit() and int(parts[1]) >= cfg.num_layers:
+    if parts[0] != "layers" or not parts[1].isdigit():
+        return
+    if int(parts[1]) >= cfg.num_layers:
         raise WeightsError(f"{path}: {raw} but config.json has num_hidden_layers={cfg.num_layers}")
+    if param.endswith(".bias") and not bool(read().any()):
+        return
+    hint = (" (an attention bias: config.json's attention_bias says whether the model has them)"
+            if re.search(r"\.self_attn\.[qkvo]_proj\.bias$", param) else "")
+    raise WeightsError(f"{path}: tensor {raw} has no place in the model config.json describes{hint}; make "
+                       "config.json match the checkpoint, or remove the tensor")
 
 
 def _copy(param: torch.Tensor, t: Target, tensor: torch.Tensor, path: Path, name: str, extra: tuple = ()) -> int:

@@ -71,7 +71,8 @@ def tensor_targets(name: str, cfg: ModelConfig) -> list[Target] | None:
         return [Target(pre + "mlp.gate_up_proj", (slice(None), slice(f, 2 * f)), lambda t: t.reshape(e, f, h))]
     if rest == "ffn.experts.mlp.w2":  # down, stored [E*f, h] and used as x @ w2[e]: [E, h, f] is its transpose
         return [Target(pre + "mlp.down_proj", (), lambda t: t.reshape(e, f, h).transpose(1, 2))]
-    return None
+    # any other tensor of a block has no place in the model: the loader names it (rotary buffers aside)
+    return None if rest.endswith("inv_freq") else [Target(pre + rest)]
 
 
 def config_from_hf(cfg: dict, where: str) -> ModelConfig:
