@@ -24,7 +24,7 @@ from moelight.engine.options import EngineOptions, OptionError
 from moelight.engine.session_start import open_session
 from moelight.errors import PromptError
 from moelight.jobs.job_warnings import JobWarnings
-from moelight.jobs.prompts import expand_samples, fit_to_context, seeded
+from moelight.jobs.prompts import expand_samples, fit_to_context, out_of_vocab, seeded
 from moelight.jobs.report import RunReport
 from moelight.jobs.serving import generate_planned
 from moelight.sampling.params import SamplingParams
@@ -161,7 +161,11 @@ class LLM:
             if self.tokenizer is None:
                 raise ValueError(f"prompt {i} is text, but this LLM was built with skip_tokenizer_init=True: give "
                                  "token ids ({'prompt_token_ids': [...]} or a list of ints)")
-            return p, self.tokenizer.encode(p)
+            ids = self.tokenizer.encode(p)
+            beyond = out_of_vocab(ids, self.config.vocab_size)
+            if beyond:
+                raise PromptError(f"prompt {i}: {beyond}")
+            return p, ids
         if isinstance(p, (list, tuple)):
             return None, self._token_ids(i, p)
         raise PromptError(f"prompt {i}: {type(p).__name__} is not a prompt; give a str, a list of token ids, "

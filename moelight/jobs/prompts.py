@@ -72,6 +72,10 @@ def check_prompts(requests, tokenizer, context: int, opts, warnings: JobWarnings
         except TokenizerError as e:  # e.g. a conversation and no chat template: this request, by its line
             problems.append((r.id, f"{r.source or r.id}: {e}"))
             continue
+        beyond = out_of_vocab(ids, checker.vocab_size) if checker is not None else None
+        if beyond:
+            problems.append((r.id, f"{r.source or r.id}: {beyond}"))
+            continue
         try:
             p = fit_to_context(f"{r.source or r.id}: prompt", ids, wanted, context, warnings)
         except PromptError as e:
@@ -85,6 +89,16 @@ def check_prompts(requests, tokenizer, context: int, opts, warnings: JobWarnings
         prompts.append(ids)
         params.append(p)
     return prompts, params, problems
+
+
+def out_of_vocab(ids: list[int], vocab: int) -> str | None:
+    """What is wrong with a tokenized prompt holding ids the model has no embedding for (a tokenizer with
+    more tokens than config.json's vocab_size: not this model's), or None."""
+    beyond = sorted({t for t in ids if not 0 <= t < vocab})
+    if not beyond:
+        return None
+    return (f"the tokenizer gives token id(s) {', '.join(map(str, beyond[:5]))}, beyond the model's vocabulary "
+            f"(config.json's vocab_size {vocab}: ids 0..{vocab - 1}); use the tokenizer that belongs to this model")
 
 
 def prompt_error(problems: list[str]) -> PromptError:
