@@ -33,26 +33,47 @@ _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)  # codes that mean nothing witho
 def checkpoint_files(model_dir: Path) -> list[Path]:
     """The safetensors files of a checkpoint folder, validated to exist."""
     index = model_dir / "model.safetensors.index.json"
+    check_link(index)
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text())["weight_map"]
         except (json.JSONDecodeError, KeyError) as e:
             raise WeightsError(f"{index}: not a valid safetensors index ({e})") from e
         files = sorted({model_dir / f for f in weight_map.values()})
+        for f in files:
+            check_link(f)
         missing = [f.name for f in files if not f.is_file()]
         if missing:
             raise WeightsError(f"{index} lists shard(s) that are missing: {', '.join(missing)}")
         return files
     single = model_dir / "model.safetensors"
+    check_link(single)
     if single.is_file():
         return [single]
     found = sorted(model_dir.glob("*.safetensors"))
+    for f in found:
+        check_link(f)
     if found:
         return found
+    bins = sorted(p.name for p in model_dir.glob("*.bin") if p.name.startswith("pytorch_model"))
+    if bins:
+        raise WeightsError(
+            f"{model_dir}: holds {bins[0]}{' and more' if len(bins) > 1 else ''}, PyTorch pickles, which moelight "
+            "does not read; convert them to safetensors (in Python: AutoModelForCausalLM.from_pretrained(folder)"
+            ".save_pretrained(new_folder), which writes model.safetensors), or --load-format dummy for random weights"
+        )
     raise WeightsError(
         f"{model_dir}: no model.safetensors or model.safetensors.index.json; "
         "use a Hugging Face checkpoint folder, or --load-format dummy for random weights"
     )
+
+
+def check_link(path: Path) -> None:
+    """A link whose file is gone is what an interrupted Hugging Face download leaves in snapshots/<hash>/
+    (the blob is still `.incomplete`): said as such, not as a missing or unreadable file."""
+    if path.is_symlink() and not path.exists():
+        raise WeightsError(f"{path}: a link to {path.readlink()}, which does not exist: the download is "
+                           "incomplete; download the model again (e.g. `hf download REPO_ID`)")
 
 
 def check_not_truncated(path: Path) -> None:
