@@ -49,14 +49,26 @@ def resolve_model(model: str, load_format: str = "auto", dtype: str = "auto") ->
 
 def _dtype(name: str, model_dir: Path | None) -> torch.dtype:
     if name == "auto":
-        if model_dir is not None:
-            cfg = json.loads((model_dir / "config.json").read_text())
-            name = cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
-        else:
-            name = "bfloat16"  # dummy presets: the fast CPU dtype
+        if model_dir is None:
+            return torch.bfloat16  # dummy presets: the fast CPU dtype
+        return _config_dtype(model_dir / "config.json")
     if name not in DTYPES:
         raise ConfigError(f"--dtype {name!r}: choose auto, {', '.join(DTYPES)}")
     return DTYPES[name]
+
+
+def _config_dtype(path: Path) -> torch.dtype:
+    """config.json's dtype (or torch_dtype) read as transformers reads it, a name in torch ("float" is
+    float32, "half" float16); bfloat16 where it states none."""
+    cfg = json.loads(path.read_text())
+    field = "dtype" if cfg.get("dtype") else "torch_dtype"
+    name = cfg.get(field) or "bfloat16"
+    found = getattr(torch, name, None) if isinstance(name, str) else None
+    if found in DTYPES.values():
+        return found
+    what = "a dtype moelight runs" if isinstance(found, torch.dtype) else "a torch dtype"
+    raise ConfigError(f"{path}: {field} {json.dumps(name)} is not {what} (float32, bfloat16, float16, or "
+                      "torch's aliases float, half); fix the field, or choose with --dtype float32|bfloat16|float16")
 
 
 def load_model(src: ModelSource, seed: int = 0):
