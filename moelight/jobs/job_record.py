@@ -21,6 +21,7 @@ from pathlib import Path
 
 from moelight.errors import MoelightError
 from moelight.jobs.atomic_write import write_text_atomic
+from moelight.loading.hub_cache import cached_model_folder
 
 VERSION = 2  # 2: a request's hash covers its sampling fields (stop, n, logprobs, response_format, ...)
 # RunOptions fields that change what a request generates (batching and placement do not, in float32)
@@ -90,7 +91,7 @@ def _weights_sample(folder: Path) -> str:
 def _model_identity(model: str) -> str:
     """A model folder by its path, config.json and weights (`_weights_sample`); a preset or CoE spec by its
     name / content."""
-    path = Path(model).expanduser()
+    path = cached_model_folder(model)
     if path.is_dir() and (path / "config.json").is_file():
         digest = hashlib.sha256((path / "config.json").read_bytes()).hexdigest()[:16]
         return f"{os.path.abspath(path)} (config.json {digest}, weights {_weights_sample(path)})"

@@ -11,6 +11,7 @@ import workloads
 from moelight.engine.options import EngineOptions, OptionError
 from moelight.jobs.output_file import output_companions
 from moelight.jobs.path_checks import check_output_file
+from moelight.loading.hub_cache import cached_model_folder
 
 
 @dataclass(kw_only=True)
@@ -75,8 +76,8 @@ class RunOptions(EngineOptions):
             reads.append(("CoE spec", model))
             reads += [(f"model folder of CoE entry {name!r}", Path(m).expanduser())
                       for name, m in coe_model_paths(model).items() if Path(m).expanduser().exists()]
-        elif model.exists():
-            reads.append(("model folder", model))
+        elif cached_model_folder(self.model).exists():
+            reads.append(("model folder", cached_model_folder(self.model)))
         for what, value in (("policy file", self.policy if self.policy != "auto" else None),
                             ("hardware profile", self.hardware), ("EAM collection", self.eamc),
                             ("predictor file", self.predictor)):

@@ -10,6 +10,7 @@ import torch
 
 from moelight.errors import ConfigError
 from moelight.loading.hf_config import load_config
+from moelight.loading.hub_cache import hub_snapshot, looks_like_hub_id
 from moelight.loading.load_formats import LOAD_FORMATS
 from moelight.loading.presets import PRESETS, preset_config
 from moelight.loading.weights import build_model
@@ -42,6 +43,8 @@ def resolve_model(model: str, load_format: str = "auto", dtype: str = "auto") ->
         return ModelSource(model, preset_config(model), None, "dummy", _dtype(dtype, None))
     if path.exists():
         raise ConfigError(f"--model {model}: not a folder; give a Hugging Face model folder or a preset")
+    if looks_like_hub_id(model):  # org/name: its snapshot in the local Hub cache, or an error saying so
+        return resolve_model(str(hub_snapshot(model)), load_format, dtype)
     raise ConfigError(
         f"--model {model}: no such folder and not a preset; presets: {', '.join(PRESETS)}"
     )
