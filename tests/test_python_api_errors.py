@@ -40,3 +40,12 @@ def test_the_python_api_says_when_it_cuts_max_tokens_and_min_tokens_to_the_conte
         out = tiny_llm.generate(["x" * (ctx - 6)], SamplingParams(max_tokens=50, min_tokens=50, ignore_eos=True))
     assert len(out[0].outputs[0].token_ids) == ctx - len(out[0].prompt_token_ids)
     assert tiny_llm.last_report.warnings["counts"] == {"max_tokens_cut": 1}
+
+
+def test_max_model_len_above_the_models_context_is_refused():
+    """As vLLM refuses it: the model has no positions past its context."""
+    from moelight import LLM
+    from moelight.engine.options import OptionError
+
+    with pytest.raises(OptionError, match=r"max_model_len 100000 is above the model's context, \d+ tokens"):
+        LLM("tiny", load_format="dummy", hardware="cpu-server", max_model_len=100000)

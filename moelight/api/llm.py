@@ -47,7 +47,7 @@ class LLM:
         gpus, device, schedule, refill, enable_prefix_caching, batch_size, micro_batch_size, max_prefill_tokens,
         mode, cache_policy, cache_size, eamc, prefetch_per_layer, predictor, quantize. vLLM's own:
         `skip_tokenizer_init` (no tokenizer at all (a folder without one): prompts are token ids, outputs
-        carry token ids and empty text), `max_model_len` (prompt + output at most this many tokens, below the
+        carry token ids and empty text), `max_model_len` (prompt + output at most this many tokens, at most the
         model's context), `trust_remote_code` (moelight runs no model code of a checkpoint's: its own
         architectures only) and `enforce_eager` (no CUDA graphs either way) are taken."""
         for name in VLLM_NO_OPS:
@@ -69,11 +69,15 @@ class LLM:
         if session is None:  # torchrun rank > 0: served rank 0's engine until it closed
             raise SystemExit(0)
         self.session = session
+        context = session.config.max_position_embeddings
+        if max_model_len is not None and max_model_len > context:  # as vLLM: the model cannot see further
+            session.close()
+            raise OptionError(f"LLM(): max_model_len {max_model_len} is above the model's context, "
+                              f"{context} tokens (config.json's max_position_embeddings); give at most {context}")
         self.session.load()
         self.config = self.session.config
         self.tokenizer = self.session.tokenizer
-        context = self.config.max_position_embeddings
-        self.max_model_len = context if max_model_len is None else min(max_model_len, context)
+        self.max_model_len = context if max_model_len is None else max_model_len
         self.last_report: RunReport | None = None
         self.last_stats: GenerationStats | None = None
         self._request_counter = itertools.count()  # vLLM's request ids: 0, 1, ... on from call to call
