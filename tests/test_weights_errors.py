@@ -230,7 +230,18 @@ def test_missing_tensor(ckpt):
     with pytest.raises(WeightsError) as e:
         load(ckpt)
     msg = str(e.value)
-    assert str(ckpt) in msg and "missing weights" in msg and "layers.1.self_attn.k_proj.weight" in msg
+    assert str(ckpt) in msg and "missing weights" in msg and "model.layers.1.self_attn.k_proj.weight" in msg
+
+
+def test_missing_tensor_named_as_the_index_lists_it(sharded):
+    """The checkpoint's name and the shard the index assigns it to, not moelight's parameter name."""
+    shard = sharded / "model-00002-of-00003.safetensors"
+    with safe_open(str(shard), framework="pt") as f:
+        name = next(k for k in f.keys() if k.endswith("layernorm.weight"))
+    _rewrite(shard, lambda t: t.pop(name))
+    with pytest.raises(WeightsError) as e:
+        load(sharded)
+    assert f"{name} (the index puts it in model-00002-of-00003.safetensors, which does not hold it)" in str(e.value)
 
 
 def test_missing_expert(ckpt):

@@ -14,6 +14,7 @@ import re
 import struct
 from collections.abc import Callable
 from contextlib import ExitStack
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -28,6 +29,7 @@ from moelight.models.quantized_experts import QuantizedExperts, hold_experts_qua
 from moelight.models.targets import Target
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)  # codes that mean nothing without their scale
+_EMBED, _LM_HEAD = "embed_tokens.weight", "lm_head.weight"
 
 
 def checkpoint_files(model_dir: Path) -> list[Path]:
@@ -121,9 +123,14 @@ def fill_parameters(cfg: ModelConfig, model_dir: Path, numels: dict[str, int],
         modules = _quantized_modules(cfg, handles, model_dir)  # GPTQ / AWQ / compressed-tensors layers
         parts = {part for found in modules.values() for part in found.values()}
         names = [n for n in handles if n not in parts] + list(modules)
+        # a tied model may store its one matrix as lm_head.weight only: transformers ties it both ways
+        lm_head_only = cfg.tie_word_embeddings and not any(
+            t.param == _EMBED for raw in names for t in targets_of(raw, cfg) or ())
         for raw in names:
             path = handles[raw][1] if raw in handles else handles[next(iter(modules[raw].values()))][1]
             for t in targets_of(raw, cfg) or ():
+                if lm_head_only and t.param == _LM_HEAD:
+                    t = replace(t, param=_EMBED)
                 if t.param not in numels:
                     _unknown(t.param, raw, path, cfg, lambda raw=raw: _read(*handles[raw], raw))
                     continue
@@ -150,11 +157,28 @@ def fill_parameters(cfg: ModelConfig, model_dir: Path, numels: dict[str, int],
                 if on_filled is not None and filled[t.param] == numels[t.param]:
                     on_filled(t.param)
     if cfg.tie_word_embeddings:
-        filled["lm_head.weight"] = numels["lm_head.weight"]
+        filled[_LM_HEAD] = numels[_LM_HEAD]
     missing = [n for n, k in numels.items() if filled.get(n, 0) < k]
     if missing:
-        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
-        raise WeightsError(f"{model_dir}: checkpoint is missing weights for: {shown}")
+        shown = "; ".join(missing_name(n, cfg, model_dir, handles) for n in missing[:8])
+        more = f"; and {len(missing) - 8} more" if len(missing) > 8 else ""
+        raise WeightsError(f"{model_dir}: checkpoint is missing weights for: {shown}{more}")
+
+
+def missing_name(param: str, cfg: ModelConfig, model_dir: Path, held: dict) -> str:
+    """A parameter the checkpoint did not fill, by the checkpoint's name for it: the index's name and the
+    shard it assigns the tensor to where the index lists one; else the family's plain name for a weight or
+    bias (`model.` + moelight's name); else moelight's own name (packed experts)."""
+    targets_of = family(cfg.model_type).tensor_targets
+    index = model_dir / "model.safetensors.index.json"
+    weight_map = json.loads(index.read_text())["weight_map"] if index.is_file() else {}
+    for raw, shard in weight_map.items():
+        if raw not in held and any(t.param == param for t in targets_of(raw, cfg) or ()):
+            return f"{raw} (the index puts it in {shard}, which does not hold it)"
+    raw = "model." + param
+    if param.endswith((".weight", ".bias")) and targets_of(raw, cfg) == [Target(param)]:
+        return raw
+    return param
 
 
 def _quantized_modules(cfg: ModelConfig, handles: dict, model_dir: Path) -> dict[str, dict[str, str]]:
