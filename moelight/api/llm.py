@@ -22,11 +22,12 @@ from moelight.api.outputs import CompletionOutput, RequestOutput
 from moelight.engine.generation import GenerationStats
 from moelight.engine.options import EngineOptions, OptionError
 from moelight.engine.session_start import open_session
-from moelight.errors import PromptError
+from moelight.errors import ConfigError, PromptError
 from moelight.jobs.job_warnings import JobWarnings
 from moelight.jobs.prompts import expand_samples, fit_to_context, out_of_vocab, seeded
 from moelight.jobs.report import RunReport
 from moelight.jobs.serving import generate_planned
+from moelight.loading.generation_config import sampling_defaults
 from moelight.sampling.params import SamplingParams
 from workloads.readers.fields import CHAT_ROLES
 
@@ -42,14 +43,17 @@ class LLM:
     """Loads the model once; each `generate` plans its own job (batch, micro-batch, placement)."""
 
     def __init__(self, model: str, skip_tokenizer_init: bool = False, max_model_len: int | None = None,
-                 trust_remote_code: bool = False, **options) -> None:
+                 trust_remote_code: bool = False, generation_config: str = "auto", **options) -> None:
         """`options` are EngineOptions' fields: load_format, dtype, tokenizer, seed, policy, hardware,
         gpus, device, schedule, refill, enable_prefix_caching, batch_size, micro_batch_size, max_prefill_tokens,
         mode, cache_policy, cache_size, eamc, prefetch_per_layer, predictor, quantize. vLLM's own:
         `skip_tokenizer_init` (no tokenizer at all (a folder without one): prompts are token ids, outputs
         carry token ids and empty text), `max_model_len` (prompt + output at most this many tokens, at most the
         model's context), `trust_remote_code` (moelight runs no model code of a checkpoint's: its own
-        architectures only) and `enforce_eager` (no CUDA graphs either way) are taken."""
+        architectures only), `generation_config` ("auto": generation_config.json's temperature, top_k, top_p,
+        min_p, repetition_penalty and max_new_tokens are the defaults of get_default_sampling_params(), which
+        generate / chat use without SamplingParams; "vllm": none; a folder: its file's) and `enforce_eager`
+        (no CUDA graphs either way) are taken."""
         for name in VLLM_NO_OPS:
             options.pop(name, None)
         renamed = sorted(n for n in options if n in VLLM_NAMES)
@@ -58,10 +62,12 @@ class LLM:
         unknown = sorted(set(options) - set(EngineOptions.names()))
         if unknown:
             raise OptionError(f"LLM(): unknown option(s) {', '.join(unknown)}; valid: skip_tokenizer_init, "
-                              "max_model_len, trust_remote_code, "
+                              "max_model_len, trust_remote_code, generation_config, "
                               f"{', '.join(n for n in EngineOptions.names() if n != 'model')}")
         if max_model_len is not None and (not isinstance(max_model_len, int) or max_model_len < 2):
             raise OptionError(f"LLM(): max_model_len {max_model_len!r}: a number of tokens >= 2")
+        if not isinstance(generation_config, str):
+            raise OptionError(f"LLM(): generation_config {generation_config!r}: auto, vllm or a folder")
         if skip_tokenizer_init:
             options["tokenizer"] = "none"
         self.options = EngineOptions(model=model, **options)
@@ -69,6 +75,11 @@ class LLM:
         if session is None:  # torchrun rank > 0: served rank 0's engine until it closed
             raise SystemExit(0)
         self.session = session
+        try:
+            self._sampling_defaults = sampling_defaults(generation_config, session.resolved.source.model_dir)
+        except ConfigError:
+            session.close()
+            raise
         context = session.config.max_position_embeddings
         if max_model_len is not None and max_model_len > context:  # as vLLM: the model cannot see further
             session.close()
@@ -85,6 +96,11 @@ class LLM:
     @property
     def model(self):
         return self.session.model
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """vLLM's: SamplingParams with generation_config.json's defaults (see `generation_config`); what
+        generate and chat use when given none."""
+        return SamplingParams(**self._sampling_defaults)
 
     def get_tokenizer(self):
         """The model's tokenizer (vLLM's accessor): moelight's own, with encode / decode /
@@ -186,7 +202,7 @@ class LLM:
         if n == 0:
             return []
         if sampling_params is None:
-            sampling_params = SamplingParams()
+            sampling_params = self.get_default_sampling_params()
         params = list(sampling_params) if isinstance(sampling_params, Sequence) else [sampling_params] * n
         bad = next((p for p in params if not isinstance(p, SamplingParams)), None)
         if bad is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from moelight.errors import TokenizerError
+from moelight.loading.generation_config import generation_eos
 from moelight.loading.model_source import ModelSource, resolve_model
 from moelight.loading.weights import check_not_truncated, checkpoint_files
 from moelight.models.config import ModelConfig
@@ -37,8 +38,10 @@ def resolve(model: str, load_format: str = "auto", dtype: str = "auto", tokenize
     if source.model_dir is not None and source.load_format == "safetensors":
         for path in checkpoint_files(source.model_dir):  # a missing shard or a cut file: said before planning
             check_not_truncated(path)
-    if tokenizer == "none":  # token ids in and out: the config's end ids only
-        return ResolvedModel(source, None, tuple(source.config.eos_token_ids))
+    # generation_config.json's end ids end generation whatever the tokenizer, as in vLLM
+    model_eos = tuple(source.config.eos_token_ids) + generation_eos(source.model_dir)
+    if tokenizer == "none":  # token ids in and out: the model's end ids only
+        return ResolvedModel(source, None, tuple(dict.fromkeys(model_eos)))
     tok_dir = source.model_dir if tokenizer != "byte" else None
     if tokenizer == "hf" and tok_dir is None:
         raise TokenizerError(f"--tokenizer hf: {model} is a preset with no tokenizer.json; a preset uses the "
@@ -47,5 +50,5 @@ def resolve(model: str, load_format: str = "auto", dtype: str = "auto", tokenize
                          model_vocab_size=source.config.vocab_size)
     # a real tokenizer may add end-of-turn ids; the byte fallback's ids mean nothing to a checkpoint
     tok_eos = () if isinstance(tok, ByteTokenizer) and source.model_dir else tok.eos_ids
-    eos = tuple(dict.fromkeys(tuple(source.config.eos_token_ids) + tuple(sorted(tok_eos))))
+    eos = tuple(dict.fromkeys(model_eos + tuple(sorted(tok_eos))))
     return ResolvedModel(source, tok, eos)
