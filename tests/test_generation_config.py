@@ -54,3 +54,21 @@ def test_generation_config_from_another_folder(folder, tmp_path):
     assert (llm.get_default_sampling_params().temperature, llm.get_default_sampling_params().top_k) == (0.25, 3)
     with pytest.raises(ConfigError, match="no generation_config.json there"):
         LLM("tiny", load_format="dummy", hardware="cpu-server", generation_config=str(tmp_path / "none"))
+
+
+def test_moelight_run_names_the_defaults_it_does_not_take(folder, tmp_path):
+    """The CLI's own options decide its sampling (greedy by default, as the job record holds them); a
+    generation_config.json whose sampling vLLM would take is named in the report, so none goes unseen."""
+    from typer.testing import CliRunner
+
+    from moelight.cli import app
+
+    data = tmp_path / "d.jsonl"
+    data.write_text(json.dumps({"id": "a", "prompt": "hello"}) + "\n")
+    out = tmp_path / "o.jsonl"
+    res = CliRunner().invoke(app, ["run", "--dataset", str(data), "--model", str(folder), "--output", str(out),
+                                   "--gen-len", "4", "--dtype", "float32", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    notes = json.loads((tmp_path / "o.jsonl.report.json").read_text())["notes"]
+    assert any("generation_config.json suggests temperature 0.5, top_k 7, top_p 0.9, max_tokens 5" in n
+               for n in notes), notes

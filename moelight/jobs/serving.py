@@ -19,6 +19,7 @@ from moelight.jobs.job_warnings import JobWarnings
 from moelight.jobs.output_file import OutputState, report_path, save_report
 from moelight.jobs.prompts import expand_samples, fit_to_context, prepare_prompts
 from moelight.jobs.report import RunReport
+from moelight.loading.generation_config import described, sampling_defaults
 from moelight.sampling.params import SamplingParams
 
 
@@ -46,6 +47,12 @@ def prepare_requests(session, opts, requests, skipped_before: list[str] = (), so
     report = RunReport.for_plan(opts.model, session.dtype_name, plan, len(requests),
                                 [*skipped_before, *skipped.values()])
     report.warnings = warnings.to_dict() if warnings.counts else {}
+    model_dir = getattr(getattr(getattr(session, "resolved", None), "source", None), "model_dir", None)
+    suggested = sampling_defaults("auto", model_dir)
+    if suggested:  # vLLM would sample with them; the CLI's own options decide here, so say so
+        report.notes.append(f"{model_dir / 'generation_config.json'} suggests {described(suggested)} (vLLM's "
+                            "defaults for this model); moelight run samples with its own options (greedy unless "
+                            "--temperature): pass them, or set them per request, to follow it")
     return PreparedJob(requests, prompts, params, plan, report)
 
 
