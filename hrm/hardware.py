@@ -38,6 +38,23 @@ def _interp_curve(curve: list[list[float]], rows):
     return np.interp(np.log(np.maximum(1.0, np.asarray(rows, float))), ms, fs)
 
 
+def _check_curves(where: str, curves, bad: list[str]) -> None:
+    """Append to `bad` what is wrong with a {dtype: [[M, FLOP/s], ...]} map (a curve read as rates)."""
+    if not isinstance(curves, dict):
+        bad.append(f"{where} must map dtypes to [[M, FLOP/s], ...] curves, got {curves!r}")
+        return
+    for dtype, curve in curves.items():
+        pairs = curve if isinstance(curve, list) and curve else [None]
+        ok = all(isinstance(p, list) and len(p) == 2
+                 and all(not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) for v in p)
+                 and p[0] >= 1 and p[1] > 0 for p in pairs)
+        if ok and any(a[0] >= b[0] for a, b in zip(pairs[:-1], pairs[1:], strict=True)):
+            ok = False
+        if not ok:
+            bad.append(f"{where}.{dtype} must be a list of [M, FLOP/s] pairs, M >= 1 ascending and FLOP/s "
+                       f"positive, got {curve!r}")
+
+
 @dataclass(frozen=True)
 class Level:
     """One level of the hierarchy: a processor with its own memory."""
@@ -238,14 +255,15 @@ class HardwareSpec:
                 name=d.get("name", "profiled"),
                 cpu=Level(**d["cpu"]),
                 gpu=gpu,
-                gpu_count=int(d.get("gpu_count", 1 if gpu else 0)),
+                gpu_count=d.get("gpu_count", 1 if gpu else 0),
                 link=link,
                 notes=d.get("notes", ""),
-                link_shared=bool(d.get("link_shared", False)),
-                interconnect=float(d.get("interconnect", 0.0)),
-                interconnect_latency_s=float(d.get("interconnect_latency_s", 5e-6)),
-                host_bandwidth=float(d.get("host_bandwidth", 0.0)),
-                staging_bandwidth=float(d.get("staging_bandwidth", 0.0)),
+                # taken as written, checked below: bool("false") and int(2.7) would silently misread them
+                link_shared=d.get("link_shared", False),
+                interconnect=d.get("interconnect", 0.0),
+                interconnect_latency_s=d.get("interconnect_latency_s", 5e-6),
+                host_bandwidth=d.get("host_bandwidth", 0.0),
+                staging_bandwidth=d.get("staging_bandwidth", 0.0),
             )._checked()
         except (KeyError, TypeError) as e:
             raise ValueError(f"malformed hardware spec: {e}") from e
@@ -270,6 +288,14 @@ class HardwareSpec:
             else:
                 for dtype, v in lvl.flops.items():
                     number(f"{name}.flops.{dtype}", v, zero_ok=False)
+            for f in ("gemm_flops", "expert_gemm_flops"):
+                _check_curves(f"{name}.{f}", getattr(lvl, f), bad)
+            attn = lvl.attention_flops
+            if not isinstance(attn, dict):
+                bad.append(f"{name}.attention_flops must map dtypes to FLOP/s, got {attn!r}")
+            else:
+                for dtype, v in attn.items():
+                    number(f"{name}.attention_flops.{dtype}", v)
             for f in ("attention_bandwidth", "layer_overhead_s", "runtime_layer_s", "step_overhead_s",
                       "sequence_step_s", "elementwise_bandwidth", "gemm_bandwidth"):
                 number(f"{name}.{f}", getattr(lvl, f))
@@ -278,6 +304,8 @@ class HardwareSpec:
                 bad.append(f"gpu_count must be a whole number >= 1 with a gpu, got {self.gpu_count!r}")
             if self.link is None:
                 bad.append("a gpu needs its link (h2d, d2h bytes/s)")
+        if not isinstance(self.link_shared, bool):
+            bad.append(f"link_shared must be true or false, got {self.link_shared!r}")
         if self.link is not None:
             number("link.h2d", self.link.h2d, zero_ok=False)
             number("link.d2h", self.link.d2h, zero_ok=False)

@@ -68,6 +68,24 @@ def test_hardware_errors(tmp_path):
         Level("x", 1, 1, {"float16": 1.0}).peak_flops("bfloat16")
 
 
+@pytest.mark.parametrize("edit, field", [
+    (lambda d: d.update(link_shared="false"), "link_shared must be true or false"),
+    (lambda d: d.update(gpu_count=2.7), "gpu_count must be a whole number"),
+    (lambda d: d.update(interconnect="fast"), "interconnect must be a non-negative number"),
+    (lambda d: d["gpu"].update(gemm_flops={"float16": [[1, -5e12], [64, 1e13]]}), "gpu.gemm_flops.float16"),
+    (lambda d: d["gpu"].update(gemm_flops={"float16": "fast"}), "gpu.gemm_flops.float16"),
+    (lambda d: d["cpu"].update(expert_gemm_flops={"int8": [[16, 1e12], [4, 1e12]]}), "cpu.expert_gemm_flops.int8"),
+    (lambda d: d["cpu"].update(attention_flops={"float32": "lots"}), "cpu.attention_flops.float32"),
+])
+def test_hardware_json_refuses_values_it_would_misread(edit, field):
+    """A profile is hand-edited: a string "false" or a fractional GPU count is refused by name, not coerced."""
+    gpu = Level("gpu", 8 * GiB, 3e11, {"float16": 6e13})
+    d = HardwareSpec("mine", Level("cpu", 64 * GiB, 4e10, {"float32": 1e12}), gpu, 2, Link(1.2e10, 1.1e10)).to_dict()
+    edit(d)
+    with pytest.raises(ValueError, match=field):
+        HardwareSpec.from_dict(d)
+
+
 def test_model_from_hf_mixtral_matches_preset():
     m = model_from_hf_config(MIXTRAL_CFG, name="mixtral-8x7b")
     p = get_model("mixtral-8x7b")
