@@ -22,6 +22,16 @@ def test_plan_prints_policy_and_reason():
     assert says(r.output, "bound by") and says(r.output, "GPU memory") and says(r.output, "why:")
 
 
+def test_plan_says_which_runtime_runs_its_placement():
+    """The default family searches placements no device runtime has (8x22B on a T4: attention on the GPU,
+    the FFN on the CPU); the plan says so, and `--family cgopipe` plans what `run --device` executes."""
+    r = _plan("--model", "mixtral-8x22b", "--hardware", "t4")
+    assert r.exit_code == 0, r.output
+    assert says(r.output, "attention on GPU (A_g=1), MoE FFN on CPU") and says(r.output, "runs as: none")
+    r = _plan("--model", "mixtral-8x7b", "--hardware", "s1", "--family", "flexgen")
+    assert r.exit_code == 0 and says(r.output, "runs as: moelight run --device cuda|emulated --schedule flexgen")
+
+
 def test_plan_json_and_save_policy(tmp_path):
     pol = tmp_path / "p.json"
     r = _plan("--model", "bench-1b", "--hardware", "t4", "--gen-len", "32", "--json",

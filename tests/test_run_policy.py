@@ -6,6 +6,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hrm import HardwareSpec, Level
+from hrm.hardware import Link
 from moelight.cli import app
 from moelight.planning.job_plan import workload_of
 from moelight.sampling.params import SamplingParams
@@ -122,6 +123,24 @@ def test_gpu_policy_runs_on_the_emulated_device_with_the_cpu_tokens(tmp_path, sc
     assert rep["policy"]["device"] == "cpu"
     plain = {r["id"]: r["output_token_ids"] for r in map(json.loads, out.read_text().splitlines())}
     assert piped == plain and len(plain) == 5
+
+
+def test_device_plans_only_the_placement_its_runtime_runs(tmp_path):
+    """On a device the plan searches the schedule's placement alone (CGOPipe: attention on the CPU, the
+    FFN on the device), so its memory check is for what runs: a GPU too small for the runtime is refused
+    before loading, not planned "all on CPU" and then run out of device memory."""
+    hw = HardwareSpec.load(_hardware(tmp_path))
+    gpu = Level("tiny-gpu", 900_000, 200e9, {"float32": 8e12, "float16": 20e12})
+    tiny = str(HardwareSpec("tiny", hw.cpu, gpu, 1, Link(12e9, 12e9)).save(tmp_path / "tiny.json"))
+    r, rep, out = _run(tmp_path, "--hardware", tiny, "--device", "emulated", "--dtype", "float32",
+                       "--mode", "throughput")
+    assert r.exit_code == 2, r.output
+    assert says(r.output, "does not fit") and says(r.output, "attention on CPU, FFN on GPU")
+    assert rep is None and not out.exists()
+    pol = Policy(4, 2, 2, True, False, 0.0, 0.0, "float32").save(tmp_path / "attn_gpu.json")
+    r, _, out = _run(tmp_path, "--hardware", "t4", "--policy", str(pol), "--device", "emulated")
+    assert r.exit_code == 2, r.output
+    assert says(r.output, "--schedule cgopipe runs attention on CPU") and not out.exists()
 
 
 def test_unknown_device(tmp_path):

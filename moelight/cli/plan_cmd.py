@@ -34,12 +34,29 @@ def format_plan(res) -> str:
         f"-> bound by {res.binding}",
         f"prefill {res.prefill_time:.2f} s per batch, decode step {res.decode_step_time * 1e3:.1f} ms",
     ]
+    lines.append(runs_as(p))
     if res.gpu_memory:
         lines.append("GPU memory: " + _fmt_mem(res.gpu_memory, res.gpu_capacity))
     lines.append("CPU memory: " + _fmt_mem(res.cpu_memory, res.cpu_capacity))
     lines.append("why:\n  " + res.reason.replace("\n", "\n  "))
     lines.append(f"planned in {res.solve_seconds * 1e3:.0f} ms over {res.grid_points} grid points")
     return "\n".join(lines)
+
+
+def runs_as(p) -> str:
+    """Which runtime of `moelight run` executes this placement: the default family searches all four
+    of the paper's, and a device's runtime runs two of them (`run` plans only its schedule's)."""
+    from moelight.pipeline.schedule import SCHEDULE_FAMILY
+    from optimizer.search import FAMILIES
+
+    placement = (int(p.attn_on_gpu), int(p.ffn_on_gpu))
+    schedules = [s for s, fam in SCHEDULE_FAMILY.items() if FAMILIES[fam][0] == placement]
+    if schedules:
+        return f"runs as: moelight run --device cuda|emulated --schedule {' | '.join(schedules)}"
+    if placement == (0, 0):
+        return "runs as: moelight run --device cpu"
+    return ("runs as: none (no runtime puts attention on the GPU and the FFN on the CPU; `moelight run` "
+            "on a device plans --family cgopipe, or flexgen with --schedule flexgen)")
 
 
 def used_hw(hw, gpus):

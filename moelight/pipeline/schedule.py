@@ -22,6 +22,10 @@ from dataclasses import dataclass, field
 
 LANES = ("gpu", "cpu", "h2d", "d2h", "pin")
 SCHEDULES = ("cgopipe", "flexgen", "flexgen-cpu", "overlap-unpaged")
+# the optimizer's policy family of the one placement (A_g, F_g) each schedule runs: the FFN on the
+# device with paged weights, attention on the CPU, or on the device for FlexGen's own loop
+SCHEDULE_FAMILY = {"cgopipe": "cgopipe", "overlap-unpaged": "cgopipe", "flexgen-cpu": "cgopipe",
+                   "flexgen": "flexgen"}
 
 
 @dataclass

@@ -76,8 +76,8 @@ def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
     if solved is not None:
         planned, source = replace(solved, dtype=dtype), "auto"  # solved once for the job (a Ray driver)
     elif opts.policy == "auto":
-        try:
-            planned = plan(hw, mspec, workload, dtype).policy
+        try:  # only the placement the device's runtime executes: its memory check must hold for what runs
+            planned = plan(hw, mspec, workload, dtype, family=_runtime_family(device, opts.schedule, hw)).policy
         except InfeasibleError as e:
             raise PlanError(f"the job does not fit: {e}") from None
         except ValueError as e:  # a GPU count the model's heads or expert width cannot be split into
@@ -94,6 +94,8 @@ def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
     plan_s = time.perf_counter() - t0
     if (planned.attn_on_gpu or planned.ffn_on_gpu) and device == "cpu":
         _no_gpu_runtime(planned, opts.device)
+    if device != "cpu":
+        _check_runtime_placement(planned, opts.schedule, source)
     policy = fit_policy(planned, n_req)
     if source not in ("auto",):  # a policy from a file: it must fit the same memory model the planner obeys
         check_policy_fits(policy, hw, mspec, workload, f"--policy {opts.policy}")
@@ -142,6 +144,28 @@ def _placement(policy) -> str:
         return "all on CPU"
     return (f"attention on {'GPU' if policy.attn_on_gpu else 'CPU'}, FFN on {'GPU' if policy.ffn_on_gpu else 'CPU'}, "
             f"r_w {policy.r_w:.3f}")
+
+
+def _runtime_family(device: str, schedule: str, hw) -> str:
+    """The optimizer's policy family of what runs: on a device, the one placement of `--schedule`
+    (the runtime has no executor for the others, e.g. attention on the GPU with the FFN on the CPU)."""
+    from moelight.pipeline.schedule import SCHEDULE_FAMILY
+
+    return SCHEDULE_FAMILY[schedule] if device != "cpu" and hw.has_gpu else "moelight"
+
+
+def _check_runtime_placement(policy, schedule: str, source: str) -> None:
+    """PlanError when a policy file places attention / the FFN where the device's runtime does not run them."""
+    from moelight.pipeline.schedule import SCHEDULE_FAMILY
+    from optimizer.search import FAMILIES
+
+    runs = FAMILIES[SCHEDULE_FAMILY[schedule]][0]
+    if (int(policy.attn_on_gpu), int(policy.ffn_on_gpu)) != runs:
+        raise PlanError(
+            f"{source}: the policy places attention on {'GPU' if policy.attn_on_gpu else 'CPU'} and the MoE FFN "
+            f"on {'GPU' if policy.ffn_on_gpu else 'CPU'}, but --schedule {schedule} runs attention on "
+            f"{'GPU' if runs[0] else 'CPU'} and the FFN on {'GPU' if runs[1] else 'CPU'}; plan one for it "
+            f"(`moelight plan --family {SCHEDULE_FAMILY[schedule]}`) or pick the schedule of its placement")
 
 
 def _no_gpu_runtime(policy, asked: str) -> None:
