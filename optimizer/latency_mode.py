@@ -105,13 +105,17 @@ def predict_latency_mode(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, reque
 
 
 def best_latency_batch(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, requests: int, dtype: str,
-                       limit: int = 64, cpu_offload: bool = False) -> LatencyPrediction | None:
-    """Latency mode at its best batch size (powers of two up to `limit` and the job's size), or None."""
+                       limit: int = 64, cpu_offload: bool = False,
+                       slots: int | None = None) -> LatencyPrediction | None:
+    """Latency mode at its best batch size (powers of two up to `limit` and the job's size), or None;
+    with `slots` (a cache size asked for), among the batches whose KV cache leaves room for them."""
     best = None
     cands = sorted({min(requests, 2**i) for i in range(int(math.log2(limit)) + 1)})
     for batch in cands:
+        if slots is not None and cache_slots(hw, m, wl, batch, dtype) < slots:
+            continue
         try:
-            p = predict_latency_mode(hw, m, wl, requests, batch, dtype, cpu_offload=cpu_offload)
+            p = predict_latency_mode(hw, m, wl, requests, batch, dtype, slots=slots, cpu_offload=cpu_offload)
         except ValueError:
             continue
         if best is None or p.end_to_end_tokens_per_s > best.end_to_end_tokens_per_s:

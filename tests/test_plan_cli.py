@@ -32,6 +32,18 @@ def test_plan_says_which_runtime_runs_its_placement():
     assert r.exit_code == 0 and says(r.output, "runs as: moelight run --device cuda|emulated --schedule flexgen")
 
 
+def test_plan_refuses_a_cache_size_the_gpu_cannot_hold():
+    """--cache-size is checked against the device: 256 slots of 8x7B (84 GiB) on a 16 GiB T4 are refused
+    with the most that fit, as `run` refuses them before loading."""
+    r = _plan("--model", "mixtral-8x7b", "--hardware", "t4", "--mode", "latency", "--requests", "4",
+              "--cache-size", "256")
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert says(r.output, "--cache-size 256: 256 expert slots do not fit on one T4") and says(r.output, "at most ")
+    r = _plan("--model", "mixtral-8x7b", "--hardware", "t4", "--mode", "latency", "--requests", "4",
+              "--cache-size", "34")
+    assert r.exit_code == 0 and says(r.output, "34 expert slots"), r.output
+
+
 def test_plan_json_and_save_policy(tmp_path):
     pol = tmp_path / "p.json"
     r = _plan("--model", "bench-1b", "--hardware", "t4", "--gen-len", "32", "--json",
@@ -211,7 +223,7 @@ def test_plan_takes_the_quantize_choices_run_takes(bad):
 
 
 @pytest.mark.parametrize("requests", [1, 4000])
-@pytest.mark.parametrize("cache", [[], ["--cache-policy", "lru", "--cache-size", "0.5"]])
+@pytest.mark.parametrize("cache", [[], ["--cache-policy", "lru", "--cache-size", "0.125"]])
 def test_plan_and_run_choose_the_same_mode(requests, cache):
     """`plan --mode auto` and a run's plan (plan_job, what `run` and LLM.generate call) pick alike."""
     import random

@@ -130,15 +130,24 @@ def test_device_plans_only_the_placement_its_runtime_runs(tmp_path):
     FFN on the device), so its memory check is for what runs: a GPU too small for the runtime is refused
     before loading, not planned "all on CPU" and then run out of device memory."""
     hw = HardwareSpec.load(_hardware(tmp_path))
-    gpu = Level("tiny-gpu", 900_000, 200e9, {"float32": 8e12, "float16": 20e12})
+    gpu = Level("tiny-gpu", 1_200_000, 200e9, {"float32": 8e12, "float16": 20e12})
     tiny = str(HardwareSpec("tiny", hw.cpu, gpu, 1, Link(12e9, 12e9)).save(tmp_path / "tiny.json"))
     r, rep, out = _run(tmp_path, "--hardware", tiny, "--device", "emulated", "--dtype", "float32",
                        "--mode", "throughput")
     assert r.exit_code == 2, r.output
     assert says(r.output, "does not fit") and says(r.output, "attention on CPU, FFN on GPU")
     assert rep is None and not out.exists()
+    r, rep, out = _run(tmp_path, "--hardware", tiny, "--device", "emulated", "--dtype", "float32")
+    assert r.exit_code == 0, r.output  # auto: latency mode's expert cache fits where CGOPipe does not
+    assert rep["policy"]["mode"] == "latency" and says(r.output, "throughput mode does not fit")
+    (tmp_path / "again").mkdir()
+    r, rep, out = _run(tmp_path / "again", "--hardware", tiny, "--device", "emulated", "--dtype", "float32",
+                       "--mode", "latency", "--cache-size", "1000")  # every routed expert: more than fit
+    assert r.exit_code == 2 and says(r.output, "expert slots do not fit on one tiny-gpu"), r.output
+    assert says(r.output, "at most") and "Traceback" not in r.output  # refused before loading
+    assert rep is None and not out.exists()
     pol = Policy(4, 2, 2, True, False, 0.0, 0.0, "float32").save(tmp_path / "attn_gpu.json")
-    r, _, out = _run(tmp_path, "--hardware", "t4", "--policy", str(pol), "--device", "emulated")
+    r, _, out = _run(tmp_path / "again", "--hardware", "t4", "--policy", str(pol), "--device", "emulated")
     assert r.exit_code == 2, r.output
     assert says(r.output, "--schedule cgopipe runs attention on CPU") and not out.exists()
 

@@ -61,6 +61,7 @@ def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
     from optimizer import InfeasibleError, Policy, fit_policy, plan, predict_job
 
     n_req = len(prompts)
+    no_throughput = ""  # why throughput mode cannot run, where its runtime's placement does not fit
     hw = hardware_for_device(opts.hardware, device, log)
     if opts.gpus is not None:
         try:
@@ -76,10 +77,18 @@ def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
     if solved is not None:
         planned, source = replace(solved, dtype=dtype), "auto"  # solved once for the job (a Ray driver)
     elif opts.policy == "auto":
+        family = _runtime_family(device, opts.schedule, hw)
         try:  # only the placement the device's runtime executes: its memory check must hold for what runs
-            planned = plan(hw, mspec, workload, dtype, family=_runtime_family(device, opts.schedule, hw)).policy
+            planned = plan(hw, mspec, workload, dtype, family=family).policy
         except InfeasibleError as e:
-            raise PlanError(f"the job does not fit: {e}") from None
+            if family == "moelight" or opts.mode == "throughput":
+                raise PlanError(f"the job does not fit: {e}") from None
+            # latency mode may still run (its own fit check): the throughput plan is only its reference
+            no_throughput = f"throughput mode does not fit: {e}"
+            try:
+                planned = plan(hw, mspec, workload, dtype).policy
+            except InfeasibleError:
+                raise PlanError(f"the job does not fit: {e}") from None
         except ValueError as e:  # a GPU count the model's heads or expert width cannot be split into
             raise PlanError(str(e)) from None
         source = "auto"
@@ -94,7 +103,7 @@ def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
     plan_s = time.perf_counter() - t0
     if (planned.attn_on_gpu or planned.ffn_on_gpu) and device == "cpu":
         _no_gpu_runtime(planned, opts.device)
-    if device != "cpu":
+    if device != "cpu" and not no_throughput:
         _check_runtime_placement(planned, opts.schedule, source)
     policy = fit_policy(planned, n_req)
     if source not in ("auto",):  # a policy from a file: it must fit the same memory model the planner obeys
@@ -108,6 +117,8 @@ def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
                   "batching": "refill" if opts.refill else "static"}
     if device != "cpu":
         info["schedule"] = opts.schedule
+    if no_throughput:
+        info["no_throughput"] = no_throughput  # apply_mode: latency mode or nothing
     if solved is not None:
         info["solved_once"] = True  # the policy came solved for this hardware, not solved again
     if ran["batch_size"] != planned.batch_size or ran["micro_batch_size"] != planned.micro_batch_size:

@@ -22,9 +22,10 @@ def cache_slots_of(size: float | None, total: int, planned: int) -> int:
 def apply_mode(plan, opts, mspec, workload, requests: int, device: str, ranks: int = 1):
     """The job plan in the mode `opts.mode` asks for (auto: the faster by the HRM)."""
     from moelight.expert_cache.policy_registry import OFFLOADING
-    from optimizer.latency_mode import best_latency_batch, predict_latency_mode
+    from optimizer.latency_mode import best_latency_batch, cache_slots, predict_latency_mode
 
     info = plan.info
+    no_throughput = info.pop("no_throughput", "")  # the device runtime's placement does not fit
     cache_options = _cache_options(opts)
     if opts.mode == "throughput":
         if cache_options:  # set for nothing: say so rather than run without them
@@ -39,8 +40,8 @@ def apply_mode(plan, opts, mspec, workload, requests: int, device: str, ranks: i
         raise ModeError(f"{', '.join(cache_options)}: latency mode's expert-cache options, and latency mode cannot "
                         f"run: {why_not}")
     if why_not:
-        if opts.mode == "latency":
-            raise ModeError(f"--mode latency: {why_not}")
+        if opts.mode == "latency" or no_throughput:
+            raise ModeError(f"--mode {opts.mode}: {why_not}" + (f"; {no_throughput}" if no_throughput else ""))
         info.update(mode="throughput", mode_reason=f"throughput mode: {why_not}")
         return plan
     dtype, offload = plan.policy.dtype, opts.cache_policy_name() in OFFLOADING
@@ -61,20 +62,28 @@ def apply_mode(plan, opts, mspec, workload, requests: int, device: str, ranks: i
                      if least < total else "")  # a share is below 1: one MoE layer takes a count
             raise ModeError(f"--cache-size {opts.cache_size:g}: {slots} expert slot(s), fewer than one layer's "
                             f"{least} experts; give at least {least} slots{share}")
-        lat = predict_latency_mode(plan.hardware, mspec, workload, requests, lat.batch_size, dtype, slots=slots,
-                                   cpu_offload=offload)
+        batch = opts.batch_size or 1  # the smallest batch leaves the most room for slots
+        most = cache_slots(plan.hardware, mspec, workload, batch, dtype)
+        if slots > most:  # beside the non-expert weights, the KV cache and activations: checked before loading
+            raise ModeError(f"--cache-size {opts.cache_size:g}: {slots} expert slots do not fit on one "
+                            f"{plan.hardware.gpu.name} beside the non-expert weights, the KV cache and activations of "
+                            f"batch {batch}; at most {most} fit (give --cache-size {most} or less, or leave it out)")
+        lat = (predict_latency_mode(plan.hardware, mspec, workload, requests, batch, dtype, slots=slots,
+                                    cpu_offload=offload) if opts.batch_size else
+               best_latency_batch(plan.hardware, mspec, workload, requests, dtype, cpu_offload=offload, slots=slots))
     thr = plan.prediction["end_to_end_tokens_per_s"]
     if lat is None:
-        if opts.mode == "latency":
-            raise ModeError(f"--mode latency: {error}")
+        if opts.mode == "latency" or no_throughput:
+            raise ModeError(f"--mode {opts.mode}: {error}" + (f"; {no_throughput}" if no_throughput else ""))
         info.update(mode="throughput", mode_reason=f"throughput mode: latency mode cannot run ({error})")
         return plan
     faster = lat.end_to_end_tokens_per_s > thr
     reason = (f"predicted {lat.end_to_end_tokens_per_s:.1f} tok/s end-to-end in latency mode (batch {lat.batch_size}, "
               f"{lat.slots} expert slots, hit rate {lat.hit_rate:.0%} assumed, {1e3 * lat.step_seconds:.1f} ms per "
-              f"token) against {thr:.1f} for throughput mode (CGOPipe, batch {plan.batch_size})")
+              "token) " + (f"and {no_throughput}" if no_throughput else
+                           f"against {thr:.1f} for throughput mode (CGOPipe, batch {plan.batch_size})"))
     info["latency_prediction"] = lat.to_dict()
-    if opts.mode == "auto" and not faster:
+    if opts.mode == "auto" and not faster and not no_throughput:
         info.update(mode="throughput", mode_reason=f"throughput mode: {reason}")
         return plan
     info.update(mode="latency", mode_reason=("latency mode (asked): " if opts.mode == "latency" else "latency mode: ")
