@@ -55,6 +55,20 @@ def test_plan_json_and_save_policy(tmp_path):
     assert json.loads(pol.read_text()) == d["policy"]
 
 
+def test_plan_json_keeps_the_mode_and_quantize_lines():
+    """--json carries what the text says: the mode picked, both modes' figures, the batch that runs in it
+    (the "policy" entry stays the throughput plan) and the quantized experts' bits per weight."""
+    r = _plan("--model", "mixtral-8x7b", "--hardware", "t4", "--mode", "auto", "--requests", "4", "--json",
+              "--quantize", "int4")
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    mode = d["mode"]
+    assert mode["mode"] == "latency" and mode["batch_size"] == mode["latency"]["batch_size"] == 4
+    assert mode["cache"]["slots"] == mode["latency"]["slots"] and mode["throughput_e2e_tok_s"] > 0
+    assert d["quantize"]["format"] == "int4" and d["quantize"]["expert_bits_per_weight"] > 4
+    assert "mode" not in json.loads(_plan("--model", "bench-1b", "--hardware", "t4", "--json").output)
+
+
 def test_plan_gpus_zero_is_all_cpu():
     r = _plan("--model", "mixtral-8x7b", "--hardware", "s1", "--gpus", "0", "--json")
     assert r.exit_code == 0, r.output

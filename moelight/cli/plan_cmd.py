@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -63,11 +64,11 @@ def used_hw(hw, gpus):
     return hw.with_gpus(gpus) if gpus is not None else hw
 
 
-def _modes(res, hw, mspec, workload, requests: int, opts) -> str:
-    """Both modes' predictions for the job and the one --mode picks, with the reason: the choice is
-    `apply_mode`'s, the one `moelight run` makes for the same job."""
+def _modes(res, hw, mspec, workload, requests: int, opts) -> tuple[str, dict]:
+    """Both modes' predictions for the job and the one --mode picks, with the reason, as text and as the
+    --json output's "mode" entry: the choice is `apply_mode`'s, the one `moelight run` makes for the same job."""
     if opts.mode == "throughput":
-        return ""
+        return "", {}
     from moelight.planning.job_plan import JobPlan
     from moelight.planning.mode_choice import ModeError, apply_mode
     from optimizer import fit_policy, predict_job
@@ -93,7 +94,12 @@ def _modes(res, hw, mspec, workload, requests: int, opts) -> str:
     pick = opts.mode if opts.mode != "auto" else chosen.info["mode"]
     why = "asked for" if opts.mode != "auto" else "the faster for this job"
     lines.append(f"mode: {pick} ({why})")
-    return "\n".join(lines)
+    batch = lat["batch_size"] if pick == "latency" else min(requests, policy.batch_size)
+    # "policy" stays the throughput plan (what --save-policy writes); the batch that runs is here
+    summary = {"mode": pick, "reason": chosen.info["mode_reason"], "requests": requests, "batch_size": batch,
+               "throughput_e2e_tok_s": thr, "latency": lat,
+               "cache": {"slots": lat["slots"], "policy": opts.cache_policy_name()} if lat else None}
+    return "\n".join(lines), summary
 
 
 def _mode_options(model: str, mode: str, cache_policy: str, cache_size: float | None):
@@ -208,8 +214,14 @@ def register(app: typer.Typer) -> None:
             raise typer.BadParameter(f"{mode!r}: choose throughput, latency or auto", param_hint="--mode")
         with user_errors():
             opts = _mode_options(model, mode, cache_policy, cache_size)
-            lines = _modes(res, used_hw(hw, gpus), mspec, workload, requests or res.policy.batch_size, opts)
-        typer.echo(res.to_json() if as_json else format_plan(res))
+            lines, modes = _modes(res, used_hw(hw, gpus), mspec, workload, requests or res.policy.batch_size, opts)
+        if as_json:
+            extra = {"mode": modes} if modes else {}
+            if mspec.expert_bits:
+                extra["quantize"] = {"format": quantize, "expert_bits_per_weight": mspec.expert_bits}
+            typer.echo(json.dumps(json.loads(res.to_json()) | extra, indent=2))
+        else:
+            typer.echo(format_plan(res))
         if mspec.expert_bits and not as_json:
             typer.echo(f"routed experts held as {quantize}: {mspec.expert_bits:.2f} bits per weight")
         if lines and not as_json:
