@@ -221,6 +221,8 @@ class LLM:
         seq_prompts, seq_params, owners = expand_samples(token_lists, params)  # n samples: n sequences
         self.session.check_sampling(seq_params)
         plan = self.session.plan(seq_prompts, seq_params)
+        if plan.info.get("warning"):  # e.g. cache options --mode auto left unused
+            warnings.warn(plan.info["warning"], UserWarning, stacklevel=3)
         report = RunReport.for_plan(self.options.model, self.session.dtype_name, plan, n)
         report.load_seconds = self.session.load_seconds  # the model loaded with the LLM
         report.warnings = changed.to_dict() if changed.counts else {}

@@ -73,7 +73,8 @@ class RunReport:
             return cls(model=model, dtype=dtype, requests=requests, batch_size=0, micro_batch_size=0, **skips)
         return cls(model=model, dtype=dtype, requests=requests, batch_size=plan.batch_size,
                    micro_batch_size=plan.micro_batch_size, policy=dict(plan.info),
-                   prediction=dict(plan.prediction), attention_backend=kernel_backend(), **skips)
+                   prediction=dict(plan.prediction), attention_backend=kernel_backend(),
+                   notes=[plan.info["warning"]] if plan.info.get("warning") else [], **skips)
 
     def add_stats(self, s: GenerationStats) -> None:
         """Fold in one generation round (multi-turn jobs have several)."""

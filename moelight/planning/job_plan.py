@@ -136,6 +136,8 @@ def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
         log(f"policy ({source}, {plan_s * 1e3:.0f} ms, hardware {hw.name}): batch {plan.batch_size}, micro-batch "
             f"{plan.micro_batch_size}, {where}; predicted {p['end_to_end_tokens_per_s']:.1f} tok/s end-to-end, "
             f"bound by {p['binding']}; {plan.info['mode_reason']}")
+        if plan.info.get("warning"):
+            log(f"warning: {plan.info['warning']}")
     return plan
 
 

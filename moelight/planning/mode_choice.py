@@ -85,6 +85,9 @@ def apply_mode(plan, opts, mspec, workload, requests: int, device: str, ranks: i
     info["latency_prediction"] = lat.to_dict()
     if opts.mode == "auto" and not faster and not no_throughput:
         info.update(mode="throughput", mode_reason=f"throughput mode: {reason}")
+        if cache_options:  # the HRM's choice depends on the workload: run the faster mode, but say so
+            info["warning"] = (f"{', '.join(cache_options)} unused: --mode auto chose throughput mode, which has no "
+                               "expert cache; add --mode latency to run with them")
         return plan
     info.update(mode="latency", mode_reason=("latency mode (asked): " if opts.mode == "latency" else "latency mode: ")
                 + reason, cache={"slots": lat.slots, "policy": opts.cache_policy_name()})
