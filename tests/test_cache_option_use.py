@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from moelight.cli import app
@@ -36,3 +37,25 @@ def test_auto_mode_choosing_throughput_says_the_cache_options_went_unused(tmp_pa
     warning = "--cache-policy, --cache-size unused: --mode auto chose throughput mode"
     assert says(res.output, "warning: " + warning) and says(res.output, "add --mode latency")
     assert any(warning in note for note in rep["notes"]), rep["notes"]
+
+
+@pytest.mark.parametrize("extra, named", [
+    (["--schedule", "flexgen"], "--schedule"),
+    (["--batch-size", "4", "--micro-batch-size", "1"], "--micro-batch-size"),
+])
+def test_latency_mode_refuses_throughput_only_options(tmp_path, extra, named):
+    """Latency mode runs one batch through the expert cache: a schedule or micro-batch size would be
+    recorded as used and do nothing."""
+    res = run(tmp_path, "--mode", "latency", *extra)
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert says(res.output, f"{named}: throughput mode's (CGOPipe's) options, and --mode is latency")
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_auto_mode_choosing_latency_says_the_throughput_options_went_unused(tmp_path):
+    res = run(tmp_path, "--num-requests", "1", "--schedule", "flexgen")
+    assert res.exit_code == 0, res.output
+    rep = report_of(tmp_path / "o.jsonl")
+    assert rep["policy"]["mode"] == "latency" and "schedule" not in rep["policy"]
+    assert says(res.output, "warning: --schedule unused: --mode auto chose latency mode")
+    assert any("add --mode throughput" in note for note in rep["notes"]), rep["notes"]

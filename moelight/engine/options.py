@@ -120,10 +120,21 @@ class EngineOptions:
                 Predictors.check_kind(Path(self.predictor).expanduser(), self.cache_policy)
             except PredictorError as e:
                 raise OptionError(f"--predictor {e}") from None
+        unused = self.throughput_options()
+        if self.mode == "latency" and unused:
+            raise OptionError(f"{', '.join(unused)}: throughput mode's (CGOPipe's) options, and --mode is latency (one "
+                              "batch through the expert cache: no micro-batches, pipeline schedule or policy file); "
+                              "drop them or use --mode auto / throughput")
         self._check_hardware()
         if self.policy != "auto" and not Path(self.policy).expanduser().is_file():
             raise OptionError(f"--policy {self.policy}: no such file; give 'auto' or a policy JSON "
                               "from `moelight plan --save-policy`")
+
+    def throughput_options(self) -> list[str]:
+        """The throughput-mode options the job sets (latency mode runs none of them)."""
+        given = {"--micro-batch-size": self.micro_batch_size is not None, "--schedule": self.schedule != "cgopipe",
+                 "--policy": self.policy != "auto"}
+        return [name for name, is_set in given.items() if is_set]
 
     def _check_hardware(self) -> None:
         from hrm.hardware_presets import list_hardware

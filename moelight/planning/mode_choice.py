@@ -89,6 +89,10 @@ def apply_mode(plan, opts, mspec, workload, requests: int, device: str, ranks: i
             info["warning"] = (f"{', '.join(cache_options)} unused: --mode auto chose throughput mode, which has no "
                                "expert cache; add --mode latency to run with them")
         return plan
+    info.pop("schedule", None)  # no CGOPipe schedule runs
+    if opts.throughput_options():  # auto (latency mode refuses them): say what the chosen mode leaves unused
+        info["warning"] = (f"{', '.join(opts.throughput_options())} unused: --mode auto chose latency mode, which "
+                           "runs one batch through the expert cache; add --mode throughput to run with them")
     info.update(mode="latency", mode_reason=("latency mode (asked): " if opts.mode == "latency" else "latency mode: ")
                 + reason, cache={"slots": lat.slots, "policy": opts.cache_policy_name()})
     pred = dict(plan.prediction) | {
