@@ -59,3 +59,25 @@ def test_auto_mode_choosing_latency_says_the_throughput_options_went_unused(tmp_
     assert rep["policy"]["mode"] == "latency" and "schedule" not in rep["policy"]
     assert says(res.output, "warning: --schedule unused: --mode auto chose latency mode")
     assert any("add --mode throughput" in note for note in rep["notes"]), rep["notes"]
+
+
+@pytest.mark.parametrize("policy", ["on-demand", "lru", "lfu"])
+def test_prefetch_per_layer_is_refused_for_a_policy_that_never_prefetches(tmp_path, policy):
+    res = run(tmp_path, "--mode", "latency", "--cache-policy", policy, "--prefetch-per-layer", "3")
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert says(res.output, f"--prefetch-per-layer 3: --cache-policy {policy} never prefetches")
+
+
+def test_simulate_cache_refuses_prefetch_per_layer_for_policies_that_never_prefetch(tmp_path):
+    res = invoke("simulate-cache", "--trace", tmp_path / "missing.parquet", "--policy", "lru,lfu",
+                 "--prefetch-per-layer", "2")
+    assert res.exit_code == 2 and says(res.output, "--prefetch-per-layer 2: --policy lru,lfu never prefetches")
+
+
+def test_prefetching_names_the_policies_that_propose_prefetches():
+    from moelight.expert_cache import policy_registry as r
+
+    classes = {"on-demand": r.OnDemand, "lru": r.LRU, "lfu": r.LFU, "moe-infinity": r.MoEInfinity,
+               "promoe": r.ProMoE, "duoserve": r.DuoServe, "coserve": r.CoServe, "combined": r.Combined}
+    assert set(classes) == set(r.POLICIES)
+    assert {name for name, cls in classes.items() if cls.predicts} == set(r.PREFETCHING)

@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from moelight.cli.errors import user_errors
-from moelight.expert_cache.policy_registry import POLICIES
+from moelight.expert_cache.policy_registry import POLICIES, PREFETCHING
 from moelight.jobs.path_checks import check_output_dir, check_output_file
 
 Opt = typer.Option
@@ -54,8 +54,9 @@ def simulate_cache(
     predictor: list[Path] = Opt(None, "--predictor", help="promoe / duoserve / coserve file "
                                 "(`moelight train-predictor`); repeat for several"),
     prefetch_per_layer: int = Opt(None, "--prefetch-per-layer", min=0,
-                                  help="prefetches per layer pass, over any policy's own (default: the "
-                                       "policy's own budget, else what the link moves in one layer)"),
+                                  help="prefetches per layer pass in place of the policy's own budget, "
+                                       "for the policies that prefetch (default: the policy's own budget, else what "
+                                       "the link moves in one layer)"),
     dtype: str = Opt("float16", "--dtype", help="float16, bfloat16 or float32: the bytes an expert copy moves"),
     as_json: Path = Opt(None, "--json", help="write every result here"),
     plot: Path = Opt(None, "--plot", help="draw hit rate and latency against cache size into this folder"),
@@ -77,6 +78,9 @@ def simulate_cache(
         names = list(POLICIES) if policy == "all" else [p.strip() for p in policy.split(",")]
         if any(n not in POLICIES for n in names):
             raise OptionError(f"--policy {policy!r}: choose from {', '.join(POLICIES)} or all")
+        if prefetch_per_layer is not None and not set(names) & set(PREFETCHING):
+            raise OptionError(f"--prefetch-per-layer {prefetch_per_layer}: --policy {policy} never prefetches; drop "
+                              f"the option or add a policy that prefetches: {', '.join(PREFETCHING)}")
         files = {_kind(p): p for p in predictor or []}
         t = Trace.load(trace, hidden="promoe" in names and "promoe" in files)  # ProMoE reads hidden states
         try:

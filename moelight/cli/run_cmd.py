@@ -62,10 +62,11 @@ def run(
     cache_size: float = Opt(None, "--cache-size", help="latency mode: expert slots, a share of all experts (< 1) "
                             "or a count (default: what fits on the device)"),
     eamc: str = Opt(None, "--eamc", help="MoE-Infinity's EAM collection (`moelight eamc`)"),
-    prefetch_per_layer: int = Opt(None, "--prefetch-per-layer", help="latency mode: prefetches per layer pass, "
-                                  "over any policy's own (default: the policy's own budget, 1 for combined and every "
-                                  "predicted expert for promoe / duoserve, else as many experts as the link moves "
-                                  "during one layer)"),
+    prefetch_per_layer: int = Opt(None, "--prefetch-per-layer", help="latency mode: prefetches per layer pass in "
+                                  "place of the policy's own budget, for the policies that prefetch (all but "
+                                  "on-demand, lru, lfu, coserve) (default: the policy's own budget, 1 for combined "
+                                  "and every predicted expert for promoe / duoserve, else as many experts as the "
+                                  "link moves during one layer)"),
     predictor: str = Opt(None, "--predictor", help="promoe / duoserve / coserve: their file from "
                          "`moelight train-predictor`"),
     coe_order: str = Opt("grouped", "--coe-order", help="a CoE job (--model coe.json): grouped (each model's "

@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from moelight.errors import MoelightError
-from moelight.expert_cache.policy_registry import NEEDS_PREDICTOR
+from moelight.expert_cache.policy_registry import NEEDS_PREDICTOR, PREFETCHING
 from moelight.expert_cache.policy_registry import POLICIES as CACHE_POLICIES
 from moelight.loading.load_formats import LOAD_FORMATS
 from moelight.pipeline.schedule import SCHEDULES
@@ -120,6 +120,10 @@ class EngineOptions:
                 Predictors.check_kind(Path(self.predictor).expanduser(), self.cache_policy)
             except PredictorError as e:
                 raise OptionError(f"--predictor {e}") from None
+        if self.prefetch_per_layer is not None and self.cache_policy_name() not in PREFETCHING:
+            raise OptionError(f"--prefetch-per-layer {self.prefetch_per_layer}: --cache-policy "
+                              f"{self.cache_policy_name()} never prefetches (it fetches an expert when a token needs "
+                              f"it); drop the option or choose a policy that prefetches: {', '.join(PREFETCHING)}")
         unused = self.throughput_options()
         if self.mode == "latency" and unused:
             raise OptionError(f"{', '.join(unused)}: throughput mode's (CGOPipe's) options, and --mode is latency (one "

@@ -15,6 +15,7 @@ from moelight.expert_cache.moe_infinity_policy import MoEInfinity
 
 POLICIES = ("on-demand", "lru", "lfu", "moe-infinity", "promoe", "duoserve", "coserve", "combined")
 NEEDS_PREDICTOR = ("promoe", "duoserve", "coserve")  # `moelight train-predictor --kind NAME`
+PREFETCHING = ("moe-infinity", "promoe", "duoserve", "combined")  # propose prefetches (`predicts`)
 OFFLOADING = ("coserve", "combined")  # run a small miss on the CPU (the HRM's latency-mode prediction counts it)
 
 
