@@ -255,3 +255,16 @@ def test_simulate_cache_refuses_a_bad_dtype_and_a_host_without_gpu(traced, tmp_p
     saved = invoke(*sim, "--hardware", profile)
     assert saved.exit_code == 2 and says(saved.output, "has no GPU, and an expert cache lives on one"), saved.output
     assert invoke(*sim, "--hardware", "t4", "--dtype", "bf16").exit_code == 0
+
+
+@pytest.mark.parametrize("command", [["eamc", "--capacity", "3"], ["train-predictor", "--kind", "coserve"]])
+def test_eamc_and_train_predictor_replace_an_output_only_with_overwrite(traced, tmp_path, command):
+    root, _ = traced
+    out = tmp_path / "made.npz"
+    out.write_text("an earlier file")
+    args = [command[0], "--trace", root / "trace.parquet", "--output", out, *command[1:]]
+    res = invoke(*args)
+    assert res.exit_code == 2 and says(res.output, f"--output {out}: exists; pass --overwrite"), res.output
+    assert out.read_text() == "an earlier file"
+    res = invoke(*args, "--overwrite")
+    assert res.exit_code == 0 and out.read_bytes()[:2] == b"PK", res.output  # an npz

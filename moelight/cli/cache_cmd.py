@@ -21,6 +21,7 @@ def eamc(
     output: Path = Opt(..., "--output", help="the collection (.npz)"),
     capacity: int = Opt(128, "--capacity", min=1, help="EAMs kept (the paper keeps hundreds)"),
     seed: int = Opt(0, "--seed"),
+    overwrite: bool = Opt(False, "--overwrite", help="replace an existing --output"),
 ) -> None:
     """Build MoE-Infinity's EAM collection: one EAM per traced request, K-means with Eq. (1)."""
     import numpy as np
@@ -30,6 +31,7 @@ def eamc(
 
     with user_errors():
         check_output_file(output, "--output", [("trace", trace)])
+        _check_overwrite(output, overwrite)
         t = Trace.load(trace)
         if not t.requests:
             raise TraceError(f"--trace {trace}: holds no request; trace some with `moelight trace`")
@@ -140,6 +142,7 @@ def train_predictor(
     stride: int = Opt(2, "--stride", min=1, help="promoe: predict the experts this many layers ahead"),
     epochs: int = Opt(20, "--epochs", min=1),
     seed: int = Opt(0, "--seed"),
+    overwrite: bool = Opt(False, "--overwrite", help="replace an existing --output"),
 ) -> None:
     """Train a policy's predictors (or profile, for CoServe) on nine tenths of a trace; report the accuracy
     on the other tenth (the share of a layer's chosen experts among the predicted top-k)."""
@@ -152,11 +155,20 @@ def train_predictor(
         if kind not in KINDS:
             raise OptionError(f"--kind {kind!r} is not one of the valid choices: {', '.join(KINDS)}")
         check_output_file(output, "--output", [("trace", trace)])
+        _check_overwrite(output, overwrite)
         t = Trace.load(trace, hidden=kind == "promoe")
         pred = train_predictors(t, kind, stride, epochs, seed)
         pred.save(output)
     what = f"{len(pred.mlps)} layer predictors, held-out accuracy {pred.accuracy:.1%}" if pred.mlps else "profile"
     typer.echo(f"{kind}: {what}: {output}")
+
+
+def _check_overwrite(output: Path, overwrite: bool) -> None:
+    """A collection or predictor file took a trace and minutes to make: replaced only when asked, as `run` does."""
+    from moelight.engine.options import OptionError
+
+    if output.exists() and not overwrite:
+        raise OptionError(f"--output {output}: exists; pass --overwrite to replace it")
 
 
 def format_result(r, total: int) -> str:
