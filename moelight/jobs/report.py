@@ -188,7 +188,7 @@ class RunReport:
                          f"recall {c['prefetch_recall']:.1%} ({c['prefetch_used']} used / {c['prefetch_issued']} "
                          f"issued, {c['prefetch_late']} late, {c['prefetch_wasted']} wasted, "
                          f"{c['prefetch_issued'] - c['prefetch_used'] - c['prefetch_wasted']} unused at the end), "
-                         f"{c['fetched_bytes'] / 2**20:.1f} MiB moved")
+                         f"{c['fetched_bytes'] / 2**20:.1f} MiB moved" + _offcache(c))
         if self.prediction:
             p = self.prediction
             lines.append(f"predicted     {p.get('end_to_end_tokens_per_s', 0):10.1f} tok/s end-to-end (HRM)")
@@ -206,6 +206,14 @@ class RunReport:
         if len(self.skipped) > shown:
             lines.append(f"skipped       ... and {len(self.skipped) - shown} more (the report's \"skipped\" lists all)")
         return lines
+
+
+def _offcache(cache: dict) -> str:
+    """Misses served without a fetch into the cache (CoServe / combined run them on the CPU, DuoServe's
+    prefill streams them): without them a 0% hit rate and nothing moved reads as nothing happening."""
+    cpu, streamed = cache.get("cpu_executed", 0), cache.get("streamed", 0)
+    return ((f", {cpu} of {cache['misses']} misses run on the CPU" if cpu else "")
+            + (f", {streamed} experts streamed through prefill's own slots" if streamed else ""))
 
 
 def _joined(mine: str, theirs: str) -> str:
