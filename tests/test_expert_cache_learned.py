@@ -114,3 +114,18 @@ def test_a_predictor_file_must_fit_the_model_and_the_policy(tmp_path):
     (tmp_path / "bad.npz").write_text("x")
     with pytest.raises(PredictorError, match="not a predictor file"):
         Predictors.load(tmp_path / "bad.npz", "promoe", 2, 4)
+
+
+def test_a_file_that_is_no_npz_is_named_without_numpys_pickle_advice(tmp_path):
+    """numpy reads a non-zip file as a pickle and suggests allow_pickle=: wrong advice for a file that is
+    simply not ours; the error says what the file should be and how to make one."""
+    from moelight.expert_cache.eam import EAMCollection, EAMError
+
+    text = tmp_path / "text.npz"
+    text.write_text("hello\n")
+    with pytest.raises(EAMError) as eam:
+        EAMCollection.load(text)
+    with pytest.raises(PredictorError) as pred:
+        Predictors.load(text, "promoe", 2, 4)
+    for error, how in ((eam, "moelight eamc --trace"), (pred, "moelight train-predictor --trace")):
+        assert "pickle" not in str(error.value) and how in str(error.value), error.value

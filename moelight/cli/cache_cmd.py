@@ -128,11 +128,14 @@ def _kind(path: Path) -> str:
 
     from moelight.expert_cache.predictors import PredictorError
 
+    if not path.is_file():
+        raise PredictorError(f"--predictor {path}: no such file; train one with `moelight train-predictor`")
     try:
         with np.load(path, allow_pickle=False) as z:
             return json.loads(str(z["meta"]))["kind"]
-    except Exception as e:  # a missing or foreign file
-        raise PredictorError(f"{path}: not a predictor file from `moelight train-predictor` ({e})") from None
+    except Exception:  # a missing or foreign file (numpy's advice, to allow pickles, does not apply)
+        raise PredictorError(f"{path}: not a predictor file; train one with `moelight train-predictor --trace TRACE "
+                             "--kind KIND --output FILE.npz`") from None
 
 
 def train_predictor(

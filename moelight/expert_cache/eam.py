@@ -112,8 +112,10 @@ class EAMCollection:
         try:
             with np.load(path, allow_pickle=False) as z:
                 eams, meta = z["eams"], json.loads(str(z["meta"]))
-        except Exception as e:  # zipfile / numpy / json errors of a file that is not ours
-            raise EAMError(f"{path}: not an EAM collection ({e})") from None
+        except Exception:  # zipfile / numpy / json errors of a file that is not ours (numpy's own advice,
+            # to load it with allow_pickle, would be wrong here)
+            raise EAMError(f"{path}: not an EAM collection (the .npz `moelight eamc` writes); build one with "
+                           "`moelight eamc --trace TRACE --output FILE.npz`") from None
         if meta.get("format") != "moelight-eamc-1" or eams.ndim != 3:
             raise EAMError(f"{path}: not an EAM collection written by `moelight eamc`")
         got = eams.shape[1:]

@@ -118,8 +118,10 @@ class Predictors:
             with np.load(path, allow_pickle=False) as z:
                 meta = json.loads(str(z["meta"]))
                 data = {k: z[k] for k in z.files if k != "meta"} if arrays else {}
-        except Exception as e:  # zip / numpy / json errors of a file that is not ours
-            raise PredictorError(f"{path}: not a predictor file ({e})") from None
+        except Exception:  # zip / numpy / json errors of a file that is not ours (numpy's advice does not apply)
+            raise PredictorError(f"{path}: not a predictor file (the .npz `moelight train-predictor` writes); train "
+                                 "one with `moelight train-predictor --trace TRACE --kind KIND --output FILE.npz`"
+                                 ) from None
         if not isinstance(meta, dict) or meta.get("format") != "moelight-predictors-1":
             raise PredictorError(f"{path}: not a predictor file written by `moelight train-predictor`")
         return meta, data
