@@ -268,3 +268,19 @@ def test_eamc_and_train_predictor_replace_an_output_only_with_overwrite(traced, 
     assert out.read_text() == "an earlier file"
     res = invoke(*args, "--overwrite")
     assert res.exit_code == 0 and out.read_bytes()[:2] == b"PK", res.output  # an npz
+
+
+def test_simulate_cache_labels_what_it_simulated_and_refuses_unread_files(traced, tmp_path):
+    """A batch over the trace's sequences runs as that many (labelled so, once), a count over the
+    model's experts as every expert (once), each with a note; an --eamc no named policy reads is
+    refused as `run` refuses it."""
+    root, _ = traced  # 5 traced sequences of a model with 32 routed experts
+    sim = ["simulate-cache", "--trace", root / "trace.parquet", "--model", CKPT, "--hardware", "t4", "--policy", "lru"]
+    res = invoke(*sim, "--cache-size", "32,100", "--batch", "1000,5", "--json", tmp_path / "s.json")
+    assert res.exit_code == 0, res.output
+    rows = json.loads((tmp_path / "s.json").read_text())
+    assert [(r["batch"], r["slots"]) for r in rows] == [(5, 32)]
+    assert says(res.output, "note: --batch 1000,5: the trace holds 5 sequence(s)")
+    assert says(res.output, "note: --cache-size 32,100: the model has 32 routed experts")
+    res = invoke(*sim, "--eamc", root / "eamc.npz")
+    assert res.exit_code == 2 and says(res.output, "only --policy moe-infinity reads it"), res.output

@@ -84,6 +84,7 @@ def simulate_cache(
             raise OptionError(f"--prefetch-per-layer {prefetch_per_layer}: --policy {policy} never prefetches; drop "
                               f"the option or add a policy that prefetches: {', '.join(PREFETCHING)}")
         files = {_kind(p): p for p in predictor or []}
+        _check_files_are_read(policy, names, eamc_path, files)
         t = Trace.load(trace, hidden="promoe" in names and "promoe" in files)  # ProMoE reads hidden states
         try:
             mspec = get_model(model or t.model.name)
@@ -96,7 +97,10 @@ def simulate_cache(
         dtype = _dtype(dtype)
         L, E = len(t.model.moe_layers), t.model.num_experts
         sizes = cache_sizes(cache_size, L, E)
-        batches = [_positive_int("--batch", b) for b in batch.split(",")]
+        if cache_size is not None and any(float(s) > L * E for s in cache_size.split(",")):
+            typer.echo(f"note: --cache-size {cache_size}: the model has {L * E} routed experts; a larger count is "
+                       f"simulated as {L * E} slots (every expert), once")
+        batches = effective_batches(batch, len(t.requests))
         eamc = EAMCollection.load(eamc_path, L, E) if eamc_path is not None else None
         preds = {k: Predictors.load(p, k, L, E, t.model.hidden_size) for k, p in files.items()}
         needs = [("moe-infinity", eamc, "--eamc FILE (`moelight eamc --trace ...`)")] + [
@@ -204,6 +208,29 @@ def _positive_int(option: str, text: str) -> int:
     return v
 
 
+def effective_batches(text: str, sequences: int) -> list[int]:
+    """--batch as the batches that can decode together: a trace of n sequences never has more than n in
+    flight, so a larger batch is simulated (and labelled) as n, once, with a note."""
+    asked = [_positive_int("--batch", b) for b in text.split(",")]
+    if any(b > sequences for b in asked):
+        typer.echo(f"note: --batch {text}: the trace holds {sequences} sequence(s), so at most {sequences} decode "
+                   f"together; a larger batch is simulated as batch {sequences}")
+    return list(dict.fromkeys(min(b, sequences) for b in asked))
+
+
+def _check_files_are_read(policy: str, names: list[str], eamc_path: Path | None, files: dict[str, Path]) -> None:
+    """An --eamc or --predictor file that no named policy reads is refused, as `run` refuses it."""
+    from moelight.engine.options import OptionError
+
+    if eamc_path is not None and "moe-infinity" not in names:
+        raise OptionError(f"--eamc {eamc_path}: only --policy moe-infinity reads it; --policy {policy} would leave "
+                          "it unused: add moe-infinity or drop --eamc")
+    unread = [f"{path} ({kind})" for kind, path in files.items() if kind not in names]
+    if unread:
+        raise OptionError(f"--predictor {', '.join(unread)}: --policy {policy} does not name the policy it was "
+                          "trained for, and would leave it unused")
+
+
 def cache_sizes(text: str | None, layers: int, experts: int) -> list[int]:
     """--cache-size as slot counts. A cache holds at least one layer's experts: the default sizes below
     that are raised to it (duplicates dropped); a size the user gave below it is an error that says so."""
@@ -218,7 +245,7 @@ def cache_sizes(text: str | None, layers: int, experts: int) -> list[int]:
         raise OptionError(f"--cache-size {text}: {', '.join(map(str, small))} slot(s) cannot hold one layer's "
                           f"{experts} experts; give sizes of at least {experts} slots ({experts / total:.2f} of "
                           f"the {total} experts)")
-    return sizes
+    return list(dict.fromkeys(sizes))  # counts over the total are clamped to it: simulate it once
 
 
 def _slots(text: str, total: int) -> int:
