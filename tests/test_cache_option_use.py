@@ -81,3 +81,24 @@ def test_prefetching_names_the_policies_that_propose_prefetches():
                "promoe": r.ProMoE, "duoserve": r.DuoServe, "coserve": r.CoServe, "combined": r.Combined}
     assert set(classes) == set(r.POLICIES)
     assert {name for name, cls in classes.items() if cls.predicts} == set(r.PREFETCHING)
+
+
+def test_a_cache_below_one_layers_experts_is_refused_when_the_llm_is_built():
+    """The model's config says how many experts a layer has: LLM() refuses, not its first generate()."""
+    from moelight import LLM
+    from moelight.engine.options import OptionError
+
+    with pytest.raises(OptionError, match=r"--cache-size 1: 1 expert slot\(s\), fewer than one layer's 8 experts"):
+        LLM(str(CKPT), device="emulated", hardware="t4", mode="latency", cache_size=1)
+
+
+def test_an_eamc_file_of_another_model_is_refused_before_the_plan(tmp_path):
+    """The collection's shape is checked against the model's config before the plan (and its profile)."""
+    import numpy as np
+
+    from moelight.expert_cache.eam import EAMCollection
+
+    eamc = EAMCollection(np.ones((2, 3, 8)), "other").save(tmp_path / "other.npz")  # 3 MoE layers, not 4
+    res = run(tmp_path, "--mode", "latency", "--eamc", eamc)
+    assert res.exit_code == 2 and says(res.output, "--eamc") and says(res.output, "this model routes 4 x 8"), res.output
+    assert "policy (" not in res.output  # refused before the plan

@@ -18,10 +18,11 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import replace
+from pathlib import Path
 
 from moelight.engine import executor_factory
 from moelight.engine.generation import Engine
-from moelight.engine.options import EngineOptions
+from moelight.engine.options import EngineOptions, OptionError
 from moelight.loading.expert_storage import with_expert_format
 from moelight.loading.model_source import load_model
 from moelight.loading.resolved_model import ResolvedModel, resolve
@@ -59,6 +60,7 @@ class EngineSession:
         if self.ranks > 1:
             shard_config(self.config, self.ranks)  # heads / sizes that N does not divide: say so now
         self._choose_expert_format()  # quantization groups that fit a rank's columns
+        self._check_cache_options()
         if self.ranks > 1 and opts.gpus is None:  # plan for the GPUs that will run (a preset's count)
             self.opts = replace(opts, gpus=self.ranks)
         self.model = None
@@ -66,6 +68,31 @@ class EngineSession:
         self._executor: Executor | None = None
         self._executor_size: tuple | None = None  # what a reusable CGOPipe runtime was built for
         self.sampling = SamplingChecker(self.tokenizer, self.config.vocab_size, self.eos)
+
+    def _check_cache_options(self) -> None:
+        """The expert cache's options against the model, once its config is known rather than after a
+        job's dataset read and plan: --cache-size below one layer's experts, an --eamc or --predictor file
+        that is corrupt or made for another model."""
+        from moelight.expert_cache.eam import EAMCollection, EAMError
+        from moelight.expert_cache.policy_registry import NEEDS_PREDICTOR
+        from moelight.expert_cache.predictors import PredictorError, Predictors
+        from moelight.planning.mode_choice import cache_too_small
+
+        opts, cfg = self.opts, self.config
+        layers, experts = sum(cfg.is_sparse(i) for i in range(cfg.num_layers)), cfg.num_experts
+        too_small = opts.cache_size is not None and cache_too_small(opts.cache_size, layers * experts, experts)
+        if too_small:
+            raise OptionError(too_small)
+        try:
+            if opts.eamc is not None:
+                EAMCollection.load(Path(opts.eamc).expanduser(), layers, experts)
+            if opts.predictor is not None and opts.cache_policy_name() in NEEDS_PREDICTOR:
+                Predictors.load(Path(opts.predictor).expanduser(), opts.cache_policy_name(), layers, experts,
+                                cfg.hidden_size)
+        except EAMError as e:
+            raise OptionError(f"--eamc {e}") from None
+        except PredictorError as e:
+            raise OptionError(f"--predictor {e}") from None
 
     def _fit_dtype_to_gpu(self) -> None:
         """float16 where the GPU has no bfloat16 arithmetic and the dtype was left to moelight."""

@@ -19,6 +19,18 @@ def cache_slots_of(size: float | None, total: int, planned: int) -> int:
     return max(1, round(size * total)) if size < 1 else min(int(size), total)
 
 
+def cache_too_small(size: float, total: int, experts: int) -> str:
+    """Why --cache-size holds fewer slots than one layer's experts ('' when it holds enough): a layer's
+    routing may ask for every expert of the layer at once."""
+    slots = cache_slots_of(size, total, total)
+    if slots >= experts:
+        return ""
+    share = (f" (or a share >= {experts / total:.3g} of the model's {total} routed experts)"
+             if experts < total else "")  # a share is below 1: one MoE layer takes a count
+    return (f"--cache-size {size:g}: {slots} expert slot(s), fewer than one layer's {experts} experts; give at least "
+            f"{experts} slots{share}")
+
+
 def apply_mode(plan, opts, mspec, workload, requests: int, device: str, ranks: int = 1):
     """The job plan in the mode `opts.mode` asks for (auto: the faster by the HRM)."""
     from moelight.expert_cache.policy_registry import OFFLOADING
@@ -56,12 +68,9 @@ def apply_mode(plan, opts, mspec, workload, requests: int, device: str, ranks: i
     if lat is not None and opts.cache_size is not None:
         total = (mspec.num_layers - mspec.num_dense_layers) * mspec.num_experts
         slots = cache_slots_of(opts.cache_size, total, lat.slots)
-        if slots < mspec.num_experts:  # a layer's routing may ask for every expert of the layer at once
-            least = mspec.num_experts
-            share = (f" (or a share >= {least / total:.3g} of the model's {total} routed experts)"
-                     if least < total else "")  # a share is below 1: one MoE layer takes a count
-            raise ModeError(f"--cache-size {opts.cache_size:g}: {slots} expert slot(s), fewer than one layer's "
-                            f"{least} experts; give at least {least} slots{share}")
+        too_small = cache_too_small(opts.cache_size, total, mspec.num_experts)
+        if too_small:
+            raise ModeError(too_small)
         batch = opts.batch_size or 1  # the smallest batch leaves the most room for slots
         most = cache_slots(plan.hardware, mspec, workload, batch, dtype)
         if slots > most:  # beside the non-expert weights, the KV cache and activations: checked before loading
