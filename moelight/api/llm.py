@@ -40,7 +40,9 @@ VLLM_NO_OPS = ("enforce_eager", "disable_log_stats")  # moelight captures no CUD
 
 
 class LLM:
-    """Loads the model once; each `generate` plans its own job (batch, micro-batch, placement)."""
+    """Loads the model once; each `generate` plans its own job (batch, micro-batch, placement). In latency
+    mode each call also starts a cold expert cache of its own plan (its hits, in `last_report`, are that
+    call's): requests given to one call share one warm cache, requests split over calls do not."""
 
     def __init__(self, model: str, skip_tokenizer_init: bool = False, max_model_len: int | None = None,
                  trust_remote_code: bool = False, generation_config: str = "auto", **options) -> None:
