@@ -139,7 +139,8 @@ def time_lower_bound(pm: PointModel) -> np.ndarray:
 
     layer = np.maximum(pm.compute, np.max([least(a) for a in pm.decode_roofs], axis=0))
     pre_layer = np.maximum(pm.pre_comp, np.max([least(a) for a in pm.prefill_roofs], axis=0))
-    return pm.prefill_time_of(pre_layer) + (pm.gen_len - 1) * pm.step_time_of(layer)
+    decode = (pm.gen_len - 1) * pm.step_time_of(layer) if pm.gen_len > 1 else 0.0  # no step: no inf * 0
+    return pm.prefill_time_of(pre_layer) + decode
 
 
 def _var(prob, name: str, lo: float, hi: float | None = None):

@@ -200,12 +200,11 @@ def _infeasible_message(hw, model, workload, dtype, family, alpha) -> str:
     where = f"attention on {'GPU' if a_g else 'CPU'}, FFN on {'GPU' if f_g else 'CPU'}"
     msgs = []
     if g_over > 0:
-        cap = hw.gpu_total().memory_bytes / GiB
-        msgs.append(f"GPU memory short by {g_over / GiB:.2f} GiB (needs {g_need / GiB:.2f} GiB, "
-                    f"{pm.gpu_cap / GiB:.2f} GiB usable = {alpha:.0%} of {cap:.1f})")
+        msgs.append(f"GPU memory short by {_size(g_over)} (needs {_size(g_need)}, {_size(pm.gpu_cap)} usable = "
+                    f"{alpha:.0%} of {_size(hw.gpu_total().memory_bytes)})")
     if c_over > 0:
-        msgs.append(f"CPU memory short by {c_over / GiB:.2f} GiB (needs {c_need / GiB:.2f} GiB, "
-                    f"{pm.cpu_cap / GiB:.2f} GiB usable = {alpha:.0%} of {hw.cpu.memory_bytes / GiB:.1f})")
+        msgs.append(f"CPU memory short by {_size(c_over)} (needs {_size(c_need)}, {_size(pm.cpu_cap)} usable = "
+                    f"{alpha:.0%} of {_size(hw.cpu.memory_bytes)})")
     b = dtype_bytes(dtype)
     sparse = model.num_layers - model.num_dense_layers
     weights = (model.non_expert_params() * b
@@ -215,3 +214,8 @@ def _infeasible_message(hw, model, workload, dtype, family, alpha) -> str:
            "in GPU and CPU memory together" if weights > usable else "")
     return (f"no policy fits {model.name} on {hw.name} even at batch size 1 ({where}): "
             + "; ".join(msgs) + why)
+
+
+def _size(n: float) -> str:
+    """Bytes in GiB, or MiB below a tenth of one (a tiny device's shortfall is no '0.00 GiB')."""
+    return f"{n / GiB:.2f} GiB" if n >= GiB / 10 else f"{n / 2**20:.2f} MiB"

@@ -261,3 +261,30 @@ def test_plan_and_run_choose_the_same_mode(requests, cache):
     assert picked == job.info["mode"] == ("latency" if requests == 1 else "throughput"), (r.output, job.info)
     if picked == "latency":
         assert says(r.output, f"{job.info['cache']['slots']} expert slots, {job.info['cache']['policy']}")
+
+
+@pytest.mark.parametrize("args,option,words", [
+    (["--gen-len", "100000000"], "--gen-len", "exceed mixtral-8x7b's context"),  # not --prompt-len's fault
+    (["--dtype", "fp8"], "--dtype", "not one of auto, float32, bfloat16, float16"),  # int8 is --quantize
+    (["--profile-path", "nope.json"], "--profile-path", "read with --hardware profile only"),  # was ignored
+])
+def test_plan_names_the_option_at_fault(args, option, words):
+    res = _plan("--model", "mixtral-8x7b", "--hardware", "t4", *args)
+    assert res.exit_code == 2 and says(res.output, f"Invalid value for {option}") and says(res.output, words), \
+        res.output
+
+
+def test_a_one_token_job_plans_without_a_numpy_warning():
+    """gen-len 1 has no decode step: its lower bound is prefill alone (was (1 - 1) * inf = nan, warned)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        res = _plan("--model", "mixtral-8x7b", "--hardware", "t4", "--gen-len", "1")
+    assert res.exit_code == 0 and "invalid value" not in res.output, res.output
+
+
+def test_a_tiny_shortfall_is_said_in_mib():
+    from optimizer.search import _size
+
+    assert _size(3 * 2**20) == "3.00 MiB" and _size(2**31) == "2.00 GiB"

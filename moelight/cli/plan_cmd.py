@@ -169,6 +169,10 @@ def register(app: typer.Typer) -> None:
         except (FileNotFoundError, ValueError) as e:
             raise typer.BadParameter(str(e), param_hint="--model") from None
         try:
+            if profile_path is not None and hardware.lower() != "profile":
+                raise typer.BadParameter(f"{profile_path}: read with --hardware profile only (--hardware is "
+                                         f"{hardware!r}); drop it, or give --hardware profile",
+                                         param_hint="--profile-path")
             hw = get_hardware(hardware, profile_path)
         except KeyError as e:
             raise typer.BadParameter(str(e.args[0]), param_hint="--hardware") from None

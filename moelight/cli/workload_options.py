@@ -24,7 +24,8 @@ def workload_from_options(mspec, prompt_len: float, gen_len: int, max_prompt_len
                                  param_hint="--padded")
     longest = max_prompt_len if max_prompt_len is not None else prompt_len
     if longest + gen_len > mspec.max_position:
-        which = "--max-prompt-len" if max_prompt_len is not None else "--prompt-len"
+        which = ("--gen-len" if gen_len >= mspec.max_position else
+                 "--max-prompt-len" if max_prompt_len is not None else "--prompt-len")
         raise typer.BadParameter(f"{longest:g} prompt tokens + --gen-len {gen_len} = {longest + gen_len:g} exceed "
                                  f"{mspec.name}'s context of {mspec.max_position} tokens; shorten one of them",
                                  param_hint=which)
@@ -41,7 +42,10 @@ def compute_dtype(dtype: str) -> str:
     """--dtype of plan / simulate, as `run` takes it: a 16- or 32-bit float (int8 / int4 are --quantize)."""
     from hrm.dtypes import canonical_dtype
 
-    name = canonical_dtype(dtype)
+    try:
+        name = canonical_dtype(dtype)
+    except ValueError:
+        name = dtype
     if name not in COMPUTE_DTYPES:
         raise ValueError(f"{dtype!r} is not one of auto, {', '.join(COMPUTE_DTYPES)}; integer experts are "
                          "--quantize int8 / int4")
