@@ -127,6 +127,8 @@ def test_openai_batch_in_openai_batch_out(tmp_path):
             assert body["object"] == "text_completion" and isinstance(choice["text"], str)
         else:
             assert body["object"] == "chat.completion" and choice["message"]["role"] == "assistant"
+        assert body["model"] == "tiny"  # the model that answered, not the body's "m"
+    assert report_of(out)["warnings"]["counts"]["other_model"] == 3  # said, not answered as "m" silently
 
 
 def test_parquet_output(tmp_path):

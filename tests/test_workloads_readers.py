@@ -108,7 +108,53 @@ def test_prompt_jsonl(tmp_path):
 def test_openai_style_content_parts(tmp_path):
     p = write_lines(tmp_path / "d.jsonl", [{"messages": [
         {"role": "user", "content": [{"type": "text", "text": "Hel"}, {"type": "text", "text": "lo"}]}]}])
-    assert read_dataset(p)[0].messages[0]["content"] == "Hello"
+    assert read_dataset(p)[0].messages[0]["content"] == "Hel\nlo"  # vLLM joins a string template's parts so
+
+
+def _chat_body(**body) -> dict:
+    return {"custom_id": "a", "method": "POST", "url": "/v1/chat/completions",
+            "body": {"messages": [{"role": "user", "content": "Hi"}], **body}}
+
+
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+
+
+def test_tool_choice_as_vllm_takes_it(tmp_path):
+    """'auto' renders the tools, 'none' leaves them out of the prompt (vLLM's default), and a choice
+    that forces a call is refused by its line: moelight writes the model's text and forces no call."""
+    p = write_lines(tmp_path / "t.jsonl", [_chat_body(tools=WEATHER, tool_choice="auto"),
+                                           {**_chat_body(tools=WEATHER, tool_choice="none"), "custom_id": "b"}])
+    auto, none = load_dataset(p).requests
+    assert auto.tools == WEATHER and none.tools is None
+    for choice in ("required", {"type": "function", "function": {"name": "get_weather"}}):
+        bad = write_lines(tmp_path / "r.jsonl", [_chat_body(tools=WEATHER, tool_choice=choice)])
+        with pytest.raises(DatasetError, match="tool_choice.* is not supported: moelight does not force"):
+            load_dataset(bad)
+        jsonl = write_lines(tmp_path / "j.jsonl", [{"messages": [{"role": "user", "content": "Hi"}],
+                                                    "tools": WEATHER, "tool_choice": choice}])
+        with pytest.raises(DatasetError, match="tool_choice"):
+            load_dataset(jsonl)
+
+
+def test_tool_call_arguments_reach_the_template_as_an_object(tmp_path):
+    """OpenAI writes a call's arguments as JSON text; vLLM parses them before rendering, so a template's
+    `arguments | tojson` is not encoded twice. Text that is no JSON object is left as it is."""
+    call = lambda args: {"id": "c1", "type": "function", "function": {"name": "f", "arguments": args}}  # noqa: E731
+    msgs = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": None,
+                                                "tool_calls": [call('{"city": "Paris"}'), call("not json")]},
+            {"role": "tool", "tool_call_id": "c1", "content": "sunny"}]
+    p = write_lines(tmp_path / "c.jsonl", [{"messages": msgs}])
+    calls = read_dataset(p)[0].messages[1]["tool_calls"]
+    assert [c["function"]["arguments"] for c in calls] == [{"city": "Paris"}, "not json"]
+    assert msgs[1]["tool_calls"][0]["function"]["arguments"] == '{"city": "Paris"}'  # the caller's left alone
+
+
+@pytest.mark.parametrize("body,match", [({"top_logprobs": 3}, "'top_logprobs' needs 'logprobs': true"),
+                                        ({"stream": True}, "'stream' must be false")])
+def test_openai_fields_that_would_do_nothing_are_refused(tmp_path, body, match):
+    bad = write_lines(tmp_path / "b.jsonl", [_chat_body(**body)])
+    with pytest.raises(DatasetError, match=match):
+        load_dataset(bad)
 
 
 # ----------------------------------------------------------------------------- OpenAI batch
@@ -192,6 +238,19 @@ def test_parquet(tmp_path):
     q = tmp_path / "noid.parquet"
     pq.write_table(pa.table({"prompt": ["x", "y", "z"]}), q)
     assert [r.id for r in read_dataset(q, num_requests=4)] == ["1#0", "2#0", "3#0", "1#1"]
+
+
+def test_parquet_of_chat_messages_needs_no_prompt_column(tmp_path):
+    """A `messages` column (structs, or JSON text as a parquet output writes it) is a chat dataset: it was
+    refused for want of a prompt column, and --prompt-column messages then for not holding strings."""
+    turns = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
+    structs, text = tmp_path / "s.parquet", tmp_path / "t.parquet"
+    pq.write_table(pa.table({"id": ["a"], "messages": [turns]}), structs)
+    pq.write_table(pa.table({"id": ["a", "b"], "messages": [json.dumps(turns), "{not json"]}), text)
+    assert read_dataset(structs)[0].messages == turns
+    with pytest.raises(DatasetError, match=r"row 2: column 'messages' is not JSON"):
+        read_dataset(text)
+    assert [r.messages for r in read_dataset(text, skip_bad_lines=True)] == [turns]
 
 
 def test_parquet_errors(tmp_path):

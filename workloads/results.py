@@ -111,7 +111,7 @@ def to_openai_batch(result: dict, default_model: str = "moelight") -> dict:
         err = result["error"]
         return {"id": line_id, "custom_id": custom_id, "response": None,
                 "error": {"code": err.get("code", "engine_error"), "message": err.get("message", "")}}
-    model = meta.get("model") or result.get("model") or default_model  # the name the request asked for, as vLLM's
+    model = result.get("model") or default_model  # the model that answered (the body's name stays in meta)
     created = int(result.get("created") or time.time())
     usage = {"prompt_tokens": result["prompt_tokens"], "completion_tokens": result["completion_tokens"],
              "total_tokens": result["prompt_tokens"] + result["completion_tokens"]}

@@ -86,6 +86,9 @@ def check_prompts(requests, tokenizer, context: int, opts, warnings: JobWarnings
                 warnings.add("greedy_samples", f"{r.source or r.id}: n={wanted.n}")
             if r.messages and not getattr(tokenizer, "has_chat_template", False):
                 warnings.add("chat_without_template", f"{r.source or r.id}: {len(r.messages)} message(s)")
+            asked = (r.meta or {}).get("model") if (r.meta or {}).get("url") else None
+            if asked and asked != getattr(opts, "model", asked):
+                warnings.add("other_model", f"{r.source or r.id}: body.model {asked!r}")
         prompts.append(ids)
         params.append(p)
     return prompts, params, problems

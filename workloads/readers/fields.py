@@ -6,6 +6,7 @@ line, collects every bad record and reports them together.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 CHAT_ROLES = ("system", "user", "assistant", "tool", "developer")
@@ -86,7 +87,8 @@ def opt_float(obj: dict, key: str, lo: float | None = None, hi: float | None = N
 
 
 def _content_text(content: Any, where: str) -> str:
-    """Chat content is a string, or OpenAI's list of parts of which only text is supported."""
+    """Chat content is a string, or OpenAI's list of parts of which only text is supported (joined by
+    newlines, as vLLM's server joins them for a template that takes a string)."""
     if isinstance(content, str):
         return check_text(content, f"{where}: content")
     if isinstance(content, list):
@@ -97,7 +99,7 @@ def _content_text(content: Any, where: str) -> str:
             else:
                 kind = part.get("type") if isinstance(part, dict) else _type_name(part)
                 raise RecordError(f"{where}: only text content parts are supported, got {kind!r}")
-        return check_text("".join(texts), f"{where}: content")
+        return check_text("\n".join(texts), f"{where}: content")  # vLLM's "string" content format
     raise RecordError(f"{where}: content must be a string, got {_type_name(content)}")
 
 
@@ -130,20 +132,47 @@ def parse_messages(v: Any, key: str = "messages") -> list[dict]:
         content = None if m["content"] is None else _content_text(m["content"], where)
         if role == "user" and not content.strip():
             raise RecordError(f"{where}: empty prompt (user content is blank)")
-        out.append({**{k: x for k, x in m.items() if x is not None}, "role": role, "content": content})
+        turn = {**{k: x for k, x in m.items() if x is not None}, "role": role, "content": content}
+        if calls:
+            turn["tool_calls"] = _tool_calls(calls)
+        out.append(turn)
     if not any(m["role"] == "user" for m in out):
         raise RecordError(f"field '{key}' has no user turn")
     return out
 
 
 def parse_tools(obj: dict, key: str = "tools") -> list[dict] | None:
-    """OpenAI-style tools: a list of objects (JSON schemas), handed to the chat template as given."""
+    """OpenAI-style tools: a list of objects (JSON schemas), handed to the chat template as given, or
+    left out under `tool_choice` "none" (as vLLM leaves them out of the prompt). A choice that forces a
+    call ("required", a named function) is refused: moelight writes the model's text, no forced calls."""
     v = obj.get(key)
+    choice = obj.get("tool_choice")
+    if choice not in (None, "auto", "none"):
+        shown = choice if isinstance(choice, str) else "a named function"
+        raise RecordError(f"field 'tool_choice' {shown!r} is not supported: moelight does not force tool calls "
+                          "(the model's tool calls come back as its text); give 'auto', 'none' or leave it out")
     if v is None:
         return None
     if not isinstance(v, list) or not all(isinstance(t, dict) for t in v):
         raise RecordError(f"field '{key}' must be a list of tool objects, got {_type_name(v)}")
-    return v
+    return None if choice == "none" else v
+
+
+def _tool_calls(calls: list[dict]) -> list[dict]:
+    """OpenAI gives a call's arguments as JSON text; templates read them as an object (vLLM parses them
+    before rendering, so a `tojson` template does not write them twice encoded)."""
+    out = []
+    for c in calls:
+        fn = c.get("function")
+        if isinstance(fn, dict) and isinstance(fn.get("arguments"), str):
+            try:
+                args = json.loads(fn["arguments"])
+            except json.JSONDecodeError:
+                args = None
+            if isinstance(args, dict):
+                c = {**c, "function": {**fn, "arguments": args}}
+        out.append(c)
+    return out
 
 
 def sampling_fields(obj: dict) -> dict:

@@ -1,4 +1,5 @@
-"""Parquet datasets: one row per request with a text prompt column.
+"""Parquet datasets: one row per request with a text prompt column, or a `messages` column (OpenAI
+chat turns, as a list of structs or as JSON text, such as moelight's own parquet output writes them).
 
 A row is read as a jsonl record is (`prompt_jsonl.parse_prompt_record`): the prompt column, `id`,
 `max_tokens`, sampling columns (`temperature`, `n`, `stop`, `logprobs`, ...), `messages`, and every
@@ -8,6 +9,7 @@ like lines in jsonl.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -33,22 +35,30 @@ def read_parquet(path: Path, label: str, prompt_column: str = "prompt", id_colum
     except (pa.ArrowInvalid, OSError) as e:
         raise DatasetError(f"{label}: not a readable parquet file ({e})") from None
     names = table.column_names
-    if prompt_column not in names:
+    chat_only = prompt_column == "prompt" and prompt_column not in names and "messages" in names
+    if prompt_column not in names and not chat_only:
         raise DatasetError(
             f"{label}: no column '{prompt_column}' (columns: {', '.join(names) or 'none'}); "
             f"pass the prompt column's name ({hint})"
         )
     if table.num_rows == 0:
         raise DatasetError(f"{label}: file is empty (0 rows)")
-    ptype = table.schema.field(prompt_column).type
-    if not _holds_strings(ptype):
+    ptype = None if chat_only else table.schema.field(prompt_column).type
+    if ptype is not None and not _holds_strings(ptype):
         raise DatasetError(f"{label}: column '{prompt_column}' must hold strings, has type {ptype}")
     requests: list[Request] = []
     problems: list[Problem] = []
     for i, row in enumerate(table.to_pylist(), start=1):
         where = f"{label}:row {i}"
         record = {k: v for k, v in row.items() if k not in (prompt_column, id_column)}
-        record["prompt"] = row[prompt_column]
+        if not chat_only:
+            record["prompt"] = row[prompt_column]
+        if isinstance(record.get("messages"), str):  # JSON text, as a parquet output holds nested fields
+            try:
+                record["messages"] = json.loads(record["messages"])
+            except json.JSONDecodeError as e:
+                problems.append(Problem(where, f"column 'messages' is not JSON ({e.msg})"))
+                continue
         if row.get(id_column) is not None:
             record["id"] = row[id_column]
         try:

@@ -8,7 +8,7 @@ from .fields import RecordError, get_id, get_text, opt_int, parse_messages, pars
 from .sampling_options import JSONL_KEYS, extra_sampling
 
 KNOWN_KEYS = {"id", "prompt", "messages", "max_tokens", "max_new_tokens", "followups",
-              "temperature", "top_p", "top_k", "seed", "tools"} | JSONL_KEYS
+              "temperature", "top_p", "top_k", "seed", "tools", "tool_choice"} | JSONL_KEYS
 
 
 def looks_like_prompt_jsonl(obj: dict) -> bool:

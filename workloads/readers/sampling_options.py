@@ -118,9 +118,13 @@ def extra_sampling(obj: dict, openai: str | None = None) -> dict:
         if lp is not None and not isinstance(lp, bool):
             raise RecordError(f"field 'logprobs' must be true or false for chat completions, got {_type_name(lp)}")
         top = _integer(obj, "top_logprobs", 0, MAX_LOGPROBS)
+        if top is not None and not lp:  # OpenAI and vLLM answer 400: the field would do nothing
+            raise RecordError("field 'top_logprobs' needs 'logprobs': true")
         logprobs = (top or 0) if lp else None
     else:
         logprobs = _integer(obj, "logprobs", 0, MAX_LOGPROBS)
+    if obj.get("stream"):  # a batch output line holds the whole answer
+        raise RecordError("field 'stream' must be false or absent: a batch job writes each answer whole")
     if obj.get("echo"):  # vLLM's completions echo: the prompt before the text
         raise RecordError("field 'echo' is not supported: the output record holds the prompt already")
     unsupported = [k for k in UNSUPPORTED_KEYS if obj.get(k) not in (None, False) and not (k == "best_of"
