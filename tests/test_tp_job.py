@@ -97,6 +97,24 @@ def test_a_follower_failing_mid_job_ends_it_and_keeps_finished_results(tmp_path,
     assert _tokens(out) == ref and len(read_jsonl(out)) == len(ref)  # every id once
 
 
+@pytest.mark.parametrize("collectives", ["fail", "block"])
+def test_a_follower_killed_by_a_signal_is_named_with_its_signal(tmp_path, job, monkeypatch, collectives):
+    """kill -9 (or the OOM killer): the rank cannot report its error; rank 0 names it by its exit code
+    rather than re-raising its own broken collective (gloo's "Connection reset by peer")."""
+    ckpt, data, ref = job
+    out = tmp_path / "out.jsonl"
+    monkeypatch.setenv("MOELIGHT_TP_FAULT", "1:decode:8:kill")
+    if collectives == "block":
+        monkeypatch.setenv("MOELIGHT_TP_BLOCKING_COLLECTIVES", "1")
+        monkeypatch.setenv("MOELIGHT_TP_TIMEOUT", "120")
+    res = _run(out, ckpt, data, "--gpus", "2", "--batch-size", "2")
+    assert res.exit_code == 2, res.output
+    assert says(res.output, "tensor-parallel rank 1 of 2 failed: killed by SIGKILL (exit code -9)")
+    assert "Traceback" not in res.output
+    done = _tokens(out)
+    assert 0 < len(done) < len(ref) and all(ref[i] == t for i, t in done.items())
+
+
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
 def test_on_gpus_a_dead_follower_is_caught_by_the_monitor_not_ncc_ls_watchdog(tmp_path, job, monkeypatch):

@@ -8,6 +8,7 @@ its front end starts. Rank 0 owns the dataset, the output and the report: a foll
 from __future__ import annotations
 
 import os
+import signal
 
 import torch
 import torch.distributed as dist
@@ -67,7 +68,8 @@ def serve(group: RankGroup, options) -> None:
 
 def _inject_fault(rank: int, command: str, engine) -> None:
     """MOELIGHT_TP_FAULT="rank:command" raises on that command; "rank:decode:K" in the K-th decode
-    pass of the next generate (a rank dying mid-job, after results were written); "rank:logits"
+    pass of the next generate (a rank dying mid-job, after results were written), "rank:decode:K:kill"
+killed there by SIGKILL (it cannot report: out of memory, kill -9); "rank:logits"
     makes that rank's decode logits prefer other tokens (its own sampling would go astray)."""
     spec = os.environ.get(FAULT_ENV, "").split(":")
     if len(spec) < 2 or spec[0] != str(rank):
@@ -85,6 +87,8 @@ def _inject_fault(rank: int, command: str, engine) -> None:
         def failing_decode(*args, **kwargs):
             calls[0] += 1
             if calls[0] >= int(spec[2]):
+                if spec[3:] == ["kill"]:
+                    os.kill(os.getpid(), signal.SIGKILL)
                 raise RuntimeError(f"fault injected by {FAULT_ENV} in decode pass {calls[0]}")
             return decode(*args, **kwargs)
 

@@ -14,7 +14,8 @@ on a gloo group of their own, so they work, and fail fast, whatever the layers' 
 Failure: a follower that raises reports its error on a queue and exits; rank 0's monitor
 (rank_monitor.py) sees the exit and aborts the layers' communicator, so a collective waiting for
 the dead rank ends (NCCL would wait for its watchdog), and `failure()` turns that into one
-TensorParallelError naming the rank and its error. After any failure rank 0 terminates the
+TensorParallelError naming the rank and its error (or the signal that killed it: such a rank
+cannot report). After any failure rank 0 terminates the
 followers instead of asking them to stop: one may be blocked in a collective that will never be
 matched. MOELIGHT_TP_BLOCKING_COLLECTIVES=1 gives gloo NCCL's behaviour (a collective with a dead
 peer waits for the abort instead of failing), so the failure path NCCL takes is tested without GPUs.
@@ -24,8 +25,10 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import socket
 import threading
+import time
 import traceback
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -140,15 +143,38 @@ class RankGroup:
         """The error to raise on rank 0 after `error`: a follower's own error when one reported."""
         self.failed = True
         if (isinstance(error, TensorParallelError) and not isinstance(error, CommunicatorAborted)) \
-                or self.errors is None:
+                or isinstance(error, KeyboardInterrupt) or self.errors is None:
             return error
-        # a follower that failed has reported before its sockets closed; wait longer once one is gone
-        gone = any(p.exitcode not in (None, 0) for p in self.processes)
-        try:
-            rank, message = self.errors.get(timeout=10 if gone else 2)
-        except Exception:  # queue.Empty: no follower failed, rank 0's error is the story
+        found = self._follower_failure()
+        if found is None:  # no follower failed: rank 0's error is the story
             return error
+        rank, message = found
         return TensorParallelError(f"tensor-parallel rank {rank} of {self.world} failed: {message}")
+
+    def _follower_failure(self) -> tuple[int, str] | None:
+        """(rank, why) of a follower that failed: its own report, or how it ended when it could not
+        report (killed by a signal, or gone without a word). A follower that raised reports before
+        its sockets close, but rank 0 may see the closed sockets before the dead process is reaped:
+        wait a little for either (longer once one is gone)."""
+        deadline = time.monotonic() + 2
+        gone_since = None
+        while True:
+            try:
+                return self.errors.get(timeout=0.1)
+            except Exception:  # queue.Empty
+                pass
+            dead = [(r, p.exitcode) for r, p in enumerate(self.processes, start=1) if p.exitcode not in (None, 0)]
+            now = time.monotonic()
+            if dead and dead[0][1] < 0:  # killed by a signal: it never reports
+                rank, code = dead[0]
+                return rank, f"killed by {_signal_name(-code)} (exit code {code})"
+            if dead and gone_since is None:
+                gone_since, deadline = now, max(deadline, now + 10)
+            if dead and now - gone_since > 1:  # exited without reporting (e.g. os._exit, out of memory)
+                rank, code = dead[0]
+                return rank, f"exited with code {code} without reporting an error"
+            if now > deadline:
+                return None
 
     def shutdown(self) -> None:
         """Rank 0: stop the followers (politely after success, at once after a failure)."""
@@ -175,6 +201,13 @@ class RankGroup:
         if self.threads_before:
             torch.set_num_threads(self.threads_before)
             self.threads_before = 0
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
 
 
 def _free_port() -> int:
