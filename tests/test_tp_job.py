@@ -5,6 +5,8 @@ its peers' collectives fail (gloo) or wait for an abort (NCCL's behaviour, emula
 
 from __future__ import annotations
 
+import os
+import signal
 import socket
 import subprocess
 import sys
@@ -205,6 +207,43 @@ def test_torchrun_starts_the_ranks(tmp_path, job):
     assert _tokens(tmp_path / "out.jsonl") == ref
     assert report_of(tmp_path / "out.jsonl")["policy"]["tensor_parallel"] == 2
     assert proc.stdout.count("results:") == 1  # rank 1 served rank 0's job and wrote nothing
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_a_torchrun_peer_that_never_comes_ends_the_wait_in_time_and_sigterm_stops_it(tmp_path, job):
+    """RANK and WORLD_SIZE inherited from an outer launcher (or a torchrun peer that never started):
+    rank 0 says where it waits, gives up after the rendezvous timeout (not the 2-hour load timeout)
+    with an error that says what to do, and SIGTERM stops it while it waits."""
+    ckpt, data, _ = job
+    port = _free_port()
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    cmd = [sys.executable, "-m", "moelight", "run", "--dataset", str(data), "--model", str(ckpt), *JOB]
+    out = tmp_path / "a.jsonl"
+    proc = subprocess.run([*cmd, "--output", str(out)], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                          env={**env, "MOELIGHT_TP_RENDEZVOUS_TIMEOUT": "3"})
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert says(proc.stderr, f"waiting for the other 1 rank(s) at 127.0.0.1:{port}")
+    assert says(proc.stderr, f"waited 3 s at 127.0.0.1:{port} and not every rank came")
+    assert says(proc.stderr, "unset RANK and WORLD_SIZE") and "Traceback" not in proc.stderr
+
+    out, log = tmp_path / "b.jsonl", tmp_path / "b.log"
+    with open(log, "w") as f:
+        waiting = subprocess.Popen([*cmd, "--output", str(out)], cwd=tmp_path, stdout=f, stderr=f, env=env)
+    try:
+        deadline = time.monotonic() + 90
+        while "waiting for" not in log.read_text() and time.monotonic() < deadline and waiting.poll() is None:
+            time.sleep(0.2)
+        waiting.send_signal(signal.SIGTERM)
+        assert waiting.wait(timeout=30) == 143, log.read_text()
+    finally:
+        waiting.kill()
+    assert says(log.read_text(), "interrupted before any result was written")
+    assert not Path(f"{out}.lock").exists()
 
 
 def test_torchrun_world_and_gpus_must_agree(monkeypatch):

@@ -155,7 +155,7 @@ class EngineSession:
 
         if self.group is None:
             engine_opts = EngineOptions(**{n: getattr(self.opts, n) for n in EngineOptions.names()})
-            self.group = start_group(self.ranks, self.device, engine_opts, FOLLOWER_MAIN)
+            self.group = start_group(self.ranks, self.device, engine_opts, FOLLOWER_MAIN, log=self.log)
         g = self.group
         self.model = load_together(g, lambda: load_shard(self.source, g.rank, g.world, g.all_reduce, self.opts.seed))
 

@@ -34,7 +34,7 @@ def follow_torchrun(options) -> bool:
     if device == "cpu":
         raise TensorParallelError("tensor parallelism under torchrun runs on --device cuda or emulated, "
                                   "not the plain CPU executor")
-    group = join_group(device, found[0], found[1])
+    group = join_group(device, found[0], found[1], log=getattr(options, "log", None))
     torch.set_num_threads(threads_per_rank(found[1]))
     try:
         serve(group, options)

@@ -39,6 +39,7 @@ import torch.multiprocessing as mp
 
 from moelight.errors import MoelightError
 from moelight.parallel.rank_monitor import RankMonitor
+from moelight.parallel.rendezvous import rendezvous, rendezvous_timeout
 from moelight.parallel.sharding import TensorParallelError
 
 # a rank may wait this long for a peer between calls (e.g. while a slower rank still loads its shard)
@@ -221,21 +222,28 @@ def threads_per_rank(world: int) -> int:
     return max(1, (os.cpu_count() or 1) // world)
 
 
-def join_group(device: str, rank: int, world: int, init_method: str | None = None) -> RankGroup:
+def join_group(device: str, rank: int, world: int, init_method: str | None = None, log=None) -> RankGroup:
     """This process's place in the group (torchrun's environment when no init_method is given: its
-    LOCAL_RANK names this rank's GPU; ranks moelight spawns use GPUs 0..N-1 by rank)."""
+    LOCAL_RANK names this rank's GPU; ranks moelight spawns use GPUs 0..N-1 by rank). The ranks meet
+    within the rendezvous timeout (rendezvous.py); under torchrun `log` says where they meet."""
     local_rank = int(os.environ.get("LOCAL_RANK", rank)) if init_method is None else rank
     if device == "cuda":  # NCCL's collectives run on this rank's GPU
         torch.cuda.set_device(local_rank)
-    dist.init_process_group(backend_for(device), init_method=init_method, rank=rank, world_size=world,
-                            timeout=_LOAD_TIMEOUT)
+    if init_method is None:
+        where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+        hint = (f"start all {world} ranks (torchrun --nproc-per-node {world} ...), or, if no launcher started "
+                "this process, unset RANK and WORLD_SIZE (an outer launcher's): moelight then starts its own ranks")
+    else:
+        where, log = init_method.removeprefix("tcp://"), None  # spawned here: they meet in seconds
+        hint = "a spawned rank did not start in time (is the host overloaded?)"
+    rendezvous(backend_for(device), init_method, rank, world, where, hint, _LOAD_TIMEOUT, log)
     comm = dist.new_group(list(range(world)), timeout=_comm_timeout())
     ctrl = dist.new_group(list(range(world)), timeout=_LOAD_TIMEOUT, backend="gloo")
     blocking = device == "cuda" or os.environ.get(BLOCKING_ENV) == "1"
     return RankGroup(rank, world, device, comm=comm, ctrl=ctrl, local_rank=local_rank, blocking=blocking)
 
 
-def start_group(world: int, device: str, options, follower_main: str) -> RankGroup:
+def start_group(world: int, device: str, options, follower_main: str, log=None) -> RankGroup:
     """Rank 0 here; spawn followers 1..world-1, each running `follower_main(group, options)` once it
     has joined ("module:function", imported in the new process: the engine's follower loop, which
     this launcher does not import); under torchrun, join the group torchrun's processes form."""
@@ -245,11 +253,12 @@ def start_group(world: int, device: str, options, follower_main: str) -> RankGro
         if size != world:
             raise TensorParallelError(f"torchrun started {size} ranks but the job asks for {world} GPUs; "
                                       f"pass --gpus {size} or start torchrun with --nproc-per-node {world}")
-        group = join_group(device, rank, world)
+        group = join_group(device, rank, world, log=log)
         group.threads_before = torch.get_num_threads()
         torch.set_num_threads(threads_per_rank(world))
         return group
     _comm_timeout()  # a bad value is an error here, not in a follower
+    rendezvous_timeout()
     if dist.is_initialized():  # one default process group per process: it belongs to the LLM that opened it
         raise TensorParallelError("a tensor-parallel group is already open in this process (another LLM with "
                                   "gpus > 1): close that one first (llm.close()), or run each tensor-parallel "
