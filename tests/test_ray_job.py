@@ -314,3 +314,27 @@ def test_ray_without_an_address_starts_a_local_cluster():
     assert with_ray_default(["run", "--ray", "--ray-replicas", "2"]) == ["run", "--ray", "local", "--ray-replicas", "2"]
     assert with_ray_default(["run", "--ray"]) == ["run", "--ray", "local"]
     assert with_ray_default(["run", "--ray", "auto"]) == ["run", "--ray", "auto"]
+
+
+def test_the_processor_answers_the_good_rows_beside_a_bad_one_when_asked(cluster, job):
+    """A prompt longer than the context: without should_continue_on_error the dataset fails with an
+    error naming that option (not the CLI's --skip-bad-lines); with it, the bad row comes back with its
+    error in __inference_error__, past postprocess, and every other row is answered as locally."""
+    from moelight.ray import ProcessorConfig, build_processor
+
+    data, local = job
+    rows = [json.loads(line) for line in data.read_text().splitlines()][:6] + [{"id": "long", "prompt": "x " * 5000}]
+    kept = {r["id"]: local[r["id"]] for r in rows[:6]}
+    engine = {"load_format": "dummy", "dtype": "float32", "hardware": "cpu-server"}
+    post = lambda row: {"key": row["id"], "tokens": list(row["output_token_ids"])}  # noqa: E731
+    strict = build_processor(ProcessorConfig(model="tiny", engine_options=engine, sampling={"gen_len": 12},
+                                             batch_size=8), postprocess=post)
+    with pytest.raises(Exception, match=r"should_continue_on_error=True") as e:
+        strict(ray.data.from_items(rows)).take_all()
+    assert "row id long: prompt has" in str(e.value) and "--skip-bad-lines" not in str(e.value)
+    lenient = build_processor(ProcessorConfig(model="tiny", engine_options=engine, sampling={"gen_len": 12},
+                                              batch_size=8, should_continue_on_error=True), postprocess=post)
+    out = lenient(ray.data.from_items(rows)).take_all()
+    bad = [r for r in out if r["__inference_error__"]]
+    assert len(bad) == 1 and bad[0]["id"] == "long" and "prompt has" in bad[0]["__inference_error__"]
+    assert {r["key"]: r["tokens"] for r in out if not r["__inference_error__"]} == kept

@@ -104,12 +104,12 @@ def out_of_vocab(ids: list[int], vocab: int) -> str | None:
             f"(config.json's vocab_size {vocab}: ids 0..{vocab - 1}); use the tokenizer that belongs to this model")
 
 
-def prompt_error(problems: list[str]) -> PromptError:
-    """Every bad prompt in one error (the first 20 listed), as a local run and a Ray run report them."""
+def prompt_error(problems: list[str], remedy: str = "pass --skip-bad-lines to go on without them") -> PromptError:
+    """Every bad prompt in one error (the first 20 listed), as a local run and a Ray run report them;
+    `remedy`: the way past them in the front end that raises it."""
     more = f"\n  ... and {len(problems) - 20} more" if len(problems) > 20 else ""
     shown = "\n  ".join(problems[:20]) + more
-    return PromptError(f"{len(problems)} request(s) cannot be generated:\n  {shown}\n"
-                       "fix them, or pass --skip-bad-lines to go on without them")
+    return PromptError(f"{len(problems)} request(s) cannot be generated:\n  {shown}\nfix them, or {remedy}")
 
 
 def prepare_prompts(requests, tokenizer, context: int, opts, warnings: JobWarnings | None = None, checker=None):

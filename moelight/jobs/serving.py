@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tqdm import tqdm
 
@@ -32,6 +32,7 @@ class PreparedJob:
     params: list[SamplingParams]
     plan: object | None  # JobPlan; None when nothing is left to generate
     report: RunReport
+    skipped: dict[str, str] = field(default_factory=dict)  # id -> why, for each bad request left out
 
 
 def prepare_requests(session, opts, requests, skipped_before: list[str] = (), solved=None) -> PreparedJob:
@@ -53,7 +54,7 @@ def prepare_requests(session, opts, requests, skipped_before: list[str] = (), so
         report.notes.append(f"{model_dir / 'generation_config.json'} suggests {described(suggested)} (vLLM's "
                             "defaults for this model); moelight run samples with its own options (greedy unless "
                             "--temperature): pass them, or set them per request, to follow it")
-    return PreparedJob(requests, prompts, params, plan, report)
+    return PreparedJob(requests, prompts, params, plan, report, skipped)
 
 
 def generate_planned(session, plan, prompts, params, report: RunReport, turn: int = 1,

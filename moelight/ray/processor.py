@@ -15,7 +15,13 @@ optionally `id`, `max_tokens`, `temperature`, `top_p`, `top_k`, `seed`, `tools`,
 Rows without an id get one (a uuid). The output rows hold `id`, `generated_text`,
 `output_token_ids`, `finish_reason`, `prompt_tokens`, `completion_tokens`, `replica` and `details`
 (the rest of the local run's output record — prompt, messages, turns, meta — as JSON), then
-whatever `postprocess` makes of them. Requests and results travel as Arrow rows, as in
+whatever `postprocess` makes of them.
+
+A request that cannot be generated (a prompt longer than the context, a sampling field out of
+range) fails the dataset with an error listing the bad rows of its batch, unless
+`should_continue_on_error` is set (Ray Data LLM's option): then it comes back as a row with its
+error in `__inference_error__` ("" on every answered row), past `postprocess` as Ray Data LLM's
+error rows go, and the other rows are answered. Requests and results travel as Arrow rows, as in
 `moelight run --ray` (moelight/jobs/ray/).
 """
 
@@ -26,8 +32,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from moelight.engine.options import EngineOptions, OptionError
-from moelight.jobs.ray.replica import MoelightReplica
+from moelight.jobs.ray.replica import ERROR_COLUMN, MoelightReplica
 
+BAD_ROW_REMEDY = ("set ProcessorConfig(should_continue_on_error=True) to answer the other rows and get these back "
+                  f"with their error in {ERROR_COLUMN}")
 SAMPLING_KEYS = ("gen_len", "temperature", "top_p", "top_k", "ignore_eos")
 
 
@@ -42,6 +50,7 @@ class ProcessorConfig:
     num_cpus: float = 1.0  # per replica; a CPU replica runs that many torch threads
     num_gpus: float = 0.0  # per replica
     batch_size: int = 256  # requests per replica call (one planned job)
+    should_continue_on_error: bool = False  # a bad row comes back with its error in __inference_error__
 
     def run_fields(self) -> dict:
         """RunOptions fields for a replica (dataset and output are the driver's business)."""
@@ -87,10 +96,24 @@ def _plain(v):
 
 
 def _to_output_rows(batch: dict) -> dict:
-    return {"id": batch["id"], "generated_text": batch["output"], "output_token_ids": batch["output_token_ids"],
-            "finish_reason": batch["finish_reason"], "prompt_tokens": batch["prompt_tokens"],
-            "completion_tokens": batch["completion_tokens"], "replica": batch["replica"],
-            "details": batch["details"]}
+    out = {"id": batch["id"], "generated_text": batch["output"], "output_token_ids": batch["output_token_ids"],
+           "finish_reason": batch["finish_reason"], "prompt_tokens": batch["prompt_tokens"],
+           "completion_tokens": batch["completion_tokens"], "replica": batch["replica"], "details": batch["details"]}
+    if ERROR_COLUMN in batch:
+        out[ERROR_COLUMN] = batch[ERROR_COLUMN]
+    return out
+
+
+def _postprocess_answers(postprocess: Callable[[dict], dict]) -> Callable[[dict], dict]:
+    """`postprocess` on answered rows; an error row passes as it is (it has no answer to shape)."""
+
+    def run(row: dict) -> dict:
+        if row.get(ERROR_COLUMN):
+            return row
+        out = postprocess(row)
+        return out | {ERROR_COLUMN: ""} if ERROR_COLUMN in row else out
+
+    return run
 
 
 class Processor:
@@ -112,14 +135,15 @@ class Processor:
         if self.preprocess is not None:
             ds = ds.map(self.preprocess, **light)
         ds = ds.map_batches(_to_request_rows, batch_format="numpy", **light)
-        out = ds.map_batches(MoelightReplica, fn_constructor_kwargs={"opts_fields": self.fields,
-                                                                     "num_cpus": c.num_cpus},
+        replica_kwargs = {"opts_fields": self.fields, "num_cpus": c.num_cpus, "error_rows": c.should_continue_on_error,
+                          "bad_row_remedy": BAD_ROW_REMEDY}
+        out = ds.map_batches(MoelightReplica, fn_constructor_kwargs=replica_kwargs,
                              batch_size=c.batch_size, batch_format="pyarrow",
                              compute=ActorPoolStrategy(min_size=lo, max_size=hi, max_tasks_in_flight_per_actor=1),
                              num_cpus=c.num_cpus, num_gpus=c.num_gpus)
         out = out.map_batches(_to_output_rows, batch_format="numpy", **light)
         if self.postprocess is not None:
-            out = out.map(self.postprocess, **light)
+            out = out.map(_postprocess_answers(self.postprocess), **light)
         return out
 
 

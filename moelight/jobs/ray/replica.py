@@ -24,7 +24,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
 from moelight.jobs import serving
-from moelight.jobs.prompts import check_prompts
+from moelight.jobs.prompts import check_prompts, prompt_error
 from moelight.jobs.run_options import RunOptions
 from moelight.sampling.checks import SamplingChecker
 from workloads import Request
@@ -51,11 +51,20 @@ class _Collect:
 
 
 class MoelightReplica:
-    """A Ray Data actor: `__init__` resolves the model and loads its weights, `__call__` runs a batch."""
+    """A Ray Data actor: `__init__` resolves the model and loads its weights, `__call__` runs a batch.
 
-    def __init__(self, opts_fields: dict, num_cpus: float | None = None, driver_plan: dict | None = None) -> None:
+    Bad requests (a prompt too long, a sampling field out of range) are the driver's business under
+    `moelight run --ray`, which checks every prompt first. The processor (moelight/ray/) checks them
+    here: `error_rows` returns each as a row with its error in ERROR_COLUMN, beside the batch's
+    answers; `bad_row_remedy` is the way past them that its PromptError names."""
+
+    def __init__(self, opts_fields: dict, num_cpus: float | None = None, driver_plan: dict | None = None,
+                 error_rows: bool = False, bad_row_remedy: str | None = None) -> None:
         self.engine_thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="moelight-engine")
         self.opts = replace(RunOptions(**opts_fields), progress=False, log=None)
+        self.error_rows, self.bad_row_remedy = error_rows, bad_row_remedy
+        if error_rows or bad_row_remedy:  # the bad ones come back from prepare_requests, not raised there
+            self.opts = replace(self.opts, skip_bad_lines=True)
         self.engine_thread.submit(self._load, num_cpus, driver_plan).result()
 
     def _load(self, num_cpus: float | None, driver_plan: dict | None) -> None:
@@ -76,6 +85,8 @@ class MoelightReplica:
 
     def _generate(self, batch) -> dict:
         job = serving.prepare_requests(self.session, self.opts, request_rows(batch), solved=self.solved)
+        if job.skipped and not self.error_rows and self.bad_row_remedy:
+            raise prompt_error(list(job.skipped.values()), self.bad_row_remedy)
         out = _Collect()
         if job.plan is not None:
             serving.generate_prepared(self.session, self.opts, job, out)
@@ -83,11 +94,18 @@ class MoelightReplica:
         summary = json.dumps(job.report.to_dict() | {"threads": self.threads,
                                                      "load_seconds": self.session.load_seconds})
         rows = [result_to_row(r) for r in out.results]
+        errors = [""] * len(rows)
+        if self.error_rows:
+            rows += [result_to_row(_EMPTY | {"id": rid, "finish_reason": "error"}) for rid in job.skipped]
+            errors += list(job.skipped.values())
         n = len(rows)
         columns = {k: [r[k] for r in rows] for k in (rows[0] if rows else result_to_row(_EMPTY))}
+        if self.error_rows:
+            columns[ERROR_COLUMN] = errors
         return columns | {"replica": [self.replica] * n, "batch_report": [summary] + [""] * (n - 1)}
 
 
+ERROR_COLUMN = "__inference_error__"  # Ray Data LLM's name: "" on an answered row, the error on a bad one
 _EMPTY = {"id": "", "output": "", "output_token_ids": [], "finish_reason": "stop", "prompt_tokens": 0,
           "completion_tokens": 0}
 
