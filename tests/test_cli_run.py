@@ -209,6 +209,26 @@ def test_skipped_records_and_prompts_are_named_in_the_report(tmp_path):
     assert f"{ds}:3: prompt has 3001 tokens" in r.output.replace("\n", " ")
 
 
+def test_openai_batch_output_answers_a_skipped_request_with_an_error_line(tmp_path):
+    """OpenAI's and vLLM's batch runners write an error line for a request they could not serve: a
+    pipeline that joins on custom_id finds every request it sent; resume counts the line finished."""
+    body = lambda content: {"messages": [{"role": "user", "content": content}], "max_tokens": 2}  # noqa: E731
+    ds = write_jsonl(tmp_path / "b.jsonl", [
+        {"custom_id": "ok", "method": "POST", "url": "/v1/chat/completions", "body": body("fine")},
+        {"custom_id": "long", "method": "POST", "url": "/v1/chat/completions", "body": body("x" * 3000)}])
+    out = tmp_path / "o.jsonl"
+    r = invoke("--dataset", ds, *TINY, "--output", out, "--skip-bad-lines")
+    assert r.exit_code == 0, (r.output, r.exception)
+    lines = {x["custom_id"]: x for x in read_jsonl(out)}
+    assert set(lines) == {"ok", "long"} and lines["ok"]["error"] is None
+    err = lines["long"]
+    assert err["response"] is None and err["error"]["code"] == "invalid_request"
+    assert "the model's context is" in err["error"]["message"] and err["id"].startswith("batch_req_")
+    again = invoke("--dataset", ds, *TINY, "--output", out, "--skip-bad-lines", "--resume")
+    assert again.exit_code == 0, again.output
+    assert len(read_jsonl(out)) == 2  # nothing run or written twice
+
+
 def test_empty_prompt(tmp_path):
     ds = write_jsonl(tmp_path / "e.jsonl", [{"id": "a", "prompt": "x"}, {"id": "b", "prompt": "   "}])
     assert_user_error(invoke("--dataset", ds, *TINY, "--output", tmp_path / "o.jsonl"), f"{ds}:2", "empty")

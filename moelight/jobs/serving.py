@@ -196,6 +196,7 @@ def serve_requests(session, opts, requests, skipped_before: list[str], writer, o
     written_before = getattr(writer, "written", 0)
     failing: BaseException | None = None
     try:
+        write_skipped_as_errors(writer, requests, job.skipped)
         if job.plan is not None:
             total = sum(1 + len(r.followups) for r in job.requests)
             with tqdm(total=total, unit="req", disable=not opts.progress, desc="generating") as bar:
@@ -212,6 +213,17 @@ def serve_requests(session, opts, requests, skipped_before: list[str], writer, o
         if save:
             save_report(report, opts.output, failing, opts.log)
     return report
+
+
+def write_skipped_as_errors(writer, requests, skipped: dict[str, str]) -> None:
+    """An OpenAI batch output answers every request it was given: a request left out (--skip-bad-lines)
+    gets an error line under its custom_id, as OpenAI's and vLLM's batch runners write one (resume
+    counts it finished: it would fail again)."""
+    if getattr(writer, "format", None) != "openai" or not skipped:
+        return
+    for r in requests:
+        if r.id in skipped:
+            writer.write(workloads.build_error_result(r, skipped[r.id], code="invalid_request"))
 
 
 def describe_output(report: RunReport, opts, output: OutputState) -> None:
