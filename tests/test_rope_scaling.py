@@ -104,6 +104,31 @@ def test_scalings_it_cannot_compute_are_refused_by_name(family, rope, match, tmp
     assert str(folder / "config.json") in str(e.value)
 
 
+def test_rope_scaling_beside_a_different_rope_parameters_is_refused(tmp_path):
+    """A model card's rope_scaling recipe added to a config transformers 5 saved (rope_parameters of type
+    default): transformers takes rope_scaling and drops rope_parameters' rope_theta for its class
+    default, so moelight names the conflict rather than run either reading."""
+    _, folder = _model("qwen3_moe", None, tmp_path)
+    cfg = json.loads((folder / "config.json").read_text())
+    assert cfg["rope_parameters"]["rope_type"] == "default"
+    cfg["rope_scaling"] = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": ORIGINAL}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="both rope_parameters .* and rope_scaling .*write the scaling into "
+                                          "rope_parameters"):
+        load_config(folder)
+    cfg["rope_scaling"] = dict(cfg["rope_parameters"])  # the same parameters twice: no conflict
+    (folder / "config.json").write_text(json.dumps(cfg))
+    assert load_config(folder).rope_scaling == ()
+
+
+def test_a_top_level_partial_rotary_factor_is_refused(tmp_path):
+    _, folder = _model("mixtral", None, tmp_path)
+    cfg = json.loads((folder / "config.json").read_text()) | {"partial_rotary_factor": 0.5}
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ConfigError, match="partial_rotary_factor 0.5 is not supported"):
+        load_config(folder)
+
+
 def test_transformers_4_rope_scaling_key_is_read(tmp_path):
     """Older configs name the scaling `rope_scaling` with `type`, and rope_theta at the top level."""
     hf, folder = _model("mixtral", SCALINGS["linear"], tmp_path)

@@ -8,6 +8,7 @@ shared experts, dense layers, ...) default to Mixtral's values. Each family file
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import asdict, dataclass, field
 
@@ -186,23 +187,40 @@ def rope_theta_of(cfg: dict, default: float) -> float:
     return float(rope.get("rope_theta", cfg.get("rope_theta", default)))
 
 
+def rope_dict(cfg: dict, where: str) -> dict:
+    """The config's RoPE parameters: transformers 5's `rope_parameters` or transformers 4's
+    `rope_scaling`. Both, saying different things (a model card's `rope_scaling` recipe added to a
+    config transformers 5 saved), is refused: transformers would take `rope_scaling` and drop
+    `rope_parameters`' rope_theta for its class default, so neither reading is safe to guess."""
+    params, scaling = cfg.get("rope_parameters"), cfg.get("rope_scaling")
+    if params and scaling:
+        plain = lambda d: {k: v for k, v in d.items() if k not in ("rope_theta", "type")} | {  # noqa: E731
+            "rope_type": d.get("rope_type", d.get("type", "default"))}
+        if plain(params) != plain(scaling):
+            raise ConfigError(f"{where}: both rope_parameters {json.dumps(params)} and rope_scaling "
+                              f"{json.dumps(scaling)}; write the scaling into rope_parameters (keeping its "
+                              "rope_theta) and remove rope_scaling")
+    return dict(params or scaling or {})
+
+
 SCALED_ROPE_TYPES = ("linear", "yarn", "llama3")  # what rope.py computes as transformers does
 
 
 def rope_scaling_of(cfg: dict, where: str, allow: tuple[str, ...] = SCALED_ROPE_TYPES) -> tuple:
     """The config's RoPE scaling as ModelConfig.rope_scaling items (with its rope_type), () for plain
     RoPE; a type rope.py does not compute is refused rather than run unscaled."""
-    rope = dict(cfg.get("rope_parameters") or cfg.get("rope_scaling") or {})
+    rope = rope_dict(cfg, where)
     rope_type = rope.pop("rope_type", rope.pop("type", "default"))
     rope.pop("rope_theta", None)
+    partial = rope.pop("partial_rotary_factor", cfg.get("partial_rotary_factor"))
+    if partial is not None and float(partial) != 1.0:  # RoPE over part of each head: no family here has it
+        raise ConfigError(f"{where}: partial_rotary_factor {partial} is not supported")
     if rope_type == "default":
         return ()
     if rope_type not in allow:
         raise ConfigError(f"{where}: rope scaling {rope_type!r} is not supported (supported: "
                           f"{', '.join(allow)}); remove rope_scaling / rope_parameters from config.json "
                           "to run at the model's original context")
-    if float(rope.get("partial_rotary_factor", 1.0)) != 1.0:
-        raise ConfigError(f"{where}: partial_rotary_factor {rope['partial_rotary_factor']} is not supported")
     need = {"linear": ("factor",), "yarn": ("factor",),
             "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
     missing = [k for k in need.get(rope_type, ()) if rope.get(k) is None]
