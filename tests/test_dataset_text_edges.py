@@ -46,7 +46,9 @@ def test_tool_call_turns_keep_their_fields(tmp_path):
                 {"role": "tool", "content": "21C", "tool_call_id": "c1", "name": "f"}]
     data = _jsonl(tmp_path / "d.jsonl", json.dumps({"id": "t", "messages": messages}))
     (req,) = load_dataset(data).requests
-    assert req.messages == [messages[0], {"role": "assistant", "content": None, "tool_calls": [call]}, messages[2]]
+    parsed = {**call, "function": {"name": "f", "arguments": {}}}  # the arguments' JSON text read, as vLLM does
+    assert req.messages == [messages[0], {"role": "assistant", "content": None, "tool_calls": [parsed]},
+                            messages[2]]
     bad = _jsonl(tmp_path / "b.jsonl", json.dumps({"id": "u", "messages": [{"role": "user", "content": None}]}),
                  json.dumps({"id": "ok", "prompt": "x"}))
     assert "content may be null only in an assistant turn with tool_calls" in str(load_dataset(
