@@ -38,6 +38,12 @@ def test_llm_refuses_a_text_prompt_beyond_the_vocabulary(big_tok):
         llm.generate(["w5 w6", "w5 w325"], use_tqdm=False)
 
 
+def test_llm_chat_refuses_a_conversation_beyond_the_vocabulary(big_tok):
+    llm = LLM(str(big_tok), dtype="float32")
+    with pytest.raises(PromptError, match=r"conversation 1: the tokenizer gives token id\(s\) 325"):
+        llm.chat([[{"role": "user", "content": "w5"}], [{"role": "user", "content": "w325"}]], use_tqdm=False)
+
+
 def test_run_names_the_line_and_keeps_the_good_requests(big_tok, tmp_path):
     data = tmp_path / "d.jsonl"
     data.write_text("".join(json.dumps({"id": k, "prompt": p}) + "\n"

@@ -162,6 +162,10 @@ class LLM:
             raise ValueError("chat needs a tokenizer (its chat template); this LLM was built with "
                              "skip_tokenizer_init=True: give prompt_token_ids to generate() instead")
         token_lists = [self.tokenizer.apply_chat_template(c, **render) for c in conversations]
+        for i, ids in enumerate(token_lists):  # a tokenizer larger than the model's vocabulary
+            beyond = out_of_vocab(ids, self.config.vocab_size)
+            if beyond:
+                raise PromptError(f"conversation {i}: {beyond}")
         texts = [self.tokenizer.decode(ids, skip_special_tokens=False) for ids in token_lists]  # vLLM's prompt
         return self._run(token_lists, texts, sampling_params, use_tqdm)
 
