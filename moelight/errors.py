@@ -23,3 +23,12 @@ class NumericalError(MoelightError):
 
 class TokenizerError(ValueError):
     """A tokenizer cannot be loaded or cannot format a request; the message says what to do."""
+
+
+def broken_download_link(path) -> str | None:
+    """What to say of a link whose file is gone, as an interrupted Hugging Face download leaves one in
+    snapshots/<hash>/ (the blob still `.incomplete`); None for anything else."""
+    if path.is_symlink() and not path.exists():
+        return (f"{path}: a link to {path.readlink()}, which does not exist: the download is incomplete; "
+                "download the model again (e.g. `hf download REPO_ID`)")
+    return None

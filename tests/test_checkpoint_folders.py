@@ -59,6 +59,19 @@ def test_interrupted_sharded_download_in_a_run(hf_model, tmp_path):
     assert says(result.output, "model-00002-of-00003.safetensors") and says(result.output, "download is incomplete")
 
 
+@pytest.mark.parametrize("cut,error", [("config.json", "ConfigError"), ("tokenizer.json", "TokenizerError")])
+def test_interrupted_download_of_config_or_tokenizer(hf_model, tmp_path, cut, error):
+    """Not 'config.json: not found' / 'no tokenizer.json' for a file the folder links to: the download
+    is incomplete, and the message says so."""
+    import moelight.errors
+
+    src = save_checkpoint(hf_model, tmp_path / "src", byte_tokenizer=False)
+    (src / "tokenizer.json").write_text("{}")  # present in the repository; cut below when it is the one
+    snap = as_interrupted_download(src, tmp_path / "hub", cut)
+    with pytest.raises(getattr(moelight.errors, error), match=f"{cut}: a link to .*the download is incomplete"):
+        LLM(str(snap), dtype="float32")
+
+
 def test_pytorch_bin_only_folder_says_how_to_convert(hf_model, tmp_path):
     folder = save_checkpoint(hf_model, tmp_path / "m")
     (folder / "model.safetensors").unlink()

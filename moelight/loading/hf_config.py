@@ -6,7 +6,7 @@ import json
 from dataclasses import replace
 from pathlib import Path
 
-from moelight.errors import ConfigError
+from moelight.errors import ConfigError, broken_download_link
 from moelight.loading.checkpoint_experts import with_expert_storage
 from moelight.loading.int_checkpoints import scheme_of
 from moelight.models import family
@@ -84,6 +84,8 @@ def _float_modules(quant: dict, where: str) -> tuple[str, ...]:
 
 def load_config(model_dir: str | Path) -> ModelConfig:
     path = Path(model_dir) / "config.json"
+    if broken_download_link(path):
+        raise ConfigError(broken_download_link(path))
     if not path.is_file():
         raise ConfigError(f"{path}: not found; --model takes a Hugging Face model folder or a preset name")
     try:

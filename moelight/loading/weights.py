@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from safetensors import safe_open
 
-from moelight.errors import WeightsError
+from moelight.errors import WeightsError, broken_download_link
 from moelight.loading.int_checkpoints import dequantized, quantized_modules, read_module
 from moelight.models import family
 from moelight.models.causal_lm import MoECausalLM
@@ -73,9 +73,9 @@ def checkpoint_files(model_dir: Path) -> list[Path]:
 def check_link(path: Path) -> None:
     """A link whose file is gone is what an interrupted Hugging Face download leaves in snapshots/<hash>/
     (the blob is still `.incomplete`): said as such, not as a missing or unreadable file."""
-    if path.is_symlink() and not path.exists():
-        raise WeightsError(f"{path}: a link to {path.readlink()}, which does not exist: the download is "
-                           "incomplete; download the model again (e.g. `hf download REPO_ID`)")
+    broken = broken_download_link(path)
+    if broken:
+        raise WeightsError(broken)
 
 
 def check_not_truncated(path: Path) -> None:

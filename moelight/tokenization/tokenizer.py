@@ -18,7 +18,7 @@ from typing import Any
 import jinja2
 from tokenizers import Tokenizer as HFBackend
 
-from moelight.errors import TokenizerError  # noqa: F401 - raised and re-exported
+from moelight.errors import TokenizerError, broken_download_link  # noqa: F401 - TokenizerError re-exported
 from moelight.tokenization.byte_tokenizer import BYTE_NAMES, ByteTokenizer
 from moelight.tokenization.chat_template import (  # noqa: F401 - compile_chat_template stays importable from here
     CONTINUE_TAG,
@@ -338,6 +338,8 @@ def load_tokenizer(model_dir: str | Path | None, kind: str = "auto",
         raise TokenizerError(f"{folder}: model folder does not exist")
     if (folder / "tokenizer.json").exists():
         return HFTokenizer(folder)
+    if broken_download_link(folder / "tokenizer.json"):
+        raise TokenizerError(broken_download_link(folder / "tokenizer.json"))
     cfg_path = folder / "tokenizer_config.json"
     if kind == "auto" and cfg_path.exists() and _read_json(cfg_path).get("tokenizer_class") in BYTE_NAMES:
         return ByteTokenizer(model_vocab_size)
