@@ -247,8 +247,16 @@ def test_missing_tensor_named_as_the_index_lists_it(sharded):
 def test_missing_expert(ckpt):
     name = "model.layers.0.block_sparse_moe.experts.3.w3.weight"
     _rewrite(ckpt / "model.safetensors", lambda t: t.pop(name))
-    with pytest.raises(WeightsError, match=r"missing weights.*layers\.0\.mlp\.gate_up_proj"):
+    with pytest.raises(WeightsError, match=r"missing weights.*layers\.0\.mlp\.gate_up_proj \(one or more routed "
+                                           r"experts' tensors of layer 0\)"):
         load(ckpt)
+
+
+def test_missing_lm_head_named_as_the_checkpoint_names_it(ckpt):
+    _rewrite(ckpt / "model.safetensors", lambda t: t.pop("lm_head.weight"))
+    with pytest.raises(WeightsError) as e:
+        load(ckpt)
+    assert "missing weights for: lm_head.weight" in str(e.value)  # not model.lm_head.weight
 
 
 def test_shape_mismatch_names_tensor_and_file(ckpt):

@@ -175,9 +175,11 @@ def missing_name(param: str, cfg: ModelConfig, model_dir: Path, held: dict) -> s
     for raw, shard in weight_map.items():
         if raw not in held and any(t.param == param for t in targets_of(raw, cfg) or ()):
             return f"{raw} (the index puts it in {shard}, which does not hold it)"
-    raw = "model." + param
+    raw = param if param.startswith("lm_head.") else "model." + param  # the head at the top level
     if param.endswith((".weight", ".bias")) and targets_of(raw, cfg) == [Target(param)]:
         return raw
+    if re.match(r"layers\.\d+\.mlp\.(gate_up_proj|down_proj)", param):
+        return f"{param} (one or more routed experts' tensors of layer {param.split('.')[1]})"
     return param
 
 
