@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -248,6 +248,14 @@ class HardwareSpec:
         if not isinstance(d, dict):
             raise ValueError(f"malformed hardware spec: a JSON object of cpu, gpu, link ... is needed, got "
                              f"{type(d).__name__}")
+        unknown = [k for k in d if k not in _field_names(cls)]
+        for part, kind in (("cpu", Level), ("gpu", Level), ("link", Link)):
+            if isinstance(d.get(part), dict):
+                unknown += [f"{part}.{k}" for k in d[part] if k not in _field_names(kind)]
+        if unknown:  # a misspelt field would fall back to its default without a word
+            raise ValueError(f"malformed hardware spec: unknown field(s) {', '.join(unknown)}; the fields are "
+                             f"{', '.join(_field_names(cls))} (cpu / gpu: {', '.join(_field_names(Level))}; "
+                             f"link: {', '.join(_field_names(Link))})")
         try:
             gpu = Level(**d["gpu"]) if d.get("gpu") else None
             link = Link(**d["link"]) if d.get("link") else None
@@ -339,3 +347,7 @@ class HardwareSpec:
             return cls.from_dict(json.loads(p.read_text()))
         except json.JSONDecodeError as e:
             raise ValueError(f"hardware profile {p} is not valid JSON: {e}") from e
+
+
+def _field_names(cls) -> list[str]:
+    return [f.name for f in fields(cls)]
