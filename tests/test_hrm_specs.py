@@ -76,8 +76,8 @@ def test_hardware_errors(tmp_path):
     (lambda d: d["gpu"].update(gemm_flops={"float16": "fast"}), "gpu.gemm_flops.float16"),
     (lambda d: d["cpu"].update(expert_gemm_flops={"int8": [[16, 1e12], [4, 1e12]]}), "cpu.expert_gemm_flops.int8"),
     (lambda d: d["cpu"].update(attention_flops={"float32": "lots"}), "cpu.attention_flops.float32"),
-    (lambda d: d.update(gpus=4), "unknown field(s) gpus; the fields are"),  # was ignored: 1 GPU planned
-    (lambda d: d["link"].update(h2d_bw=1e10), "unknown field(s) link.h2d_bw"),
+    (lambda d: d.update(gpus=4), "unknown field.s. gpus; the fields are"),  # was ignored: 1 GPU planned
+    (lambda d: d["link"].update(h2d_bw=1e10), "unknown field.s. link.h2d_bw"),
 ])
 def test_hardware_json_refuses_values_it_would_misread(edit, field):
     """A profile is hand-edited: a string "false" or a fractional GPU count is refused by name, not coerced."""
