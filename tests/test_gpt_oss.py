@@ -169,7 +169,8 @@ def test_gpt_oss_on_the_emulated_cgopipe_runtime(tmp_path, schedule):
 
     config_class, kwargs, _, _ = VARIANTS["gpt_oss-sinks-window4-yarn"]
     folder = save(make_hf(config_class, kwargs, seed=1), Path(tmp_path) / "g", "saved", None)
-    pol = str(Policy(4, 2, 2, False, True, 0.5, 0.0, "float32").save(tmp_path / "gpu.json"))
+    attn_on_gpu = schedule == "flexgen"  # the placement each schedule runs
+    pol = str(Policy(4, 2, 2, attn_on_gpu, True, 0.5, 0.0, "float32").save(tmp_path / "gpu.json"))
     greedy = SamplingParams(max_tokens=6, temperature=0.0, ignore_eos=True)
     cpu = LLM(str(folder), dtype="float32", device="cpu", hardware="cpu-server")
     piped = LLM(str(folder), dtype="float32", device="emulated", hardware="t4", policy=pol, schedule=schedule)
