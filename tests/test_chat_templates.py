@@ -267,7 +267,7 @@ def test_get_tokenizer_builds_prompt_strings_as_vllm_scripts_do(folders, tmp_pat
         text = tok.apply_chat_template(PLAIN, tokenize=False, add_generation_prompt=True)
         assert isinstance(text, str) and text == reference(folders["qwen3"]).apply_chat_template(
             PLAIN, tokenize=False, add_generation_prompt=True)
-        assert tok.encode(text, add_bos=False) == tok.apply_chat_template(PLAIN, add_generation_prompt=True)
+        assert tok.encode(text, add_special_tokens=False) == tok.apply_chat_template(PLAIN, add_generation_prompt=True)
     finally:
         llm.close()
 

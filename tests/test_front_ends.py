@@ -136,7 +136,14 @@ def test_bad_prompts_are_clear_errors(tiny, bad, needle):
 def test_a_vllm_script_ports_over(tiny):
     """What a vLLM script reaches for: get_tokenizer(), the chat prompt's text, the sampled token first in
     each logprobs dict, max_model_len; its no-op arguments taken, its renamed ones named."""
-    assert tiny.get_tokenizer() is tiny.tokenizer
+    tok = tiny.get_tokenizer()  # transformers' interface and defaults, as vLLM hands out transformers' own
+    assert tok.tokenizer is tiny.tokenizer and tok.eos_token_id == tiny.tokenizer.eos_id
+    assert len(tok) == tiny.tokenizer.vocab_size and tok("hi")["input_ids"] == tiny.tokenizer.encode("hi")
+    assert tok(["a", "bc"])["attention_mask"] == [[1] * len(tiny.tokenizer.encode(t)) for t in ("a", "bc")]
+    convo = [{"role": "user", "content": "hi"}]
+    assert tok.apply_chat_template(convo, tokenize=False) == tiny.tokenizer.render_chat(convo, False)
+    ids = tiny.tokenizer.encode("hi")
+    assert tok.decode(ids) == tiny.tokenizer.decode(ids, skip_special_tokens=False)  # transformers' default
     out = tiny.chat([{"role": "user", "content": "hi"}], SamplingParams(max_tokens=3, temperature=0.0))[0]
     assert out.prompt == tiny.tokenizer.decode(out.prompt_token_ids, skip_special_tokens=False) and "hi" in out.prompt
     sampled = tiny.generate(PROMPTS[:2], SamplingParams(max_tokens=4, temperature=1.0, seed=3, logprobs=3))

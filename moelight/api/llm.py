@@ -18,6 +18,7 @@ from collections.abc import Sequence
 
 from tqdm import tqdm
 
+from moelight.api.hf_style_tokenizer import HFStyleTokenizer
 from moelight.api.outputs import CompletionOutput, RequestOutput
 from moelight.engine.generation import GenerationStats
 from moelight.engine.options import EngineOptions, OptionError
@@ -104,10 +105,10 @@ class LLM:
         generate and chat use when given none."""
         return SamplingParams(**self._sampling_defaults)
 
-    def get_tokenizer(self):
-        """The model's tokenizer (vLLM's accessor): moelight's own, with encode / decode /
-        apply_chat_template / render_chat, the special ids (bos_id, eos_id, eos_ids) and vocab_size."""
-        return self.tokenizer
+    def get_tokenizer(self) -> HFStyleTokenizer:
+        """The model's tokenizer behind transformers' interface, as vLLM's accessor hands one out
+        (hf_style_tokenizer.py); `self.tokenizer` is moelight's own."""
+        return HFStyleTokenizer(self.tokenizer)
 
     def generate(
         self,
