@@ -131,7 +131,7 @@ def test_openai_output_shape(tmp_path):
     resp = a["response"]
     assert resp["status_code"] == 200 and isinstance(resp["request_id"], str)
     body = resp["body"]
-    assert body["object"] == "chat.completion" and body["model"] == "mixtral-8x7b"
+    assert body["object"] == "chat.completion" and body["model"] == "/models/served"  # what answered, not the body's
     assert body["choices"][0]["message"] == {"role": "assistant", "content": "Hi!"}
     assert body["choices"][0]["finish_reason"] == "stop" and body["choices"][0]["index"] == 0
     assert body["usage"] == {"prompt_tokens": 4, "completion_tokens": 3, "total_tokens": 7}
