@@ -46,3 +46,18 @@ def test_a_hub_id_not_in_the_cache_says_where_it_looked(hub, monkeypatch):
     msg = str(e.value)
     assert "not in the Hugging Face cache" in msg and str(hub / "hub" / "models--org--other") in msg
     assert "hf download org/other" in msg
+
+
+@pytest.mark.parametrize("command", ["plan", "simulate"])
+def test_plan_and_simulate_take_a_hub_id_too(hub, monkeypatch, command):
+    from typer.testing import CliRunner
+
+    from moelight.cli import app
+    from tests.cli_text import says
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub / "hub"))
+    extra = ["--gen-len", "4", "--prompt-len", "8"]
+    ok = CliRunner().invoke(app, [command, "--model", "org/tiny", "--hardware", "t4", *extra])
+    assert ok.exit_code == 0, ok.output
+    missing = CliRunner().invoke(app, [command, "--model", "org/other", "--hardware", "t4", *extra])
+    assert missing.exit_code == 2 and says(missing.output, "not in the Hugging Face cache"), missing.output

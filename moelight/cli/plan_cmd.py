@@ -10,6 +10,8 @@ import typer
 
 from moelight.cli.errors import user_errors
 from moelight.engine.options import QUANTIZE, quantization
+from moelight.errors import ConfigError
+from moelight.loading.hub_cache import model_folder
 
 GiB = 2.0**30
 
@@ -163,10 +165,10 @@ def register(app: typer.Typer) -> None:
         from optimizer.search import FAMILIES
 
         try:
-            mspec = get_model(model)
+            mspec = get_model(model_folder(model))
         except KeyError as e:
             raise typer.BadParameter(str(e.args[0]), param_hint="--model") from None
-        except (FileNotFoundError, ValueError) as e:
+        except (FileNotFoundError, ValueError, ConfigError) as e:
             raise typer.BadParameter(str(e), param_hint="--model") from None
         try:
             if profile_path is not None and hardware.lower() != "profile":

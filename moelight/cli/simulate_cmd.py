@@ -8,6 +8,8 @@ from pathlib import Path
 import typer
 
 from moelight.cli.errors import user_errors
+from moelight.errors import ConfigError
+from moelight.loading.hub_cache import model_folder
 
 SCHEDULE_HELP = "cgopipe | flexgen | flexgen-cpu | overlap-unpaged | all"
 BOUNDS = {"schedule": "the task graph's critical path", "link": "the host links (transfers and all-reduce traffic)",
@@ -76,9 +78,9 @@ def register(app: typer.Typer) -> None:
                 f"unknown schedule {schedule!r}; valid: {SCHEDULE_HELP}", param_hint="--schedule"
             )
         try:
-            mspec = get_model(model)
+            mspec = get_model(model_folder(model))
             hw = get_hardware(hardware)
-        except (KeyError, FileNotFoundError, ValueError) as e:
+        except (KeyError, FileNotFoundError, ValueError, ConfigError) as e:
             raise typer.BadParameter(str(e.args[0] if isinstance(e, KeyError) else e)) from None
         warn_if_busy(hw)
         if not hw.has_gpu:

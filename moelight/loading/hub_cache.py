@@ -54,3 +54,9 @@ def cached_model_folder(model: str) -> Path:
         except ConfigError:
             pass
     return Path(model).expanduser()
+
+
+def model_folder(model: str) -> str:
+    """`--model` as plan / simulate take it: a preset or a folder as given, a Hub id as its cached
+    snapshot (ConfigError when it is not cached)."""
+    return str(hub_snapshot(model)) if looks_like_hub_id(model) else model
