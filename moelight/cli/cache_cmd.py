@@ -10,7 +10,7 @@ import typer
 
 from moelight.cli.errors import user_errors
 from moelight.expert_cache.policy_registry import POLICIES, PREFETCHING
-from moelight.jobs.path_checks import check_output_dir, check_output_file
+from moelight.jobs.path_checks import check_not_replaced, check_output_dir, check_output_file
 
 Opt = typer.Option
 DEFAULT_CACHE_SIZES = "0.1,0.25,0.5,0.75"
@@ -31,7 +31,7 @@ def eamc(
 
     with user_errors():
         check_output_file(output, "--output", [("trace", trace)])
-        _check_overwrite(output, overwrite)
+        check_not_replaced(output, overwrite)
         t = Trace.load(trace)
         if not t.requests:
             raise TraceError(f"--trace {trace}: holds no request; trace some with `moelight trace`")
@@ -162,20 +162,12 @@ def train_predictor(
         if kind not in KINDS:
             raise OptionError(f"--kind {kind!r} is not one of the valid choices: {', '.join(KINDS)}")
         check_output_file(output, "--output", [("trace", trace)])
-        _check_overwrite(output, overwrite)
+        check_not_replaced(output, overwrite)
         t = Trace.load(trace, hidden=kind == "promoe")
         pred = train_predictors(t, kind, stride, epochs, seed)
         pred.save(output)
     what = f"{len(pred.mlps)} layer predictors, held-out accuracy {pred.accuracy:.1%}" if pred.mlps else "profile"
     typer.echo(f"{kind}: {what}: {output}")
-
-
-def _check_overwrite(output: Path, overwrite: bool) -> None:
-    """A collection or predictor file took a trace and minutes to make: replaced only when asked, as `run` does."""
-    from moelight.engine.options import OptionError
-
-    if output.exists() and not overwrite:
-        raise OptionError(f"--output {output}: exists; pass --overwrite to replace it")
 
 
 def format_result(r, total: int) -> str:

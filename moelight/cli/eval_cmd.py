@@ -32,7 +32,7 @@ def eval_(
 ) -> None:
     """Run lm-eval's evaluator with moelight as the model; print each task's metrics, save everything."""
     from moelight.engine.options import OptionError
-    from moelight.jobs.path_checks import check_output_file
+    from moelight.jobs.path_checks import check_not_replaced, check_output_file
 
     with user_errors():
         try:
@@ -45,8 +45,7 @@ def eval_(
         device = engine_device(device)
         if output.suffix.lower() != ".json":
             raise OptionError(f"--output {output}: the results are written as a .json file")
-        if output.exists() and not overwrite:
-            raise OptionError(f"--output {output}: exists; pass --overwrite to replace it")
+        check_not_replaced(output, overwrite)
         check_output_file(output, "--output", [("model folder", Path(model))] if Path(model).exists() else [])
         if include_path is not None and not include_path.is_dir():
             raise OptionError(f"--include-path {include_path}: not a folder of task YAMLs")

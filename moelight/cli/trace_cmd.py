@@ -34,14 +34,14 @@ def trace(
     """Run every request alone on the CPU executor and write its routing, token by token and layer by layer
     (each of the n samples of a request with n > 1 as a sequence of its own, `ID#k`)."""
     from moelight.engine.options import OptionError
+    from moelight.jobs.path_checks import check_not_replaced
     from moelight.jobs.run_options import RunOptions
     from moelight.jobs.trace_job import run_trace_job
 
     with user_errors():
         if output.suffix.lower() != ".parquet":
             raise OptionError(f"--output {output}: a trace is a .parquet file")
-        if output.exists() and not overwrite:
-            raise OptionError(f"--output {output}: exists; pass --overwrite to replace it")
+        check_not_replaced(output, overwrite)
         opts = RunOptions(model=model, dataset=dataset, output=output, gen_len=gen_len, num_requests=num_requests,
                           dtype=dtype, load_format=load_format, dataset_format=dataset_format,
                           temperature=temperature, ignore_eos=ignore_eos, seed=seed, device="cpu", overwrite=True,

@@ -69,7 +69,7 @@ def serve(group: RankGroup, options) -> None:
 def _inject_fault(rank: int, command: str, engine) -> None:
     """MOELIGHT_TP_FAULT="rank:command" raises on that command; "rank:decode:K" in the K-th decode
     pass of the next generate (a rank dying mid-job, after results were written), "rank:decode:K:kill"
-killed there by SIGKILL (it cannot report: out of memory, kill -9); "rank:logits"
+    killed there by SIGKILL (it cannot report: out of memory, kill -9); "rank:logits"
     makes that rank's decode logits prefer other tokens (its own sampling would go astray)."""
     spec = os.environ.get(FAULT_ENV, "").split(":")
     if len(spec) < 2 or spec[0] != str(rank):

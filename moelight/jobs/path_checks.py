@@ -55,6 +55,12 @@ def check_not_an_input(path: Path, option: str, inputs: Iterable[tuple[str, Path
                                   f"a job reads: name a {option} file elsewhere")
 
 
+def check_not_replaced(path: Path, overwrite: bool, option: str = "--output") -> None:
+    """A file a command made before (a trace, a collection, eval results) is replaced only when asked."""
+    if path.exists() and not overwrite:
+        raise OutputPathError(f"{option} {path}: exists; pass --overwrite to replace it")
+
+
 def check_output_file(path: Path, option: str, inputs: Iterable[tuple[str, Path]] = (),
                       companions: Iterable[Path] = ()) -> None:
     """`path` (and `companions`, files written beside it: a report, a sidecar) can be written as files,

@@ -45,7 +45,7 @@ class ModelConfig:
     shared_expert_size: int = 0  # a shared SwiGLU expert with a sigmoid gate (Qwen2-MoE), 0: none
     dense_layers: tuple[int, ...] = ()  # layers with a dense SwiGLU MLP instead of experts
     dense_intermediate_size: int = 0  # that MLP's width
-    rope_scaling: tuple = ()  # sorted (key, value) items of rope_parameters (rope.py); no rope_type: YaRN; (): plain
+    rope_scaling: tuple = ()  # sorted (key, value) items of rope_parameters with its rope_type (rope.py); (): plain
     sliding_window: int = 0  # keys a sliding-window layer attends to (the query's own included)
     sliding_layers: tuple[int, ...] = ()  # layers that attend through that window
     attention_sinks: bool = False  # a learned per-head logit in every softmax's denominator (GPT-OSS)

@@ -142,6 +142,7 @@ def config_from_hf(cfg: dict, where: str) -> ModelConfig:
     n_layers, f = int(cfg["num_hidden_layers"]), int(cfg["moe_intermediate_size"])
     dense = int(get("first_k_dense_replace") or 0)
     heads = int(cfg["num_attention_heads"])
+    yarn = rope_scaling_of(cfg, where, allow=("yarn",))  # the rotary frequencies and MLA's softmax scale
     return ModelConfig(
         vocab_size=int(cfg["vocab_size"]),
         hidden_size=int(cfg["hidden_size"]),
@@ -165,8 +166,8 @@ def config_from_hf(cfg: dict, where: str) -> ModelConfig:
         shared_expert_size=int(get("n_shared_experts") or 0) * f,
         dense_layers=tuple(range(min(dense, n_layers))),
         dense_intermediate_size=int(cfg["intermediate_size"]) if dense else 0,
-        rope_scaling=rope_scaling_of(cfg, where, allow=("yarn",)),
-        mla=_latent(cfg, where, mtype, get),
+        rope_scaling=yarn,
+        mla=_latent(cfg, where, mtype, get, dict(yarn)),
         group_routing=routing,
         fp8_block=_fp8_block(cfg, where),
         ignored_layers=mtp,
@@ -192,12 +193,11 @@ def _routing(cfg: dict, where: str, mtype: str, experts: int, get) -> GroupRouti
     return GroupRouting(scoring, method, n_group, topk_group, float(get("routed_scaling_factor")))
 
 
-def _latent(cfg: dict, where: str, mtype: str, get) -> LatentAttention:
+def _latent(cfg: dict, where: str, mtype: str, get, yarn: dict) -> LatentAttention:
     nope, rope_dim = int(cfg["qk_nope_head_dim"]), int(cfg["qk_rope_head_dim"])
     if rope_dim % 2:
         raise ConfigError(f"{where}: qk_rope_head_dim {rope_dim} must be even (RoPE rotates pairs)")
     scale = (nope + rope_dim) ** -0.5
-    yarn = dict(rope_scaling_of(cfg, where, allow=("yarn",)))
     if yarn.get("mscale_all_dim"):  # DeepSeek's YaRN sharpens the softmax by mscale^2 (transformers' yarn_apply_mscale)
         scale *= yarn_mscale(float(yarn["factor"]), float(yarn["mscale_all_dim"])) ** 2
     return LatentAttention(

@@ -19,7 +19,7 @@ def inverse_frequencies(cfg: ModelConfig) -> tuple[torch.Tensor, float]:
     d, base = cfg.head_dim, cfg.rope_theta
     plain = 1.0 / (base ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d))
     p = dict(cfg.rope_scaling)
-    rope_type = p.pop("rope_type", "yarn") if p else "default"
+    rope_type = p.pop("rope_type", "default")
     if rope_type == "default":
         return plain, 1.0
     if rope_type == "linear":  # positions divided by factor, folded into the frequencies
