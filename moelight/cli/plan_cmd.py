@@ -12,6 +12,7 @@ from moelight.cli.errors import user_errors
 from moelight.engine.options import QUANTIZE, quantization
 from moelight.errors import ConfigError
 from moelight.loading.hub_cache import model_folder
+from moelight.planning.held_model import held_model_spec
 
 GiB = 2.0**30
 
@@ -117,6 +118,22 @@ def _mode_options(model: str, mode: str, cache_policy: str, cache_size: float | 
     return opts
 
 
+def _held_config(folder: str, dtype: str, device: str, quantize: str, ranks: int):
+    """--model's config as `run` holds it: read by run's loader, its routed experts in the form the session
+    chooses (loading/expert_storage.py: --quantize, or a quantized checkpoint as shipped), refused where run
+    refuses it (--quantize on a checkpoint that ships quantized experts)."""
+    from moelight.loading.expert_storage import with_expert_format
+    from moelight.loading.model_source import DTYPES, resolve_model
+
+    try:
+        cfg = resolve_model(folder, "auto", dtype).config
+    except ConfigError as e:
+        raise typer.BadParameter(str(e), param_hint="--model") from None
+    method, group = quantization(quantize)
+    with user_errors():
+        return with_expert_format(cfg, DTYPES[dtype], device, method, group, ranks, quantize)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("plan")
     def plan(
@@ -165,7 +182,8 @@ def register(app: typer.Typer) -> None:
         from optimizer.search import FAMILIES
 
         try:
-            mspec = get_model(model_folder(model))
+            folder = model_folder(model)
+            name = get_model(folder).name  # a preset or a folder, named as simulate names it
         except KeyError as e:
             raise typer.BadParameter(str(e.args[0]), param_hint="--model") from None
         except (FileNotFoundError, ValueError, ConfigError) as e:
@@ -190,20 +208,13 @@ def register(app: typer.Typer) -> None:
             dtype = compute_dtype(dtype)
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="--dtype") from None
-        workload = workload_from_options(mspec, prompt_len, gen_len, max_prompt_len, padded, prefill_chunk)
         if quantize not in QUANTIZE:
             raise typer.BadParameter(f"{quantize!r} is not one of {', '.join(QUANTIZE)}", param_hint="--quantize")
-        if quantize != "none":
-            from moelight.models.expert_format import quantize_format, rank_widths
-
-            method, group = quantization(quantize)
-            ranks = max(1, hw.gpu_count if gpus is None else gpus)  # int4 groups fit a rank's down columns
-            try:
-                form = quantize_format(method, rank_widths(mspec.hidden_size, mspec.intermediate_size, ranks),
-                                       group)
-            except ValueError as e:
-                raise typer.BadParameter(str(e), param_hint="--quantize") from None
-            mspec = form.held_in(mspec)
+        on_gpu = gpus != 0 and hw.has_gpu
+        held = _held_config(folder, dtype, "cuda" if on_gpu else "cpu", quantize,
+                            max(1, hw.gpu_count if gpus is None else gpus) if on_gpu else 1)
+        mspec = held_model_spec(held, name)
+        workload = workload_from_options(mspec, prompt_len, gen_len, max_prompt_len, padded, prefill_chunk)
         if family not in FAMILIES:
             raise typer.BadParameter(f"unknown family {family!r}; valid: {', '.join(FAMILIES)}",
                                      param_hint="--family")
@@ -221,15 +232,17 @@ def register(app: typer.Typer) -> None:
         with user_errors():
             opts = _mode_options(model, mode, cache_policy, cache_size)
             lines, modes = _modes(res, used_hw(hw, gpus), mspec, workload, requests or res.policy.batch_size, opts)
+        form = held.expert_format
         if as_json:
             extra = {"mode": modes} if modes else {}
-            if mspec.expert_bits:
-                extra["quantize"] = {"format": quantize, "expert_bits_per_weight": mspec.expert_bits}
+            if form is not None:
+                extra["quantize"] = {"format": quantize, "held_as": form.fmt, "group": form.group,
+                                     "origin": form.origin, "expert_bits_per_weight": mspec.expert_bits}
             typer.echo(json.dumps(json.loads(res.to_json()) | extra, indent=2))
         else:
             typer.echo(format_plan(res))
-        if mspec.expert_bits and not as_json:
-            typer.echo(f"routed experts held as {quantize}: {mspec.expert_bits:.2f} bits per weight")
+        if form is not None and not as_json:
+            typer.echo(f"routed experts held as {form.fmt} ({form.origin}): {mspec.expert_bits:.2f} bits per weight")
         if lines and not as_json:
             typer.echo(lines)
         if save_policy is not None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from moelight.planning.hardware_choice import PlanError, hardware_for_device
+from moelight.planning.held_model import held_model_spec
 from moelight.planning.mode_choice import ModeError, apply_mode
 from moelight.runtime.paged_layout import shared_prefix_tokens
 from moelight.sampling.params import SamplingParams
@@ -57,7 +58,6 @@ def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
     model, hardware and workload (a Ray replica reuses its driver's), capped to the number of
     requests; explicit batch / micro-batch sizes win; then the mode (throughput or latency,
     planning/mode_choice.py); the prediction is for what runs."""
-    from hrm import model_from_hf_config
     from optimizer import InfeasibleError, Policy, fit_policy, plan, predict_job
 
     n_req = len(prompts)
@@ -68,9 +68,7 @@ def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
             hw = hw.with_gpus(opts.gpus)
         except ValueError as e:
             raise PlanError(f"--gpus {opts.gpus}: {e}") from None
-    mspec = model_from_hf_config(cfg.to_hf_dict(), name=opts.model)
-    if cfg.expert_format is not None:  # experts held quantized: the bytes they read, page and hold
-        mspec = cfg.expert_format.held_in(mspec)
+    mspec = held_model_spec(cfg, opts.model)  # experts held quantized: the bytes they read, page and hold
     sharing = opts.enable_prefix_caching  # every executor pages K and V caches and MLA's latent alike
     workload = workload_of(prompts, params, opts.max_prefill_tokens, sharing)
     t0 = time.perf_counter()
