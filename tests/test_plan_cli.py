@@ -179,7 +179,8 @@ def test_plan_quantize_shows_the_predicted_gain(hardware):
         e2e[q] = json.loads(r.output)["e2e_tok_s"]
     assert e2e["none"] * 1.2 < e2e["int8"] <= e2e["int4"] * 1.01, e2e
     r = _plan("--model", "mixtral-8x7b", "--hardware", hardware, "--quantize", "int4")
-    assert says(r.output, "routed experts held as uint4 (--quantize int4 (group 128)): 4.50 bits per weight")
+    assert says(r.output, "routed experts held as uint4 in groups of 128 input channels (--quantize int4): 4.50 bits "
+                          "per weight")
     r = _plan("--model", "mixtral-8x7b", "--hardware", hardware, "--quantize", "int3")
     assert r.exit_code == 2 and says(r.output, "'int3' is not one of none, int8, int4")
 

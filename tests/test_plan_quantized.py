@@ -67,3 +67,15 @@ def test_plan_refuses_quantize_on_a_quantized_checkpoint_as_run_does(tmp_path):
                           "out to run them as shipped")
     (tmp_path / "bf16").mkdir()
     assert _plan(_folder(tmp_path / "bf16", None), "--quantize", "int8").exit_code == 0
+
+
+def test_plan_names_the_group_the_experts_are_held_in(tmp_path):
+    """int4's group is the largest of 128 / 64 / 32 that divides the expert widths (bench-qwen3-moe's 224: 32),
+    not always the one asked for; plan's line says which, and a checkpoint's own."""
+    r = runner.invoke(app, ["plan", "--model", "bench-qwen3-moe", "--hardware", "t4", "--quantize", "int4"])
+    assert r.exit_code == 0, r.output
+    assert says(r.output, "routed experts held as uint4 in groups of 32 input channels (--quantize int4): 6.00 bits "
+                          "per weight")
+    r = _plan(_folder(tmp_path, "gptq"))
+    assert says(r.output, "routed experts held as uint4 in groups of 128 input channels (checkpoint gptq): 4.50 bits "
+                          "per weight"), r.output

@@ -118,6 +118,14 @@ def _mode_options(model: str, mode: str, cache_policy: str, cache_size: float | 
     return opts
 
 
+def held_line(form, quantize: str, bits: float) -> str:
+    """The experts' held form with its group size (int4's is the largest of 128 / 64 / 32 that fits the
+    widths, so it is not always the one asked for) and what chose it."""
+    layout = "with a scale per output channel" if form.group == 0 else f"in groups of {form.group} input channels"
+    source = f"--quantize {quantize}" if quantize != "none" else form.origin
+    return f"routed experts held as {form.fmt} {layout} ({source}): {bits:.2f} bits per weight"
+
+
 def _held_config(folder: str, dtype: str, device: str, quantize: str, ranks: int):
     """--model's config as `run` holds it: read by run's loader, its routed experts in the form the session
     chooses (loading/expert_storage.py: --quantize, or a quantized checkpoint as shipped), refused where run
@@ -242,7 +250,7 @@ def register(app: typer.Typer) -> None:
         else:
             typer.echo(format_plan(res))
         if form is not None and not as_json:
-            typer.echo(f"routed experts held as {form.fmt} ({form.origin}): {mspec.expert_bits:.2f} bits per weight")
+            typer.echo(held_line(form, quantize, mspec.expert_bits))
         if lines and not as_json:
             typer.echo(lines)
         if save_policy is not None:
