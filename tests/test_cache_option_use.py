@@ -102,3 +102,23 @@ def test_an_eamc_file_of_another_model_is_refused_before_the_plan(tmp_path):
     res = run(tmp_path, "--mode", "latency", "--eamc", eamc)
     assert res.exit_code == 2 and says(res.output, "--eamc") and says(res.output, "this model routes 4 x 8"), res.output
     assert "policy (" not in res.output  # refused before the plan
+
+
+def test_latency_mode_prices_its_cpu_crossover_on_the_experts_as_held(monkeypatch):
+    """With --quantize int8, the combined policy's CPU crossover and prefetch budget are priced on
+    8-bit experts (the plan's slots are), not on the checkpoint's 16-bit ones."""
+    from moelight import LLM, SamplingParams
+    from moelight.expert_cache import cache_simulator
+
+    seen = []
+
+    class SpyTimer(cache_simulator.PassTimer):
+        def __init__(self, hw, spec, dtype):
+            seen.append(spec.expert_bits)
+            super().__init__(hw, spec, dtype)
+
+    monkeypatch.setattr(cache_simulator, "PassTimer", SpyTimer)
+    llm = LLM(str(CKPT), device="emulated", hardware="t4", mode="latency", cache_policy="combined",
+              quantize="int8", dtype="float32")
+    llm.generate([PROMPTS[0]], SamplingParams(max_tokens=2), use_tqdm=False)
+    assert seen and all(8.0 <= bits < 8.5 for bits in seen), seen

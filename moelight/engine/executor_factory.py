@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from moelight.planning.held_model import held_model_spec
 from moelight.planning.job_plan import JobPlan
 from moelight.planning.memory_check import available_bytes
 from moelight.runtime.executor import Executor
@@ -46,7 +47,6 @@ def pipeline_executor(model, opts, plan: JobPlan, size: tuple, device: str, rank
 def cache_executor(model, opts, plan: JobPlan, device: str, kv_tokens: int = 4096) -> Executor:
     """Latency mode's executor: a fresh expert cache for every job, on one device. The host copies
     of the experts are page-locked once when the host has room for a second copy of them meanwhile."""
-    from hrm import model_from_hf_config
     from moelight.expert_cache.cache_executor import ExpertCacheExecutor
     from moelight.expert_cache.cache_simulator import PassTimer, default_prefetch_budget
     from moelight.expert_cache.eam import EAMCollection
@@ -55,7 +55,7 @@ def cache_executor(model, opts, plan: JobPlan, device: str, kv_tokens: int = 409
 
     cfg, hw = model.config, plan.hardware
     layers, experts = sum(cfg.is_sparse(j) for j in range(cfg.num_layers)), cfg.num_experts
-    name, spec = opts.cache_policy_name(), model_from_hf_config(cfg.to_hf_dict())
+    name, spec = opts.cache_policy_name(), held_model_spec(cfg)
     eamc = EAMCollection.load(opts.eamc, layers, experts) if opts.eamc else None
     predictors = (Predictors.load(opts.predictor, name, layers, experts, cfg.hidden_size)
                   if name in NEEDS_PREDICTOR else None)
