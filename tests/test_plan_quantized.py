@@ -79,3 +79,34 @@ def test_plan_names_the_group_the_experts_are_held_in(tmp_path):
     r = _plan(_folder(tmp_path, "gptq"))
     assert says(r.output, "routed experts held as uint4 in groups of 128 input channels (checkpoint gptq): 4.50 bits "
                           "per weight"), r.output
+
+
+def _simulate(folder: str, *args: str):
+    return runner.invoke(app, ["simulate", "--model", folder, "--hardware", "t4", "--prompt-len", "64",
+                               "--gen-len", "32", "--dtype", "float16", *args])
+
+
+def _decode_rate(output: str) -> float:
+    line = next(s for s in output.splitlines() if "throughput: decode" in s)
+    return float(line.split("decode ")[1].split(" tok/s")[0])
+
+
+def test_simulate_holds_the_experts_as_run_does(tmp_path):
+    """simulate prices a GPTQ checkpoint's experts at its 4.5 bits, as plan and run do; --quantize int4
+    on a 16-bit one prices the same codes, and on a GPTQ one is refused as run refuses it."""
+    (tmp_path / "gptq").mkdir()
+    (tmp_path / "bf16").mkdir()
+    shipped, plain = _folder(tmp_path / "gptq", "gptq"), _folder(tmp_path / "bf16", None)
+    r = _simulate(shipped)
+    assert r.exit_code == 0, r.output
+    assert says(r.output, "routed experts held as uint4 in groups of 128 input channels (checkpoint gptq): 4.50 bits "
+                          "per weight")
+    dense = _simulate(plain)
+    assert "routed experts held" not in dense.output
+    int4 = _simulate(plain, "--quantize", "int4")
+    assert says(int4.output, "(--quantize int4): 4.50 bits per weight"), int4.output
+    assert _decode_rate(int4.output) == pytest.approx(_decode_rate(r.output))
+    assert _decode_rate(r.output) != pytest.approx(_decode_rate(dense.output))
+    refused = _simulate(shipped, "--quantize", "int8")
+    assert refused.exit_code == 2 and "Traceback" not in refused.output, refused.output
+    assert says(refused.output, "this checkpoint's experts are already gptq-quantized")

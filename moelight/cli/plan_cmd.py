@@ -9,7 +9,7 @@ from pathlib import Path
 import typer
 
 from moelight.cli.errors import user_errors
-from moelight.engine.options import QUANTIZE, quantization
+from moelight.cli.held_experts import QUANTIZE_HELP, check_quantize, held_config, held_line
 from moelight.errors import ConfigError
 from moelight.loading.hub_cache import model_folder
 from moelight.planning.held_model import held_model_spec
@@ -118,30 +118,6 @@ def _mode_options(model: str, mode: str, cache_policy: str, cache_size: float | 
     return opts
 
 
-def held_line(form, quantize: str, bits: float) -> str:
-    """The experts' held form with its group size (int4's is the largest of 128 / 64 / 32 that fits the
-    widths, so it is not always the one asked for) and what chose it."""
-    layout = "with a scale per output channel" if form.group == 0 else f"in groups of {form.group} input channels"
-    source = f"--quantize {quantize}" if quantize != "none" else form.origin
-    return f"routed experts held as {form.fmt} {layout} ({source}): {bits:.2f} bits per weight"
-
-
-def _held_config(folder: str, dtype: str, device: str, quantize: str, ranks: int):
-    """--model's config as `run` holds it: read by run's loader, its routed experts in the form the session
-    chooses (loading/expert_storage.py: --quantize, or a quantized checkpoint as shipped), refused where run
-    refuses it (--quantize on a checkpoint that ships quantized experts)."""
-    from moelight.loading.expert_storage import with_expert_format
-    from moelight.loading.model_source import DTYPES, resolve_model
-
-    try:
-        cfg = resolve_model(folder, "auto", dtype).config
-    except ConfigError as e:
-        raise typer.BadParameter(str(e), param_hint="--model") from None
-    method, group = quantization(quantize)
-    with user_errors():
-        return with_expert_format(cfg, DTYPES[dtype], device, method, group, ranks, quantize)
-
-
 def register(app: typer.Typer) -> None:
     @app.command("plan")
     def plan(
@@ -172,8 +148,7 @@ def register(app: typer.Typer) -> None:
                                          "the CPU is predicted so"),
         cache_size: float | None = typer.Option(None, "--cache-size", help="latency mode: expert slots, a share "
                                                 "(< 1) or a count (as `run --cache-size`; default: what fits)"),
-        quantize: str = typer.Option("none", "--quantize", help="routed experts held as int8 or int4 (as `run "
-                                     "--quantize`): the bytes they read, page over the link and hold"),
+        quantize: str = typer.Option("none", "--quantize", help=QUANTIZE_HELP),
     ) -> None:
         """Search the HRM policy (batch, micro-batch, placement, r_w, r_c) and explain it."""
         from hrm import get_hardware, get_model
@@ -216,10 +191,9 @@ def register(app: typer.Typer) -> None:
             dtype = compute_dtype(dtype)
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="--dtype") from None
-        if quantize not in QUANTIZE:
-            raise typer.BadParameter(f"{quantize!r} is not one of {', '.join(QUANTIZE)}", param_hint="--quantize")
+        check_quantize(quantize)
         on_gpu = gpus != 0 and hw.has_gpu
-        held = _held_config(folder, dtype, "cuda" if on_gpu else "cpu", quantize,
+        held = held_config(folder, dtype, "cuda" if on_gpu else "cpu", quantize,
                             max(1, hw.gpu_count if gpus is None else gpus) if on_gpu else 1)
         mspec = held_model_spec(held, name)
         workload = workload_from_options(mspec, prompt_len, gen_len, max_prompt_len, padded, prefill_chunk)

@@ -8,8 +8,10 @@ from pathlib import Path
 import typer
 
 from moelight.cli.errors import user_errors
+from moelight.cli.held_experts import QUANTIZE_HELP, check_quantize, held_config, held_line
 from moelight.errors import ConfigError
 from moelight.loading.hub_cache import model_folder
+from moelight.planning.held_model import held_model_spec
 
 SCHEDULE_HELP = "cgopipe | flexgen | flexgen-cpu | overlap-unpaged | all"
 BOUNDS = {"schedule": "the task graph's critical path", "link": "the host links (transfers and all-reduce traffic)",
@@ -53,6 +55,7 @@ def register(app: typer.Typer) -> None:
             help="tokens per prefill pass, each streaming the paged weights (moelight run: its "
                  "--max-prefill-tokens); default: layer-major prefill, weights once per batch (the paper's)"),
         dtype: str = typer.Option("auto", "--dtype", help="for --policy auto; auto: the GPU's faster 16-bit type"),
+        quantize: str = typer.Option("none", "--quantize", help=QUANTIZE_HELP),
         family: str = typer.Option("cgopipe", "--family", help="planner family for --policy auto"),
         gantt: Path | None = typer.Option(None, "--gantt", help="write the decode-step timeline PNG here"),
     ) -> None:
@@ -92,11 +95,16 @@ def register(app: typer.Typer) -> None:
             mspec.check_tensor_parallel(hw.gpu_count)
         except ValueError as e:
             raise typer.BadParameter(str(e)) from None
-        work = workload_from_options(mspec, prompt_len, gen_len, max_prompt_len, padded, prefill_chunk)
         try:
             dtype = hw.preferred_dtype() if dtype == "auto" else compute_dtype(dtype)
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="--dtype") from None
+        check_quantize(quantize)
+        held = held_config(model_folder(model), dtype, "cuda", quantize, hw.gpu_count)
+        mspec = held_model_spec(held, mspec.name)
+        if held.expert_format is not None:
+            typer.echo(held_line(held.expert_format, quantize, mspec.expert_bits))
+        work = workload_from_options(mspec, prompt_len, gen_len, max_prompt_len, padded, prefill_chunk)
         if policy == "auto":
             try:
                 pol = plan(hw, mspec, work, dtype=dtype, family=family).policy
