@@ -13,12 +13,13 @@ from tests.test_lm_eval import _doc, gen_task, setup  # noqa: E402, F401 - the m
 
 def test_a_tasks_sampling_settings_become_the_requests_and_unknown_ones_are_refused():
     from moelight.api.lm_eval_model import generation_sampling
+    from moelight.engine.options import OptionError
 
     assert generation_sampling({"do_sample": True, "temperature": 0.7, "top_k": 1, "top_p": 0.9}) == \
         {"temperature": 0.7, "top_k": 1, "top_p": 0.9}
     assert generation_sampling({"do_sample": True}) == {"temperature": 1.0}
     assert generation_sampling({"temperature": 0.7, "top_k": 5}) == {"temperature": 0.0}  # greedy: as HF
-    with pytest.raises(ValueError, match="num_beams"):
+    with pytest.raises(OptionError, match="num_beams"):  # the CLI's one line and exit 2, no traceback
         generation_sampling({"num_beams": 4})
 
 
@@ -44,6 +45,23 @@ def test_top_k_one_samples_the_greedy_tokens(setup, monkeypatch):  # noqa: F811
     greedy = _generate(lm, tasks, _task(root, "  do_sample: false"))
     top1 = _generate(lm, tasks, _task(root, "  do_sample: true\n  temperature: 1.0\n  top_k: 1"))
     assert [g[0] for g in top1] == [g[0] for g in greedy]
+
+
+def test_lm_evals_aliases_of_max_gen_toks_set_the_budget(setup, monkeypatch):  # noqa: F811
+    """max_new_tokens, max_tokens and max_completion_tokens are lm-eval's names for max_gen_toks (they
+    were refused after the load); max_gen_toks wins where several are given, as in lm-eval."""
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    from moelight.api.lm_eval_model import MoelightLM, generation_budget
+
+    assert generation_budget({"max_tokens": 5, "max_completion_tokens": 7}, 256) == 5
+    assert generation_budget({"max_new_tokens": 4, "max_gen_toks": 3}, 256) == 3
+    assert generation_budget({}, 256) == 256
+    folder, tasks, root = setup
+    lm = MoelightLM(str(folder), dtype="float32", hardware="cpu-server")
+    budget = _generate(lm, tasks, gen_task("tiny_gen_opts", root, "  max_gen_toks: 3\n  do_sample: false"))
+    for alias in ("max_new_tokens", "max_tokens", "max_completion_tokens"):
+        got = _generate(lm, tasks, gen_task("tiny_gen_opts", root, f"  {alias}: 3\n  do_sample: false"))
+        assert [g[0] for g in got] == [g[0] for g in budget], alias
 
 
 def test_chat_templates_render_as_the_hf_models(setup, monkeypatch):  # noqa: F811

@@ -7,7 +7,8 @@ last from `prompt_logprobs` of the first max_length, the last from the first gen
 model's input without a prompt longer than the engine takes. `is_greedy` is every continuation token
 ranking first. `loglikelihood_rolling` scores a text in windows of max_length (the model's context
 less the slot a prompt leaves) as the `hf` model does (`get_rolling_token_windows`, one prefix token);
-`generate_until` keeps the last max_length - max_gen_toks context tokens, as `hf` does, and stops at
+`generate_until` keeps the last max_length - max_gen_toks context tokens, as `hf` does (the budget
+under any of lm-eval's names: max_gen_toks, max_new_tokens, max_tokens, max_completion_tokens), stops at
 lm-eval's `until` strings, with the task's sampling settings (temperature, top_k, top_p, min_p,
 repetition_penalty; others refused, not dropped). Tokenization follows the `hf` model's: the
 tokenizer's own special tokens, or BOS as `add_bos_token` says (True adds it whatever the tokenizer
@@ -130,11 +131,12 @@ class MoelightLM(TemplateLM):
 
     def generate_until(self, requests, disable_tqdm: bool = False) -> list[str]:
         prompts, params = [], []
-        for context, gen_kwargs in (req.args for req in requests):
+        for req in requests:
+            context, gen_kwargs = req.args
             kwargs = dict(gen_kwargs)
             until = kwargs.pop("until", None) or []
             until = [until] if isinstance(until, str) else list(until)
-            max_tokens = int(kwargs.pop("max_gen_toks", self.max_gen_toks))
+            max_tokens = generation_budget(kwargs, self.max_gen_toks)
             ids = self.tok_encode(context)[-max(1, self.max_length - max_tokens):]  # hf's max_ctx_len
             prompts.append({"prompt_token_ids": ids})
             params.append(SamplingParams(max_tokens=max_tokens, stop=[u for u in until if u] or None,
@@ -158,18 +160,28 @@ class MoelightLM(TemplateLM):
 
 # lm-eval's generation settings that carry over (HF generate's names, as its `hf` model passes them on)
 _SAMPLING_KWARGS = {"top_k": int, "top_p": float, "min_p": float, "repetition_penalty": float}
+# lm-eval's names for the generation budget, first wins (normalize_gen_kwargs' order)
+MAX_TOKENS_KWARGS = ("max_gen_toks", "max_new_tokens", "max_tokens", "max_completion_tokens")
+
+
+def generation_budget(kwargs: dict, default: int) -> int:
+    """Tokens to generate: the first of lm-eval's aliases set (all taken out of `kwargs`), else `default`.
+    lm-eval's normalize_gen_kwargs accepts the four names, and its hf model honours any of them."""
+    given = [kwargs.pop(name, None) for name in MAX_TOKENS_KWARGS]
+    return int(next((v for v in given if v is not None), default))
 
 
 def generation_sampling(kwargs: dict) -> dict:
-    """SamplingParams fields of a task's generation_kwargs (until and max_gen_toks taken out). As HF's
+    """SamplingParams fields of a task's generation_kwargs (until and the budget taken out). As HF's
     generate: greedy unless do_sample; a setting moelight cannot honour is refused, not dropped."""
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
     sample = bool(kwargs.pop("do_sample", False))
     temperature = float(kwargs.pop("temperature", 1.0))
     picked = {name: kind(kwargs.pop(name)) for name, kind in _SAMPLING_KWARGS.items() if name in kwargs}
     if kwargs:
-        raise ValueError(f"generation_kwargs {', '.join(sorted(kwargs))}: moelight cannot honour them (it takes "
-                         f"until, max_gen_toks, do_sample, temperature, {', '.join(_SAMPLING_KWARGS)})")
+        raise OptionError(f"generation_kwargs {', '.join(sorted(kwargs))}: moelight cannot honour them; a task's "
+                          f"generation_kwargs may hold until, {', '.join(MAX_TOKENS_KWARGS)}, do_sample, "
+                          f"temperature, {', '.join(_SAMPLING_KWARGS)}")
     if not sample:  # HF ignores the sampling settings of a greedy generate
         return {"temperature": 0.0} | {k: v for k, v in picked.items() if k == "repetition_penalty"}
     return {"temperature": temperature, **picked}
