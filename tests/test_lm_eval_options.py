@@ -18,9 +18,25 @@ def test_a_tasks_sampling_settings_become_the_requests_and_unknown_ones_are_refu
     assert generation_sampling({"do_sample": True, "temperature": 0.7, "top_k": 1, "top_p": 0.9}) == \
         {"temperature": 0.7, "top_k": 1, "top_p": 0.9}
     assert generation_sampling({"do_sample": True}) == {"temperature": 1.0}
-    assert generation_sampling({"temperature": 0.7, "top_k": 5}) == {"temperature": 0.0}  # greedy: as HF
+    assert generation_sampling({"do_sample": False, "temperature": 0.7, "top_k": 5}) == {"temperature": 0.0}
+    assert generation_sampling({"top_k": 5}) == {"temperature": 0.0}
     with pytest.raises(OptionError, match="num_beams"):  # the CLI's one line and exit 2, no traceback
         generation_sampling({"num_beams": 4})
+
+
+@pytest.mark.parametrize("kwargs", [{"temperature": 0.7}, {"temperature": 0.0}, {},
+                                    {"do_sample": None, "temperature": 1}, {"do_sample": False, "temperature": 0.7},
+                                    {"do_sample": True}])
+def test_do_sample_unset_samples_at_a_positive_temperature_as_lm_evals_rule(kwargs):
+    """lm-eval's normalize_gen_kwargs (its hf and vllm models follow it) samples when do_sample is unset
+    and temperature > 0; moelight decoded those greedily."""
+    from moelight.api.lm_eval_model import generation_sampling
+
+    normalize = pytest.importorskip("lm_eval.models.utils").normalize_gen_kwargs
+    sampling = generation_sampling(dict(kwargs))
+    assert (sampling["temperature"] > 0) == normalize(kwargs)["do_sample"]
+    if sampling["temperature"] > 0 and "temperature" in kwargs:
+        assert sampling["temperature"] == kwargs["temperature"]
 
 
 def _generate(lm, tasks, yaml: str, **kw):

@@ -172,11 +172,13 @@ def generation_budget(kwargs: dict, default: int) -> int:
 
 
 def generation_sampling(kwargs: dict) -> dict:
-    """SamplingParams fields of a task's generation_kwargs (until and the budget taken out). As HF's
-    generate: greedy unless do_sample; a setting moelight cannot honour is refused, not dropped."""
+    """SamplingParams fields of a task's generation_kwargs (until and the budget taken out), by lm-eval's
+    normalize_gen_kwargs (its hf and vllm models follow it): sampling if do_sample, or if do_sample is
+    unset and temperature > 0; greedy otherwise. A setting moelight cannot honour is refused, not dropped."""
     kwargs = {k: v for k, v in kwargs.items() if v is not None}
-    sample = bool(kwargs.pop("do_sample", False))
-    temperature = float(kwargs.pop("temperature", 1.0))
+    temperature = kwargs.pop("temperature", None)
+    sample = bool(kwargs.pop("do_sample", temperature is not None and float(temperature) > 0))
+    temperature = 1.0 if temperature is None else float(temperature)  # HF's default when sampling
     picked = {name: kind(kwargs.pop(name)) for name, kind in _SAMPLING_KWARGS.items() if name in kwargs}
     if kwargs:
         raise OptionError(f"generation_kwargs {', '.join(sorted(kwargs))}: moelight cannot honour them; a task's "
