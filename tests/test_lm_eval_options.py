@@ -94,6 +94,22 @@ def test_chat_templates_render_as_the_hf_models(setup, monkeypatch):  # noqa: F8
         _generate(theirs, tasks, yaml, apply_chat_template=True)
 
 
+def test_a_gen_prefix_continues_the_assistants_message_as_the_hf_models(setup, monkeypatch):  # noqa: F811
+    """lm-eval renders a task's gen_prefix as an assistant message to continue; moelight closed it."""
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    from lm_eval.models.huggingface import HFLM
+
+    from moelight.api.lm_eval_model import MoelightLM
+
+    folder, tasks, root = setup
+    ours = MoelightLM(str(folder), dtype="float32", hardware="cpu-server")
+    theirs = HFLM(pretrained=str(folder), dtype="float32", device="cpu", batch_size=1, max_length=ours.max_length)
+    yaml = _task(root, "  do_sample: false") + 'gen_prefix: "Sure:"\n'
+    got = _generate(ours, tasks, yaml, apply_chat_template=True)
+    assert got[0][1][0][0].endswith("[/INST]Sure:"), got[0][1][0][0]
+    assert got == _generate(theirs, tasks, yaml, apply_chat_template=True)
+
+
 def test_add_bos_token_true_adds_bos_where_the_tokenizer_adds_none(tmp_path):
     from lm_eval.models.huggingface import HFLM
 

@@ -15,7 +15,8 @@ tokenizer's own special tokens, or BOS as `add_bos_token` says (True adds it wha
 does); none for a string that already starts with BOS; the prefix token BOS (else EOS) for an empty
 context. One difference: a Llama-style tokenizer.json without a post-processor gets BOS from moelight
 by default (see tokenization/tokenizer.py), none from transformers 5: pass add_bos_token=False for hf's.
-Chat templates (`apply_chat_template=True`) render as moelight's chat jobs do.
+Chat templates (`apply_chat_template=True`) render as moelight's chat jobs do, and a gen_prefix
+continues the assistant's message, as `hf` renders it.
 lm-eval is an optional extra: `pip install -e ".[eval]"`. Importing this module registers `moelight`
 in lm-eval's registry (`moelight eval` does), beside lm-eval's own models.
 """
@@ -155,7 +156,12 @@ class MoelightLM(TemplateLM):
         return getattr(self.tokenizer, "chat_template", None)
 
     def apply_chat_template(self, chat_history: list[dict], add_generation_prompt: bool = True) -> str:
-        return self.tokenizer.render_chat(chat_history, add_generation_prompt=add_generation_prompt)
+        """As lm-eval's `hf` model: without a generation prompt (a task's gen_prefix) the last message is
+        left open to continue."""
+        if add_generation_prompt:
+            return self.tokenizer.render_chat(chat_history, add_generation_prompt=True)
+        return self.tokenizer.apply_chat_template(chat_history, add_generation_prompt=False, tokenize=False,
+                                                  continue_final_message=True)
 
 
 # lm-eval's generation settings that carry over (HF generate's names, as its `hf` model passes them on)
