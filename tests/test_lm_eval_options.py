@@ -110,6 +110,25 @@ def test_a_gen_prefix_continues_the_assistants_message_as_the_hf_models(setup, m
     assert got == _generate(theirs, tasks, yaml, apply_chat_template=True)
 
 
+def test_a_template_that_refuses_a_system_message_renders_without_it_as_the_hf_models(setup, monkeypatch):  # noqa: F811
+    """A system_instruction with a template that has no system role: hf drops it with a warning; moelight
+    raised TokenizerError."""
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    from lm_eval.models.huggingface import HFLM
+
+    from moelight.api.lm_eval_model import MoelightLM
+    from moelight.errors import TokenizerError
+
+    folder, tasks, root = setup
+    ours = MoelightLM(str(folder), dtype="float32", hardware="cpu-server")
+    with pytest.raises(TokenizerError, match="rejected"):  # the checkpoint's Mistral template: no system role
+        ours.tokenizer.render_chat([{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}])
+    theirs = HFLM(pretrained=str(folder), dtype="float32", device="cpu", batch_size=1, max_length=ours.max_length)
+    yaml = _task(root, "  do_sample: false")
+    got = _generate(ours, tasks, yaml, apply_chat_template=True, system_instruction="Be brief.")
+    assert got == _generate(theirs, tasks, yaml, apply_chat_template=True, system_instruction="Be brief.")
+
+
 def test_add_bos_token_true_adds_bos_where_the_tokenizer_adds_none(tmp_path):
     from lm_eval.models.huggingface import HFLM
 

@@ -15,14 +15,16 @@ tokenizer's own special tokens, or BOS as `add_bos_token` says (True adds it wha
 does); none for a string that already starts with BOS; the prefix token BOS (else EOS) for an empty
 context. One difference: a Llama-style tokenizer.json without a post-processor gets BOS from moelight
 by default (see tokenization/tokenizer.py), none from transformers 5: pass add_bos_token=False for hf's.
-Chat templates (`apply_chat_template=True`) render as moelight's chat jobs do, and a gen_prefix
-continues the assistant's message, as `hf` renders it.
+Chat templates (`apply_chat_template=True`) render as moelight's chat jobs do, and as `hf` renders
+them a gen_prefix continues the assistant's message, and a template that refuses a system message
+(a system_instruction or task description) renders without it, with a warning.
 lm-eval is an optional extra: `pip install -e ".[eval]"`. Importing this module registers `moelight`
 in lm-eval's registry (`moelight eval` does), beside lm-eval's own models.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 
 import lm_eval.models  # noqa: F401 - lm-eval fills its registry only while it is empty: its models first
@@ -32,7 +34,10 @@ from lm_eval.api.registry import register_model
 
 from moelight.api.llm import LLM
 from moelight.engine.options import DEVICES, OptionError
+from moelight.errors import TokenizerError
 from moelight.sampling.params import SamplingParams
+
+log = logging.getLogger(__name__)
 
 
 def engine_device(device: str | None) -> str | None:
@@ -157,7 +162,18 @@ class MoelightLM(TemplateLM):
 
     def apply_chat_template(self, chat_history: list[dict], add_generation_prompt: bool = True) -> str:
         """As lm-eval's `hf` model: without a generation prompt (a task's gen_prefix) the last message is
-        left open to continue."""
+        left open to continue; a template that refuses the conversation is tried once more without its
+        system message (a system_instruction or task description), with a warning."""
+        try:
+            return self._render_chat(chat_history, add_generation_prompt)
+        except TokenizerError:
+            if not any(message.get("role") == "system" for message in chat_history):
+                raise
+        log.warning("the chat template refused the conversation: trying it without the system message "
+                    "(as lm-eval's hf model does)")
+        return self._render_chat([m for m in chat_history if m.get("role") != "system"], add_generation_prompt)
+
+    def _render_chat(self, chat_history: list[dict], add_generation_prompt: bool) -> str:
         if add_generation_prompt:
             return self.tokenizer.render_chat(chat_history, add_generation_prompt=True)
         return self.tokenizer.apply_chat_template(chat_history, add_generation_prompt=False, tokenize=False,
