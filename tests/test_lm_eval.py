@@ -192,6 +192,17 @@ def test_lm_eval_device_reaches_the_engine(monkeypatch, given, engine):
     assert seen["device"] == engine and seen["dtype"] == "float32"
 
 
+def test_lm_evals_batch_size_arguments_are_taken_and_ignored(monkeypatch):
+    """simple_evaluate passes max_batch_size beside batch_size="auto:N"; LLM refused it as unknown."""
+    from moelight.api.lm_eval_model import MoelightLM
+
+    seen = _capture_llm(monkeypatch)
+    with pytest.raises(_Stop):
+        MoelightLM.create_from_arg_string("pretrained=tiny,dtype=float32",
+                                          {"batch_size": "auto:4", "max_batch_size": 8, "device": None})
+    assert "batch_size" not in seen and "max_batch_size" not in seen and seen["dtype"] == "float32"
+
+
 def test_lm_eval_unknown_device_is_refused_before_a_load(monkeypatch):
     from moelight.api.lm_eval_model import MoelightLM
     from moelight.engine.options import OptionError

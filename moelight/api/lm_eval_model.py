@@ -57,9 +57,11 @@ def engine_device(device: str | None) -> str | None:
 @register_model("moelight")
 class MoelightLM(TemplateLM):
     def __init__(self, pretrained: str = "tiny", add_bos_token: bool | None = None, max_length: int | None = None,
-                 max_gen_toks: int = 256, batch_size=None, device=None, **engine_options) -> None:
+                 max_gen_toks: int = 256, batch_size=None, max_batch_size=None, device=None,
+                 **engine_options) -> None:
         """`pretrained`: a model folder or preset; `engine_options`: LLM's (dtype, load_format, ...).
-        `batch_size` is lm-eval's generic argument, ignored: the planner decides the batch. `device` is
+        `batch_size` and `max_batch_size` are lm-eval's generic arguments, ignored: the planner decides
+        the batch. `device` is
         the engine's (auto, cpu, cuda, emulated; lm-eval's "cuda:N" is cuda); others are refused."""
         super().__init__()
         engine_options = {k: v for k, v in engine_options.items() if v is not None}
