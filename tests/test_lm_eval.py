@@ -152,6 +152,16 @@ def test_moelight_eval_command(setup, monkeypatch):
     assert bad.exit_code == 2 and "unknown task" in bad.output
 
 
+@pytest.mark.parametrize("limit", ["0", "-1", "-0.5"])
+def test_moelight_eval_refuses_a_limit_below_one_item_before_the_load(monkeypatch, tmp_path, limit):
+    """--limit 0 or a negative one gave a traceback after the model loaded."""
+    seen = _capture_llm(monkeypatch)
+    res = CliRunner().invoke(app, ["eval", "--model", "tiny", "--tasks", "tiny_mc", "--limit", limit,
+                                   "--output", str(tmp_path / "r.json")])
+    assert res.exit_code == 2 and "--limit" in res.output and not seen, res.output
+    assert "Traceback" not in res.output
+
+
 def test_registering_moelight_keeps_lm_evals_own_models():
     """lm-eval fills its registry only while it is empty: registered first, `moelight` would hide `hf`."""
     import subprocess

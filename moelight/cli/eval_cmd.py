@@ -43,6 +43,9 @@ def eval_(
         except ImportError:
             raise OptionError('moelight eval needs lm-evaluation-harness: pip install -e ".[eval]"') from None
         device = engine_device(device)
+        if limit is not None and limit <= 0:
+            raise OptionError(f"--limit {limit:g}: give a count of items per task (1 or more) or a share "
+                              "between 0 and 1 (0.1 for a tenth)")
         if output.suffix.lower() != ".json":
             raise OptionError(f"--output {output}: the results are written as a .json file")
         check_not_replaced(output, overwrite)
