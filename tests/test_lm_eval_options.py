@@ -80,6 +80,19 @@ def test_lm_evals_aliases_of_max_gen_toks_set_the_budget(setup, monkeypatch):  #
         assert [g[0] for g in got] == [g[0] for g in budget], alias
 
 
+def test_a_budget_that_leaves_no_room_for_the_context_is_refused(setup, monkeypatch):  # noqa: F811
+    """max_gen_toks >= max_length cut the prompt to one token and generated on; hf asserts."""
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    from moelight.api.lm_eval_model import MoelightLM
+    from moelight.engine.options import OptionError
+
+    folder, tasks, root = setup
+    lm = MoelightLM(str(folder), dtype="float32", hardware="cpu-server")
+    yaml = gen_task("tiny_gen_opts", root, f"  max_gen_toks: {lm.max_length}\n  do_sample: false")
+    with pytest.raises(OptionError, match=f"task tiny_gen_opts: .*{lm.max_length} tokens .*max_gen_toks"):
+        _generate(lm, tasks, yaml)
+
+
 def test_chat_templates_render_as_the_hf_models(setup, monkeypatch):  # noqa: F811
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     from lm_eval.models.huggingface import HFLM

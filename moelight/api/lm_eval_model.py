@@ -7,7 +7,8 @@ last from `prompt_logprobs` of the first max_length, the last from the first gen
 model's input without a prompt longer than the engine takes. `is_greedy` is every continuation token
 ranking first. `loglikelihood_rolling` scores a text in windows of max_length (the model's context
 less the slot a prompt leaves) as the `hf` model does (`get_rolling_token_windows`, one prefix token);
-`generate_until` keeps the last max_length - max_gen_toks context tokens, as `hf` does (the budget
+`generate_until` keeps the last max_length - max_gen_toks context tokens, as `hf` does (a budget that
+leaves no room for the context is refused, as `hf` does; the budget
 under any of lm-eval's names: max_gen_toks, max_new_tokens, max_tokens, max_completion_tokens), stops at
 lm-eval's `until` strings, with the task's sampling settings (temperature, top_k, top_p, min_p,
 repetition_penalty; others refused, not dropped). Tokenization follows the `hf` model's: the
@@ -145,7 +146,11 @@ class MoelightLM(TemplateLM):
             until = kwargs.pop("until", None) or []
             until = [until] if isinstance(until, str) else list(until)
             max_tokens = generation_budget(kwargs, self.max_gen_toks)
-            ids = self.tok_encode(context)[-max(1, self.max_length - max_tokens):]  # hf's max_ctx_len
+            if max_tokens >= self.max_length:  # hf asserts it: no room would be left for the context
+                raise OptionError(f"task {req.task_name}: a generation budget of {max_tokens} tokens (max_gen_toks) "
+                                  f"leaves no room for the context in the model's max_length of {self.max_length}; "
+                                  "lower the task's max_gen_toks (or the model's, in model_args)")
+            ids = self.tok_encode(context)[-(self.max_length - max_tokens):]  # hf's max_ctx_len
             prompts.append({"prompt_token_ids": ids})
             params.append(SamplingParams(max_tokens=max_tokens, stop=[u for u in until if u] or None,
                                          **generation_sampling(kwargs)))
