@@ -93,6 +93,21 @@ def test_a_budget_that_leaves_no_room_for_the_context_is_refused(setup, monkeypa
         _generate(lm, tasks, yaml)
 
 
+def test_an_empty_or_overlong_continuation_is_refused(setup):  # noqa: F811
+    """hf asserts 0 < len(continuation) <= max_length; moelight scored the context's last token for an
+    empty one and cut a long one silently."""
+    from moelight.api.lm_eval_model import MoelightLM
+    from moelight.errors import PromptError
+
+    folder, _, _ = setup
+    lm = MoelightLM(str(folder), dtype="float32", hardware="cpu-server")
+    with pytest.raises(PromptError, match="no tokens"):
+        lm._loglikelihood_tokens([(("ctx", ""), [1, 40, 41], [])])
+    with pytest.raises(PromptError, match=f"more than the model's max_length of {lm.max_length}"):
+        lm._loglikelihood_tokens([(("ctx", "long"), [1], [40] * (lm.max_length + 1))])
+    assert len(lm._loglikelihood_tokens([(None, [1], [40] * lm.max_length)])) == 1  # hf's limit, still scored
+
+
 def test_chat_templates_render_as_the_hf_models(setup, monkeypatch):  # noqa: F811
     monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
     from lm_eval.models.huggingface import HFLM

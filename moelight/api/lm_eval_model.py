@@ -3,7 +3,9 @@
 Log-likelihoods come from one engine job per task (batched and planned as any job): as lm-eval's
 `hf` model does, the last max_length + 1 tokens of context + continuation are scored, all but the
 last from `prompt_logprobs` of the first max_length, the last from the first generated position
-(that token allowed alone, its logprob and rank taken before any transform). A window then fills the
+(that token allowed alone, its logprob and rank taken before any transform); a continuation of no
+tokens or of more than max_length is refused, as `hf` refuses it (lm-eval's vllm model would score an
+empty one 0.0, which ranks that choice first). A window then fills the
 model's input without a prompt longer than the engine takes. `is_greedy` is every continuation token
 ranking first. `loglikelihood_rolling` scores a text in windows of max_length (the model's context
 less the slot a prompt leaves) as the `hf` model does (`get_rolling_token_windows`, one prefix token);
@@ -35,7 +37,7 @@ from lm_eval.api.registry import register_model
 
 from moelight.api.llm import LLM
 from moelight.engine.options import DEVICES, OptionError
-from moelight.errors import TokenizerError
+from moelight.errors import PromptError, TokenizerError
 from moelight.sampling.params import SamplingParams
 
 log = logging.getLogger(__name__)
@@ -123,6 +125,13 @@ class MoelightLM(TemplateLM):
         return scores
 
     def _loglikelihood_tokens(self, requests, disable_tqdm: bool = False, **kwargs) -> list[tuple[float, bool]]:
+        for key, _, continuation in requests:  # hf asserts both; moelight scored a context token or a cut one
+            if not continuation or len(continuation) > self.max_length:
+                what = "encodes to no tokens" if not continuation else \
+                    f"is {len(continuation)} tokens, more than the model's max_length of {self.max_length}"
+                raise PromptError(f"loglikelihood request {key!r}: the continuation {what}, so it cannot be "
+                                  "scored (lm-eval's hf model refuses it too); check the task's choices, "
+                                  "target_delimiter and chat template")
         return self._score([(context, continuation) for _, context, continuation in requests])
 
     def loglikelihood_rolling(self, requests, disable_tqdm: bool = False) -> list[float]:
