@@ -126,15 +126,14 @@ class PlanResult:
 
     def memory_problems(self) -> list[str]:
         """What does not fit in this plan's memory model, by level and by how much (empty: it fits)."""
-        gib = 2.0**30
         out = []
         for level, parts, cap in (("GPU", self.gpu_memory, self.gpu_capacity), ("CPU", self.cpu_memory,
                                                                                  self.cpu_capacity)):
             need = sum(parts.values())
             if parts and need > cap * (1 + 1e-6):
-                top = ", ".join(f"{k} {v / gib:.2f}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])[:4])
-                out.append(f"{level} memory: needs {need / gib:.2f} GiB of {cap / gib:.2f} GiB usable, short by "
-                           f"{(need - cap) / gib:.2f} GiB ({top})")
+                top = ", ".join(f"{k} {size_text(v)}" for k, v in sorted(parts.items(), key=lambda kv: -kv[1])[:4])
+                out.append(f"{level} memory: needs {size_text(need)} of {size_text(cap)} usable, short by "
+                           f"{size_text(need - cap)} ({top})")
         return out
 
     def to_dict(self) -> dict:
@@ -144,6 +143,12 @@ class PlanResult:
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
+
+
+def size_text(n: float) -> str:
+    """Bytes in GiB, or MiB below a tenth of one (a tiny device's shortfall is no '0.00 GiB')."""
+    gib = 2.0**30
+    return f"{n / gib:.2f} GiB" if n >= gib / 10 else f"{n / 2**20:.2f} MiB"
 
 
 class InfeasibleError(ValueError):

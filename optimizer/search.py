@@ -24,7 +24,7 @@ from hrm.workload import WorkloadSpec
 from optimizer.cost_model import ALPHA, PointModel, binding_roof, build_point_model
 from optimizer.explain import explain, placement_key
 from optimizer.lp import feasible, maybe_feasible, solve_grid, solve_point_pulp, time_lower_bound
-from optimizer.policy import InfeasibleError, PlanResult, Policy
+from optimizer.policy import InfeasibleError, PlanResult, Policy, size_text
 
 # (A_g, F_g) placements per policy family.
 FAMILIES: dict[str, list[tuple[int, int]]] = {
@@ -200,22 +200,19 @@ def _infeasible_message(hw, model, workload, dtype, family, alpha) -> str:
     where = f"attention on {'GPU' if a_g else 'CPU'}, FFN on {'GPU' if f_g else 'CPU'}"
     msgs = []
     if g_over > 0:
-        msgs.append(f"GPU memory short by {_size(g_over)} (needs {_size(g_need)}, {_size(pm.gpu_cap)} usable = "
-                    f"{alpha:.0%} of {_size(hw.gpu_total().memory_bytes)})")
+        msgs.append(f"GPU memory short by {size_text(g_over)} (needs {size_text(g_need)}, "
+                    f"{size_text(pm.gpu_cap)} usable = "
+                    f"{alpha:.0%} of {size_text(hw.gpu_total().memory_bytes)})")
     if c_over > 0:
-        msgs.append(f"CPU memory short by {_size(c_over)} (needs {_size(c_need)}, {_size(pm.cpu_cap)} usable = "
-                    f"{alpha:.0%} of {_size(hw.cpu.memory_bytes)})")
+        msgs.append(f"CPU memory short by {size_text(c_over)} (needs {size_text(c_need)}, "
+                    f"{size_text(pm.cpu_cap)} usable = "
+                    f"{alpha:.0%} of {size_text(hw.cpu.memory_bytes)})")
     b = dtype_bytes(dtype)
     sparse = model.num_layers - model.num_dense_layers
     weights = (model.non_expert_params() * b
                + sparse * model.num_experts * model.expert_params() * model.expert_weight_bytes(b))
     usable = (pm.gpu_cap if pm.gpu_mem else 0.0) + pm.cpu_cap
-    why = (f"; the weights alone take {weights / GiB:.1f} GiB in {dtype}, beyond the {usable / GiB:.1f} GiB usable "
+    why = (f"; the weights alone take {size_text(weights)} in {dtype}, beyond the {size_text(usable)} usable "
            "in GPU and CPU memory together" if weights > usable else "")
     return (f"no policy fits {model.name} on {hw.name} even at batch size 1 ({where}): "
             + "; ".join(msgs) + why)
-
-
-def _size(n: float) -> str:
-    """Bytes in GiB, or MiB below a tenth of one (a tiny device's shortfall is no '0.00 GiB')."""
-    return f"{n / GiB:.2f} GiB" if n >= GiB / 10 else f"{n / 2**20:.2f} MiB"

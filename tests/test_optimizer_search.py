@@ -1,6 +1,7 @@
 """Search properties: memory limits, monotonicity, CPU-only hosts, errors, families, TP, JSON."""
 
 import dataclasses
+import re
 
 import numpy as np
 import pytest
@@ -90,6 +91,14 @@ def test_infeasible_names_the_memory():
         plan(tiny_gpu, MIX, MTBENCH, family="cgopipe")
     # with the whole search space the CPU can still take everything
     assert plan(tiny_gpu, MIX, MTBENCH).policy.F_g == 0
+
+
+def test_a_policy_too_big_for_a_tiny_gpu_says_how_much_in_mib():
+    """A few-MiB device's shortfall in MiB, as the planner's own error gives it, not '0.00 GiB'."""
+    tiny = dataclasses.replace(get_hardware("s1"), gpu=Level("g", 2 * 2**20, 3e11, {"bfloat16": 1e13}))
+    problems = evaluate_policy(tiny, MIX, MTBENCH, Policy(8, 4, 2, False, True, 1.0, 0.0)).memory_problems()
+    assert len(problems) == 1 and "0.00 GiB" not in problems[0]
+    assert re.search(r"GPU memory: needs \d+\.\d+ GiB of 1\.80 MiB usable, short by \d+\.\d+ GiB \(\w+ \d", problems[0])
 
 
 def test_flexgen_family_and_comparison():

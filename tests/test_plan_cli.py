@@ -286,6 +286,6 @@ def test_a_one_token_job_plans_without_a_numpy_warning():
 
 
 def test_a_tiny_shortfall_is_said_in_mib():
-    from optimizer.search import _size
+    from optimizer.policy import size_text
 
-    assert _size(3 * 2**20) == "3.00 MiB" and _size(2**31) == "2.00 GiB"
+    assert size_text(3 * 2**20) == "3.00 MiB" and size_text(2**31) == "2.00 GiB"
