@@ -119,6 +119,28 @@ def test_a_full_disk_is_one_clear_error_and_resume_continues(tmp_path, monkeypat
     assert sorted(_ids(out)) == sorted(f"q{i}" for i in range(N))
 
 
+def test_device_memory_run_out_mid_job_is_one_clear_error_that_keeps_the_results(tmp_path, monkeypatch):
+    """A DeviceOutOfMemory past the plan's check: one line naming it and what to change (exit 2), results kept."""
+    from moelight.devices.device_base import DeviceOutOfMemory
+    from moelight.runtime.plain_executor import PlainExecutor
+
+    data, out = _data(tmp_path), tmp_path / "o.jsonl"
+    decode, calls = PlainExecutor.decode, []
+
+    def runs_out(self, *args, **kwargs):
+        calls.append(1)
+        if len(calls) > 30:  # a batch in
+            raise DeviceOutOfMemory("device memory exceeded allocating 64 B for aten::mul")
+        return decode(self, *args, **kwargs)
+
+    monkeypatch.setattr(PlainExecutor, "decode", runs_out)
+    failed = CliRunner().invoke(app, _args(data, out, "--overwrite"))
+    assert failed.exit_code == 2 and "Traceback" not in failed.output
+    assert "ran out of device memory: device memory exceeded allocating 64 B for aten::mul" in failed.output
+    assert "smaller --batch-size, --micro-batch-size or --max-prefill-tokens and --resume" in failed.output
+    assert 0 < len(_ids(out)) < N  # what --resume continues from (the full-disk test resumes)
+
+
 def test_a_report_that_cannot_be_written_leaves_the_one_before(tmp_path, monkeypatch):
     path = tmp_path / "o.jsonl.report.json"
     path.write_text('{"kept": true}\n')

@@ -9,7 +9,9 @@ runs in coe_job.py, a job on a Ray cluster in ray/; both serve their requests as
 
 from __future__ import annotations
 
+from moelight.devices.device_base import DeviceOutOfMemory
 from moelight.engine.session_start import open_session
+from moelight.errors import MoelightError
 from moelight.jobs.dataset_input import read_requests
 from moelight.jobs.output_file import LazyResultWriter
 from moelight.jobs.output_lock import output_lock
@@ -18,16 +20,25 @@ from moelight.jobs.run_options import RunOptions
 from moelight.jobs.serving import serve_requests
 
 
+class DeviceMemoryRunOut(MoelightError):
+    """Device memory ran out mid-job, past the plan's check: one line on what to change, not a traceback."""
+
+
 def run_job(opts: RunOptions) -> RunReport | None:
     """The job; None on a torchrun rank other than 0, which serves rank 0's job and writes nothing."""
     opts.validate()
     from moelight.parallel.rank_group import torchrun_rank
 
     rank = torchrun_rank()
-    if rank is not None and rank[0] != 0:  # a follower rank writes nothing: rank 0 holds the output's lock
-        return _run_job(opts)
-    with output_lock(opts.output):
-        return _run_job(opts)
+    try:
+        if rank is not None and rank[0] != 0:  # a follower rank writes nothing: rank 0 holds the output's lock
+            return _run_job(opts)
+        with output_lock(opts.output):
+            return _run_job(opts)
+    except DeviceOutOfMemory as e:
+        raise DeviceMemoryRunOut(
+            f"the job ran out of device memory: {e}; run it again with a smaller --batch-size, --micro-batch-size "
+            f"or --max-prefill-tokens and --resume: the results finished so far are kept in {opts.output}") from e
 
 
 def _run_job(opts: RunOptions) -> RunReport | None:
