@@ -246,6 +246,24 @@ def test_a_torchrun_peer_that_never_comes_ends_the_wait_in_time_and_sigterm_stop
     assert not Path(f"{out}.lock").exists()
 
 
+def test_a_spawned_rank_that_dies_starting_ends_the_wait_at_once_and_names_the_main_guard(tmp_path, job):
+    """A script without a `__main__` guard: each spawned rank re-runs it and dies in multiprocessing's
+    bootstrapping; rank 0 stops waiting as soon as the rank has exited, with its exit code and the cause."""
+    ckpt, _, _ = job
+    script = tmp_path / "no_guard.py"
+    script.write_text("from moelight import LLM\n"
+                      f"LLM({str(ckpt)!r}, gpus=2, device='emulated', hardware='t4', dtype='float32')\n")
+    t0 = time.monotonic()
+    env = {**os.environ, "MOELIGHT_TP_RENDEZVOUS_TIMEOUT": "60",
+           "PYTHONPATH": os.pathsep.join([str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=120,
+                          env=env)
+    assert proc.returncode != 0 and time.monotonic() - t0 < 40, proc.stderr
+    assert "TensorParallelError" in proc.stderr
+    assert "the spawned rank 1 exited with code 1 while starting" in proc.stderr
+    assert 'if __name__ == "__main__":' in proc.stderr.splitlines()[-1]
+
+
 def test_torchrun_world_and_gpus_must_agree(monkeypatch):
     from moelight.engine.options import EngineOptions
     from moelight.engine.session import tensor_parallel_degree

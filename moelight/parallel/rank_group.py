@@ -222,10 +222,12 @@ def threads_per_rank(world: int) -> int:
     return max(1, (os.cpu_count() or 1) // world)
 
 
-def join_group(device: str, rank: int, world: int, init_method: str | None = None, log=None) -> RankGroup:
+def join_group(device: str, rank: int, world: int, init_method: str | None = None, log=None,
+               gone=None) -> RankGroup:
     """This process's place in the group (torchrun's environment when no init_method is given: its
     LOCAL_RANK names this rank's GPU; ranks moelight spawns use GPUs 0..N-1 by rank). The ranks meet
-    within the rendezvous timeout (rendezvous.py); under torchrun `log` says where they meet."""
+    within the rendezvous timeout (rendezvous.py); under torchrun `log` says where they meet; `gone`
+    (rank 0 of spawned ranks) says why a spawned rank will never come."""
     local_rank = int(os.environ.get("LOCAL_RANK", rank)) if init_method is None else rank
     if device == "cuda":  # NCCL's collectives run on this rank's GPU
         torch.cuda.set_device(local_rank)
@@ -236,7 +238,7 @@ def join_group(device: str, rank: int, world: int, init_method: str | None = Non
     else:
         where, log = init_method.removeprefix("tcp://"), None  # spawned here: they meet in seconds
         hint = "a spawned rank did not start in time (is the host overloaded?)"
-    rendezvous(backend_for(device), init_method, rank, world, where, hint, _LOAD_TIMEOUT, log)
+    rendezvous(backend_for(device), init_method, rank, world, where, hint, _LOAD_TIMEOUT, log, gone)
     comm = dist.new_group(list(range(world)), timeout=_comm_timeout())
     ctrl = dist.new_group(list(range(world)), timeout=_LOAD_TIMEOUT, backend="gloo")
     blocking = device == "cuda" or os.environ.get(BLOCKING_ENV) == "1"
@@ -272,7 +274,7 @@ def start_group(world: int, device: str, options, follower_main: str, log=None) 
     for p in procs:
         p.start()
     try:
-        group = join_group(device, 0, world, f"tcp://127.0.0.1:{port}")
+        group = join_group(device, 0, world, f"tcp://127.0.0.1:{port}", gone=lambda: _exited_early(procs, errors))
     except BaseException as e:
         spawned = RankGroup(0, world, device, procs, errors, failed=True)
         error = spawned.failure(e)
@@ -283,6 +285,25 @@ def start_group(world: int, device: str, options, follower_main: str, log=None) 
     group.threads_before = torch.get_num_threads()
     torch.set_num_threads(threads_per_rank(world))
     return group
+
+
+def _exited_early(procs: list, errors) -> str | None:
+    """Why a spawned rank that has already exited will never join (None while all run): its own report,
+    or, without one, that it died starting up, as a script without a `__main__` guard makes it do."""
+    dead = [(r, p.exitcode) for r, p in enumerate(procs, start=1) if p.exitcode is not None]
+    if not dead:
+        return None
+    rank, code = dead[0]
+    try:
+        _, message = errors.get(timeout=0.5)  # a follower that failed in moelight's code reported it
+        return f"tensor-parallel rank {rank} failed: {message}"
+    except Exception:  # queue.Empty: it ended before moelight's code ran
+        pass
+    how = f"killed by {_signal_name(-code)} (exit code {code})" if code < 0 else f"exited with code {code}"
+    return (f"the spawned rank {rank} {how} while starting, before it could join. Spawned ranks re-import "
+            "the script that started the job: put the script's top-level code (what makes the LLM) under "
+            "`if __name__ == \"__main__\":` (multiprocessing's start method is spawn; its error above says "
+            "so when that is the cause)")
 
 
 def _follower_main(rank: int, world: int, port: int, device: str, options, errors, follower_main: str) -> None:

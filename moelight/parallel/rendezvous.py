@@ -6,8 +6,9 @@ timeout, a peer that never starts (a torchrun rank that failed to launch, or RAN
 inherited from an outer launcher) held the job silently for 2 hours. Here the wait runs on a
 helper thread while the main thread waits in short slices, where a signal raises as usual
 (KeyboardInterrupt, or the CLI's Terminated: exit 130 / 143), and it ends after its own timeout
-(MOELIGHT_TP_RENDEZVOUS_TIMEOUT, 300 s by default) with an error that says what to do. The wait
-for a slower rank's load, later, keeps the long timeout.
+(MOELIGHT_TP_RENDEZVOUS_TIMEOUT, 300 s by default) with an error that says what to do; rank 0 of
+ranks it spawned stops as soon as one of them has exited instead (`gone`), since it will never come.
+The wait for a slower rank's load, later, keeps the long timeout.
 """
 
 from __future__ import annotations
@@ -39,9 +40,11 @@ def rendezvous_timeout() -> timedelta:
 
 
 def rendezvous(backend: str, init_method: str | None, rank: int, world: int, where: str, hint: str,
-               load_timeout: timedelta, log: Callable[[str], None] | None = None) -> None:
+               load_timeout: timedelta, log: Callable[[str], None] | None = None,
+               gone: Callable[[], str | None] | None = None) -> None:
     """init_process_group, bounded by the rendezvous timeout and interruptible by signals. `where`
-    names the address the ranks meet at; `hint` says what to do when the others never come. Once
+    names the address the ranks meet at; `hint` says what to do when the others never come; `gone`,
+    polled while waiting, says why a rank will never come (it has exited), and the wait ends there. Once
     every rank has come, the group's store takes `load_timeout` (a rank may then wait for a slower
     one's load)."""
     timeout = rendezvous_timeout()
@@ -60,6 +63,9 @@ def rendezvous(backend: str, init_method: str | None, rank: int, world: int, whe
     helper.start()
     while helper.is_alive():
         helper.join(0.1)  # a signal's handler runs here; its exception leaves the helper to time out
+        why = gone() if gone is not None and helper.is_alive() else None
+        if why is not None:  # the helper is left to time out, as after a signal
+            raise TensorParallelError(f"rank {rank} of {world} stopped waiting at {where}: {why}")
     if failed:
         e = failed[0]
         if isinstance(e, dist.DistStoreError) or "timed out" in str(e).lower() or "timeout" in str(e).lower():
