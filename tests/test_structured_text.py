@@ -16,7 +16,7 @@ pytest.importorskip("xgrammar")
 
 from moelight import LLM, SamplingParams  # noqa: E402
 from moelight.sampling.params import StructuredOutputsParams as SO  # noqa: E402
-from moelight.sampling.structured import StructuredOutputError, check_schema_keywords  # noqa: E402
+from moelight.sampling.schema_checks import StructuredOutputError, check_schema_keywords  # noqa: E402
 from moelight.sampling.utf8_guard import BAD, STATES, allowed_bits, token_transitions  # noqa: E402
 
 STDLIB_MOE = Path(__file__).parent / "data" / "stdlib-moe"
@@ -88,6 +88,24 @@ def test_a_choice_outside_the_basic_plane_is_written_as_itself(llm, temperature)
     ({"$defs": {"x": {"type": "object", "minProperties": 1}}, "$ref": "#/$defs/x"}, "minProperties at /$defs/x"),
     ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a", "b"]},
      "required b (not among its properties)"),
+    # parsed by xgrammar, then ignored
+    ({"type": "string", "pattern": "^[a-z]+$", "maxLength": 3}, "maxLength beside pattern at its root"),
+    ({"type": "string", "format": "email", "minLength": 5}, "minLength beside format"),
+    ({"type": "string", "format": "date", "pattern": "^1"}, "pattern beside format"),
+    ({"type": "string", "format": "phone"}, "format 'phone'"),
+    ({"type": "string", "enum": ["abc", "d"], "maxLength": 1}, "maxLength beside enum"),
+    ({"type": "string", "enum": ["a", 1]}, "type beside enum"),
+    ({"const": 5, "minimum": 6}, "minimum beside const"),
+    ({"$defs": {"t": {"type": "string"}}, "properties": {"s": {"$ref": "#/$defs/t", "maxLength": 3}}},
+     "maxLength beside $ref at /properties/s"),
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "anyOf": [{"required": ["a"]}]},
+     "type beside anyOf, properties beside anyOf"),
+    ({"properties": {"a": {"$ref": "https://example.com/s.json"}}}, "$ref 'https://example.com/s.json'"),
+    ({"$defs": {"x": {"$anchor": "X", "type": "integer"}}, "$ref": "#X"}, "$ref '#X'"),
+    ({"type": "string", "pattern": "^(?!abc)[a-z]{3}$"}, "Lookahead is not supported"),
+    ({"type": "string", "pattern": "a^b"}, "an anchor ^ or $ inside it"),
+    ({"maxLength": 3}, "maxLength without a type"),
+    ({"$dynamicRef": "#meta"}, "$dynamicRef"),
 ])
 def test_schema_keywords_the_grammar_cannot_enforce_are_refused(llm, schema, needle):
     with pytest.raises(StructuredOutputError, match=re.escape(needle)):
@@ -95,6 +113,18 @@ def test_schema_keywords_the_grammar_cannot_enforce_are_refused(llm, schema, nee
     with pytest.raises(ValueError, match="cannot enforce"):
         llm.generate(["x"], SamplingParams(max_tokens=4, structured_outputs=SO(json=schema)))
     check_schema_keywords({"type": "object", "properties": {"not": {"type": "string"}, "if": {"enum": ["allOf"]}}})
+
+
+@pytest.mark.parametrize("schema", [
+    {"type": "string", "enum": ["a", "b"], "description": "x"}, {"type": ["integer", "null"], "enum": [1, None]},
+    {"$ref": "#/$defs/t", "title": "T", "$defs": {"t": {"type": "string", "maxLength": 3}}},
+    {"anyOf": [{"type": "string", "pattern": "^(a|^b)[^^$]$"}, {"type": "null"}], "default": None},
+    {"type": "string", "format": "date-time"}, {"type": "string", "minLength": 1, "maxLength": 3},
+    {"properties": {"a": {"type": "integer", "minimum": 0}}, "minLength": 2}, {"items": {"const": 1}},
+    {"type": "integer", "maxLength": 2, "minimum": 0}, {"$ref": "#"}, True,
+])
+def test_schema_keywords_the_grammar_enforces_stay_accepted(schema):
+    check_schema_keywords(schema)
 
 
 def test_a_special_token_is_never_part_of_a_string():

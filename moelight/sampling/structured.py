@@ -15,13 +15,9 @@ from functools import lru_cache
 
 import torch
 
-from moelight.errors import MoelightError
 from moelight.sampling.params import StructuredOutputsParams
+from moelight.sampling.schema_checks import StructuredOutputError, check_schema_keywords, regex_problem
 from moelight.sampling.utf8_guard import Utf8Guard, allowed_bits, token_transitions
-
-
-class StructuredOutputError(MoelightError, ValueError):
-    """A constraint that cannot compile (a bad schema or regex), or xgrammar missing."""
 
 
 def _xgr():
@@ -104,6 +100,8 @@ class GrammarCache:
             if json_object:  # a JSON object, as OpenAI's json_object mode and vLLM promise (not any value)
                 return self.compiler.compile_grammar(json_schema_grammar('{"type": "object"}'))
             if regex is not None:
+                if why := regex_problem(regex):
+                    raise StructuredOutputError(f"the structured-output constraint does not compile: {why}")
                 return self.compiler.compile_regex(regex)
             if choice is not None:
                 # EBNF string literals: " and \ escaped, every other character as it is (a \ud83d\ude42
@@ -168,38 +166,3 @@ class Constraint:
     @property
     def done(self) -> bool:
         return bool(self.matcher.is_terminated())
-
-
-# JSON Schema keywords xgrammar does not enforce (vLLM refuses these for xgrammar too): accepted, they
-# would let "stop" outputs break the schema
-_UNENFORCED = ("multipleOf", "uniqueItems", "contains", "minContains", "maxContains", "minProperties",
-               "maxProperties", "propertyNames", "patternProperties", "allOf", "not", "if", "then", "else",
-               "dependentRequired", "dependentSchemas", "dependencies", "unevaluatedProperties",
-               "unevaluatedItems")
-_SCHEMA_VALUED = ("properties", "$defs", "definitions")  # maps of names to schemas: a name is no keyword
-
-
-def check_schema_keywords(schema, where: str = "") -> None:
-    """Refuse a schema that uses a keyword the grammar cannot enforce, naming where it sits."""
-    if isinstance(schema, list):
-        for i, item in enumerate(schema):
-            check_schema_keywords(item, f"{where}[{i}]")
-        return
-    if not isinstance(schema, dict):
-        return
-    bad = [k for k in _UNENFORCED if k in schema]
-    props, required = schema.get("properties"), schema.get("required")
-    props = props if isinstance(props, dict) else {}
-    undefined = [n for n in required if n not in props] if isinstance(required, list) else []
-    if undefined:  # the grammar writes the defined properties only: the output would lack these
-        bad.append(f"required {', '.join(map(str, undefined))} (not among its properties)")
-    if bad:
-        raise StructuredOutputError(f"the JSON schema uses {', '.join(bad)} at {where or 'its root'}: structured "
-                                    "outputs cannot enforce it (xgrammar's JSON schema support), so outputs "
-                                    "could break it; remove it or validate the outputs afterwards")
-    for key, value in schema.items():
-        if key in _SCHEMA_VALUED and isinstance(value, dict):
-            for name, sub in value.items():
-                check_schema_keywords(sub, f"{where}/{key}/{name}")
-        elif key not in ("enum", "const", "default", "examples", "required"):
-            check_schema_keywords(value, f"{where}/{key}")
