@@ -138,3 +138,13 @@ def test_a_special_token_is_never_part_of_a_string():
     row = torch.zeros(llm.config.vocab_size)
     c.mask(row)
     assert special and all(torch.isinf(row[i]) for i in special if i not in llm.session.eos), special
+
+
+def test_a_boolean_schema_true_is_any_json_value_and_false_is_refused(llm):
+    """JSON Schema's (and vLLM's) reading of a boolean schema."""
+    params = SamplingParams(temperature=1.0, seed=0, max_tokens=30, structured_outputs=SO(json=True))
+    for out in (o.outputs[0] for o in llm.generate(["x", "y"], params)):
+        if out.finish_reason == "stop":
+            json.loads(out.text)  # any JSON value parses
+    with pytest.raises(ValueError, match="request 0: .*Schema 'false' cannot accept any value"):
+        llm.generate(["x"], SamplingParams(max_tokens=3, structured_outputs=SO(json=False)))

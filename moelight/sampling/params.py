@@ -26,10 +26,11 @@ GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a temperature under it samples gree
 
 @dataclass
 class StructuredOutputsParams:
-    """vLLM's `StructuredOutputsParams`: exactly one constraint — a JSON schema (a dict or its JSON
-    text), any JSON object, a regex, one of several strings, or an EBNF grammar."""
+    """vLLM's `StructuredOutputsParams`: exactly one constraint — a JSON schema (a dict, its JSON
+    text, or True: any JSON value, as JSON Schema reads a boolean schema), any JSON object, a regex,
+    one of several strings, or an EBNF grammar."""
 
-    json: dict | str | None = None
+    json: dict | str | bool | None = None
     regex: str | None = None
     choice: list[str] | None = None
     grammar: str | None = None
@@ -47,14 +48,14 @@ class StructuredOutputsParams:
         for name in ("regex", "grammar"):
             if getattr(self, name) is not None and not isinstance(getattr(self, name), str):
                 raise TypeError(f"structured_outputs.{name} must be a string")
-        if self.json is not None and not isinstance(self.json, (dict, str)):
-            raise TypeError("structured_outputs.json must be a JSON schema (a dict or its JSON text)")
+        if self.json is not None and not isinstance(self.json, (dict, str, bool)):
+            raise TypeError("structured_outputs.json must be a JSON schema (a dict, its JSON text, or True)")
 
     def key(self) -> tuple:
         """What compiles to one grammar: equal keys share one compiled grammar."""
         import json as _json
 
-        schema = _json.dumps(self.json) if isinstance(self.json, dict) else self.json
+        schema = _json.dumps(self.json) if isinstance(self.json, (dict, bool)) else self.json
         return (schema, self.regex, tuple(self.choice) if self.choice else None, self.grammar, bool(self.json_object))
 
 
