@@ -72,7 +72,7 @@ def test_a_stop_string_that_begins_with_a_multibyte_character_stops():
     for stop in ("世", "世界", " 世"):
         seq = Sequence(0, 1, SamplingParams(max_tokens=64, stop=[stop]))
         ids = tok.encode("a 世界 b", add_bos=False)
-        ended = [seq.append(t, set(), lambda ids, skip: tok.decode(ids)) for t in ids]
+        ended = [seq.append(t, set(), lambda ids, skip, context=(): tok.decode(ids)) for t in ids]
         assert True in ended and seq.finish == "stop" and seq.stop_reason == stop, stop
         assert seq.text == "a" + ("" if stop.startswith(" ") else " "), (stop, seq.text)
 

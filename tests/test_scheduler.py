@@ -97,7 +97,7 @@ def test_ignore_eos_ignores_eos_only_and_an_eos_is_no_stop_reason():
 
 
 def test_stop_strings_wait_for_min_tokens_as_in_vllm():
-    decode = lambda ids, skip: "".join(chr(96 + t) for t in ids)  # noqa: E731  token t is the letter t
+    decode = lambda ids, skip, context=(): "".join(chr(96 + t) for t in ids)  # noqa: E731  token t is the letter t
     s = Sequence(0, 3, SamplingParams(max_tokens=8, min_tokens=3, stop=["b"]))
     assert not s.append(2, eos=set(), decode=decode)  # "b" inside min_tokens: no stop
     assert not s.append(1, eos=set(), decode=decode) and not s.append(1, eos=set(), decode=decode)  # 3 tokens

@@ -96,6 +96,25 @@ def test_encode_decode_match_transformers(transformers_mod, llama_dir, loader):
         assert mine.encode(text, add_bos=False) == ref.encode(text, add_special_tokens=False)
 
 
+@pytest.mark.parametrize("style", ["llama", "mixtral"])
+def test_an_output_reads_as_it_does_after_its_prompt(transformers_mod, tmp_path, style):
+    """A Strip decoder drops the first space of a whole text only: an output's text is transformers'
+    decode(prompt + output) less decode(prompt), as vLLM's incremental detokenizer gives it."""
+    folder = build_tokenizer(tmp_path / style, style=style, tokenizer_class="PreTrainedTokenizerFast")
+    ref, mine = transformers_mod.PreTrainedTokenizerFast.from_pretrained(str(folder)), load_tokenizer(folder)
+    space = mine.encode("yes", add_bos=False)  # ▁yes: a space in front
+    assert mine.decode(space) == "yes"  # alone, the leading space goes
+    for prompt in ["Hello", "Café", "x 🙂", "</s>", ""]:
+        p = mine.encode(prompt)
+        for out in ["yes", " no 🙂", "\n end", "world"]:
+            o = mine.encode(out, add_bos=False)
+            for skip in (True, False):
+                want = ref.decode(p + o, skip_special_tokens=skip)[len(ref.decode(p, skip_special_tokens=skip)):]
+                assert mine.decode(o, skip, context=p) == want, (prompt, out, skip)
+    assert mine.piece(space[0]) == ref.convert_ids_to_tokens(space[0]).replace("▁", " ")
+    assert mine.piece(mine.bos_id) == "<s>" and mine.piece(space[-1]) == mine.decode([space[-1]], False)
+
+
 def test_mixtral_layout_matches_pretrained_fast(transformers_mod, mixtral_dir):
     ref = transformers_mod.PreTrainedTokenizerFast.from_pretrained(str(mixtral_dir))
     mine = load_tokenizer(mixtral_dir)

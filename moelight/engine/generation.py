@@ -77,8 +77,8 @@ class Engine:
         self.refill = refill
         self.tokenizer, self.grammars = tokenizer, grammars
 
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens)
+    def decode(self, ids: list[int], skip_special_tokens: bool = True, context: list[int] | None = None) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens, context or ())
 
     def row_state(self, prompt: list[int], params: SamplingParams, out: list[int]) -> RowState | None:
         """What the logits processors need for one sequence (None when it asks for none of them)."""
@@ -127,7 +127,8 @@ class _Run:
         self.engine, self.prompts, self.sampler = engine, prompts, sampler
         self.executor = engine.executor
         self.stats, self.on_finish = stats, on_finish
-        self.seqs = [Sequence(i, len(p), params[i]) for i, p in zip(indices, prompts, strict=True)]
+        self.seqs = [Sequence(i, len(p), params[i], context=list(p[-24:]))  # an output's text reads after it
+                     for i, p in zip(indices, prompts, strict=True)]
         for s, prompt in zip(self.seqs, prompts, strict=True):
             s.state = engine.row_state(prompt, s.params, s.out)
         self.finished: list[SequenceResult] = []
@@ -233,7 +234,7 @@ class _Run:
             self.stats.decode_tokens += len(mb)
 
     def _token_text(self, token: int) -> str:
-        return self.engine.decode([token], False) if self.decode is not None else None
+        return self.engine.tokenizer.piece(token) if self.decode is not None else None
 
     def _accept(self, local: list[int], logits: torch.Tensor) -> None:
         """Sample one token per sequence; finished ones leave the scheduler and free their slots,

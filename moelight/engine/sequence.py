@@ -22,7 +22,7 @@ class SequenceResult:
     token_ids: list[int]
     finish_reason: str  # "stop" (EOS, a stop token or string, a complete grammar) or "length"
     stop_reason: int | str | None = None
-    text: str | None = None  # the detokenized text, when the engine needed it (stop strings)
+    text: str | None = None  # the detokenized text, when the engine has a tokenizer
     logprobs: list[dict] | None = None  # per generated token: {token_id: Logprob}
     cumulative_logprob: float | None = None
     prompt_logprobs: list | None = None
@@ -51,6 +51,7 @@ class Sequence:
     cumulative_logprob: float | None = None
     prompt_logprobs: list | None = None
     ended_by_token: bool = False
+    context: list[int] = field(default_factory=list)  # the prompt's last tokens: the text reads after them
 
     @property
     def position(self) -> int:
@@ -62,7 +63,8 @@ class Sequence:
         """KV-cache slots the sequence may fill: its prompt and every token it may generate."""
         return self.prompt_len + self.params.max_tokens
 
-    def append(self, token: int, eos: set[int], decode: Callable[[list[int], bool], str] | None = None) -> bool:
+    def append(self, token: int, eos: set[int], decode: Callable[[list[int], bool, list[int]], str] | None = None
+               ) -> bool:
         """Add a sampled token; True when the sequence has ended."""
         p = self.params
         self.out.append(token)
@@ -77,14 +79,22 @@ class Sequence:
             self.stop_reason = None if is_eos else token  # vLLM: an EOS is no stop_reason, even if also listed
             self.ended_by_token = True
             if p.stop and decode is not None:
-                self.text = decode(text_token_ids(self.out, True, p), p.skip_special_tokens)
+                self.text = decode(text_token_ids(self.out, True, p), p.skip_special_tokens, self.context)
         elif p.stop and decode is not None and self._stop_string(decode, may_stop=len(self.out) > p.min_tokens):
             self.finish = "stop"
         elif grammar_done:
             self.finish = "stop"
         elif len(self.out) >= p.max_tokens:
             self.finish = "length"
+        if self.finish is not None and decode is not None and p.detokenize:
+            self._final_text(decode)
         return self.finish is not None
+
+    def _final_text(self, decode) -> None:
+        """The finished text, read after the prompt (the stop-string search already holds it)."""
+        p = self.params
+        if not p.stop:
+            self.text = decode(text_token_ids(self.out, self.ended_by_token, p), p.skip_special_tokens, self.context)
 
     def _stop_string(self, decode, may_stop: bool = True) -> bool:
         """Search the text grown by this token for a stop string (one may span the new and old text).
@@ -93,7 +103,7 @@ class Sequence:
         of a character whose bytes are still coming is U+FFFD until it completes, so the search starts
         before those placeholders (a stop string may begin with that character)."""
         before = len((self.text or "").rstrip("\ufffd"))
-        text = decode(self.out, self.params.skip_special_tokens)
+        text = decode(self.out, self.params.skip_special_tokens, self.context)
         if not may_stop:
             self.text = text
             return False
@@ -112,5 +122,5 @@ class Sequence:
 
     def result(self) -> SequenceResult:
         return SequenceResult(self.index, self.out, self.finish or "length", self.stop_reason,
-                              self.text if self.params.stop else None, self.logprobs, self.cumulative_logprob,
+                              self.text, self.logprobs, self.cumulative_logprob,
                               self.prompt_logprobs, self.ended_by_token)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from moelight.errors import TokenizerError
 from moelight.tokenization.tokenizer_base import Tokenizer
 
@@ -34,8 +36,9 @@ class ByteTokenizer(Tokenizer):
         ids = [b + self.OFFSET for b in text.encode("utf-8")]
         return [self.BOS, *ids] if add_bos else ids
 
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        # BOS / EOS / PAD have no bytes: they never show, whatever skip_special_tokens says.
+    def decode(self, ids: list[int], skip_special_tokens: bool = True, context: Sequence[int] = ()) -> str:
+        # Bytes read the same after any context. BOS / EOS / PAD have no bytes: they never show, whatever
+        # skip_special_tokens says.
         # Ids past the byte range (a dummy model with a larger vocab) show as U+FFFD, not silently vanish.
         out = bytearray()
         for i in ids:

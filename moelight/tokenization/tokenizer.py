@@ -12,6 +12,7 @@ special tokens and any extra keyword arguments, in a jinja environment set up as
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,12 @@ def _read_json(path: Path) -> dict:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, json.JSONDecodeError) as e:
         raise TokenizerError(f"{path}: cannot read ({e})") from None
+
+
+def _strips_start(decoder: dict) -> bool:
+    """Whether tokenizer.json's decoder strips characters off the start of a text (Strip with start > 0)."""
+    parts = decoder.get("decoders", []) if decoder.get("type") == "Sequence" else [decoder]
+    return any(isinstance(d, dict) and d.get("type") == "Strip" and d.get("start", 0) > 0 for d in parts)
 
 
 def _clean_up_tokenization(text: str) -> str:
@@ -150,8 +157,11 @@ class HFTokenizer(Tokenizer):
         llama_style = "llama" in str(cfg.get("tokenizer_class", "")).lower()
         self.add_bos_token = bool(cfg.get("add_bos_token", llama_style))
         self.add_eos_token = bool(cfg.get("add_eos_token", False))
-        model_type = json.loads(self.backend.to_str()).get("model", {}).get("type")
+        spec = json.loads(self.backend.to_str())
+        model_type = spec.get("model", {}).get("type")
         self._clean_up = bool(cfg.get("clean_up_tokenization_spaces", False)) and model_type != "BPE"
+        self._strips_start = _strips_start(spec.get("decoder") or {})
+        self._anchor = self.encode("a", add_bos=False)[-1:] if self._strips_start else []
 
     def _id(self, token: str | None) -> int | None:
         return None if token is None else self.backend.token_to_id(token)
@@ -180,7 +190,29 @@ class HFTokenizer(Tokenizer):
             ids = [*ids, self.eos_id]
         return ids
 
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
+    def decode(self, ids: list[int], skip_special_tokens: bool = True, context: Sequence[int] = ()) -> str:
+        """`context`: the tokens before `ids` (a prompt). A decoder that strips the text's first space
+        (SentencePiece's Strip: Llama, Mistral, Mixtral) strips it at the start of the whole text only, so
+        an output reads as it does after its prompt: decode(context + ids) less decode(context), the
+        context the prompt's last 4..24 tokens that decode whole (vLLM's incremental detokenizer)."""
+        text = self._decode(ids, skip_special_tokens)
+        if not (self._strips_start and ids and context):
+            return text
+        context = list(context)
+        tail = context[-4:]
+        for n in range(4, min(len(context), 24) + 1):
+            if "\ufffd" not in self._decode(context[-n:], skip_special_tokens):
+                tail = context[-n:]
+                break
+        head, full = self._decode(tail, skip_special_tokens), self._decode(tail + list(ids), skip_special_tokens)
+        return full[len(head):] if full.startswith(head) else text
+
+    def piece(self, token: int) -> str:
+        """One token's text as it reads inside a text (a logprob's decoded token): the space a Strip
+        decoder drops at a text's start is kept, as vLLM's convert_ids_list_to_tokens restores it."""
+        return self.decode([token], False, self._anchor)
+
+    def _decode(self, ids: Sequence[int], skip_special_tokens: bool) -> str:
         text = self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
         return _clean_up_tokenization(text) if self._clean_up else text
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 from typing import Any
 
 
@@ -20,8 +21,13 @@ class Tokenizer(ABC):
         """Token ids of ``text``; ``add_bos`` adds the special tokens the model expects around a prompt."""
 
     @abstractmethod
-    def decode(self, ids: list[int], skip_special_tokens: bool = True) -> str:
-        """Text of ``ids``, special tokens left out unless ``skip_special_tokens`` is False."""
+    def decode(self, ids: list[int], skip_special_tokens: bool = True, context: Sequence[int] = ()) -> str:
+        """Text of ``ids``, special tokens left out unless ``skip_special_tokens`` is False, read as it
+        follows the tokens ``context`` (an output after its prompt)."""
+
+    def piece(self, token: int) -> str:
+        """One token's text as it reads inside a text (a logprob's decoded token)."""
+        return self.decode([token], False)
 
     @abstractmethod
     def apply_chat_template(self, messages: list[dict], *, tools: list[dict] | None = None,
