@@ -1,5 +1,5 @@
 """An output's text as vLLM's detokenizer gives it: read after its prompt (a SentencePiece Strip decoder
-drops the first space of a whole text only)."""
+drops the first space of a whole text only), and no half character at its end."""
 
 from __future__ import annotations
 
@@ -44,3 +44,12 @@ def test_an_output_keeps_the_space_it_begins_with(sp_llm):
                                                         structured_outputs=SO(choice=[" no"])))
     assert stopped[0].outputs[0].text == " no" and stopped[0].outputs[0].stop_reason == "no"
 
+
+def test_an_output_cut_inside_a_character_leaves_it_out():
+    """The byte tokenizer writes 🙂 in four tokens: the regex asks for two at least, and max_tokens 6 cuts
+    the second after two bytes."""
+    pytest.importorskip("xgrammar")
+    llm = LLM("tiny", load_format="dummy", dtype="float32", hardware="cpu-server")
+    params = SamplingParams(max_tokens=6, structured_outputs=SO(regex="(🙂|🙃){2,}x"))
+    out = llm.generate(["x"], params)[0].outputs[0]
+    assert out.finish_reason == "length" and len(out.token_ids) == 6 and out.text in ("🙂", "🙃"), out

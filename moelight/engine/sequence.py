@@ -91,10 +91,13 @@ class Sequence:
         return self.finish is not None
 
     def _final_text(self, decode) -> None:
-        """The finished text, read after the prompt (the stop-string search already holds it)."""
+        """The finished text (the stop-string search already holds it), less a character whose bytes had
+        not all come (U+FFFD at its end), as vLLM's detokenizer holds those back."""
         p = self.params
         if not p.stop:
             self.text = decode(text_token_ids(self.out, self.ended_by_token, p), p.skip_special_tokens, self.context)
+        if not isinstance(self.stop_reason, str):  # a text cut before a stop string ends where the stop began
+            self.text = self.text.rstrip("\ufffd")
 
     def _stop_string(self, decode, may_stop: bool = True) -> bool:
         """Search the text grown by this token for a stop string (one may span the new and old text).
