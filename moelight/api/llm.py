@@ -20,6 +20,7 @@ from tqdm import tqdm
 
 from moelight.api.hf_style_tokenizer import HFStyleTokenizer
 from moelight.api.outputs import CompletionOutput, RequestOutput
+from moelight.api.vllm_arguments import engine_option_values
 from moelight.engine.generation import GenerationStats
 from moelight.engine.options import EngineOptions, OptionError
 from moelight.engine.session_start import open_session
@@ -71,6 +72,7 @@ class LLM:
             raise OptionError(f"LLM(): max_model_len {max_model_len!r}: a number of tokens >= 2")
         if not isinstance(generation_config, str):
             raise OptionError(f"LLM(): generation_config {generation_config!r}: auto, vllm or a folder")
+        options = engine_option_values(options)
         if skip_tokenizer_init:
             options["tokenizer"] = "none"
         self.options = EngineOptions(model=model, **options)

@@ -89,6 +89,8 @@ class EngineOptions:
         _choice("--mode", self.mode, MODES)
         _choice("--cache-policy", self.cache_policy, ("auto", *CACHE_POLICIES))
         _choice("--quantize", self.quantize, QUANTIZE)
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int):
+            raise OptionError(f"--seed {self.seed!r}: a whole number (request r samples with seed + crc32(r's id))")
         bounds = (("--batch-size", self.batch_size, 1), ("--micro-batch-size", self.micro_batch_size, 1),
                   ("--gpus", self.gpus, 0), ("--max-prefill-tokens", self.max_prefill_tokens, 1),
                   ("--prefetch-per-layer", self.prefetch_per_layer, 0))

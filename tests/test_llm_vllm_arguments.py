@@ -1,0 +1,23 @@
+"""vLLM's `LLM(...)` arguments that moelight spells otherwise are taken in vLLM's meaning
+(api/vllm_arguments.py): a vLLM script's constructor call works unchanged."""
+
+from __future__ import annotations
+
+import pytest
+
+from moelight import LLM, SamplingParams
+from moelight.engine.options import EngineOptions, OptionError
+
+TINY = {"load_format": "dummy", "dtype": "float32", "hardware": "cpu-server"}
+
+
+def test_seed_none_is_seed_0_as_in_vllms_v1_engine():
+    """vLLM's V1 engine takes seed=None as 0 (and warns); it must never crash a later generate."""
+    sampled = SamplingParams(max_tokens=4, temperature=1.0)
+    with pytest.warns(UserWarning, match="seed=None.*seed=0"):
+        unseeded = LLM("tiny", seed=None, **TINY)
+    assert unseeded.options.seed == 0
+    got = [o.outputs[0].token_ids for o in unseeded.generate(["Hello", "Hi"], sampled)]
+    assert got == [o.outputs[0].token_ids for o in LLM("tiny", seed=0, **TINY).generate(["Hello", "Hi"], sampled)]
+    with pytest.raises(OptionError, match="--seed '3': a whole number"):
+        EngineOptions(model="tiny", seed="3").validate()
