@@ -21,3 +21,17 @@ def test_seed_none_is_seed_0_as_in_vllms_v1_engine():
     assert got == [o.outputs[0].token_ids for o in LLM("tiny", seed=0, **TINY).generate(["Hello", "Hi"], sampled)]
     with pytest.raises(OptionError, match="--seed '3': a whole number"):
         EngineOptions(model="tiny", seed="3").validate()
+
+
+def test_tokenizer_is_a_folder_as_in_vllm(tmp_path):
+    """vLLM's `tokenizer` is a path: the tokenizer loads from that folder, as a model folder's does; a value
+    that is neither a folder nor a moelight choice is refused in those terms."""
+    from tests.test_tokenizer import build_tokenizer
+
+    folder = build_tokenizer(tmp_path / "tok")
+    llm = LLM("tiny", tokenizer=str(folder), **TINY)
+    assert type(llm.tokenizer).__name__ == "HFTokenizer" and llm.tokenizer.model_dir == folder
+    out = llm.generate("hello world", SamplingParams(max_tokens=2, temperature=0.0))[0]
+    assert out.prompt_token_ids == llm.tokenizer.encode("hello world")
+    with pytest.raises(OptionError, match="'org/name' is neither a folder nor one of .*auto, hf, byte, none"):
+        LLM("tiny", tokenizer="org/name", **TINY)

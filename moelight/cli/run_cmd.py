@@ -53,7 +53,7 @@ def run(
                                help="go on without malformed records / bad prompts"),
     resume: bool = Opt(False, "--resume", help="skip requests whose ids are already in --output"),
     overwrite: bool = Opt(False, "--overwrite", help="replace an existing --output"),
-    tokenizer: str = Opt("auto", "--tokenizer", help="auto (tokenizer.json), hf, or byte"),
+    tokenizer: str = Opt("auto", "--tokenizer", help="auto (tokenizer.json), hf, byte, or a folder holding one"),
     max_prefill_tokens: int = Opt(4096, "--max-prefill-tokens", min=1, help="tokens per prefill pass"),
     mode: str = Opt("auto", "--mode", help="throughput (CGOPipe), latency (a device expert cache for small "
                     "batches), or auto: the faster by the HRM"),

@@ -46,7 +46,7 @@ class EngineOptions:
     model: str
     load_format: str = "auto"
     dtype: str = "auto"
-    tokenizer: str = "auto"
+    tokenizer: str = "auto"  # TOKENIZERS, or a folder to load it from (vLLM's tokenizer path)
     seed: int = 0  # request r samples with seed + crc32(r's id) unless its SamplingParams has a seed
     policy: str = "auto"  # "auto" (plan with the HRM) or a policy JSON (`moelight plan --save-policy`)
     hardware: str | None = None  # preset, "profile" or a JSON path; None: the cached (or a quick) profile
@@ -83,7 +83,10 @@ class EngineOptions:
         """Raise OptionError for the first option that cannot work; touches no weights."""
         _choice("--load-format", self.load_format, LOAD_FORMATS)
         _choice("--dtype", self.dtype, DTYPE_CHOICES)
-        _choice("--tokenizer", self.tokenizer, TOKENIZERS)
+        if self.tokenizer not in TOKENIZERS and not Path(self.tokenizer).expanduser().is_dir():
+            raise OptionError(f"--tokenizer {self.tokenizer!r} is neither a folder nor one of the valid choices: "
+                              f"{', '.join(TOKENIZERS)}; a tokenizer's folder holds its tokenizer.json (a Hub id "
+                              "is not looked up)")
         _choice("--device", self.device, DEVICES)
         _choice("--schedule", self.schedule, SCHEDULES)
         _choice("--mode", self.mode, MODES)

@@ -6,6 +6,7 @@ process that only tokenizes (a Ray prompt checker, the Ray driver) needs nothing
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from moelight.errors import TokenizerError
 from moelight.loading.generation_config import generation_eos
@@ -33,7 +34,8 @@ class ResolvedModel:
 
 
 def resolve(model: str, load_format: str = "auto", dtype: str = "auto", tokenizer: str = "auto") -> ResolvedModel:
-    """`--model`, `--load-format`, `--dtype` and `--tokenizer` made concrete, without loading weights."""
+    """`--model`, `--load-format`, `--dtype` and `--tokenizer` (auto, hf, byte, none or a folder to load it
+    from) made concrete, without loading weights."""
     source = resolve_model(model, load_format, dtype)
     if source.model_dir is not None and source.load_format == "safetensors":
         for path in checkpoint_files(source.model_dir):  # a missing shard or a cut file: said before planning
@@ -42,11 +44,12 @@ def resolve(model: str, load_format: str = "auto", dtype: str = "auto", tokenize
     model_eos = tuple(source.config.eos_token_ids) + generation_eos(source.model_dir)
     if tokenizer == "none":  # token ids in and out: the model's end ids only
         return ResolvedModel(source, None, tuple(dict.fromkeys(model_eos)))
-    tok_dir = source.model_dir if tokenizer != "byte" else None
+    kind = tokenizer if tokenizer in ("auto", "hf", "byte") else "auto"  # else a folder (vLLM's tokenizer path)
+    tok_dir = source.model_dir if tokenizer in ("auto", "hf") else None if tokenizer == "byte" else Path(tokenizer)
     if tokenizer == "hf" and tok_dir is None:
         raise TokenizerError(f"--tokenizer hf: {model} is a preset with no tokenizer.json; a preset uses the "
                              "byte-level tokenizer (--tokenizer auto or byte), or give a model folder that has one")
-    tok = load_tokenizer(tok_dir, kind="byte" if tok_dir is None else tokenizer,
+    tok = load_tokenizer(None if tok_dir is None else tok_dir.expanduser(), kind="byte" if tok_dir is None else kind,
                          model_vocab_size=source.config.vocab_size)
     # a real tokenizer may add end-of-turn ids; the byte fallback's ids mean nothing to a checkpoint
     tok_eos = () if isinstance(tok, ByteTokenizer) and source.model_dir else tok.eos_ids
