@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from moelight import LLM, SamplingParams
 from moelight.engine.options import EngineOptions, OptionError
@@ -35,3 +36,15 @@ def test_tokenizer_is_a_folder_as_in_vllm(tmp_path):
     assert out.prompt_token_ids == llm.tokenizer.encode("hello world")
     with pytest.raises(OptionError, match="'org/name' is neither a folder nor one of .*auto, hf, byte, none"):
         LLM("tiny", tokenizer="org/name", **TINY)
+
+
+@pytest.mark.parametrize("dtype, name", [("half", "float16"), ("float", "float32"), ("bfloat16", "bfloat16"),
+                                         (torch.float32, "float32"), (torch.bfloat16, "bfloat16")])
+def test_vllms_dtype_names_and_torch_dtypes_are_taken(dtype, name):
+    llm = LLM("tiny", **(TINY | {"dtype": dtype}))
+    assert llm.options.dtype == name and llm.session.dtype_name == name
+
+
+def test_a_torch_dtype_moelight_does_not_run_is_refused_by_its_name():
+    with pytest.raises(OptionError, match="--dtype 'float64' is not one of"):
+        LLM("tiny", **(TINY | {"dtype": torch.float64}))
