@@ -31,7 +31,7 @@ from moelight.jobs.report import RunReport
 from moelight.jobs.serving import generate_planned
 from moelight.loading.generation_config import sampling_defaults
 from moelight.sampling.params import SamplingParams
-from workloads.readers.fields import CHAT_ROLES
+from workloads.readers.fields import RecordError, parse_messages, parse_tools
 
 PROMPT_KEYS = {"prompt", "prompt_token_ids"}  # vLLM's TextPrompt / TokensPrompt
 # vLLM constructor arguments: what moelight calls them (refused with the hint: the meaning differs a little)
@@ -153,8 +153,8 @@ class LLM:
                             f"such lists; got {type(conversations).__name__}")
         if conversations and not isinstance(conversations[0], (list, tuple)):
             conversations = [conversations]  # type: ignore[list-item]
-        for i, conversation in enumerate(conversations):
-            _check_conversation(i, conversation)
+        conversations = [_read_conversation(i, c) for i, c in enumerate(conversations)]
+        tools = _read_tools(tools)
         render: dict = {"tools": tools, "add_generation_prompt": add_generation_prompt}
         if continue_final_message:
             render["continue_final_message"] = continue_final_message
@@ -263,17 +263,25 @@ class LLM:
         self.session.close()
 
 
-def _check_conversation(i: int, conversation) -> None:
-    """The roles and shapes `moelight run` accepts for a dataset's messages (workloads' CHAT_ROLES)."""
-    if not isinstance(conversation, (list, tuple)) or not conversation:
-        raise ValueError(f"conversation {i} must be a non-empty list of messages, got {conversation!r:.60}")
-    for j, m in enumerate(conversation):
-        if not isinstance(m, dict):
-            raise TypeError(f"conversation {i}, message {j}: a message is a dict with 'role' and 'content', "
-                            f"got {type(m).__name__}")
-        if m.get("role") not in CHAT_ROLES:
-            raise ValueError(f"conversation {i}, message {j}: role {m.get('role')!r} is not one of "
-                             f"{', '.join(CHAT_ROLES)}")
+def _read_conversation(i: int, conversation) -> list[dict]:
+    """The messages as `moelight run` reads a dataset's (workloads' parse_messages, one path for both):
+    roles checked, OpenAI's text content parts joined by newlines and a tool call's JSON-text arguments
+    made an object, as vLLM hands them to the template."""
+    if not isinstance(conversation, (list, tuple)):
+        raise TypeError(f"conversation {i} must be a list of {{'role': ..., 'content': ...}} messages, got "
+                        f"{type(conversation).__name__}")
+    try:
+        return parse_messages(list(conversation), f"conversations[{i}]")
+    except RecordError as e:
+        raise ValueError(str(e)) from None
+
+
+def _read_tools(tools) -> list[dict] | None:
+    """`tools` checked as a dataset's are (a list of JSON-schema objects)."""
+    try:
+        return parse_tools({"tools": tools})
+    except RecordError as e:
+        raise ValueError(f"chat(): {e}") from None
 
 
 def _as_list(prompts) -> list:
