@@ -33,9 +33,11 @@ def folder(tmp_path_factory) -> Path:
 
 @pytest.mark.parametrize("kw", [{}, {"skip_tokenizer_init": True}], ids=["byte-tokenizer", "no-tokenizer"])
 def test_generation_config_end_ids_end_generation(folder, kw):
+    """... and name themselves as stop_reason: vLLM lists the file's end ids beside the tokenizer's EOS
+    among the stop_token_ids."""
     llm = LLM(str(folder), dtype="float32", hardware="cpu-server", **kw)
     out = llm.generate([{"prompt_token_ids": PROMPT}], GREEDY)[0].outputs[0]
-    assert len(out.token_ids) == 3 and out.finish_reason == "stop"
+    assert len(out.token_ids) == 3 and out.finish_reason == "stop" and out.stop_reason == out.token_ids[-1]
 
 
 def test_sampling_defaults_auto_and_vllm(folder):

@@ -94,6 +94,11 @@ def test_ignore_eos_ignores_eos_only_and_an_eos_is_no_stop_reason():
     assert s.append(2, eos={2}) and (s.finish, s.stop_reason) == ("stop", None)
     s = Sequence(0, 3, SamplingParams(max_tokens=8, ignore_eos=True, stop_token_ids=[2]))
     assert s.append(2, eos={2}) and (s.finish, s.stop_reason) == ("stop", 2)
+    # generation_config.json's end ids beside the tokenizer's EOS: vLLM's stop_token_ids, named as stop_reason
+    s = Sequence(0, 3, SamplingParams(max_tokens=8))
+    assert s.append(7, eos={2, 7}, listed_eos=frozenset({7})) and (s.finish, s.stop_reason) == ("stop", 7)
+    s = Sequence(0, 3, SamplingParams(max_tokens=8, ignore_eos=True))
+    assert not s.append(7, eos={2, 7}, listed_eos=frozenset({7}))  # ignore_eos ignores them too, as vLLM
 
 
 def test_stop_strings_wait_for_min_tokens_as_in_vllm():

@@ -15,7 +15,8 @@ class CompletionOutput:
     finish_reason: str  # "stop" or "length"
     cumulative_logprob: float | None = None  # with logprobs: the sum of the chosen tokens' logprobs
     logprobs: list[dict] | None = None  # with logprobs=k: per token {token_id: Logprob}
-    stop_reason: int | str | None = None  # the stop string or stop token that ended it (None: EOS, length)
+    # the stop string or stop token (generation_config.json's extra end ids too) that ended it; None: EOS, length
+    stop_reason: int | str | None = None
 
 
 @dataclass

@@ -60,19 +60,22 @@ class Engine:
     def __init__(self, model: MoECausalLM, eos_token_ids: tuple[int, ...], max_prefill_tokens: int = 4096,
                  executor: Executor | None = None, refill: bool = True, tokenizer=None, grammars=None,
                  prefix_sharing: bool = True,
-                 share_tokens: Callable[[torch.Tensor], torch.Tensor] | None = None) -> None:
+                 share_tokens: Callable[[torch.Tensor], torch.Tensor] | None = None,
+                 listed_eos: tuple[int, ...] = ()) -> None:
         """`tokenizer`: for stop strings, bad words and decoded logprob tokens; `grammars`: a
         sampling.structured.GrammarCache for structured outputs (both needed only when asked for);
         `prefix_sharing`: page the KV cache and compute common prefixes once, where the executor
         reads block tables (engine/block_manager.py); `share_tokens`: tensor-parallel ranks take
         rank 0's sampled tokens through it (each rank's logits may differ in the last bits; the
-        batches must not)."""
+        batches must not); `listed_eos`: end ids that report themselves as stop_reason, as vLLM's
+        stop_token_ids do (ResolvedModel.listed_eos)."""
         self.model = model
         self.share_tokens = share_tokens
         self.executor = executor or PlainExecutor(model)
         self.paged = (prefix_sharing and self.executor.supports_paged
                       and kv_cache_class(model.config).supports_paged)
         self.eos = set(eos_token_ids)
+        self.listed_eos = frozenset(listed_eos)
         self.max_prefill_tokens = max_prefill_tokens
         self.refill = refill
         self.tokenizer, self.grammars = tokenizer, grammars
@@ -252,7 +255,7 @@ class _Run:
         self._logprobs(seqs, logits, tokens)
         for j, tok in zip(local, tokens.tolist(), strict=True):
             s = self.seqs[j]
-            if s.append(tok, self.engine.eos, self.decode):
+            if s.append(tok, self.engine.eos, self.decode, self.engine.listed_eos):
                 self.executor.release_sequence(self.sched.finish(j))
                 self.stats.prompt_tokens += s.prompt_len
                 self.stats.generated_tokens += len(s.out)

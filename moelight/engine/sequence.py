@@ -3,7 +3,8 @@
 It ends (vLLM's rules) at a stop token (EOS or `stop_token_ids`, not before `min_tokens`; `ignore_eos`
 ignores EOS only), at a `stop` string found in its detokenized text after `min_tokens` (the text is cut
 before it unless `include_stop_str_in_output`), when its grammar is complete, or at `max_tokens`. `stop_reason` says
-which stop string or stop token ended it (None for EOS and length). The text leaves out the stop token
+which stop string or stop token ended it (None for the tokenizer's EOS and length; generation_config.json's
+other end ids name themselves, as vLLM lists them among the stop_token_ids). The text leaves out the stop token
 that ended it, as vLLM's does, unless `include_stop_str_in_output` (`text_token_ids`).
 """
 
@@ -63,9 +64,10 @@ class Sequence:
         """KV-cache slots the sequence may fill: its prompt and every token it may generate."""
         return self.prompt_len + self.params.max_tokens
 
-    def append(self, token: int, eos: set[int], decode: Callable[[list[int], bool, list[int]], str] | None = None
-               ) -> bool:
-        """Add a sampled token; True when the sequence has ended."""
+    def append(self, token: int, eos: set[int], decode: Callable[[list[int], bool, list[int]], str] | None = None,
+               listed_eos: frozenset[int] = frozenset()) -> bool:
+        """Add a sampled token; True when the sequence has ended. `listed_eos`: end ids that vLLM lists among
+        the stop_token_ids (generation_config.json's beside the tokenizer's EOS): they name themselves."""
         p = self.params
         self.out.append(token)
         constraint = self.state.constraint if self.state is not None else None
@@ -76,7 +78,8 @@ class Sequence:
         stops = is_eos or token in p.stop_token_ids
         if (stops and len(self.out) >= p.min_tokens) or (grammar_done and (stops or token in eos)):
             self.finish = "stop"
-            self.stop_reason = None if is_eos else token  # vLLM: an EOS is no stop_reason, even if also listed
+            # vLLM: the tokenizer's EOS is no stop_reason, even if also listed; a listed end id is one
+            self.stop_reason = None if is_eos and token not in listed_eos else token
             self.ended_by_token = True
             if p.stop and decode is not None:
                 self.text = decode(text_token_ids(self.out, True, p), p.skip_special_tokens, self.context)

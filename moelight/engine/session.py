@@ -170,7 +170,8 @@ class EngineSession:
             plan, prompts, params, turn), refill=self.opts.refill, tokenizer=self.tokenizer,
             prefix_sharing=self.opts.enable_prefix_caching,
             grammars=self.sampling.grammars if any(p.structured_outputs for p in params) else None,
-            share_tokens=self.group.share_tokens if self.group is not None else None)
+            share_tokens=self.group.share_tokens if self.group is not None else None,
+            listed_eos=self.resolved.listed_eos)
         if lead:
             from moelight.engine.lockstep import LockstepEngine
 

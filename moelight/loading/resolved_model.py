@@ -29,6 +29,14 @@ class ResolvedModel:
         return self.source.config
 
     @property
+    def listed_eos(self) -> tuple[int, ...]:
+        """The end ids besides the tokenizer's EOS (generation_config.json's, config.json's, end-of-turn ids):
+        vLLM puts them among a request's stop_token_ids, so ending on one reports it as stop_reason, where
+        the tokenizer's own EOS reports None (and with no tokenizer, every end id is such a stop token)."""
+        eos_id = self.tokenizer.eos_id if self.tokenizer is not None else None
+        return tuple(i for i in self.eos if i != eos_id)
+
+    @property
     def dtype_name(self) -> str:
         return str(self.source.dtype).replace("torch.", "")
 
