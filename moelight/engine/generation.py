@@ -201,7 +201,7 @@ class _Run:
             s = self.seqs[j]
             if s.params.prompt_logprobs is not None:
                 s.prompt_logprobs = prompt_logprobs(logits[a:b], self.prompts[j],
-                                                    s.params.prompt_logprobs, self._token_text)
+                                                    s.params.prompt_logprobs, self._token_decoder(s.params))
         self._accept_with_twins(chunk, logits[torch.tensor([b - 1 for _, b in spans])])
 
     def _accept_with_twins(self, chunk: list[int], logits: torch.Tensor) -> None:
@@ -219,7 +219,8 @@ class _Run:
             k = s.params.logprobs
             if k is None:
                 continue
-            entry, chosen = position_logprobs(logits[row:row + 1], tokens[row:row + 1], k, self._token_text)
+            entry, chosen = position_logprobs(logits[row:row + 1], tokens[row:row + 1], k,
+                                              self._token_decoder(s.params))
             s.logprobs = (s.logprobs or []) + entry
             s.cumulative_logprob = (s.cumulative_logprob or 0.0) + chosen[0]
 
@@ -238,6 +239,10 @@ class _Run:
 
     def _token_text(self, token: int) -> str:
         return self.engine.tokenizer.piece(token) if self.decode is not None else None
+
+    def _token_decoder(self, params: SamplingParams) -> Callable[[int], str] | None:
+        """What fills a Logprob's decoded_token: nothing under detokenize=False, as vLLM leaves it None."""
+        return self._token_text if params.detokenize else None
 
     def _accept(self, local: list[int], logits: torch.Tensor) -> None:
         """Sample one token per sequence; finished ones leave the scheduler and free their slots,

@@ -1,0 +1,27 @@
+"""Details of vLLM's offline API a ported script may rely on: what `generate` fills under
+`detokenize=False`, a `use_tqdm` factory, the tokenizer's `convert_ids_to_tokens`, and
+`truncate_prompt_tokens`."""
+
+from __future__ import annotations
+
+import pytest
+
+from moelight import LLM, SamplingParams
+
+PROMPTS = ["Tell me about cats.", "Hi"]
+
+
+@pytest.fixture(scope="module")
+def tiny() -> LLM:
+    return LLM("tiny", load_format="dummy", dtype="float32", hardware="cpu-server")
+
+
+def test_detokenize_false_leaves_text_and_decoded_tokens_empty(tiny):
+    """vLLM: token ids only, the text empty and every Logprob's decoded_token None (prompt ones too)."""
+    kw = dict(max_tokens=3, temperature=0.0, logprobs=2, prompt_logprobs=1)
+    plain = tiny.generate(PROMPTS[0], SamplingParams(**kw))[0]
+    bare = tiny.generate(PROMPTS[0], SamplingParams(detokenize=False, **kw))[0]
+    assert bare.outputs[0].token_ids == plain.outputs[0].token_ids and bare.outputs[0].text == ""
+    assert all(v.decoded_token is None for d in bare.outputs[0].logprobs for v in d.values())
+    assert all(v.decoded_token is None for d in bare.prompt_logprobs[1:] for v in d.values())
+    assert all(v.decoded_token is not None for d in plain.outputs[0].logprobs for v in d.values())
