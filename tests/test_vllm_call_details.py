@@ -25,3 +25,17 @@ def test_detokenize_false_leaves_text_and_decoded_tokens_empty(tiny):
     assert all(v.decoded_token is None for d in bare.outputs[0].logprobs for v in d.values())
     assert all(v.decoded_token is None for d in bare.prompt_logprobs[1:] for v in d.values())
     assert all(v.decoded_token is not None for d in plain.outputs[0].logprobs for v in d.values())
+
+
+def test_use_tqdm_may_be_a_tqdm_factory(tiny):
+    """vLLM calls a callable use_tqdm to make the progress bar."""
+    from tqdm import tqdm
+
+    bars = []
+
+    def factory(**kw):
+        bars.append(tqdm(mininterval=3600, **kw))
+        return bars[-1]
+
+    tiny.generate(PROMPTS, SamplingParams(max_tokens=2, temperature=0.0), use_tqdm=factory)
+    assert len(bars) == 1 and bars[0].total == bars[0].n == len(PROMPTS)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import itertools
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from tqdm import tqdm
 
@@ -116,10 +116,11 @@ class LLM:
         self,
         prompts,
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-        use_tqdm: bool = False,
+        use_tqdm: bool | Callable[..., tqdm] = False,
     ) -> list[RequestOutput]:
         """Prompts: a str, a list of token ids, a {"prompt": str} or {"prompt_token_ids": [...]} dict,
-        or a list of any of these. Outputs come back in input order ([] for no prompts)."""
+        or a list of any of these. Outputs come back in input order ([] for no prompts). `use_tqdm`: a
+        progress bar, or vLLM's tqdm factory (called with total= and desc=)."""
         if not isinstance(prompts, (str, dict, list, tuple)):
             raise TypeError("prompts must be a str, a list of token ids, a {'prompt': ...} or "
                             f"{{'prompt_token_ids': [...]}} dict, or a list of these; got {type(prompts).__name__}")
@@ -134,7 +135,7 @@ class LLM:
         self,
         conversations: list[dict] | list[list[dict]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
-        use_tqdm: bool = False,
+        use_tqdm: bool | Callable[..., tqdm] = False,
         *,
         tools: list[dict] | None = None,
         add_generation_prompt: bool = True,
@@ -206,7 +207,7 @@ class LLM:
             raise PromptError(f"prompt {i}: prompt_token_ids must be ints in 0..{vocab - 1} (the model's vocabulary)")
         return list(ids)
 
-    def _run(self, token_lists, texts, sampling_params, use_tqdm: bool) -> list[RequestOutput]:
+    def _run(self, token_lists, texts, sampling_params, use_tqdm) -> list[RequestOutput]:
         n = len(token_lists)
         if n == 0:
             return []
@@ -236,7 +237,9 @@ class LLM:
         report.load_seconds = self.session.load_seconds  # the model loaded with the LLM
         report.warnings = changed.to_dict() if changed.counts else {}
         stats = GenerationStats()
-        with tqdm(total=len(seq_prompts), unit="seq", disable=not use_tqdm, desc="generating") as bar:
+        bar = (use_tqdm(total=len(seq_prompts), desc="generating") if callable(use_tqdm)  # vLLM's tqdm factory
+               else tqdm(total=len(seq_prompts), unit="seq", disable=not use_tqdm, desc="generating"))
+        with bar:
             results = generate_planned(self.session, plan, seq_prompts, seq_params, report,
                                        on_finish=lambda _: bar.update(1), stats=stats)
         report.close(self.session)
