@@ -39,3 +39,16 @@ def test_use_tqdm_may_be_a_tqdm_factory(tiny):
 
     tiny.generate(PROMPTS, SamplingParams(max_tokens=2, temperature=0.0), use_tqdm=factory)
     assert len(bars) == 1 and bars[0].total == bars[0].n == len(PROMPTS)
+
+
+def test_convert_ids_to_tokens_as_transformers(tmp_path):
+    transformers = pytest.importorskip("transformers")
+    from tests.test_tokenizer import build_tokenizer
+
+    folder = build_tokenizer(tmp_path / "tok")
+    tok = LLM("tiny", load_format="dummy", hardware="cpu-server", tokenizer=str(folder)).get_tokenizer()
+    ref = transformers.AutoTokenizer.from_pretrained(str(folder))
+    ids = tok.encode("Hello world, café")
+    assert tok.convert_ids_to_tokens(ids) == ref.convert_ids_to_tokens(ids)
+    assert tok.convert_ids_to_tokens(ids, skip_special_tokens=True) == ref.convert_ids_to_tokens(
+        ids, skip_special_tokens=True) and tok.convert_ids_to_tokens(ids[1]) == ref.convert_ids_to_tokens(ids[1])

@@ -1,7 +1,8 @@
 """The tokenizer `LLM.get_tokenizer()` returns: moelight's own behind the transformers interface a vLLM
 script calls (vLLM hands out the transformers tokenizer), so such a script ports over unchanged:
 transformers' defaults (`add_generation_prompt=False`, `skip_special_tokens=False`), `tok(text)`,
-`len(tok)`, `eos_token_id`. Anything else reaches moelight's tokenizer (`render_chat`, `eos_ids`, ...)."""
+`len(tok)`, `eos_token_id`, `convert_ids_to_tokens`. Anything else reaches moelight's tokenizer
+(`render_chat`, `eos_ids`, ...)."""
 
 from __future__ import annotations
 
@@ -47,6 +48,16 @@ class HFStyleTokenizer:
 
     def batch_decode(self, seqs: list[list[int]], skip_special_tokens: bool = False) -> list[str]:
         return [self.decode(ids, skip_special_tokens) for ids in seqs]
+
+    def convert_ids_to_tokens(self, ids: int | list[int], skip_special_tokens: bool = False) -> str | list[str]:
+        """transformers': the vocabulary's token strings ('▁Hello', '<s>'), not decoded text; the byte-level
+        tokenizer has no vocabulary strings, so its tokens are their decoded text."""
+        backend = getattr(self.tokenizer, "backend", None)  # tokenizer.json's (HFTokenizer)
+        if isinstance(ids, int):
+            return backend.id_to_token(ids) if backend is not None else self.tokenizer.decode([ids], False)
+        special = ({i for i, t in backend.get_added_tokens_decoder().items() if t.special}
+                   if backend is not None and skip_special_tokens else set())
+        return [self.convert_ids_to_tokens(i) for i in ids if i not in special]
 
     def apply_chat_template(self, conversation: list[dict], tools: list[dict] | None = None, *,
                             add_generation_prompt: bool = False, tokenize: bool = True,
