@@ -52,3 +52,20 @@ def test_convert_ids_to_tokens_as_transformers(tmp_path):
     assert tok.convert_ids_to_tokens(ids) == ref.convert_ids_to_tokens(ids)
     assert tok.convert_ids_to_tokens(ids, skip_special_tokens=True) == ref.convert_ids_to_tokens(
         ids, skip_special_tokens=True) and tok.convert_ids_to_tokens(ids[1]) == ref.convert_ids_to_tokens(ids[1])
+
+
+def test_truncate_prompt_tokens_keeps_the_prompts_last_tokens(tiny):
+    """vLLM's left truncation: the last k prompt tokens; -1 is max_model_len; 0, < -1 or past the context
+    are refused."""
+    ids = tiny.tokenizer.encode(PROMPTS[0])
+    greedy = dict(max_tokens=3, temperature=0.0)
+    cut = tiny.generate(PROMPTS[0], SamplingParams(truncate_prompt_tokens=4, **greedy))[0]
+    assert cut.prompt_token_ids == ids[-4:] and cut.outputs[0].token_ids == tiny.generate(
+        [ids[-4:]], SamplingParams(**greedy))[0].outputs[0].token_ids
+    whole = tiny.generate(PROMPTS[0], SamplingParams(truncate_prompt_tokens=-1, **greedy))[0]
+    assert whole.prompt_token_ids == ids
+    for bad in (0, -2):
+        with pytest.raises(ValueError, match="truncate_prompt_tokens must be >= 1"):
+            SamplingParams(truncate_prompt_tokens=bad)
+    with pytest.raises(ValueError, match="above max_model_len"):
+        tiny.generate("hi", SamplingParams(truncate_prompt_tokens=tiny.max_model_len + 1))

@@ -219,6 +219,8 @@ class LLM:
             raise TypeError(f"sampling_params must be a SamplingParams or a list of them, got {type(bad).__name__}")
         if len(params) != n:
             raise ValueError(f"{len(params)} SamplingParams for {n} prompts")
+        token_lists = [_truncated(t, p.truncate_prompt_tokens, self.max_model_len)
+                       for t, p in zip(token_lists, params, strict=True)]
         # as `moelight run` does: request r is fitted to the context and samples with seed + crc32(id); ids
         # go on from call to call as vLLM's do, so a second call's unseeded samples are new ones
         ids = [str(next(self._request_counter)) for _ in range(n)]
@@ -285,6 +287,17 @@ def _read_tools(tools) -> list[dict] | None:
         return parse_tools({"tools": tools})
     except RecordError as e:
         raise ValueError(f"chat(): {e}") from None
+
+
+def _truncated(ids: list[int], k: int | None, context: int) -> list[int]:
+    """vLLM's truncate_prompt_tokens: the prompt's last k tokens (-1: as many as max_model_len)."""
+    if k is None:
+        return ids
+    k = context if k == -1 else k
+    if k > context:
+        raise ValueError(f"truncate_prompt_tokens {k} is above max_model_len ({context}); give at most "
+                         f"{context}, or -1 for max_model_len")
+    return ids[-k:]
 
 
 def _as_list(prompts) -> list:

@@ -89,6 +89,7 @@ class SamplingParams:
     detokenize: bool = True  # False: token ids only, the text left empty (vLLM's)
     # vLLM's; it spaces special tokens for slow (Python) tokenizers only: a tokenizer.json decodes as it is
     spaces_between_special_tokens: bool = True
+    truncate_prompt_tokens: int | None = None  # vLLM's: the prompt's last k tokens only (-1: max_model_len)
 
     def __post_init__(self) -> None:
         if self.max_tokens is not None:
@@ -104,7 +105,7 @@ class SamplingParams:
         for name in ("include_stop_str_in_output", "skip_special_tokens", "detokenize",
                      "spaces_between_special_tokens"):
             _check_type(name, getattr(self, name), bool)
-        for name in ("seed", "logprobs", "prompt_logprobs"):
+        for name in ("seed", "logprobs", "prompt_logprobs", "truncate_prompt_tokens"):
             if getattr(self, name) is not None:
                 _check_type(name, getattr(self, name), int)
         _check_ints("stop_token_ids", self.stop_token_ids)
@@ -157,6 +158,10 @@ class SamplingParams:
             k = getattr(self, name)
             if k is not None and not 0 <= k <= MAX_LOGPROBS:
                 raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}] (the top-k returned per token), got {k}")
+        if self.truncate_prompt_tokens is not None and (self.truncate_prompt_tokens == 0
+                                                        or self.truncate_prompt_tokens < -1):
+            raise ValueError("truncate_prompt_tokens must be >= 1 (the prompt's last k tokens) or -1 (max_model_len), "
+                             f"got {self.truncate_prompt_tokens}")
         if self.allowed_token_ids is not None and not self.allowed_token_ids:
             raise ValueError("allowed_token_ids must not be empty")
 
