@@ -72,3 +72,15 @@ def test_tool_call_arguments_reach_the_template_once_encoded(llm):
 def test_bad_messages_and_tools_are_value_errors(llm, conversation, tools, needle):
     with pytest.raises(ValueError, match=needle):
         llm.chat(conversation, GREEDY, tools=tools)
+
+
+def test_a_conversation_without_a_user_turn_is_the_templates_to_judge(llm):
+    """vLLM's LLM.chat renders a system prompt alone, or an assistant turn to continue; a dataset's
+    conversation needs a user turn (it is a prompt), LLM.chat's does not."""
+    ChatML = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n{% endfor %}"
+              "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    alone = llm.chat([{"role": "system", "content": "You write haiku."}], GREEDY, chat_template=ChatML)[0]
+    assert alone.prompt.startswith("<|im_start|>system\nYou write haiku.")
+    cont = llm.chat([{"role": "assistant", "content": "Once upon"}], GREEDY, chat_template=ChatML,
+                    add_generation_prompt=False, continue_final_message=True)[0]
+    assert cont.prompt.endswith("Once upon")

@@ -271,12 +271,13 @@ class LLM:
 def _read_conversation(i: int, conversation) -> list[dict]:
     """The messages as `moelight run` reads a dataset's (workloads' parse_messages, one path for both):
     roles checked, OpenAI's text content parts joined by newlines and a tool call's JSON-text arguments
-    made an object, as vLLM hands them to the template."""
+    made an object, as vLLM hands them to the template; a conversation without a user turn is the
+    template's to judge, as in vLLM."""
     if not isinstance(conversation, (list, tuple)):
         raise TypeError(f"conversation {i} must be a list of {{'role': ..., 'content': ...}} messages, got "
                         f"{type(conversation).__name__}")
     try:
-        return parse_messages(list(conversation), f"conversations[{i}]")
+        return parse_messages(list(conversation), f"conversations[{i}]", need_user=False)
     except RecordError as e:
         raise ValueError(str(e)) from None
 
