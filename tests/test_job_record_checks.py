@@ -200,3 +200,31 @@ def test_the_same_checkpoint_at_another_path_resumes_and_a_fine_tune_of_it_does_
     record.write_text(json.dumps(old))
     assert CliRunner().invoke(app, [*args, "--model", str(copy), "--resume"]).exit_code == 2  # moved: unknown
     assert CliRunner().invoke(app, [*args, "--model", str(first), "--resume"]).exit_code == 0
+
+
+def test_a_second_job_on_the_same_file_through_a_hard_link_is_refused(tmp_path, monkeypatch):
+    """A hard link names another lock file than the output's: the output file itself is locked too, by a
+    job that starts on it and by one that creates it, so a job reaching it under another name is refused."""
+    import moelight.engine.session
+    from moelight.jobs.output_file import LazyResultWriter
+    from moelight.jobs.output_lock import output_lock
+    from moelight.jobs.run_options import RunOptions
+
+    data, out = tmp_path / "d.jsonl", tmp_path / "o.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    monkeypatch.setattr(moelight.engine.session.EngineSession, "engine",
+                        lambda *a, **k: pytest.fail("the model was loaded"))
+    opts = RunOptions(dataset=str(data), output=out, model="tiny")
+    with output_lock(out), LazyResultWriter(opts, "jsonl") as writer:  # a job that creates its output
+        writer.write({"id": "q0", "output": "", "output_token_ids": [], "finish_reason": "length",
+                      "prompt_tokens": 1, "completion_tokens": 0})
+        (tmp_path / "hard.jsonl").hardlink_to(out)
+        res = CliRunner().invoke(app, _args(data, tmp_path / "hard.jsonl", "--resume"))
+        assert res.exit_code == 2 and "another moelight job is writing it" in res.output, res.output
+    with output_lock(out):  # a job that started on it
+        res = CliRunner().invoke(app, _args(data, tmp_path / "hard.jsonl", "--resume"))
+        assert res.exit_code == 2 and "another moelight job is writing it" in res.output, res.output
+    assert len(out.read_text().splitlines()) == 1
+    monkeypatch.undo()
+    assert CliRunner().invoke(app, _args(data, tmp_path / "hard.jsonl", "--resume")).exit_code == 0
+    assert not list(tmp_path.glob("*.lock")) and len(out.read_text().splitlines()) == len(ROWS)

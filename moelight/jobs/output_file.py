@@ -9,6 +9,7 @@ from pathlib import Path
 
 import workloads
 from moelight.jobs.job_record import JobRecord, check_resume, output_shape, record_path
+from moelight.jobs.output_lock import hold
 from workloads.resume import partial_tail_bytes
 
 
@@ -105,6 +106,7 @@ class LazyResultWriter:
             self.writer = workloads.ResultWriter(self.opts.output, self.format, resume=self.opts.resume,
                                                  overwrite=self.opts.overwrite, model_name=self.opts.model)
             self.writer.__enter__()
+            hold(self.opts.output, self.writer.stream_path)  # the file it made: a hard link to it is refused
         self.writer.write(result)
         self.written += 1
 
