@@ -224,6 +224,16 @@ def test_resume_of_an_output_without_a_record_warns(tmp_path):
     assert sorted(ids(out)) == sorted(f"r{i}" for i in range(6))
 
 
+def test_resume_refuses_a_file_that_holds_no_results(tmp_path):
+    """A prompt file (another job's dataset) given as the output holds ids but no results: resuming it
+    counted those ids finished, never generated them and appended to the file; it is refused untouched."""
+    data = dataset(tmp_path / "d.jsonl")
+    out = dataset(tmp_path / "prompts.jsonl", n=3)
+    before = out.read_bytes()
+    refused(run("--dataset", data, "--output", out, *TINY, "--resume"), "not a results file", "--overwrite")
+    assert out.read_bytes() == before and not (tmp_path / "prompts.jsonl.job.json").exists()
+
+
 # ---- 4. honest summaries --------------------------------------------------------------------------
 
 def test_an_interrupted_run_reports_what_it_wrote_and_the_resumed_one_what_was_there(tmp_path, monkeypatch):

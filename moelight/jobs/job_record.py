@@ -205,6 +205,10 @@ def check_resume(output: Path, now: JobRecord, done: set[str], output_shape: str
     `output_shape`: the format of the output's first record ("openai" or "jsonl"; None: empty)."""
     path = record_path(output)
     if not path.exists():
+        if output_shape is not None and output_shape.startswith("not results"):
+            raise ResumeError(f"--resume {output}: {output_shape}: it is not a results file (a dataset?), and "
+                              "resuming would count its ids as finished and append to it. Name another --output, "
+                              "or pass --overwrite to replace it")
         if output_shape is not None and now.output_format != "parquet" and output_shape != now.output_format:
             raise ResumeError(f"--resume {output}: its records are in the {output_shape} shape and this job writes "
                               f"{now.output_format}: it is another job's output. Name another --output, or "
@@ -242,16 +246,22 @@ def check_resume(output: Path, now: JobRecord, done: set[str], output_shape: str
 
 
 def output_shape(output: Path) -> str | None:
-    """The shape of an existing output's records: "openai" (OpenAI batch lines), "jsonl", "parquet"; None
-    when it holds none."""
+    """The shape of an existing output's records, by its first one: "openai" (OpenAI batch lines), "jsonl"
+    (moelight results: an id and an output or an error), "parquet"; "not results (line N ...)" for a record of
+    neither shape (a prompt file); None when it holds none."""
     if output.suffix.lower() in (".parquet", ".pq"):
         return "parquet"
     try:
         with open(output, "rb") as f:
-            for raw in f:
+            for n, raw in enumerate(f, start=1):
                 if raw.strip():
                     obj = json.loads(raw)
-                    return "openai" if isinstance(obj, dict) and "custom_id" in obj and "response" in obj else "jsonl"
+                    if isinstance(obj, dict) and "custom_id" in obj and "response" in obj:
+                        return "openai"
+                    if isinstance(obj, dict) and "id" in obj and ("output" in obj or "error" in obj):
+                        return "jsonl"
+                    keys = ", ".join(sorted(map(str, obj))) if isinstance(obj, dict) else type(obj).__name__
+                    return f"not results (line {n} has no 'output' or 'error' field; keys: {keys or 'none'})"
     except (OSError, ValueError):
         return None
     return None
