@@ -172,3 +172,19 @@ def test_a_stop_while_the_report_is_saved_says_the_results_are_in_the_output(tmp
     res = CliRunner().invoke(app, _args(data, out))
     assert res.exit_code == 130 and "not touched" not in res.output, res.output
     assert "results finished before the stop are in" in res.output and len(_ids(out)) == N
+
+
+def test_a_full_disk_while_the_job_record_is_saved_is_one_clear_error(tmp_path, monkeypatch):
+    """The record (OUTPUT.job.json) is written just before the first result: a full disk there was a
+    traceback; it is said as a full disk while writing results is, and the output is not started."""
+    from moelight.jobs.job_record import JobRecord
+
+    def full(self, path):
+        raise OSError(errno.EFBIG, "File too large")
+
+    data, out = _data(tmp_path), tmp_path / "o.jsonl"
+    monkeypatch.setattr(JobRecord, "save", full)
+    res = CliRunner().invoke(app, _args(data, out))
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert "the job record could not be saved" in res.output and "File too large" in res.output
+    assert not out.exists() and not (tmp_path / "o.jsonl.job.json").exists()

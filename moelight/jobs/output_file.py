@@ -117,8 +117,13 @@ class LazyResultWriter:
         record = self.record
         if self.opts.resume and path.exists():
             record = JobRecord.load(path).merged(record)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        record.save(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            record.save(path)
+        except OSError as e:  # a full disk: said as when results cannot be written, not a traceback
+            raise workloads.OutputWriteError(
+                f"the job record could not be saved to {path} ({e.strerror or e}), so this run wrote no result "
+                f"to {self.opts.output} (left as it was); make room (or fix the path) and rerun the job") from None
 
     def __enter__(self):
         return self
