@@ -188,3 +188,34 @@ def test_a_full_disk_while_the_job_record_is_saved_is_one_clear_error(tmp_path, 
     assert res.exit_code == 2 and "Traceback" not in res.output, res.output
     assert "the job record could not be saved" in res.output and "File too large" in res.output
     assert not out.exists() and not (tmp_path / "o.jsonl.job.json").exists()
+
+
+def test_a_replacing_run_killed_before_its_report_leaves_none_of_the_job_it_replaced(tmp_path, monkeypatch):
+    """--overwrite replaces the output, and the old job's report and record with it: a run killed before
+    saving its own report left the replaced job's, which the resumed job listed as an earlier run."""
+    import moelight.engine.generation
+    import moelight.jobs.serving
+
+    data, out = _data(tmp_path), tmp_path / "o.jsonl"
+    assert CliRunner().invoke(app, _args(data, out)).exit_code == 0  # the job to be replaced, its report
+    original = moelight.engine.generation.Engine.generate
+
+    def killed_after_3(self, prompts, params, seeds, batch, micro, on_finish=None, stats=None):
+        def finish(res):
+            on_finish(res)
+            if len(_ids(out)) == 3:
+                raise KeyboardInterrupt
+
+        return original(self, prompts, params, seeds, batch, micro, on_finish=finish, stats=stats)
+
+    monkeypatch.setattr(moelight.engine.generation.Engine, "generate", killed_after_3)
+    monkeypatch.setattr(moelight.jobs.serving, "save_report", lambda *a, **k: None)  # killed: no report
+    CliRunner().invoke(app, _args(data, out, "--overwrite"))
+    assert len(_ids(out)) == 3 and not (tmp_path / "o.jsonl.report.json").exists()
+    monkeypatch.undo()
+    resumed = CliRunner().invoke(app, _args(data, out, "--resume"))
+    assert resumed.exit_code == 0, resumed.output
+    report = json.loads((tmp_path / "o.jsonl.report.json").read_text())
+    assert report["already_in_output"] == 3 and report["previous_runs"] == []
+    assert any("3 of the 3 results already in the output came from runs that saved no report" in n
+               for n in report["notes"]), report["notes"]

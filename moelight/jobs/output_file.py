@@ -94,7 +94,9 @@ def prepare_output(opts, out_format: str, requests=None) -> OutputState:
 
 class LazyResultWriter:
     """The output's ResultWriter, opened at the first finished result, just after the job's record is
-    written beside it (merged with the record already there when the job resumes)."""
+    written beside it (merged with the record already there when the job resumes). An output replaced
+    (--overwrite) loses the old job's report and record there: a run killed before saving its own report
+    left the old one, which a resumed job then listed as an earlier run of this output."""
 
     def __init__(self, opts, out_format: str, record: JobRecord | None = None) -> None:
         self.opts, self.format, self.record, self.writer = opts, out_format, record, None
@@ -102,6 +104,9 @@ class LazyResultWriter:
 
     def write(self, result: dict) -> None:
         if self.writer is None:
+            if self.opts.overwrite:  # the replaced job's report and record go with its results
+                for p in (report_path(self.opts.output), record_path(self.opts.output)):
+                    p.unlink(missing_ok=True)
             self._write_record()
             self.writer = workloads.ResultWriter(self.opts.output, self.format, resume=self.opts.resume,
                                                  overwrite=self.opts.overwrite, model_name=self.opts.model)
