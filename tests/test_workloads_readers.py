@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import statistics
+import threading
 from pathlib import Path
 
 import pyarrow as pa
@@ -260,6 +262,30 @@ def test_a_duplicate_of_a_line_number_id_says_that_records_without_ids_are_numbe
     first, second = [line for line in str(e.value).splitlines() if "duplicate id" in line]
     assert "'1'" in first and "a record without an id takes its line (or row) number as its id" in first
     assert "'b'" in second and "without an id" not in second  # an id that is no line number: no hint
+
+
+@pytest.mark.parametrize("content, fmt", [(b"", None), (b'{"id": "a", "prompt": "x"}\n{"id": "b", "prompt": "y"}\n',
+                                              "jsonl"), (None, "parquet")])
+def test_a_pipe_is_read_once_whatever_its_size_says(tmp_path, content, fmt):
+    """A named fifo (or /dev/stdin) has size 0 while it holds records: it was refused as empty; it is read,
+    once (the format sniff used to take its first bytes), and an empty one is still refused."""
+    if content is None:
+        table = pa.table({"id": ["a", "b"], "prompt": ["x", "y"]})
+        pq.write_table(table, tmp_path / "t.parquet")
+        content = (tmp_path / "t.parquet").read_bytes()
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    writer = threading.Thread(target=lambda: fifo.write_bytes(content), daemon=True)
+    writer.start()
+    try:
+        if not content:
+            with pytest.raises(DatasetError, match="pipe: file is empty"):
+                load_dataset(fifo)
+        else:
+            loaded = load_dataset(fifo)
+            assert [r.id for r in loaded.requests] == ["a", "b"] and loaded.format == fmt
+    finally:
+        writer.join(timeout=10)
 
 
 def test_file_level_errors(tmp_path):

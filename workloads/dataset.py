@@ -158,13 +158,19 @@ def line_of(p: Problem) -> int:
 
 
 def check_dataset_file(path: Path, label: str) -> None:
-    """A dataset path that exists, is a file and is not empty."""
+    """A dataset path that exists, is a file and is not empty (a pipe's size says nothing: it is read)."""
     if not path.exists():
         raise DatasetError(f"{label}: dataset file does not exist")
     if path.is_dir():
         raise DatasetError(f"{label}: is a directory, expected a dataset file")
-    if path.stat().st_size == 0:
+    if path.is_file() and path.stat().st_size == 0:
         raise DatasetError(f"{label}: file is empty")
+
+
+def _source(path: Path) -> Path | bytes:
+    """The dataset as the readers take it: a file by its path, a pipe (a named fifo, /dev/stdin) by its
+    bytes, read once, since a pipe cannot be opened twice (the format sniff, then the read)."""
+    return path if path.is_file() else path.read_bytes()
 
 
 def load_dataset(path: str | Path, format: str | None = None, turn: int = 1,
@@ -181,7 +187,7 @@ def load_dataset(path: str | Path, format: str | None = None, turn: int = 1,
         raise DatasetError(f"num_requests must be a positive integer, got {num_requests!r}")
     check_dataset_file(path, label)
 
-    requests, problems, fmt = parse_dataset(path, label, fmt, turn, prompt_column, id_column, hint_style)
+    requests, problems, fmt = parse_dataset(_source(path), label, fmt, turn, prompt_column, id_column, hint_style)
     requests = check_duplicates(requests, problems)
     problems.sort(key=line_of)
 
