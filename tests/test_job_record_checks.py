@@ -228,3 +228,19 @@ def test_a_second_job_on_the_same_file_through_a_hard_link_is_refused(tmp_path, 
     monkeypatch.undo()
     assert CliRunner().invoke(app, _args(data, tmp_path / "hard.jsonl", "--resume")).exit_code == 0
     assert not list(tmp_path.glob("*.lock")) and len(out.read_text().splitlines()) == len(ROWS)
+
+
+def test_dtype_auto_is_recorded_as_the_dtype_it_resolves_to(half_done):
+    """The tiny preset runs in bfloat16 by --dtype auto: resuming it with --dtype bfloat16 is the same job (it
+    was refused for the spelling), an older record's 'auto' too; float32 is another job."""
+    data, out = half_done
+    record = out.with_name(out.name + ".job.json")
+    assert json.loads(record.read_text())["settings"]["dtype"] == "bfloat16"
+    old = json.loads(record.read_text())
+    old["settings"]["dtype"] = "auto"  # an older moelight's record
+    record.write_text(json.dumps(old))
+    refused = CliRunner().invoke(app, _args(data, out, "--resume", "--dtype", "float32"))
+    assert refused.exit_code == 2 and "--dtype: was 'auto', now 'float32'" in refused.output, refused.output
+    res = CliRunner().invoke(app, _args(data, out, "--resume", "--dtype", "bfloat16"))
+    assert res.exit_code == 0, res.output
+    assert len(out.read_text().splitlines()) == len(ROWS)

@@ -1,6 +1,7 @@
 """The record of the job an output belongs to (`OUTPUT.job.json`), so `--resume` continues only its
 own job: the dataset, the output's format, the options that change results, and one short hash per
-request (its prompt, turns and sampling fields).
+request (its prompt, turns and sampling fields). `--dtype auto` is recorded as the dtype it resolves to, so
+`--dtype bfloat16` resumes a job that ran in bfloat16 by `auto` (an older record's 'auto' is read so too).
 
 The record is written (atomically) just before the output's first result, and again with every
 new request when a resumed job adds to it. `--resume` compares it with the job at hand before any
@@ -102,6 +103,17 @@ def _model_identity(model: str) -> str:
     return model
 
 
+def _auto_dtype(model: str, load_format: str) -> str | None:
+    """What --dtype auto runs `model` in (a preset's bfloat16, a folder's config.json dtype); None where the
+    job's start will say why it cannot tell (a CoE spec: each entry its own)."""
+    from moelight.loading.model_source import resolve_model
+
+    try:
+        return str(resolve_model(model, load_format, "auto").dtype).replace("torch.", "")
+    except (MoelightError, OSError, ValueError):
+        return None
+
+
 @dataclass
 class JobRecord:
     dataset: str
@@ -115,9 +127,13 @@ class JobRecord:
     def of_job(cls, opts, output_format: str, requests=None) -> JobRecord:
         settings = {k: getattr(opts, k) for k in RESULT_OPTIONS}
         settings["model"] = _model_identity(opts.model)
+        auto = _auto_dtype(opts.model, opts.load_format)
+        if opts.dtype == "auto" and auto is not None:  # the dtype it runs in, not its spelling
+            settings["dtype"] = auto
         hashes = None if requests is None else {r.id: request_hash(r) for r in requests}
         record = cls(os.path.abspath(Path(opts.dataset).expanduser()), output_format, settings, hashes)
         record._requests = requests  # to hash as an older record did (`hashes_of_version`)
+        record._auto_dtype = auto  # what an older record's 'auto' was, for this model
         return record
 
     def hashes_of_version(self, version: int) -> dict[str, str] | None:
@@ -172,7 +188,8 @@ class JobRecord:
             out.append(f"output format: the output holds {self.output_format} records, this job writes "
                        f"{now.output_format}")
         for k, was in self.settings.items():
-            if now.settings.get(k) != was and not (k == "model" and self.same_model(now)):
+            if now.settings.get(k) != was and not (k == "model" and self.same_model(now)) and not (
+                    k == "dtype" and was == "auto" and now.settings.get(k) == getattr(now, "_auto_dtype", None)):
                 out.append(f"--{k.replace('_', '-')}: was {was!r}, now {now.settings.get(k)!r}")
         return out
 
