@@ -219,3 +219,16 @@ def test_a_replacing_run_killed_before_its_report_leaves_none_of_the_job_it_repl
     assert report["already_in_output"] == 3 and report["previous_runs"] == []
     assert any("3 of the 3 results already in the output came from runs that saved no report" in n
                for n in report["notes"]), report["notes"]
+
+
+def test_a_second_stop_before_the_parquet_is_written_names_the_stream_that_holds_the_results(tmp_path, monkeypatch):
+    """A parquet output streams to OUTPUT.partial.jsonl until its close writes the parquet: a stop before that
+    said the results were in the parquet file, which did not exist."""
+    def stopped(self):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(workloads.writer.ResultWriter, "close", stopped)
+    data, out = _data(tmp_path), tmp_path / "o.parquet"
+    res = CliRunner().invoke(app, _args(data, out))
+    assert res.exit_code == 130 and not out.exists(), res.output
+    assert "results finished before the stop are in " + str(tmp_path / "o.parquet.partial.jsonl") in res.output

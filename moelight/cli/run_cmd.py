@@ -90,7 +90,7 @@ def run(
     """Generate for every request of a dataset; stream results to --output; print a report."""
     from moelight.jobs.dataset_job import run_job
     from moelight.jobs.interrupt_flag import sigterm_as_interrupt
-    from moelight.jobs.output_file import output_bytes, report_path
+    from moelight.jobs.output_file import output_bytes, report_path, results_place
     from moelight.jobs.run_options import RunOptions
 
     opts = RunOptions(**{k: v for k, v in locals().items() if k in RunOptions.__dataclass_fields__})
@@ -102,8 +102,8 @@ def run(
                 report = run_job(opts)
         except KeyboardInterrupt:  # before the job could report: reading, planning, or saving the report
             if output_bytes(output) != bytes_before:
-                typer.echo(f"interrupted: the results finished before the stop are in {output} (its report may "
-                           "not be saved); rerun with --resume to continue", err=True)
+                typer.echo(f"interrupted: the results finished before the stop are in {results_place(output)} (its "
+                           "report may not be saved); rerun with --resume to continue", err=True)
             else:
                 typer.echo(f"interrupted before any result was written: {output} was not touched", err=True)
             raise typer.Exit(stopped["exit"]) from None

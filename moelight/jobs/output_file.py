@@ -10,7 +10,7 @@ from pathlib import Path
 import workloads
 from moelight.jobs.job_record import JobRecord, check_resume, output_shape, record_path
 from moelight.jobs.output_lock import hold
-from workloads.resume import partial_tail_bytes
+from workloads.resume import is_parquet_path, partial_tail_bytes
 
 
 def report_path(output: Path) -> Path:
@@ -55,6 +55,15 @@ def _stderr(line: str) -> None:
 def output_present(output: Path) -> bool:
     """The output exists, or a parquet output's stream of a job that stopped before closing it."""
     return output.exists() or workloads.sidecar_path(output).exists()
+
+
+def results_place(output: Path) -> str:
+    """Where the results a stopped job finished are: a parquet output stopped before its stream was turned
+    into it holds them in the stream, not in the parquet file the user named."""
+    stream = workloads.sidecar_path(output)
+    if is_parquet_path(output) and stream.exists():
+        return f"{stream} (the stream of {output.name}, which --resume turns into it)"
+    return str(output)
 
 
 def output_bytes(output: Path) -> int:
