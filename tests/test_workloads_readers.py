@@ -288,6 +288,21 @@ def test_a_pipe_is_read_once_whatever_its_size_says(tmp_path, content, fmt):
         writer.join(timeout=10)
 
 
+def test_a_table_of_another_format_is_named_as_such(tmp_path):
+    """A .csv gave "invalid JSON" on every line and "No line could be read": the format is named, with the
+    formats read; with a format given the file is read as asked."""
+    table = tmp_path / "q.csv"
+    table.write_text("id,prompt\na,hello\nb,world\n")
+    with pytest.raises(DatasetError, match=r"q.csv: moelight reads no .csv datasets; it reads mtbench, jsonl, "
+                                           r"openai, parquet .*convert the file") as e:
+        read_dataset(table)
+    assert "invalid JSON" not in str(e.value)
+    with pytest.raises(DatasetError, match="invalid JSON"):
+        read_dataset(table, format="jsonl")
+    pq.write_table(pa.table({"id": ["a"], "prompt": ["x"]}), tmp_path / "misnamed.csv")
+    assert [r.id for r in read_dataset(tmp_path / "misnamed.csv")] == ["a"]
+
+
 def test_file_level_errors(tmp_path):
     with pytest.raises(DatasetError, match="missing.jsonl: dataset file does not exist"):
         read_dataset(tmp_path / "missing.jsonl")

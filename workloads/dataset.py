@@ -32,6 +32,7 @@ from .request import Request
 log = logging.getLogger("workloads")
 
 FORMATS = ("mtbench", "jsonl", "openai", "parquet")
+UNREAD_SUFFIXES = (".csv", ".tsv", ".xlsx", ".xls")  # tables a user may hand over as they are
 ALIASES = {"prompt": "jsonl", "json": "jsonl", "openai_batch": "openai", "batch": "openai",
            "mt-bench": "mtbench", "mt_bench": "mtbench", "pq": "parquet"}
 PARSERS: dict[str, Callable[..., Request]] = {
@@ -157,14 +158,28 @@ def line_of(p: Problem) -> int:
     return int(m.group(1)) if m else 0
 
 
-def check_dataset_file(path: Path, label: str) -> None:
-    """A dataset path that exists, is a file and is not empty (a pipe's size says nothing: it is read)."""
+def check_dataset_file(path: Path, label: str, fmt: str | None = None, hint_style: str = "python") -> None:
+    """A dataset path that exists, is a file, is not empty (a pipe's size says nothing: it is read) and, with
+    no `fmt` given, is not named as a format no reader takes (`check_readable_format`)."""
     if not path.exists():
         raise DatasetError(f"{label}: dataset file does not exist")
     if path.is_dir():
         raise DatasetError(f"{label}: is a directory, expected a dataset file")
     if path.is_file() and path.stat().st_size == 0:
         raise DatasetError(f"{label}: file is empty")
+    check_readable_format(path, label, fmt, hint_style)
+
+
+def check_readable_format(path: Path, label: str, fmt: str | None, hint_style: str = "python") -> None:
+    """A table of another format (.csv, .tsv, a spreadsheet) is named as such, not as an invalid JSON line
+    on every line; with a format given, or parquet bytes under that name, it is read as asked."""
+    suffix = path.suffix.lower()
+    if fmt is not None or suffix not in UNREAD_SUFFIXES or (path.is_file() and _is_parquet(path)):
+        return
+    raise DatasetError(
+        f"{label}: moelight reads no {suffix} datasets; it reads {', '.join(FORMATS)} (jsonl: one JSON object a "
+        f"line with a 'prompt' or 'messages'; parquet: a prompt column): convert the file to one of these, or "
+        f"pass {HINTS[hint_style]['format']} if its content already is one")
 
 
 def _source(path: Path) -> Path | bytes:
@@ -185,7 +200,7 @@ def load_dataset(path: str | Path, format: str | None = None, turn: int = 1,
         raise DatasetError(f"turn must be an integer >= 1, got {turn!r}")
     if num_requests is not None and (not isinstance(num_requests, int) or num_requests < 1):
         raise DatasetError(f"num_requests must be a positive integer, got {num_requests!r}")
-    check_dataset_file(path, label)
+    check_dataset_file(path, label, fmt, hint_style)
 
     requests, problems, fmt = parse_dataset(_source(path), label, fmt, turn, prompt_column, id_column, hint_style)
     requests = check_duplicates(requests, problems)

@@ -46,7 +46,7 @@ def read_dataset(opts, finished: set[str]):
     duplicate ids are problems as in a local run; ids in `finished` (a resumed output) are dropped from a
     lazy dataset."""
     path = Path(opts.dataset)
-    workloads.check_dataset_file(path, str(opts.dataset))
+    workloads.check_dataset_file(path, str(opts.dataset), opts.dataset_format, hint_style="cli")
     if opts.num_requests is not None or path.stat().st_size <= DRIVER_PARSE_MAX_BYTES:
         loaded = workloads.load_dataset(opts.dataset, opts.dataset_format, turn=opts.turn,
                                         num_requests=opts.num_requests, skip_bad_lines=opts.skip_bad_lines,
