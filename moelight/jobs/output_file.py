@@ -62,7 +62,7 @@ def results_place(output: Path) -> str:
     into it holds them in the stream, not in the parquet file the user named."""
     stream = workloads.sidecar_path(output)
     if is_parquet_path(output) and stream.exists():
-        return f"{stream} (the stream of {output.name}, which --resume turns into it)"
+        return f"{stream}, the stream of {output.name} that --resume turns into it"
     return str(output)
 
 
