@@ -103,13 +103,20 @@ def _model_identity(model: str) -> str:
     return model
 
 
-def _auto_dtype(model: str, load_format: str) -> str | None:
-    """What --dtype auto runs `model` in (a preset's bfloat16, a folder's config.json dtype); None where the
-    job's start will say why it cannot tell (a CoE spec: each entry its own)."""
+def _auto_dtype(opts) -> str | None:
+    """What --dtype auto runs the job's model in: a preset's bfloat16 or a folder's config.json dtype, made
+    float16 on a GPU without bfloat16 arithmetic as the session makes it; None where the job's start will
+    say why it cannot tell (a CoE spec: each entry its own)."""
     from moelight.loading.model_source import resolve_model
+    from moelight.planning.hardware_choice import cuda_dtype_advice, resolve_device
 
     try:
-        return str(resolve_model(model, load_format, "auto").dtype).replace("torch.", "")
+        name = str(resolve_model(opts.model, opts.load_format, "auto").dtype).replace("torch.", "")
+        if resolve_device(opts.device) == "cuda":
+            import torch
+
+            name = cuda_dtype_advice("auto", name, torch.cuda.get_device_capability())[0] or name
+        return name
     except (MoelightError, OSError, ValueError):
         return None
 
@@ -127,7 +134,7 @@ class JobRecord:
     def of_job(cls, opts, output_format: str, requests=None) -> JobRecord:
         settings = {k: getattr(opts, k) for k in RESULT_OPTIONS}
         settings["model"] = _model_identity(opts.model)
-        auto = _auto_dtype(opts.model, opts.load_format)
+        auto = _auto_dtype(opts)
         if opts.dtype == "auto" and auto is not None:  # the dtype it runs in, not its spelling
             settings["dtype"] = auto
         hashes = None if requests is None else {r.id: request_hash(r) for r in requests}
