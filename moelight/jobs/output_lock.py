@@ -53,7 +53,10 @@ def hold(output: Path, path: Path) -> None:
     identity = os.stat(path)[1:3]  # (st_ino, st_dev)
     if any(os.fstat(f.fileno())[1:3] == identity for f in files):
         return
-    f = open(path, "rb")
+    try:
+        f = open(path, "rb")
+    except OSError:  # unreadable (write-only): the lock file beside it is all there is
+        return
     try:
         fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
