@@ -96,11 +96,17 @@ def test_encode_decode_match_transformers(transformers_mod, llama_dir, loader):
         assert mine.encode(text, add_bos=False) == ref.encode(text, add_special_tokens=False)
 
 
-@pytest.mark.parametrize("style", ["llama", "mixtral"])
+@pytest.mark.parametrize("style", ["llama", "mixtral", "metaspace"])
 def test_an_output_reads_as_it_does_after_its_prompt(transformers_mod, tmp_path, style):
-    """A Strip decoder drops the first space of a whole text only: an output's text is transformers'
-    decode(prompt + output) less decode(prompt), as vLLM's incremental detokenizer gives it."""
-    folder = build_tokenizer(tmp_path / style, style=style, tokenizer_class="PreTrainedTokenizerFast")
+    """A Strip decoder, or a Metaspace one adding its prefix space, drops the first space of a whole text
+    only: an output's text is transformers' decode(prompt + output) less decode(prompt), as vLLM's
+    incremental detokenizer gives it."""
+    folder = build_tokenizer(tmp_path / style, style="llama" if style == "metaspace" else style,
+                             tokenizer_class="PreTrainedTokenizerFast")
+    if style == "metaspace":  # SentencePiece conversions' default decoder (SpmConverter)
+        spec = json.loads((folder / "tokenizer.json").read_text())
+        spec["decoder"] = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "always", "split": False}
+        (folder / "tokenizer.json").write_text(json.dumps(spec))
     ref, mine = transformers_mod.PreTrainedTokenizerFast.from_pretrained(str(folder)), load_tokenizer(folder)
     space = mine.encode("yes", add_bos=False)  # ▁yes: a space in front
     assert mine.decode(space) == "yes"  # alone, the leading space goes

@@ -51,9 +51,19 @@ def _read_json(path: Path) -> dict:
 
 
 def _strips_start(decoder: dict) -> bool:
-    """Whether tokenizer.json's decoder strips characters off the start of a text (Strip with start > 0)."""
+    """Whether tokenizer.json's decoder strips characters off the start of a text: Strip with start > 0,
+    or Metaspace adding its prefix space (prepend_scheme always / first; add_prefix_space in older files),
+    which drops the first token's space."""
     parts = decoder.get("decoders", []) if decoder.get("type") == "Sequence" else [decoder]
-    return any(isinstance(d, dict) and d.get("type") == "Strip" and d.get("start", 0) > 0 for d in parts)
+
+    def strips(d: dict) -> bool:
+        if d.get("type") == "Strip":
+            return d.get("start", 0) > 0
+        if d.get("type") == "Metaspace":
+            return d.get("prepend_scheme", "always" if d.get("add_prefix_space", True) else "never") != "never"
+        return False
+
+    return any(isinstance(d, dict) and strips(d) for d in parts)
 
 
 def _clean_up_tokenization(text: str) -> str:
