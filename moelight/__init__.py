@@ -3,7 +3,8 @@
 The public names load lazily so `import moelight.<module>` stays cheap.
 """
 
-__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput"]
+__all__ = ["LLM", "SamplingParams", "RequestOutput", "CompletionOutput", "MoelightError", "OptionError",
+           "ConfigError", "PromptError"]
 
 
 def __getattr__(name: str):
@@ -19,4 +20,8 @@ def __getattr__(name: str):
         from moelight.api import outputs
 
         return getattr(outputs, name)
+    if name in ("MoelightError", "OptionError", "ConfigError", "PromptError"):  # what a caller catches
+        from moelight import errors
+
+        return getattr(errors, name)
     raise AttributeError(f"module 'moelight' has no attribute {name!r}")

@@ -5,6 +5,10 @@ class MoelightError(Exception):
     """Base class; the CLI prints these without a traceback."""
 
 
+class OptionError(MoelightError):
+    """An option with a value moelight cannot use; the message names the option and the valid choices."""
+
+
 class ConfigError(MoelightError):
     """A model config.json that moelight cannot run."""
 

@@ -44,6 +44,9 @@ CASES = [
     (["--cache-policy", "moe-infinity"], ["--cache-policy moe-infinity needs --eamc"]),
     (["--prefetch-per-layer", "-1"], ["--prefetch-per-layer", ">= 0"]),
     (["--coe-order", "random"], ["--coe-order", "random", "grouped, fcfs"]),
+    # options that would go unused are refused, as --ray-replicas without --ray is
+    (["--schedule", "flexgen", "--device", "cpu"], ["--schedule flexgen", "--device cpu", "--device emulated"]),
+    (["--coe-order", "fcfs"], ["--coe-order fcfs", "CoE job", "--model tiny is one model"]),
 ]
 
 
@@ -122,7 +125,7 @@ def test_an_eamc_or_predictor_file_a_chosen_policy_would_not_read_is_refused(tmp
 
 def test_one_definition_of_shared_choices():
     """--quantize's split, MAX_LOGPROBS and --load-format's choices each have one definition the layers share."""
-    import moelight.cli.plan_cmd as plan_cmd
+    import moelight.cli.held_experts as held_experts
     import moelight.engine.options as options
     import moelight.loading.model_source as model_source
     import moelight.sampling.params as params
@@ -130,6 +133,27 @@ def test_one_definition_of_shared_choices():
 
     assert options.quantization("int4-g64") == ("int4", 64) and options.quantization("int8") == ("int8", 128)
     assert options.EngineOptions(model="tiny", quantize="int4-g32").quantization() == ("int4", 32)
-    assert plan_cmd.quantization is options.quantization
+    assert held_experts.quantization is options.quantization
     assert params.MAX_LOGPROBS is reader.MAX_LOGPROBS
     assert options.LOAD_FORMATS is model_source.LOAD_FORMATS
+
+
+def test_prompt_column_on_a_jsonl_dataset_is_refused_not_ignored(tmp_path):
+    """--prompt-column names a parquet column; a jsonl record's prompt is its `prompt` field."""
+    data = tmp_path / "d.jsonl"
+    data.write_text('{"id": "a", "question": "hi", "prompt": "hello"}\n')
+    r = CliRunner().invoke(app, ["run", "--dataset", str(data), "--model", "tiny", "--load-format", "dummy",
+                                 "--output", str(tmp_path / "o.jsonl"), "--prompt-column", "question"])
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert says(r.output, "--prompt-column and the id column name parquet columns; this dataset is jsonl")
+    assert not (tmp_path / "o.jsonl").exists()
+
+
+def test_the_errors_a_caller_catches_import_from_moelight():
+    import moelight
+    import moelight.errors
+
+    assert moelight.OptionError is moelight.errors.OptionError is OptionError
+    assert issubclass(moelight.OptionError, moelight.MoelightError)
+    with pytest.raises(moelight.OptionError, match="--schedule 'bogus'"):
+        EngineOptions(model="tiny", schedule="bogus").validate()

@@ -203,6 +203,9 @@ def load_dataset(path: str | Path, format: str | None = None, turn: int = 1,
     check_dataset_file(path, label, fmt, hint_style)
 
     requests, problems, fmt = parse_dataset(_source(path), label, fmt, turn, prompt_column, id_column, hint_style)
+    if fmt != "parquet" and (prompt_column, id_column) != ("prompt", "id"):
+        raise DatasetError(f"{label}: {HINTS[hint_style]['prompt_column']} and the id column name parquet columns; "
+                           f"this dataset is {fmt}, whose records give `prompt` (or `messages`) and `id`: drop it")
     requests = check_duplicates(requests, problems)
     problems.sort(key=line_of)
 

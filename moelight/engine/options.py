@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 from pathlib import Path
 
-from moelight.errors import MoelightError
+from moelight.errors import OptionError
 from moelight.expert_cache.policy_registry import NEEDS_PREDICTOR, PREFETCHING
 from moelight.expert_cache.policy_registry import POLICIES as CACHE_POLICIES
 from moelight.loading.load_formats import LOAD_FORMATS
@@ -28,10 +28,6 @@ def quantization(quantize: str) -> tuple[str, int]:
     """(method, int4 group size) of a QUANTIZE value, 'int4-g64' -> ('int4', 64): run and plan read it alike."""
     method, _, group = quantize.partition("-g")
     return method, int(group or 128)
-
-
-class OptionError(MoelightError):
-    """An option with a value moelight cannot use; the message names the option and the valid choices."""
 
 
 def _choice(option: str, value: str, valid: tuple[str, ...]) -> None:
@@ -89,6 +85,9 @@ class EngineOptions:
                               "is not looked up)")
         _choice("--device", self.device, DEVICES)
         _choice("--schedule", self.schedule, SCHEDULES)
+        if self.device == "cpu" and self.schedule != "cgopipe":
+            raise OptionError(f"--schedule {self.schedule}: a pipeline schedule runs on --device cuda or emulated; "
+                              "the CPU engine (--device cpu) runs none: drop it, or give --device emulated")
         _choice("--mode", self.mode, MODES)
         _choice("--cache-policy", self.cache_policy, ("auto", *CACHE_POLICIES))
         _choice("--quantize", self.quantize, QUANTIZE)

@@ -181,7 +181,8 @@ def _check_prompts(opts, spec: CoESpec, runs, requests) -> dict[str, EngineSessi
 
 
 def _model_options(opts, spec: CoESpec, name: str):
-    return replace(opts, model=spec.models[name], output=opts.output)
+    """One model's options: its folder; the order of the CoE job's requests is the job's (opts), not the model's."""
+    return replace(opts, model=spec.models[name], output=opts.output, coe_order="grouped")
 
 
 def _serve_model(opts, spec: CoESpec, name: str, requests, writer, session: EngineSession | None = None) -> RunReport:

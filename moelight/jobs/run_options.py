@@ -49,6 +49,9 @@ class RunOptions(EngineOptions):
             raise OptionError("--resume and --overwrite contradict each other: choose one")
         if self.coe_order not in ("grouped", "fcfs"):  # checked for every job, as every option is
             raise OptionError(f"--coe-order {self.coe_order!r} is not one of the valid choices: grouped, fcfs")
+        if self.coe_order != "grouped" and not is_coe_spec(self.model):
+            raise OptionError(f"--coe-order {self.coe_order}: orders a CoE job's requests (--model coe.json); "
+                              f"--model {self.model} is one model: drop it")
         if self.dataset_format is not None and self.dataset_format not in workloads.FORMATS:
             raise OptionError(f"--format {self.dataset_format!r} is not one of the valid choices: "
                               f"{', '.join(workloads.FORMATS)}")
