@@ -14,7 +14,8 @@ from cpu_kernels import topk_rows
 from moelight.sampling.logits_processors import RowState, apply_processors
 from moelight.sampling.params import SamplingParams
 
-_NUCLEUS_CANDIDATES = 64  # top-p looks here first and sorts the whole row only if needed
+_NUCLEUS_CANDIDATES = 64  # top-p looks here first...
+_WIDE_CANDIDATES = 4096  # ...then here, and sorts the whole row only if the nucleus reaches past these
 
 
 class Sampler:
@@ -50,9 +51,9 @@ class Sampler:
             thresh[ks == 0] = float("-inf")
             x = x.masked_fill(x < thresh, float("-inf"))
         probs = torch.softmax(x, dim=-1)
-        for j, p in enumerate(ps):
-            if p.top_p < 1.0:
-                probs[j] = _nucleus(probs[j], p.top_p)
+        nuc = [j for j, p in enumerate(ps) if p.top_p < 1.0]
+        if nuc:
+            probs[nuc] = _nucleus(probs[nuc], torch.tensor([ps[j].top_p for j in nuc], dtype=torch.float32))
         u = torch.stack([torch.rand(1, generator=self.generators[rows[i]]) for i in sampled])
         cdf = torch.cumsum(probs, dim=-1)
         # the first token whose cdf reaches the draw; a draw of exactly 0 (2^-24 of them) counts as the least
@@ -70,14 +71,52 @@ def _min_p(x: torch.Tensor, min_p: torch.Tensor) -> torch.Tensor:
     return x.masked_fill(probs < floor, float("-inf"))
 
 
-def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
-    """Zero all but the smallest set of most likely tokens whose mass reaches top_p."""
-    k = min(_NUCLEUS_CANDIDATES, probs.shape[-1])
+def _nucleus(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Zero all but each row's smallest set of most likely tokens whose mass reaches its top_p (rows [N, V],
+    top_p [N]), in one batched pass: per-row Python loops made top-p 5-13x slower than temperature. The
+    kept set (ties included) is the one of a per-row top-64, else of a full descending sort, as before."""
+    n, v = probs.shape
+    k = min(_NUCLEUS_CANDIDATES, v)
     vals, idx = torch.topk(probs, k)
-    if vals.sum() < top_p and k < probs.shape[-1]:
-        vals, idx = torch.sort(probs, descending=True)
-    cum = torch.cumsum(vals, 0)
-    keep = (cum - vals) < top_p  # keep a token if the mass before it is below top_p
-    out = torch.zeros_like(probs)
-    out[idx[keep]] = vals[keep]
-    return out
+    keep = torch.zeros(probs.shape, dtype=torch.bool)
+    wide = vals.sum(dim=-1) < top_p if k < v else torch.zeros(n, dtype=torch.bool)
+    narrow = (~wide).nonzero()[:, 0]
+    if len(narrow):
+        keep[narrow] = keep[narrow].scatter(1, idx[narrow], _mass_before(vals[narrow]) < top_p[narrow, None])
+    rows = wide.nonzero()[:, 0]
+    if len(rows) == n:
+        return probs.masked_fill(~_wide_keep(probs, top_p), 0.0)
+    if len(rows):
+        keep[rows] = _wide_keep(probs[rows], top_p[rows])
+    return probs.masked_fill(~keep, 0.0)
+
+
+def _mass_before(vals: torch.Tensor) -> torch.Tensor:
+    """The mass before each token in its row's descending order: a token is kept while this is below top_p."""
+    return torch.cumsum(vals, dim=-1) - vals
+
+
+def _wide_keep(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """The nucleus mask of rows whose top 64 hold less than top_p. A full sort costs ~2 ms a row; the top 4096
+    decide a row unless its nucleus ends past them or splits equal values: only those rows are sorted whole."""
+    n, v = probs.shape
+    k = min(_WIDE_CANDIDATES, v)
+    if k < v:
+        vals, idx = torch.topk(probs, k)
+        kept = _mass_before(vals) < top_p[:, None]
+        last = kept.sum(dim=-1, keepdim=True) - 1  # the nucleus is a prefix of the order
+        # decided: the nucleus ends inside the candidates, between two different values (the order of equal
+        # values, which the sort leaves to its implementation, moves neither the sums nor the cut)
+        done = ~kept[:, -1] & (vals.gather(1, last)[:, 0] > vals.gather(1, (last + 1).clamp(max=k - 1))[:, 0])
+    else:
+        done = torch.zeros(n, dtype=torch.bool)
+    keep = torch.zeros(probs.shape, dtype=torch.bool)
+    if bool(done.all()):  # the common case: no row copies
+        return keep.scatter_(1, idx, kept)
+    if bool(done.any()):
+        keep[done] = keep[done].scatter(1, idx[done], kept[done])
+    rest = (~done).nonzero()[:, 0]
+    if len(rest):
+        vals, idx = torch.sort(probs[rest], dim=-1, descending=True)
+        keep[rest] = keep[rest].scatter(1, idx, _mass_before(vals) < top_p[rest, None])
+    return keep
