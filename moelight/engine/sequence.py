@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from moelight.engine.output_text import OutputText
 from moelight.sampling.logits_processors import RowState
 from moelight.sampling.params import SamplingParams
 
@@ -53,6 +54,7 @@ class Sequence:
     prompt_logprobs: list | None = None
     ended_by_token: bool = False
     context: list[int] = field(default_factory=list)  # the prompt's last tokens: the text reads after them
+    grown: OutputText | None = field(default=None, repr=False)  # the stop-string search's text, token by token
 
     @property
     def position(self) -> int:
@@ -109,7 +111,9 @@ class Sequence:
         of a character whose bytes are still coming is U+FFFD until it completes, so the search starts
         before those placeholders (a stop string may begin with that character)."""
         before = len((self.text or "").rstrip("\ufffd"))
-        text = decode(self.out, self.params.skip_special_tokens, self.context)
+        if self.grown is None:
+            self.grown = OutputText(decode, self.params.skip_special_tokens, self.context)
+        text = self.grown.text(self.out)
         if not may_stop:
             self.text = text
             return False
