@@ -53,7 +53,11 @@ class Sampler:
         probs = torch.softmax(x, dim=-1)
         nuc = [j for j, p in enumerate(ps) if p.top_p < 1.0]
         if nuc:
-            probs[nuc] = _nucleus(probs[nuc], torch.tensor([ps[j].top_p for j in nuc], dtype=torch.float32))
+            top_p = torch.tensor([ps[j].top_p for j in nuc], dtype=torch.float32)
+            if len(nuc) == len(ps):
+                probs = _nucleus(probs, top_p)
+            else:
+                probs[nuc] = _nucleus(probs[nuc], top_p)
         u = torch.stack([torch.rand(1, generator=self.generators[rows[i]]) for i in sampled])
         cdf = torch.cumsum(probs, dim=-1)
         # the first token whose cdf reaches the draw; a draw of exactly 0 (2^-24 of them) counts as the least
@@ -81,6 +85,8 @@ def _nucleus(probs: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
     keep = torch.zeros(probs.shape, dtype=torch.bool)
     wide = vals.sum(dim=-1) < top_p if k < v else torch.zeros(n, dtype=torch.bool)
     narrow = (~wide).nonzero()[:, 0]
+    if len(narrow) == n:  # the common case: no row copies
+        return probs.masked_fill(~keep.scatter_(1, idx, _mass_before(vals) < top_p[:, None]), 0.0)
     if len(narrow):
         keep[narrow] = keep[narrow].scatter(1, idx[narrow], _mass_before(vals[narrow]) < top_p[narrow, None])
     rows = wide.nonzero()[:, 0]
