@@ -31,31 +31,73 @@ class RowState:
 
 
 def apply_processors(logits: torch.Tensor, states: list[RowState]) -> None:
-    """Every row's processors, in place on `logits` [B, V] (float32)."""
-    for row, st in enumerate(states):
-        if not st.params.has_processors:
-            continue
-        x = logits[row]
-        before = x.clone() if st.constraint is not None and _restricts(st) else None
-        _process_row(x, st, restrict=True)
-        if before is not None and bool(torch.isneginf(x).all()):
-            x.copy_(before)
+    """Every row's processors, in place on `logits` [B, V] (float32). The penalties of all rows are one
+    batched pass between the per-row steps before them (restrictions, bias) and after (the grammar)."""
+    rows = [row for row, st in enumerate(states) if st.params.has_processors]
+    befores = {}
+    for row in rows:
+        st = states[row]
+        if st.constraint is not None and _restricts(st):
+            befores[row] = logits[row].clone()
+        _process_row(logits[row], st, restrict=True, stage="before penalties")
+    penalised = [row for row in rows if states[row].params.has_penalties]
+    if penalised:
+        penalties_rows(logits, penalised, [states[row] for row in penalised])
+    for row in rows:
+        x, st = logits[row], states[row]
+        _process_row(x, st, restrict=True, stage="after penalties")
+        if row in befores and bool(torch.isneginf(x).all()):
+            x.copy_(befores[row])
             _process_row(x, st, restrict=False)
 
 
-def _process_row(x: torch.Tensor, st: RowState, restrict: bool) -> None:
+def penalties_rows(x: torch.Tensor, rows: list[int], states: list[RowState]) -> None:
+    """`apply_penalties` of rows `rows` (ascending) of `x` [B, V] (contiguous) at once, in place, on the
+    (row, token) pairs the rows have seen only: the per-row loop rebuilt a vocab-sized mask and a bincount
+    for each row at every step. The same float32 arithmetic per logit, so the same logits."""
+    vocab = x.shape[-1]
+    flat = x.view(-1)
+    ps = [st.params for st in states]
+    rep = [(r, st) for r, p, st in zip(rows, ps, states, strict=True) if p.repetition_penalty != 1.0]
+    if rep:
+        at, _ = _seen([r for r, _ in rep], [st.prompt_ids + st.output_ids for _, st in rep], vocab)
+        pen = torch.tensor([st.params.repetition_penalty for _, st in rep], dtype=x.dtype)
+        pen = pen[torch.searchsorted(torch.tensor([r for r, _ in rep]), at // vocab)]
+        v = flat[at]
+        flat[at] = torch.where(v > 0, v / pen, v * pen)
+    fp = [(r, st) for r, p, st in zip(rows, ps, states, strict=True) if p.frequency_penalty or p.presence_penalty]
+    if fp:
+        at, counts = _seen([r for r, _ in fp], [st.output_ids for _, st in fp], vocab)
+        which = torch.searchsorted(torch.tensor([r for r, _ in fp]), at // vocab)
+        freq = torch.tensor([st.params.frequency_penalty for _, st in fp], dtype=x.dtype)[which]
+        pres = torch.tensor([st.params.presence_penalty for _, st in fp], dtype=x.dtype)[which]
+        flat[at] = flat[at] - (freq * counts.to(x.dtype) + pres)
+
+
+def _seen(rows: list[int], ids: list[list[int]], vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The flat positions row * vocab + token of each row's distinct token ids (ascending), with their
+    counts; an id past the vocabulary counts nowhere (not in the next row)."""
+    tok = torch.tensor([t for row in ids for t in row], dtype=torch.long)
+    row = torch.repeat_interleave(torch.tensor(rows, dtype=torch.long),
+                                  torch.tensor([len(r) for r in ids], dtype=torch.long))
+    ok = tok < vocab
+    return torch.unique(row[ok] * vocab + tok[ok], return_counts=True)
+
+
+def _process_row(x: torch.Tensor, st: RowState, restrict: bool, stage: str = "all") -> None:
     """One row's processors in vLLM's order; `restrict` False leaves out the ones that only remove tokens
-    (allowed_token_ids, bad_words, min_tokens)."""
+    (allowed_token_ids, bad_words, min_tokens). `stage`: all, or those before / after the penalties."""
     p, vocab = st.params, x.shape[-1]
-    if restrict:
-        _restrict(x, st, vocab)
-    if p.logit_bias:
-        for token, bias in p.logit_bias.items():
-            if 0 <= token < vocab:
-                x[token] += bias
-    if p.has_penalties:
+    if stage != "after penalties":
+        if restrict:
+            _restrict(x, st, vocab)
+        if p.logit_bias:
+            for token, bias in p.logit_bias.items():
+                if 0 <= token < vocab:
+                    x[token] += bias
+    if stage == "all" and p.has_penalties:
         apply_penalties(x, st.prompt_ids, st.output_ids, p)
-    if st.constraint is not None:
+    if stage != "before penalties" and st.constraint is not None:
         st.constraint.mask(x)
 
 
