@@ -18,6 +18,7 @@ import torch
 
 import moelight
 from moelight.engine.sequence import Sequence
+from moelight.sampling.logits_processors import RowState
 from moelight.sampling.params import SamplingParams
 from moelight.sampling.sampler import Sampler
 from moelight.tokenization.tokenizer import load_tokenizer
@@ -32,7 +33,10 @@ VARIANTS = {  # name: (params, logits scale: 3 a nucleus of ~1500 tokens, 0.05 a
     "top_k 50": (SamplingParams(**P, temperature=1.0, top_k=50), 3.0),
     "top_k 50 + top_p 0.9": (SamplingParams(**P, temperature=1.0, top_k=50, top_p=0.9), 3.0),
     "min_p 0.1": (SamplingParams(**P, temperature=1.0, min_p=0.1), 3.0),
+    "repetition 1.2 (greedy)": (SamplingParams(**P, temperature=0.0, repetition_penalty=1.2), 3.0),
+    "presence 0.5 (greedy)": (SamplingParams(**P, temperature=0.0, presence_penalty=0.5), 3.0),
 }
+PROMPT, OUTPUT = 200, 200  # tokens each row's penalties read
 
 
 def timed(fn, reps: int) -> tuple[float, float]:
@@ -62,8 +66,12 @@ def main() -> None:
     for name, (params, scale) in VARIANTS.items():
         sampler = Sampler([params] * args.batch, rows)
         logits = base * scale
-        cpu, wall = timed(lambda s=sampler, x=logits: s(x, rows), args.reps)
-        print(f"sampler {name:22s} {cpu * 1e3:8.1f} ms CPU/step  {wall * 1e3:8.1f} ms wall/step")
+        states = None
+        if params.has_processors:
+            ids = torch.randint(3, args.vocab, (args.batch, PROMPT + OUTPUT), generator=g).tolist()
+            states = [RowState(params, r[:PROMPT], r[PROMPT:], frozenset({2})) for r in ids]
+        cpu, wall = timed(lambda s=sampler, x=logits, st=states: s(x, rows, st), args.reps)
+        print(f"sampler {name:24s} {cpu * 1e3:8.1f} ms CPU/step  {wall * 1e3:8.1f} ms wall/step")
     tok = load_tokenizer(TOKENIZER)
     stops = [f"this is a long stop string number {i:02d} that never occurs" for i in range(20)]
     ids = torch.randint(3, 2048, (4096,), generator=torch.Generator().manual_seed(0)).tolist()
