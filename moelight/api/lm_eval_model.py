@@ -163,7 +163,17 @@ class MoelightLM(TemplateLM):
             prompts.append({"prompt_token_ids": ids})
             params.append(SamplingParams(max_tokens=max_tokens, stop=[u for u in until if u] or None,
                                          **generation_sampling(kwargs)))
-        return [out.outputs[0].text for out in self.llm.generate(prompts, params)]
+        return [self._continuation_text(out.outputs[0].token_ids, until)
+                for out in self.llm.generate(prompts, params)]
+
+    def _continuation_text(self, token_ids: list[int], until: list[str]) -> str:
+        """hf's text of a generation: its tokens decoded alone (a Llama-style decoder drops a leading
+        space there, and a cut character stays U+FFFD), cut at the first of the until strings."""
+        text = self.tokenizer.decode(list(token_ids), True)
+        for term in until:
+            if term:
+                text = text.split(term)[0]
+        return text
 
     # ---- chat templates (lm-eval's apply_chat_template=True) ----
     @property
