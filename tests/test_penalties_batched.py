@@ -7,7 +7,7 @@ import random
 
 import torch
 
-from moelight.sampling.logits_processors import RowState, apply_penalties, apply_processors, penalties_rows
+from moelight.sampling.logits_processors import RowState, apply_processors, penalties_rows
 from moelight.sampling.params import SamplingParams
 
 VOCAB = 500
@@ -31,6 +31,22 @@ def logits(seed: int) -> torch.Tensor:
     x = torch.randn(24, VOCAB, generator=torch.Generator().manual_seed(seed)) * 4
     x[::5, ::7] = float("-inf")  # banned tokens stay banned
     return x
+
+
+def apply_penalties(x: torch.Tensor, prompt_ids: list[int], output_ids: list[int], p: SamplingParams) -> None:
+    """The per-row penalties the batched pass replaced (vLLM's, on one row): the reference."""
+    vocab = x.shape[-1]
+    out = torch.tensor(output_ids, dtype=torch.long) if output_ids else torch.zeros(0, dtype=torch.long)
+    if p.repetition_penalty != 1.0:
+        seen = torch.zeros(vocab, dtype=torch.bool)
+        if prompt_ids:
+            seen[torch.tensor(prompt_ids, dtype=torch.long)] = True
+        seen[out] = True
+        pen = torch.where(x > 0, x / p.repetition_penalty, x * p.repetition_penalty)
+        x.copy_(torch.where(seen, pen, x))
+    if p.frequency_penalty or p.presence_penalty:
+        counts = torch.bincount(out, minlength=vocab).to(x.dtype)
+        x -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(x.dtype)
 
 
 def old_apply_processors(x: torch.Tensor, sts: list[RowState]) -> None:

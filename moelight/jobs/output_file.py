@@ -113,10 +113,9 @@ class LazyResultWriter:
 
     def write(self, result: dict) -> None:
         if self.writer is None:
-            if self.opts.overwrite:  # the replaced job's report and record go with its results
-                for p in (report_path(self.opts.output), record_path(self.opts.output)):
-                    p.unlink(missing_ok=True)
-            self._write_record()
+            self._write_record()  # replaces a replaced job's record; its report goes with its results
+            if self.opts.overwrite:
+                report_path(self.opts.output).unlink(missing_ok=True)
             self.writer = workloads.ResultWriter(self.opts.output, self.format, resume=self.opts.resume,
                                                  overwrite=self.opts.overwrite, model_name=self.opts.model)
             self.writer.__enter__()

@@ -52,9 +52,11 @@ def apply_processors(logits: torch.Tensor, states: list[RowState]) -> None:
 
 
 def penalties_rows(x: torch.Tensor, rows: list[int], states: list[RowState]) -> None:
-    """`apply_penalties` of rows `rows` (ascending) of `x` [B, V] (contiguous) at once, in place, on the
-    (row, token) pairs the rows have seen only: the per-row loop rebuilt a vocab-sized mask and a bincount
-    for each row at every step. The same float32 arithmetic per logit, so the same logits."""
+    """vLLM's penalties of rows `rows` (ascending) of `x` [B, V] (contiguous) at once, in place: repetition
+    over prompt and output tokens (a positive logit divided by the penalty, a negative one multiplied),
+    frequency (minus penalty x count) and presence (minus penalty once) over the output tokens. Only the
+    (row, token) pairs the rows have seen are touched: a per-row loop rebuilt a vocab-sized mask and a
+    bincount for each row at every step."""
     vocab = x.shape[-1]
     flat = x.view(-1)
     ps = [st.params for st in states]
@@ -96,7 +98,7 @@ def _process_row(x: torch.Tensor, st: RowState, restrict: bool, stage: str = "al
                 if 0 <= token < vocab:
                     x[token] += bias
     if stage == "all" and p.has_penalties:
-        apply_penalties(x, st.prompt_ids, st.output_ids, p)
+        penalties_rows(x.unsqueeze(0), [0], [st])
     if stage != "before penalties" and st.constraint is not None:
         st.constraint.mask(x)
 
@@ -119,24 +121,6 @@ def _restrict(x: torch.Tensor, st: RowState, vocab: int) -> None:
             x[banned] = NEG_INF
     if len(st.output_ids) < p.min_tokens and st.stop_ids:
         x[torch.tensor([t for t in st.stop_ids if 0 <= t < vocab], dtype=torch.long)] = NEG_INF
-
-
-def apply_penalties(x: torch.Tensor, prompt_ids: list[int], output_ids: list[int], p: SamplingParams) -> None:
-    """vLLM's penalties on one row: repetition over prompt and output tokens (a positive logit divided
-    by the penalty, a negative one multiplied), frequency (minus penalty x count) and presence (minus
-    penalty once) over the output tokens."""
-    vocab = x.shape[-1]
-    out = torch.tensor(output_ids, dtype=torch.long) if output_ids else torch.zeros(0, dtype=torch.long)
-    if p.repetition_penalty != 1.0:
-        seen = torch.zeros(vocab, dtype=torch.bool)
-        if prompt_ids:
-            seen[torch.tensor(prompt_ids, dtype=torch.long)] = True
-        seen[out] = True
-        pen = torch.where(x > 0, x / p.repetition_penalty, x * p.repetition_penalty)
-        x.copy_(torch.where(seen, pen, x))
-    if p.frequency_penalty or p.presence_penalty:
-        counts = torch.bincount(out, minlength=vocab).to(x.dtype)
-        x -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0).to(x.dtype)
 
 
 def _bad_word_tokens(st: RowState) -> list[int]:
