@@ -338,3 +338,49 @@ def test_moelight_run_renders_a_requests_tools(folders, tmp_path):
         rec = json.loads(out.read_text())
         usage = rec["response"]["body"]["usage"] if name == "batch" else rec
         assert usage["prompt_tokens"] == want, (name, rec)
+
+
+def test_moelight_run_renders_a_requests_chat_template_arguments(folders, tmp_path):
+    """vLLM's chat fields in an OpenAI body or a jsonl record (`chat_template_kwargs`, `add_generation_prompt`,
+    `continue_final_message`) render each request's prompt as transformers renders it with them, later
+    turns too; they are not dropped (nor, in jsonl, kept in meta)."""
+    from typer.testing import CliRunner
+
+    from moelight.cli import app
+    from tests.checkpoints import make_hf_model, save_checkpoint
+    from workloads import load_dataset
+
+    ref, tok = reference(folders["qwen3"]), load_tokenizer(folders["qwen3"])
+    prefill = [*PLAIN, {"role": "assistant", "content": "Sure"}]
+    cases = [(PLAIN, {"chat_template_kwargs": {"enable_thinking": False}}, {"enable_thinking": False}),
+             (prefill, {"continue_final_message": True, "add_generation_prompt": False},
+              {"continue_final_message": True, "add_generation_prompt": False})]
+    lines = []
+    for i, (msgs, fields, _) in enumerate(cases):
+        lines += [{"custom_id": f"b{i}", "url": "/v1/chat/completions", "body": {"messages": msgs, **fields}},
+                  {"id": f"j{i}", "messages": msgs, **fields}]
+    for i, line in enumerate(lines):  # each reader, one request per file
+        ds = tmp_path / f"d{i}.jsonl"
+        ds.write_text(json.dumps(line) + "\n")
+        (r,) = load_dataset(ds).requests
+        msgs, _, kwargs = cases[i // 2]
+        want = _ids(ref.apply_chat_template(msgs, tokenize=True, **{"add_generation_prompt": True, **kwargs}))
+        assert tok.encode_request(r) == want != tok.apply_chat_template(msgs), line
+        assert not set(r.meta) & {"chat_template_kwargs", "continue_final_message", "add_generation_prompt"}
+
+    folder = save_checkpoint(make_hf_model(vocab_size=512, max_position_embeddings=1024), tmp_path / "m",
+                             byte_tokenizer=False)
+    for f in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(folders["qwen3"] / f, folder / f)
+    ds, out = tmp_path / "turns.jsonl", tmp_path / "turns-out.jsonl"
+    ds.write_text(json.dumps({"id": "t", "prompt": "Hi", "followups": ["And?"], "max_tokens": 2,
+                              "chat_template_kwargs": {"enable_thinking": False}}) + "\n")
+    r = CliRunner().invoke(app, ["run", "--dataset", str(ds), "--model", str(folder), "--output", str(out),
+                                 "--dtype", "float32", "--hardware", "cpu-server", "--no-progress"])
+    assert r.exit_code == 0, r.output
+    t1, t2 = json.loads(out.read_text())["turns"]
+    chat = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": t1["output"]},
+            {"role": "user", "content": "And?"}]
+    assert t1["prompt_tokens"] == len(tok.apply_chat_template(chat[:1], enable_thinking=False))
+    assert t2["prompt_tokens"] == len(_ids(ref.apply_chat_template(chat, tokenize=True, add_generation_prompt=True,
+                                                                   enable_thinking=False)))

@@ -67,6 +67,37 @@ def test_openai_fields_that_would_do_nothing_are_refused(tmp_path, body, match):
         load_dataset(bad)
 
 
+def test_chat_template_fields_are_read_or_refused_by_line(tmp_path):
+    """vLLM's chat fields go to the request's template arguments (kwargs over the flags, as vLLM merges
+    them); a wrong type, a combination vLLM refuses, or one with nothing to render is refused by its line."""
+    kw = {"chat_template_kwargs": {"enable_thinking": False}, "add_generation_prompt": False}
+    for i, line in enumerate([_chat_body(**kw), {"messages": [{"role": "user", "content": "Hi"}], **kw}]):
+        (r,) = load_dataset(write_lines(tmp_path / f"ok{i}.jsonl", [line])).requests
+        assert r.chat_options == {"add_generation_prompt": False, "enable_thinking": False}
+        assert "add_generation_prompt" not in r.meta
+    user = [{"role": "user", "content": "Hi"}]
+    bad = [({"chat_template_kwargs": "x"}, "'chat_template_kwargs' must be an object"),
+           ({"add_generation_prompt": "no"}, "'add_generation_prompt' must be true or false"),
+           ({"chat_template_kwargs": {"continue_final_message": 1}}, "'chat_template_kwargs.continue_final_message'"),
+           ({"continue_final_message": True}, "needs add_generation_prompt false"),
+           ({"continue_final_message": True, "add_generation_prompt": True}, "needs add_generation_prompt false"),
+           ({"chat_template_kwargs": {"chat_template": "{{ 1 }}"}}, "own chat template is not supported"),
+           ({"chat_template_kwargs": {"tools": []}}, "give them as the request's 'tools'")]
+    for fields, match in bad:
+        lines = [{"custom_id": "a", "body": {"messages": user, **fields}}, {"messages": user, **fields}]
+        for i, line in enumerate(lines):
+            f = write_lines(tmp_path / f"b{i}.jsonl", [line])
+            with pytest.raises(DatasetError, match=f"{f}:1: .*{match}"):
+                load_dataset(f)
+    no_chat = [({"custom_id": "a", "url": "/v1/completions", "body": {"prompt": "Hi", **kw}}, "need 'messages'"),
+               ({"prompt": "Hi", **kw}, "need 'messages'"),
+               ({"prompt": "Hi", "followups": ["And?"], "add_generation_prompt": False}, "'followups' ask the model")]
+    for i, (line, match) in enumerate(no_chat):
+        f = write_lines(tmp_path / f"c{i}.jsonl", [line])
+        with pytest.raises(DatasetError, match=f"{f}:1: .*{match}"):
+            load_dataset(f)
+
+
 # ----------------------------------------------------------------------------- OpenAI batch
 
 

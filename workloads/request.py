@@ -6,7 +6,7 @@ import json
 from dataclasses import asdict, dataclass, field, fields
 
 # free-form values: JSON text in a row, so a schema cannot bend them
-JSON_FIELDS = ("messages", "tools", "meta", "sampling")
+JSON_FIELDS = ("messages", "tools", "meta", "sampling", "chat_options")
 
 
 @dataclass
@@ -32,6 +32,8 @@ class Request:
     meta: dict = field(default_factory=dict)
     tools: list[dict] | None = None  # JSON-schema tools for the chat template (OpenAI `tools`)
     sampling: dict = field(default_factory=dict)  # more vLLM SamplingParams fields (n, stop, logprobs, ...)
+    # the chat template's keyword arguments (add_generation_prompt, continue_final_message, enable_thinking, ...)
+    chat_options: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.messages is None and self.prompt is None:
@@ -69,6 +71,7 @@ class Request:
                 values[name] = json.loads(values[name])
         values["meta"] = values["meta"] or {}
         values["sampling"] = values["sampling"] or {}
+        values["chat_options"] = values["chat_options"] or {}
         values["followups"] = list(values["followups"] or [])
         return cls(**values)
 

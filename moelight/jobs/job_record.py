@@ -43,12 +43,16 @@ def record_path(output: Path) -> Path:
 
 
 def request_hash(request, version: int = VERSION) -> str:
-    """What a request asks, in 16 hex digits: its prompt or messages, later turns, tools and sampling
-    (`version` 1, an older record's: without the sampling dict's fields)."""
+    """What a request asks, in 16 hex digits: its prompt or messages, later turns, tools, sampling and chat
+    template arguments (`version` 1, an older record's: without the sampling dict's fields)."""
     if version < 2:
         body = json.dumps({k: getattr(request, k) for k in _REQUEST_FIELDS}, sort_keys=True, default=str)
     else:
-        body = json.dumps([_canonical(getattr(request, k)) for k in _REQUEST_FIELDS_V2], default=str)
+        fields = [_canonical(getattr(request, k)) for k in _REQUEST_FIELDS_V2]
+        chat = getattr(request, "chat_options", None)
+        if chat:  # only when set, so a request without them hashes as it did before they were read
+            fields.append(_canonical(chat))
+        body = json.dumps(fields, default=str)
     return hashlib.sha256(body.encode()).hexdigest()[:16]
 
 

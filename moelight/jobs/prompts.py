@@ -68,7 +68,8 @@ def check_prompts(requests, tokenizer, context: int, opts, warnings: JobWarnings
             if r.followups:  # a later turn is a conversation: it must format now, not after turn 1 ran
                 first = r.messages or [{"role": "user", "content": r.prompt}]
                 tokenizer.apply_chat_template([*first, {"role": "assistant", "content": "..."},
-                                               {"role": "user", "content": r.followups[0]}], tools=r.tools)
+                                               {"role": "user", "content": r.followups[0]}], tools=r.tools,
+                                              **r.chat_options)
         except TokenizerError as e:  # e.g. a conversation and no chat template: this request, by its line
             problems.append((r.id, f"{r.source or r.id}: {e}"))
             continue

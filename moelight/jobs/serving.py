@@ -131,7 +131,7 @@ def generate_prepared(session, opts, job: PreparedJob, writer, bar=None, on_resu
                 history = history + [{"role": "assistant", "content": turns[i][-1].text},
                                      {"role": "user", "content": req.followups[k]}]
                 messages[i] = history
-                ids = tokenizer.apply_chat_template(history, tools=req.tools)
+                ids = tokenizer.apply_chat_template(history, tools=req.tools, **req.chat_options)
                 try:
                     params[i] = fit_to_context(f"{req.source or req.id}: turn {k + 2}", ids, params[i],
                                                session.config.max_position_embeddings, warnings)

@@ -11,7 +11,8 @@
     answers.write_parquet("answers/")
 
 A row (after `preprocess`) is a request in moelight's jsonl shape: `prompt` or `messages`, and
-optionally `id`, `max_tokens`, `temperature`, `top_p`, `top_k`, `seed`, `tools`, `followups`.
+optionally `id`, `max_tokens`, `temperature`, `top_p`, `top_k`, `seed`, `tools`, `followups`,
+`chat_template_kwargs`, `add_generation_prompt`, `continue_final_message`.
 Rows without an id get one (a uuid). The output rows hold `id`, `generated_text`,
 `output_token_ids`, `finish_reason`, `prompt_tokens`, `completion_tokens`, `replica` and `details`
 (the rest of the local run's output record — prompt, messages, turns, meta — as JSON), then

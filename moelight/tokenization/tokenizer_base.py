@@ -42,7 +42,9 @@ class Tokenizer(ABC):
         mean what they mean in transformers' `apply_chat_template`."""
 
     def encode_request(self, request: Any) -> list[int]:
-        """Prompt ids for a ``workloads.Request``: the chat template for messages, else the raw prompt."""
+        """Prompt ids for a ``workloads.Request``: the chat template for messages (with the request's own
+        template arguments, as LLM.chat passes them), else the raw prompt."""
         if getattr(request, "messages", None) is not None:
-            return self.apply_chat_template(request.messages, tools=getattr(request, "tools", None))
+            return self.apply_chat_template(request.messages, tools=getattr(request, "tools", None),
+                                            **getattr(request, "chat_options", {}))
         return self.encode(request.prompt)

@@ -7,6 +7,7 @@ url and custom_id are kept in ``meta`` so the writer can answer in the Batch out
 from __future__ import annotations
 
 from ..request import Request
+from .chat_options import chat_options
 from .fields import RecordError, get_id, opt_int, parse_messages, parse_tools, sampling_fields
 from .sampling_options import extra_sampling
 
@@ -55,8 +56,9 @@ def parse_openai_record(obj: dict, where: str, lineno: int, turn: int = 1) -> Re
         raise RecordError(f"body: {e}") from None
     try:
         tools = parse_tools(body)
+        chat = chat_options(body, messages is not None)
     except RecordError as e:
         raise RecordError(f"body: {e}") from None
     meta = {"custom_id": obj["custom_id"], "url": url, "model": body.get("model")}
     return Request(id=cid, messages=messages, prompt=prompt, max_new_tokens=max_new,
-                   source=where, meta=meta, tools=tools, sampling=extra, **sampling)
+                   source=where, meta=meta, tools=tools, chat_options=chat, sampling=extra, **sampling)

@@ -4,11 +4,12 @@
 from __future__ import annotations
 
 from ..request import Request
+from .chat_options import CHAT_OPTION_KEYS, chat_options
 from .fields import RecordError, get_id, get_text, opt_int, parse_messages, parse_tools, sampling_fields
 from .sampling_options import JSONL_KEYS, extra_sampling
 
 KNOWN_KEYS = {"id", "prompt", "messages", "max_tokens", "max_new_tokens", "followups",
-              "temperature", "top_p", "top_k", "seed", "tools", "tool_choice"} | JSONL_KEYS
+              "temperature", "top_p", "top_k", "seed", "tools", "tool_choice", *CHAT_OPTION_KEYS} | JSONL_KEYS
 
 
 def looks_like_prompt_jsonl(obj: dict) -> bool:
@@ -38,12 +39,14 @@ def parse_prompt_record(obj: dict, where: str, lineno: int, turn: int = 1) -> Re
     tools = parse_tools(obj)
     if tools and messages is None:
         raise RecordError("field 'tools' needs 'messages' (the chat template renders the tools)")
+    chat = chat_options(obj, messages is not None, bool(followups))
     sampling = extra_sampling(obj)
     if sampling.get("n", 1) > 1 and followups:
         raise RecordError("n > 1 with 'followups': each sample would be a conversation of its own; ask for one")
     return Request(
         sampling=sampling,
         tools=tools,
+        chat_options=chat,
         id=rid,
         messages=messages,
         prompt=prompt,
