@@ -10,6 +10,8 @@ KINDS = {
     "chat_without_template": "chat messages formatted without a chat template (the tokenizer has none): a lone user "
                              "turn as its text, the byte tokenizer's turns in its minimal <|role|> format",
     "turn_does_not_fit": "a later turn does not fit the model's context: the conversation ends before it",
+    "harmony_without_final": "a harmony (GPT-OSS) answer without a final channel (cut by max_tokens, or a tool "
+                             "call): the next turn's history holds what it wrote after its last <|message|>",
     "other_model": "an OpenAI body names another model than --model: answered by --model's, whose name the "
                    "output's body.model carries",
     "greedy_samples": "n > 1 at temperature 0 (greedy, the job's --temperature default where a record sets none): "

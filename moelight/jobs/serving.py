@@ -21,6 +21,7 @@ from moelight.jobs.prompts import expand_samples, fit_to_context, prepare_prompt
 from moelight.jobs.report import RunReport
 from moelight.loading.generation_config import described, sampling_defaults
 from moelight.sampling.params import SamplingParams
+from moelight.tokenization.harmony import final_channel, is_harmony
 
 
 @dataclass
@@ -98,6 +99,7 @@ def generate_prepared(session, opts, job: PreparedJob, writer, bar=None, on_resu
         writer.write(on_result(requests[i], result) if on_result else result)
 
     messages = [list(r.messages) if r.messages is not None else None for r in requests]
+    harmony = is_harmony(tokenizer)
     active = list(range(len(requests)))
     round_prompts, round_params, owners = expand_samples(job.prompts, params)
     try:
@@ -128,7 +130,9 @@ def generate_prepared(session, opts, job: PreparedJob, writer, bar=None, on_resu
             for i in active:
                 req = requests[i]
                 history = messages[i] if messages[i] is not None else [{"role": "user", "content": req.prompt}]
-                history = history + [{"role": "assistant", "content": turns[i][-1].text},
+                answer = history_answer(turns[i][-1], tokenizer, harmony, f"{req.source or req.id}: turn {k + 1}",
+                                        warnings)
+                history = history + [{"role": "assistant", "content": answer},
                                      {"role": "user", "content": req.followups[k]}]
                 messages[i] = history
                 ids = tokenizer.apply_chat_template(history, tools=req.tools, **req.chat_options)
@@ -147,6 +151,17 @@ def generate_prepared(session, opts, job: PreparedJob, writer, bar=None, on_resu
     finally:  # what was changed to make requests run, even when the job stops early
         if warnings.counts:
             job.report.warnings = warnings.to_dict()
+
+
+def history_answer(turn: workloads.TurnOutput, tokenizer, harmony: bool, where: str, warnings: JobWarnings) -> str:
+    """The assistant message a later turn's history holds: the answer's text, or of a harmony answer its
+    final channel (what the model wrote after its last <|message|> where it has none, counted)."""
+    if not harmony:
+        return turn.text
+    answer, final = final_channel(tokenizer.decode(turn.token_ids, skip_special_tokens=False))
+    if not final:
+        warnings.add("harmony_without_final", where)
+    return answer
 
 
 def turn_output(res: SequenceResult, p, prompt_tokens: int, tokenizer, user: str | None = None):
