@@ -65,6 +65,8 @@ def test_a_second_turn_without_a_chat_template_is_refused_before_turn_one(tmp_pa
                                    "--model", str(STDLIB), "--hardware", "cpu-server", "--no-progress",
                                    "--turn", "2"])
     assert res.exit_code == 2 and f"{data}:1" in res.output and "has no chat_template" in res.output, res.output
+    # the user's question is named, not the probe conversation moelight formats to check it
+    assert "multi-turn question" in res.output and "3 messages" not in res.output, res.output
 
 
 def test_a_stop_string_that_begins_with_a_multibyte_character_stops():

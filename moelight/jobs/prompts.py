@@ -66,6 +66,8 @@ def check_prompts(requests, tokenizer, context: int, opts, warnings: JobWarnings
         try:
             ids = tokenizer.encode_request(r) if (r.prompt or r.messages) else []
             if r.followups:  # a later turn is a conversation: it must format now, not after turn 1 ran
+                if getattr(tokenizer, "has_chat_template", True) is False:
+                    raise TokenizerError(no_template_for_turns(tokenizer))
                 first = r.messages or [{"role": "user", "content": r.prompt}]
                 tokenizer.apply_chat_template([*first, {"role": "assistant", "content": "..."},
                                                {"role": "user", "content": r.followups[0]}], tools=r.tools,
@@ -93,6 +95,14 @@ def check_prompts(requests, tokenizer, context: int, opts, warnings: JobWarnings
         prompts.append(ids)
         params.append(p)
     return prompts, params, problems
+
+
+def no_template_for_turns(tokenizer) -> str:
+    """Why a question with later turns cannot run on a tokenizer without a chat template, and what to do."""
+    return (f"{getattr(tokenizer, 'model_dir', 'the model')}: the tokenizer has no chat_template "
+            "(tokenizer_config.json or chat_template.jinja), so a multi-turn question (a later turn: --turn 2, "
+            "followups) cannot be formatted; use a checkpoint with a chat template, or ask the first turn alone "
+            "(no --turn 2, no followups)")
 
 
 def out_of_vocab(ids: list[int], vocab: int) -> str | None:
