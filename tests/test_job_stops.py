@@ -232,3 +232,33 @@ def test_a_second_stop_before_the_parquet_is_written_names_the_stream_that_holds
     res = CliRunner().invoke(app, _args(data, out))
     assert res.exit_code == 130 and not out.exists(), res.output
     assert "results finished before the stop are in " + str(tmp_path / "o.parquet.partial.jsonl") in res.output
+
+
+def test_a_stop_in_a_later_turn_loses_the_unfinished_conversations_and_resume_asks_them_again(tmp_path,
+                                                                                              monkeypatch):
+    """A conversation is written when its last turn ends (README): a job stopped in turn 2 keeps none of
+    the turn-1 answers of the conversations still going, and --resume asks them again from turn 1, with
+    the same seeds, so the records equal an uninterrupted run's."""
+    from moelight.devices.device_base import DeviceOutOfMemory
+    from moelight.jobs import serving
+
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"id": f"c{i}", "prompt": f"question {i}", "followups": ["and?"],
+                                        "temperature": 0.8}) + "\n" for i in range(3)))
+    whole, out = tmp_path / "whole.jsonl", tmp_path / "o.jsonl"
+    assert CliRunner().invoke(app, _args(data, whole)).exit_code == 0
+    planned, rounds = serving.generate_planned, []
+
+    def stops_in_turn_two(*args, **kwargs):
+        rounds.append(1)
+        if len(rounds) == 2:
+            raise DeviceOutOfMemory("device memory exceeded")
+        return planned(*args, **kwargs)
+
+    monkeypatch.setattr(serving, "generate_planned", stops_in_turn_two)
+    failed = CliRunner().invoke(app, _args(data, out))
+    assert failed.exit_code == 2 and not (out.exists() and out.read_text()), failed.output
+    monkeypatch.setattr(serving, "generate_planned", planned)
+    assert CliRunner().invoke(app, _args(data, out, "--resume")).exit_code == 0
+    turns = lambda path: {json.loads(x)["id"]: json.loads(x)["turns"] for x in path.read_text().splitlines()}  # noqa: E731
+    assert turns(out) == turns(whole) and len(turns(out)) == 3
