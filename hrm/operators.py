@@ -15,6 +15,8 @@ import numpy as np
 from hrm import latent_attention as mla
 from hrm.model import ModelSpec
 
+EXPERT_CHUNK_TOKENS = 2048  # tokens whose routed rows a layer pass holds at once (grouped experts)
+
 
 @dataclass(frozen=True)
 class OpCost:
@@ -184,9 +186,41 @@ def expert_dequantize(m: ModelSpec, b: float) -> OpCost:
 
 
 def activation_bytes_per_token(m: ModelSpec, b: float) -> float:
-    """Peak live activations per token inside one layer (hidden in/out, residual, QKV,
-    attention output, router logits, and one expert's intermediate at a time shared
-    by the k/E share of tokens routed to it)."""
-    h, f = m.hidden_size, m.intermediate_size
-    attn = mla.activation_elements(m) if m.latent else (m.q_dim + 2 * m.kv_dim) + m.q_dim
-    return (3 * h + attn + m.num_experts + 2.0 * f * m.top_k / m.num_experts) * b
+    """Peak live device bytes per token of a layer pass of at most EXPERT_CHUNK_TOKENS tokens, as the
+    runtime computes it (measured on the emulated device: tests/test_activation_memory.py): the
+    token's own tensors (activation_bytes_outside_experts) and its routed experts' rows
+    (expert_activation_bytes_per_token). MLA families measure below that (their pass keeps less per
+    routed row): the older, smaller count of one expert's intermediate at a time fits them (within 20%)."""
+    h, f, k = m.hidden_size, m.intermediate_size, m.top_k
+    if m.latent:
+        return (3 * h + mla.activation_elements(m) + m.num_experts + 2.0 * f * k / m.num_experts) * b
+    return activation_bytes_outside_experts(m, b) + expert_activation_bytes_per_token(m, b)
+
+
+def activation_bytes_outside_experts(m: ModelSpec, b: float) -> float:
+    """Hidden states, residual and norm, q/k/v and the attention output, the shared expert, the router
+    in float32: what a layer pass holds for every token it carries."""
+    if m.latent:
+        return activation_bytes_per_token(m, b)
+    h = m.hidden_size
+    return (3 * h + 2 * m.q_dim + 2 * m.kv_dim + 3 * m.shared_expert_size) * b + 4.0 * m.num_experts
+
+
+def expert_activation_bytes_per_token(m: ModelSpec, b: float) -> float:
+    """A token's routed rows in the grouped experts (models/grouped_experts.py: every token of a chunk
+    at once), the larger of two phases: the GEMMs' (the rows in expert order, gate/up and the
+    activation's temporaries, SwiGLU 4 widths and GPT-OSS's clamped one 8, a previous group's rows in
+    float32) and the weighting's (rows in the dtype and in float32, back in token order)."""
+    if m.latent:
+        return 0.0
+    h, f, k = m.hidden_size, m.intermediate_size, m.top_k
+    gemm = k * (h + (8 if m.expert_bias else 4) * f) * b + 4.0 * k * h
+    return max(gemm, k * h * (4 * b + 4))
+
+
+def pass_activation_bytes(m: ModelSpec, b: float, tokens):
+    """A layer pass of `tokens` tokens: every token's own tensors, and the routed rows of at most one
+    chunk of EXPERT_CHUNK_TOKENS tokens (the runtime runs a longer pass's experts chunk by chunk)."""
+    tokens = np.asarray(tokens, float)
+    return (tokens * activation_bytes_outside_experts(m, b)
+            + np.minimum(tokens, EXPERT_CHUNK_TOKENS) * expert_activation_bytes_per_token(m, b))

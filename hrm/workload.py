@@ -79,6 +79,14 @@ class WorkloadSpec:
         """Longest prompt a micro-batch may carry (prefill activation sizing)."""
         return float(self.max_prompt_len or self.prompt_len) if self.padded else float(self.prompt_len)
 
+    def prefill_pass_tokens(self, mu):
+        """Prompt tokens one prefill pass holds at once (its activations): a whole micro-batch
+        layer-major, else at most prefill_chunk, and never less than one longest prompt."""
+        whole = np.asarray(mu, float) * max(1.0, self.peak_prompt)
+        if self.prefill_chunk is None:
+            return whole
+        return np.minimum(whole, max(float(self.prefill_chunk), self.peak_prompt))
+
     @property
     def mean_context(self) -> float:
         """Average attention context over the decode steps."""

@@ -199,7 +199,7 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
     b = dtype_bytes(dtype)
     big_n = mu * n_mb
     L, g = m.num_layers, wl.gen_len
-    p, p_peak = wl.effective_prompt, wl.peak_prompt
+    p = wl.effective_prompt
     p_new = wl.computed_prompt  # what prefill computes and stores (a shared prefix only once)
     c_mean, c_max = wl.mean_context, wl.max_context
     ffn_lvl = "gpu" if f_g else "cpu"
@@ -277,8 +277,7 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
         head = head + costs.logits_to_host_time(hw, m, big_n, copies=n_mb)
 
     # ---- memory (bytes) ----
-    act_tok = ops.activation_bytes_per_token(m, b)
-    act = mu * max(1.0, p_peak) * act_tok + mu * m.vocab_size * 4.0  # prefill micro-batch + fp32 logits
+    act = ops.pass_activation_bytes(m, b, wl.prefill_pass_tokens(mu)) + mu * m.vocab_size * 4.0  # + fp32 logits
     gpu_mem: dict[str, Affine] = {}
     cpu_mem: dict[str, Affine] = {}
     t = hw.gpu_count if has_gpu else 1  # tensor parallel: every GPU holds the replicated weights, activations

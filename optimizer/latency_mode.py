@@ -48,7 +48,7 @@ def cache_slots(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, batch: int, dt
     longest context and a prefill's activations; 0 when not even one layer's experts fit."""
     b = dtype_bytes(dtype)
     kv = costs.kv_cache_bytes(m, batch, wl.max_context, dtype, layers=m.num_layers)
-    act = batch * max(1.0, wl.peak_prompt) * ops.activation_bytes_per_token(m, b) + batch * m.vocab_size * 4.0
+    act = ops.pass_activation_bytes(m, b, wl.prefill_pass_tokens(batch)) + batch * m.vocab_size * 4.0
     room = alpha * hw.gpu.memory_bytes - m.non_expert_params() * b - kv - act
     expert = m.expert_params() * m.expert_weight_bytes(b)
     total = (m.num_layers - m.num_dense_layers) * m.num_experts

@@ -118,3 +118,18 @@ def test_batched_decode_attention_equals_the_reference(window, sinks):
         got = batched_decode_attention(q, k, v, offsets, lengths, longest, d**-0.5, window, sink)
     torch.testing.assert_close(got, ref, rtol=1e-5, atol=1e-6)
     assert counts.syncs == 0
+
+
+def test_a_pass_longer_than_the_expert_chunk_runs_chunk_by_chunk_with_the_same_result(monkeypatch):
+    gu, dn = _experts(8, 24, 40)
+    x, w, e = _routing(37, 8, 2, 24)
+    whole = grouped_expert_mix(x, w, e, _table(gu, dn, 3), swiglu)
+    monkeypatch.setattr(grouped_experts, "EXPERT_CHUNK_TOKENS", 8)
+    calls = []
+    inner = grouped_experts.grouped_expert_mix
+    monkeypatch.setattr(grouped_experts, "grouped_expert_mix",
+                        lambda *a, **k: calls.append(len(a[0])) or inner(*a, **k))
+    chunked = inner(x, w, e, _table(gu, dn, 3), swiglu)
+    assert calls == [8, 8, 8, 8, 5]
+    # the same rows through the same experts; only the GEMMs' blocking differs with the row count
+    torch.testing.assert_close(chunked, whole, rtol=1e-4, atol=1e-6)

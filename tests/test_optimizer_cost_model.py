@@ -19,7 +19,11 @@ def test_cgopipe_policy_memory_by_hand():
     res = evaluate_policy(HW, TINY, WL, pol)
     w_le = 4 * 3 * 64 * 128 * 2  # one layer's experts, bytes
     non_exp = (2 * (64 * 128 + 64 * 64 + 2 * 64 + 64 * 4) + 2 * 512 * 64 + 64) * 2
-    act = 4 * 10 * (3 * 64 + 128 + 64 + 4 + 2 * 128 * 2 / 4) * 2 + 4 * 512 * 4
+    # a prefill pass of 4 x 10 tokens; per token: hidden x3, q + k + v + attention output, the router in
+    # float32, then the grouped experts' GEMM phase: k rows of h + 4f, a group's k rows in float32
+    per_token = (3 * 64 + 64 + 2 * 32 + 64) * 2 + 4 * 4 + max(2 * (64 + 4 * 128) * 2 + 4 * 2 * 64,
+                                                             2 * 64 * (4 * 2 + 4))
+    act = 4 * 10 * per_token + 4 * 512 * 4
     assert res.gpu_memory == pytest.approx({
         "non_expert_weights": non_exp, "resident_experts": 0.5 * 2 * w_le,
         "paged_weight_buffers": 2 * 0.5 * w_le, "activations": act})

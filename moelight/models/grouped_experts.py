@@ -22,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 
+from hrm.operators import EXPERT_CHUNK_TOKENS
+
 PADDED_MAX_TOKENS = 512  # above this many tokens the padded bmm wastes too much: the per-expert loop runs
 _grouped_mm_works: dict[tuple[str, torch.dtype], bool] = {}
 
@@ -115,8 +117,15 @@ def grouped_expert_mix(x: torch.Tensor, weights: torch.Tensor, experts: torch.Te
                        activation: Callable[[torch.Tensor], torch.Tensor],
                        gate_up_bias: torch.Tensor | None = None, down_bias: torch.Tensor | None = None
                        ) -> torch.Tensor:
-    """x [T, h], routing weights / expert ids [T, k] -> the weighted sum of the experts [T, h]."""
+    """x [T, h], routing weights / expert ids [T, k] -> the weighted sum of the experts [T, h]. A pass
+    of more than EXPERT_CHUNK_TOKENS tokens runs in chunks of that many: every token's k rows are live
+    at once, so chunks bound the pass's expert activations as the HRM counts them (a token's result
+    does not depend on the others in its chunk)."""
     T, k = experts.shape
+    if T > EXPERT_CHUNK_TOKENS:
+        return torch.cat([grouped_expert_mix(x[i:i + EXPERT_CHUNK_TOKENS], weights[i:i + EXPERT_CHUNK_TOKENS],
+                                             experts[i:i + EXPERT_CHUNK_TOKENS], gate_up, activation, gate_up_bias,
+                                             down_bias) for i in range(0, T, EXPERT_CHUNK_TOKENS)])
     E = gate_up.num_experts
     flat = experts.reshape(-1)
     order = torch.argsort(flat, stable=True)
