@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from workloads.readers.sampling_options import MAX_LOGPROBS
 
 GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a temperature under it samples greedily
+FLOAT_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
 
 
 @dataclass
@@ -133,6 +134,11 @@ class SamplingParams:
         self._check_values()
 
     def _check_values(self) -> None:
+        floats = {name: getattr(self, name) for name in FLOAT_FIELDS}
+        floats.update({f"logit_bias[{k}]": b for k, b in (self.logit_bias or {}).items()})
+        for name, v in floats.items():
+            if v != v:  # NaN passes every range test below (each comparison is false)
+                raise ValueError(f"{name} must be a number, got nan")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1 (or None: what the context leaves), got {self.max_tokens}")
         if self.n < 1:

@@ -81,7 +81,7 @@ def opt_float(obj: dict, key: str, lo: float | None = None, hi: float | None = N
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         raise RecordError(f"field '{key}' must be a number, got {_type_name(v)} {v!r}")
     v = float(v)
-    if (lo is not None and v < lo) or (hi is not None and v > hi):
+    if v != v or (lo is not None and not lo <= v) or (hi is not None and not v <= hi):  # NaN fails every test
         raise RecordError(f"field '{key}' must be in [{lo}, {hi}], got {v}")
     return v
 

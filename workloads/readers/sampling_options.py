@@ -65,9 +65,12 @@ def _logit_bias(obj: dict) -> dict | None:
     if not isinstance(v, dict):
         raise RecordError(f"field 'logit_bias' must map token ids to numbers, got {_type_name(v)}")
     try:
-        return {int(k): float(b) for k, b in v.items()}
+        bias = {int(k): float(b) for k, b in v.items()}
     except (TypeError, ValueError):
         raise RecordError("field 'logit_bias' must map token ids to numbers") from None
+    if any(b != b for b in bias.values()):  # NaN would make every logit NaN
+        raise RecordError(f"field 'logit_bias' must map token ids to numbers, got NaN in {v!r}")
+    return bias
 
 
 def _structured(v: Any, key: str) -> dict:
