@@ -4,12 +4,17 @@ endings. Each is refused (or read) before any model loads, by its file and line.
 
 from __future__ import annotations
 
+import datetime
+import decimal
+import json
 from pathlib import Path
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from moelight.sampling.params import SamplingParams
-from workloads import load_dataset
+from workloads import DatasetError, load_dataset
 
 
 def _jsonl(path: Path, *lines: str) -> Path:
@@ -39,3 +44,39 @@ def test_sampling_params_refuse_nan(field):
         SamplingParams(**{field: float("nan")})
     with pytest.raises(ValueError, match="logit_bias"):
         SamplingParams(logit_bias={1: float("nan")})
+
+
+def test_parquet_meta_columns_are_made_json_before_the_run(tmp_path):
+    table = pa.table({"prompt": ["a", "b"],
+                      "when": pa.array([datetime.datetime(2024, 5, 1, 12, 30), None], pa.timestamp("us")),
+                      "day": pa.array([datetime.date(2024, 5, 1), None], pa.date32()),
+                      "price": pa.array([decimal.Decimal("1.10"), None], pa.decimal128(5, 2)),
+                      "score": [float("nan"), float("inf")]})
+    pq.write_table(table, tmp_path / "d.parquet")
+    a, b = load_dataset(tmp_path / "d.parquet").requests
+    assert {k: a.meta[k] for k in ("when", "day", "price", "score")} == {
+        "when": "2024-05-01T12:30:00", "day": "2024-05-01", "price": "1.10", "score": None}
+    assert b.meta["score"] is None
+    json.dumps(a.meta, allow_nan=False)  # strict JSON: the writer cannot fail on it after the run
+    pq.write_table(pa.table({"prompt": ["a"], "blob": [b"\x00\x01"]}), tmp_path / "b.parquet")
+    with pytest.raises(DatasetError, match=r"b.parquet: column\(s\) 'blob' hold bytes.*drop them"):
+        load_dataset(tmp_path / "b.parquet")
+
+
+@pytest.mark.parametrize("record, field", [
+    ('{"prompt": "a", "note": "x\\udc00"}', "field 'note'"),
+    ('{"messages": [{"role": "user", "content": "a", "name": "\\udc00"}]}', "field 'messages[0].name'"),
+    ('{"id": "\\udc00", "prompt": "a"}', "field 'id'"),
+    ('{"prompt": "a", "x\\udc00": 1}', "a field name"),
+])
+def test_a_lone_surrogate_anywhere_in_a_record_is_refused_by_its_line(tmp_path, record, field):
+    data = _jsonl(tmp_path / "d.jsonl", record)
+    with pytest.raises(DatasetError, match="lone surrogate") as e:
+        load_dataset(data)
+    assert str(e.value).startswith(f"{data}:1: {field} holds a lone surrogate"), str(e.value)
+
+
+def test_nan_in_a_jsonl_extra_field_is_written_as_null(tmp_path):
+    data = _jsonl(tmp_path / "d.jsonl", '{"prompt": "a", "score": NaN, "deep": [Infinity]}')
+    (req,) = load_dataset(data).requests
+    assert (req.meta["score"], req.meta["deep"]) == (None, [None])

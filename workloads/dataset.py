@@ -27,6 +27,7 @@ from .readers import (
     read_parquet,
 )
 from .readers.fields import RecordError
+from .readers.json_values import check_strings
 from .request import Request
 
 log = logging.getLogger("workloads")
@@ -108,6 +109,7 @@ def parse_dataset(source: Path | bytes, label: str, fmt: str | None = None, turn
         for lineno, obj in records:
             where = f"{label}:{lineno}"
             try:
+                check_strings(obj)
                 requests.append(parse(obj, where, lineno, turn))
             except RecordError as e:
                 problems.append(Problem(where, str(e)))

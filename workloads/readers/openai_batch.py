@@ -9,6 +9,7 @@ from __future__ import annotations
 from ..request import Request
 from .chat_options import chat_options
 from .fields import RecordError, get_id, opt_int, parse_messages, parse_tools, sampling_fields
+from .json_values import json_safe_meta
 from .sampling_options import extra_sampling
 
 SUPPORTED_URLS = ("/v1/chat/completions", "/v1/completions")
@@ -59,6 +60,6 @@ def parse_openai_record(obj: dict, where: str, lineno: int, turn: int = 1) -> Re
         chat = chat_options(body, messages is not None)
     except RecordError as e:
         raise RecordError(f"body: {e}") from None
-    meta = {"custom_id": obj["custom_id"], "url": url, "model": body.get("model")}
+    meta = json_safe_meta({"custom_id": obj["custom_id"], "url": url, "model": body.get("model")})
     return Request(id=cid, messages=messages, prompt=prompt, max_new_tokens=max_new,
                    source=where, meta=meta, tools=tools, chat_options=chat, sampling=extra, **sampling)

@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..request import Request
 from .chat_options import CHAT_OPTION_KEYS, chat_options
 from .fields import RecordError, get_id, get_text, opt_int, parse_messages, parse_tools, sampling_fields
+from .json_values import json_safe_meta
 from .sampling_options import JSONL_KEYS, extra_sampling
 
 KNOWN_KEYS = {"id", "prompt", "messages", "max_tokens", "max_new_tokens", "followups",
@@ -35,7 +36,7 @@ def parse_prompt_record(obj: dict, where: str, lineno: int, turn: int = 1) -> Re
     if followups and messages is None:
         messages = [{"role": "user", "content": prompt}]
         prompt = None
-    meta = {k: v for k, v in obj.items() if k not in KNOWN_KEYS}
+    meta = json_safe_meta({k: v for k, v in obj.items() if k not in KNOWN_KEYS})
     tools = parse_tools(obj)
     if tools and messages is None:
         raise RecordError("field 'tools' needs 'messages' (the chat template renders the tools)")
