@@ -80,3 +80,21 @@ def test_nan_in_a_jsonl_extra_field_is_written_as_null(tmp_path):
     data = _jsonl(tmp_path / "d.jsonl", '{"prompt": "a", "score": NaN, "deep": [Infinity]}')
     (req,) = load_dataset(data).requests
     assert (req.meta["score"], req.meta["deep"]) == (None, [None])
+
+
+def test_a_prompt_record_with_a_custom_id_is_a_prompt_record(tmp_path):
+    data = _jsonl(tmp_path / "d.jsonl", '{"custom_id": "a", "prompt": "x"}', '{"custom_id": "b", "prompt": "y"}')
+    loaded = load_dataset(data)
+    assert loaded.format == "jsonl" and [r.meta["custom_id"] for r in loaded.requests] == ["a", "b"]
+
+
+def test_the_format_is_told_by_the_first_record_that_shows_one(tmp_path):
+    data = _jsonl(tmp_path / "d.jsonl", '{"question": "x"}', '{"prompt": "y"}')
+    loaded = load_dataset(data, skip_bad_lines=True)
+    assert loaded.format == "jsonl" and [r.prompt for r in loaded.requests] == ["y"]
+    assert loaded.skipped[0].where == f"{data}:1" and "missing required field 'prompt'" in loaded.skipped[0].message
+    oai = _jsonl(tmp_path / "o.jsonl", '{"custom_id": "a"}', '{"custom_id": "b", "body": {"prompt": "y"}}')
+    loaded = load_dataset(oai, skip_bad_lines=True)
+    assert loaded.format == "openai" and "missing required field 'body'" in loaded.skipped[0].message
+    with pytest.raises(DatasetError, match="cannot tell the dataset format"):
+        load_dataset(_jsonl(tmp_path / "n.jsonl", '{"question": "x"}'))

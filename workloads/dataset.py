@@ -119,13 +119,16 @@ def parse_dataset(source: Path | bytes, label: str, fmt: str | None = None, turn
 
 
 def detect_jsonl_format(label: str, records: list[tuple[int, dict]], hint_style: str = "python") -> str:
+    """The format of the first record that shows one, so a bad first record is reported as a bad record of
+    the file (and skipped with skip_bad_lines) instead of stopping the job."""
+    for _, obj in records:
+        if looks_like_openai_batch(obj):
+            return "openai"
+        if looks_like_mtbench(obj):
+            return "mtbench"
+        if looks_like_prompt_jsonl(obj):
+            return "jsonl"
     lineno, obj = records[0]
-    if looks_like_openai_batch(obj):
-        return "openai"
-    if looks_like_mtbench(obj):
-        return "mtbench"
-    if looks_like_prompt_jsonl(obj):
-        return "jsonl"
     keys = ", ".join(sorted(obj)) or "none"
     raise DatasetError(
         f"{label}:{lineno}: cannot tell the dataset format from this record (keys: {keys}); "

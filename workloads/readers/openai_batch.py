@@ -16,7 +16,8 @@ SUPPORTED_URLS = ("/v1/chat/completions", "/v1/completions")
 
 
 def looks_like_openai_batch(obj: dict) -> bool:
-    return "custom_id" in obj or ("body" in obj and "url" in obj)
+    """A `body` makes a batch request; a `custom_id` beside a `prompt` is a prompt record's extra field."""
+    return "body" in obj and ("custom_id" in obj or "url" in obj or not ("prompt" in obj or "messages" in obj))
 
 
 def parse_openai_record(obj: dict, where: str, lineno: int, turn: int = 1) -> Request:
