@@ -98,3 +98,14 @@ def test_the_format_is_told_by_the_first_record_that_shows_one(tmp_path):
     assert loaded.format == "openai" and "missing required field 'body'" in loaded.skipped[0].message
     with pytest.raises(DatasetError, match="cannot tell the dataset format"):
         load_dataset(_jsonl(tmp_path / "n.jsonl", '{"question": "x"}'))
+
+
+def test_a_prompt_column_of_another_name_is_named_in_errors_and_a_prompt_column_is_meta(tmp_path):
+    table = pa.table({"question": ["q1", None, " "], "prompt": ["p1", "p2", "p3"], "key": ["k1", "k2", "k3"],
+                      "id": ["i1", "i2", "i3"]})
+    pq.write_table(table, tmp_path / "d.parquet")
+    loaded = load_dataset(tmp_path / "d.parquet", prompt_column="question", id_column="key", skip_bad_lines=True)
+    (req,) = loaded.requests
+    assert (req.id, req.prompt, req.meta["prompt"], req.meta["id"]) == ("k1", "q1", "p1", "i1")
+    assert [p.message for p in loaded.skipped] == ["missing required field 'question'",
+                                                   "empty prompt in field 'question'"]

@@ -55,19 +55,15 @@ def read_parquet(path: Path, label: str, prompt_column: str = "prompt", id_colum
     problems: list[Problem] = []
     for i, row in enumerate(table.to_pylist(), start=1):
         where = f"{label}:row {i}"
-        record = {k: v for k, v in row.items() if k not in (prompt_column, id_column)}
-        if not chat_only:
-            record["prompt"] = row[prompt_column]
+        record = dict(row)
         if isinstance(record.get("messages"), str):  # JSON text, as a parquet output holds nested fields
             try:
                 record["messages"] = json.loads(record["messages"])
             except json.JSONDecodeError as e:
                 problems.append(Problem(where, f"column 'messages' is not JSON ({e.msg})"))
                 continue
-        if row.get(id_column) is not None:
-            record["id"] = row[id_column]
         try:
-            requests.append(parse_prompt_record(record, where, i))
+            requests.append(parse_prompt_record(record, where, i, prompt_key=prompt_column, id_key=id_column))
         except RecordError as e:
             problems.append(Problem(where, str(e)))
     return requests, problems

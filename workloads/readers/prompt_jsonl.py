@@ -17,26 +17,29 @@ def looks_like_prompt_jsonl(obj: dict) -> bool:
     return "prompt" in obj or "messages" in obj
 
 
-def parse_prompt_record(obj: dict, where: str, lineno: int, turn: int = 1) -> Request:
-    """Ids default to the line number so they stay stable when bad lines are skipped."""
-    rid = get_id(obj, "id", str(lineno))
+def parse_prompt_record(obj: dict, where: str, lineno: int, turn: int = 1, prompt_key: str = "prompt",
+                        id_key: str = "id") -> Request:
+    """Ids default to the line number so they stay stable when bad lines are skipped. `prompt_key` /
+    `id_key`: a parquet file's own column names, which errors name; a `prompt` or `id` beside them is meta."""
+    rid = get_id(obj, id_key, str(lineno))
     messages = None
     prompt = None
     if obj.get("messages") is not None:
-        if obj.get("prompt") is not None:
-            raise RecordError("give either 'prompt' or 'messages', not both")
+        if obj.get(prompt_key) is not None:
+            raise RecordError(f"give either '{prompt_key}' or 'messages', not both")
         messages = parse_messages(obj["messages"])
-    elif "prompt" in obj:
-        prompt = get_text(obj, "prompt")
+    elif prompt_key in obj:
+        prompt = get_text(obj, prompt_key)
     else:
-        raise RecordError("missing required field 'prompt' (or 'messages')")
+        raise RecordError(f"missing required field '{prompt_key}' (or 'messages')")
     followups = obj.get("followups") or []
     if not isinstance(followups, list) or not all(isinstance(t, str) and t.strip() for t in followups):
         raise RecordError("field 'followups' must be a list of non-empty strings")
     if followups and messages is None:
         messages = [{"role": "user", "content": prompt}]
         prompt = None
-    meta = json_safe_meta({k: v for k, v in obj.items() if k not in KNOWN_KEYS})
+    known = (KNOWN_KEYS - {"prompt", "id"}) | {prompt_key, id_key}
+    meta = json_safe_meta({k: v for k, v in obj.items() if k not in known})
     tools = parse_tools(obj)
     if tools and messages is None:
         raise RecordError("field 'tools' needs 'messages' (the chat template renders the tools)")
