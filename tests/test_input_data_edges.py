@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime
 import decimal
+import gzip
 import json
 from pathlib import Path
 
@@ -15,6 +16,7 @@ import pytest
 
 from moelight.sampling.params import SamplingParams
 from workloads import DatasetError, load_dataset
+from workloads.dataset import parse_dataset
 
 
 def _jsonl(path: Path, *lines: str) -> Path:
@@ -109,3 +111,43 @@ def test_a_prompt_column_of_another_name_is_named_in_errors_and_a_prompt_column_
     assert (req.id, req.prompt, req.meta["prompt"], req.meta["id"]) == ("k1", "q1", "p1", "i1")
     assert [p.message for p in loaded.skipped] == ["missing required field 'question'",
                                                    "empty prompt in field 'question'"]
+
+
+def _file_and_pipe(path: Path, data: bytes, **kw) -> list:
+    """load_dataset of `data` as a file and as a pipe's bytes (what /dev/stdin gives)."""
+    path.write_bytes(data)
+    return [parse_dataset(path, str(path), **kw), parse_dataset(data, str(path), **kw)]
+
+
+def test_a_gzip_compressed_jsonl_is_read_from_a_file_and_a_pipe(tmp_path):
+    data = gzip.compress(b'{"prompt": "a"}\n{"prompt": "b"}\n')
+    for requests, problems, fmt in _file_and_pipe(tmp_path / "d.jsonl.gz", data):
+        assert ([r.prompt for r in requests], problems, fmt) == (["a", "b"], [], "jsonl")
+
+
+def test_cr_line_endings_read_alike_from_a_file_and_a_pipe(tmp_path):
+    data = b'{"prompt": "a"}\r{"prompt": "b"}\r'
+    (tmp_path / "d.jsonl").write_bytes(data)
+    errors = []
+    for source in (tmp_path / "d.jsonl", data):
+        with pytest.raises(DatasetError, match="bare carriage return") as e:
+            parse_dataset(source, "d.jsonl")
+        errors.append(str(e.value))
+    assert errors[0] == errors[1]
+    crlf = b'{"prompt": "a"}\r\n{"prompt": "b"}\r\n'
+    (f_req, _, _), (p_req, _, _) = _file_and_pipe(tmp_path / "w.jsonl", crlf)
+    assert [(r.id, r.prompt) for r in f_req] == [(r.id, r.prompt) for r in p_req] == [("1", "a"), ("2", "b")]
+
+
+@pytest.mark.parametrize("data, message", [
+    ('{"prompt": "a"}\n'.encode("utf-16"), "UTF-16 text; moelight reads UTF-8: convert it"),
+    ('{"prompt": "a"}\n'.encode("utf-16-le"), "UTF-16 text"),
+    (b"prompt,id\nhello,1\n", "looks like CSV/TSV"),
+    (b"prompt\tid\nhello\t1\n", "looks like CSV/TSV"),
+    (b'{"prompt": "a\x01"}\n', "(Invalid control character at column"),
+])
+def test_a_file_that_is_not_json_lines_says_what_it_is(tmp_path, data, message):
+    (tmp_path / "d.jsonl").write_bytes(data)
+    with pytest.raises(DatasetError) as e:
+        load_dataset(tmp_path / "d.jsonl")
+    assert message in str(e.value) and " at at " not in str(e.value), str(e.value)

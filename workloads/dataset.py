@@ -16,7 +16,6 @@ import pyarrow as pa
 
 from .errors import DatasetError, Problem, format_problems
 from .readers import (
-    iter_json_lines,
     looks_like_mtbench,
     looks_like_openai_batch,
     looks_like_prompt_jsonl,
@@ -93,10 +92,7 @@ def parse_dataset(source: Path | bytes, label: str, fmt: str | None = None, turn
                                           hint=HINTS[hint_style]["prompt_column"])
         fmt = "parquet"
     else:
-        if isinstance(source, bytes):
-            records, problems = iter_json_lines(source.splitlines(keepends=True), label)
-        else:
-            records, problems = read_json_lines(source, label)
+        records, problems = read_json_lines(source, label)
         if not records and not problems:
             raise DatasetError(f"{label}: file is empty (no records)")
         if not records:
