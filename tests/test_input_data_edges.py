@@ -13,10 +13,14 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from typer.testing import CliRunner
 
+from moelight.cli import app
 from moelight.sampling.params import SamplingParams
 from workloads import DatasetError, load_dataset
 from workloads.dataset import parse_dataset
+
+TINY = ["--model", "tiny", "--load-format", "dummy", "--hardware", "cpu-server", "--no-progress", "--gen-len", "2"]
 
 
 def _jsonl(path: Path, *lines: str) -> Path:
@@ -151,3 +155,25 @@ def test_a_file_that_is_not_json_lines_says_what_it_is(tmp_path, data, message):
     with pytest.raises(DatasetError) as e:
         load_dataset(tmp_path / "d.jsonl")
     assert message in str(e.value) and " at at " not in str(e.value), str(e.value)
+
+
+def test_an_openai_record_refused_at_read_is_answered_under_its_custom_id(tmp_path):
+    """README: an OpenAI batch output answers each unusable request with an error line under its custom_id,
+    those refused when the file is read too (one line an id; resume counts it finished)."""
+    def line(cid, body):
+        return json.dumps({**({"custom_id": cid} if cid else {}), "url": "/v1/completions", "body": body})
+    data = _jsonl(tmp_path / "b.jsonl", line("ok", {"prompt": "fine", "max_tokens": 2}),
+                  line("list", {"prompt": ["a", "b"]}), line("empty", {"prompt": ""}),
+                  line("ok", {"prompt": ""}), line(None, {"prompt": "x"}))
+    out = tmp_path / "o.jsonl"
+    args = ["run", "--dataset", str(data), "--output", str(out), *TINY, "--skip-bad-lines"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 0, res.output
+    lines = [json.loads(x) for x in out.read_text().splitlines()]
+    assert sorted(x["custom_id"] for x in lines) == ["empty", "list", "ok"]
+    errors = {x["custom_id"]: x["error"] for x in lines if x["error"]}
+    assert errors["list"]["code"] == "invalid_request" and f"{data}:2: body.prompt" in errors["list"]["message"]
+    assert f"{data}:3: empty prompt" in errors["empty"]["message"]
+    again = CliRunner().invoke(app, [*args, "--resume"])
+    assert again.exit_code == 0, again.output
+    assert len(out.read_text().splitlines()) == 3  # nothing answered twice

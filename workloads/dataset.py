@@ -108,10 +108,34 @@ def parse_dataset(source: Path | bytes, label: str, fmt: str | None = None, turn
                 check_strings(obj)
                 requests.append(parse(obj, where, lineno, turn))
             except RecordError as e:
-                problems.append(Problem(where, str(e)))
+                problems.append(Problem(where, str(e), refused_id(obj) if fmt == "openai" else None))
     for r in requests:
         r.meta.setdefault("input_format", fmt)
     return requests, problems, fmt
+
+
+def refused_id(obj: dict) -> str | None:
+    """The custom_id of a refused OpenAI record, where it is one an output line can carry."""
+    cid = obj.get("custom_id")
+    if isinstance(cid, bool) or not isinstance(cid, (str, int)) or not str(cid).strip():
+        return None
+    try:
+        str(cid).encode("utf-8")
+    except UnicodeEncodeError:
+        return None
+    return str(cid)
+
+
+def answerable(requests: list[Request], problems: list[Problem]) -> list[Problem]:
+    """`problems`, the custom_id kept only on the first refusal of an id no request has: one output line an id."""
+    seen = {r.id for r in requests}
+    out = []
+    for p in problems:
+        if p.id is not None and p.id in seen:
+            p = replace(p, id=None)
+        seen.add(p.id)
+        out.append(p)
+    return out
 
 
 def detect_jsonl_format(label: str, records: list[tuple[int, dict]], hint_style: str = "python") -> str:
@@ -209,6 +233,7 @@ def load_dataset(path: str | Path, format: str | None = None, turn: int = 1,
                            f"this dataset is {fmt}, whose records give `prompt` (or `messages`) and `id`: drop it")
     requests = check_duplicates(requests, problems)
     problems.sort(key=line_of)
+    problems = answerable(requests, problems)
 
     if problems and not skip_bad_lines:
         raise DatasetError.from_problems(label, problems, skip_hint(hint_style))

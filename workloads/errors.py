@@ -17,6 +17,7 @@ class Problem:
 
     where: str
     message: str
+    id: str | None = None  # an OpenAI record's custom_id, whose output answers it with an error line
 
     def __str__(self) -> str:
         return f"{self.where}: {self.message}"

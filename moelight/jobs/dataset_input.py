@@ -3,7 +3,7 @@ model loads), less what a resumed output already holds, and the state of the out
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import workloads
 from moelight.jobs.output_file import OutputState, prepare_output
@@ -16,6 +16,7 @@ class JobInput:
     skipped: list[str]  # bad records skipped (--skip-bad-lines), "file:line: why"
     out_format: str
     output: OutputState
+    refused: dict[str, str] = field(default_factory=dict)  # custom_id -> why, of OpenAI records refused at read
 
 
 def read_requests(opts: RunOptions) -> JobInput:
@@ -25,6 +26,8 @@ def read_requests(opts: RunOptions) -> JobInput:
         skip_bad_lines=opts.skip_bad_lines, prompt_column=opts.prompt_column, hint_style="cli",
     )
     out_format = workloads.output_format(opts.output, loaded.format)
-    state = prepare_output(opts, out_format, loaded.requests)
+    refused = {p.id: str(p) for p in loaded.skipped if p.id is not None}
+    state = prepare_output(opts, out_format, loaded.requests, refused)
     left = [r for r in loaded.requests if r.id not in state.done]
-    return JobInput(left, [str(p) for p in loaded.skipped], out_format, state)
+    refused = {cid: why for cid, why in refused.items() if cid not in state.done}
+    return JobInput(left, [str(p) for p in loaded.skipped], out_format, state, refused)

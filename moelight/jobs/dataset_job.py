@@ -56,4 +56,5 @@ def _run_job(opts: RunOptions) -> RunReport | None:
     if session is None:
         return None
     with LazyResultWriter(opts, job.out_format, job.output.record) as writer:
-        return serve_requests(session, opts, job.requests, job.skipped, writer, output=job.output)
+        return serve_requests(session, opts, job.requests, job.skipped, writer, output=job.output,
+                              refused=job.refused)

@@ -24,6 +24,7 @@ from moelight.errors import MoelightError
 from moelight.jobs.atomic_write import write_text_atomic
 from moelight.loading.hub_cache import cached_model_folder
 
+REFUSED = "refused"  # the hash of an OpenAI record refused at read: the output's error line answers it
 VERSION = 2  # 2: a request's hash covers its sampling fields (stop, n, logprobs, response_format, ...)
 # RunOptions fields that change what a request generates (batching and placement do not, in float32)
 # (which requests a job holds is the requests' business: each is checked by its hash)

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import workloads
-from moelight.jobs.job_record import JobRecord, check_resume, output_shape, record_path
+from moelight.jobs.job_record import REFUSED, JobRecord, check_resume, output_shape, record_path
 from moelight.jobs.output_lock import hold
 from workloads.resume import is_parquet_path, partial_tail_bytes
 
@@ -80,10 +80,13 @@ class OutputState:
     notes: list[str] = field(default_factory=list)  # warnings for the summary and the report
 
 
-def prepare_output(opts, out_format: str, requests=None) -> OutputState:
+def prepare_output(opts, out_format: str, requests=None, refused: dict[str, str] | None = None) -> OutputState:
     """Before any model loads: an existing output needs --resume (continue it) or --overwrite (replace
-    it); a resumed one must be this job's (job_record.check_resume), and its finished ids are read."""
+    it); a resumed one must be this job's (job_record.check_resume), and its finished ids are read.
+    `refused`: custom_ids of OpenAI records refused at read, recorded as such (their error lines are the job's)."""
     record = JobRecord.of_job(opts, out_format, requests)
+    if refused and record.requests is not None:
+        record.requests.update({cid: REFUSED for cid in refused})
     if not output_present(opts.output):
         return OutputState(record)
     if not (opts.resume or opts.overwrite):

@@ -200,10 +200,12 @@ def prompt_logprobs_json(positions: list, prompt: list[int], k: int) -> list:
 
 
 def serve_requests(session, opts, requests, skipped_before: list[str], writer, on_result=None,
-                   output: OutputState | None = None, save: bool = True) -> RunReport:
+                   output: OutputState | None = None, save: bool = True,
+                   refused: dict[str, str] | None = None) -> RunReport:
     """Tokenize, plan, load, generate and write `requests` on `session`; the report is saved beside
     the output (and returned) whatever happens, the session closed. `output`: what the output held
-    before (a resumed job's report says so and keeps the earlier runs' reports)."""
+    before (a resumed job's report says so and keeps the earlier runs' reports). `refused`: custom_id ->
+    why, of OpenAI records refused when the dataset was read (skipped_before lists them too)."""
     job = prepare_requests(session, opts, requests, skipped_before)
     report = job.report
     if output is not None:
@@ -211,7 +213,7 @@ def serve_requests(session, opts, requests, skipped_before: list[str], writer, o
     written_before = getattr(writer, "written", 0)
     failing: BaseException | None = None
     try:
-        write_skipped_as_errors(writer, requests, job.skipped)
+        write_skipped_as_errors(writer, requests, job.skipped, refused or {})
         if job.plan is not None:
             total = sum(1 + len(r.followups) for r in job.requests)
             with tqdm(total=total, unit="req", disable=not opts.progress, desc="generating") as bar:
@@ -230,12 +232,15 @@ def serve_requests(session, opts, requests, skipped_before: list[str], writer, o
     return report
 
 
-def write_skipped_as_errors(writer, requests, skipped: dict[str, str]) -> None:
-    """An OpenAI batch output answers every request it was given: a request left out (--skip-bad-lines)
-    gets an error line under its custom_id, as OpenAI's and vLLM's batch runners write one (resume
-    counts it finished: it would fail again)."""
-    if getattr(writer, "format", None) != "openai" or not skipped:
+def write_skipped_as_errors(writer, requests, skipped: dict[str, str], refused: dict[str, str]) -> None:
+    """An OpenAI batch output answers every request it was given: a request left out (--skip-bad-lines),
+    here or when its record was read (`refused`), gets an error line under its custom_id, as OpenAI's and
+    vLLM's batch runners write one (resume counts it finished: it would fail again)."""
+    if getattr(writer, "format", None) != "openai":
         return
+    for cid, why in refused.items():
+        writer.write({"id": cid, "prompt": None, "messages": None, "meta": {},
+                      "error": {"code": "invalid_request", "message": why}})
     for r in requests:
         if r.id in skipped:
             writer.write(workloads.build_error_result(r, skipped[r.id], code="invalid_request"))
