@@ -177,3 +177,17 @@ def test_an_openai_record_refused_at_read_is_answered_under_its_custom_id(tmp_pa
     again = CliRunner().invoke(app, [*args, "--resume"])
     assert again.exit_code == 0, again.output
     assert len(out.read_text().splitlines()) == 3  # nothing answered twice
+
+
+def test_a_misspelled_sampling_field_is_warned_of_with_the_name_meant(tmp_path):
+    data = _jsonl(tmp_path / "d.jsonl", '{"prompt": "a", "temprature": 0.2, "category": "x"}',
+                  '{"prompt": "b", "temprature": 0.2, "top_pp": 0.5}')
+    warnings = load_dataset(data).warnings
+    assert len(warnings) == 2 and "category" not in " ".join(warnings)
+    assert warnings[0] == (f"{data}: field 'temprature' (2 record(s), first at {data}:1) is not one moelight reads "
+                           "and is kept in meta; did you mean 'temperature'?")
+    out = tmp_path / "o.jsonl"
+    res = CliRunner().invoke(app, ["run", "--dataset", str(data), "--output", str(out), *TINY])
+    assert res.exit_code == 0, res.output
+    notes = json.loads(Path(f"{out}.report.json").read_text())["notes"]
+    assert any("did you mean 'top_p'" in n for n in notes), notes

@@ -25,6 +25,7 @@ from .readers import (
     read_json_lines,
     read_parquet,
 )
+from .readers.field_names import misspelled_fields
 from .readers.fields import RecordError
 from .readers.json_values import check_strings
 from .request import Request
@@ -59,6 +60,7 @@ class LoadedDataset:
     requests: list[Request]
     format: str
     skipped: list[Problem] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # fields kept in meta that look like misspelled ones
 
 
 def normalize_format(fmt: str | None) -> str | None:
@@ -241,9 +243,12 @@ def load_dataset(path: str | Path, format: str | None = None, turn: int = 1,
         log.warning("%s: skipped %d bad record(s):\n%s", label, len(problems), format_problems(problems))
     if not requests:
         raise DatasetError(f"{label}: no usable requests" + (" (all were skipped)" if problems else ""))
+    warnings = [f"{label}: {w}" for w in misspelled_fields(requests)]
+    for w in warnings:
+        log.warning("%s", w)
     if num_requests is not None:
         requests = replicate(requests, num_requests)
-    return LoadedDataset(requests=requests, format=fmt, skipped=problems)
+    return LoadedDataset(requests=requests, format=fmt, skipped=problems, warnings=warnings)
 
 
 def read_dataset(path: str | Path, format: str | None = None, turn: int = 1,

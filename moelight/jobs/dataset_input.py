@@ -28,6 +28,7 @@ def read_requests(opts: RunOptions) -> JobInput:
     out_format = workloads.output_format(opts.output, loaded.format)
     refused = {p.id: str(p) for p in loaded.skipped if p.id is not None}
     state = prepare_output(opts, out_format, loaded.requests, refused)
+    state.notes += loaded.warnings  # the report's warnings
     left = [r for r in loaded.requests if r.id not in state.done]
     refused = {cid: why for cid, why in refused.items() if cid not in state.done}
     return JobInput(left, [str(p) for p in loaded.skipped], out_format, state, refused)
