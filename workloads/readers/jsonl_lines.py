@@ -32,8 +32,8 @@ def read_json_lines(source: Path | bytes, label: str) -> tuple[list[tuple[int, d
         head = f.read(4)
     if head.startswith(GZIP_MAGIC):
         try:
-            with gzip.open(source, "rb") as f:
-                return iter_json_lines(io.BytesIO(f.read()), label)
+            with gzip.open(source, "rb") as f:  # read line by line, as a plain file is
+                return iter_json_lines(f, label)
         except (OSError, EOFError, zlib.error) as e:
             raise DatasetError(f"{label}: gzip-compressed but not readable as gzip ({e}): decompress it with "
                                "gunzip to see what it holds") from None
