@@ -17,7 +17,8 @@ def fit_to_context(where: str, ids: list[int], params: SamplingParams, context: 
     if not ids:
         raise PromptError(f"{where} is empty; every prompt needs some text")
     if len(ids) >= context:
-        raise PromptError(f"{where} has {len(ids)} tokens, the model's context is {context}")
+        raise PromptError(f"{where} has {len(ids)} tokens, the model's context is {context}: a prompt may have at "
+                          f"most {context - 1} tokens, leaving room for at least one generated token; shorten it")
     if params.max_tokens is None:  # asked for whatever the context leaves
         return replace(params, max_tokens=context - len(ids), min_tokens=min(params.min_tokens, context - len(ids)))
     if len(ids) + params.max_tokens > context:
