@@ -11,7 +11,7 @@ import torch
 pytest.importorskip("transformers")
 
 from moelight import LLM, SamplingParams  # noqa: E402
-from moelight.errors import ConfigError  # noqa: E402
+from moelight.errors import ConfigError, OptionError  # noqa: E402
 from moelight.loading.hf_config import load_config  # noqa: E402
 from tests.checkpoints import random_prompts  # noqa: E402
 from tests.test_model_families import hf_greedy, make_hf, save  # noqa: E402
@@ -143,3 +143,25 @@ def test_transformers_4_rope_scaling_key_is_read(tmp_path):
         assert [o.outputs[0].token_ids for o in outs] == [hf_greedy(hf, p) for p in PROMPTS]
     finally:
         llm.close()
+
+
+def test_yarn_runs_past_max_position_embeddings_as_vllm_derives_the_context(tmp_path):
+    """A Qwen3 model card's YaRN recipe (max_position_embeddings 40, original 32, factor 4): the context is
+    32 x 4 = 128 (vLLM's max_model_len), so a 60-token prompt runs as transformers runs it, LLM takes
+    max_model_len up to 128, and above it the error names the derivation."""
+    rope = {"rope_type": "yarn", "rope_theta": 1e4, "factor": 4.0, "original_max_position_embeddings": 32}
+    config_class, kwargs = FAMILIES["qwen3_moe"]
+    hf = make_hf(config_class, {**kwargs, "rope_parameters": rope}, seed=7)
+    hf.config.max_position_embeddings = 40  # YaRN with a factor reads it nowhere: the weights' outputs stay
+    folder = save(hf, tmp_path / "card", "saved", None)
+    prompt = random_prompts(1, 320, min_len=60, max_len=60, seed=3)[0]
+    llm = LLM(str(folder), dtype="float32", max_model_len=100)
+    try:
+        assert llm.config.context_length == 128
+        out = llm.generate([prompt], SamplingParams(max_tokens=8, temperature=0.0, ignore_eos=True))[0]
+        assert out.outputs[0].token_ids == hf_greedy(hf, prompt)
+    finally:
+        llm.close()
+    with pytest.raises(OptionError, match=r"max_model_len 129 is above the model's context, 128 tokens \(config.json's "
+                                          r"original_max_position_embeddings 32 x its yarn RoPE scaling factor 4\)"):
+        LLM(str(folder), dtype="float32", max_model_len=129)

@@ -85,11 +85,11 @@ class LLM:
         except ConfigError:
             session.close()
             raise
-        context = session.config.max_position_embeddings
+        context = session.config.context_length
         if max_model_len is not None and max_model_len > context:  # as vLLM: the model cannot see further
             session.close()
             raise OptionError(f"LLM(): max_model_len {max_model_len} is above the model's context, "
-                              f"{context} tokens (config.json's max_position_embeddings); give at most {context}")
+                              f"{context} tokens ({session.config.context_origin}); give at most {context}")
         self.session.load()
         self.config = self.session.config
         self.tokenizer = self.session.tokenizer

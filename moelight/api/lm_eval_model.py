@@ -73,7 +73,7 @@ class MoelightLM(TemplateLM):
         self.llm = LLM(pretrained, **engine_options)
         self.tokenizer = self.llm.tokenizer
         self.add_bos_token = add_bos_token
-        context = self.llm.config.max_position_embeddings
+        context = self.llm.max_model_len  # the model's context, or LLM's max_model_len below it
         self._max_length = min(max_length or context - 1, context - 1)  # a prompt must leave one slot
         self.max_gen_toks = max_gen_toks
 

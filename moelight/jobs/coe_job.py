@@ -173,7 +173,7 @@ def _check_prompts(opts, spec: CoESpec, runs, requests) -> dict[str, EngineSessi
         sub = _model_options(opts, spec, name)
         session = sessions[name] = EngineSession(sub, opts.log)
         mine = [requests[i] for n, idx in runs if n == name for i in idx]
-        bad += [m for _, m in check_prompts(mine, session.tokenizer, session.config.max_position_embeddings, sub,
+        bad += [m for _, m in check_prompts(mine, session.tokenizer, session.config.context_length, sub,
                                             checker=session.sampling)[2]]
     if bad:
         raise prompt_error(bad)

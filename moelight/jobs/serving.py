@@ -40,7 +40,7 @@ def prepare_requests(session, opts, requests, skipped_before: list[str] = (), so
     """Tokenize and plan `requests` on `session` (weights not loaded yet); bad prompts raise unless
     skipped. `solved`: a policy solved already for this job (see EngineSession.plan)."""
     warnings = JobWarnings()
-    prompts, params, skipped = prepare_prompts(requests, session.tokenizer, session.config.max_position_embeddings,
+    prompts, params, skipped = prepare_prompts(requests, session.tokenizer, session.config.context_length,
                                                opts, warnings, session.sampling)
     requests = [r for r in requests if r.id not in skipped]
     # nothing left (e.g. --resume on a finished output): nothing to plan, load or write
@@ -138,7 +138,7 @@ def generate_prepared(session, opts, job: PreparedJob, writer, bar=None, on_resu
                 ids = tokenizer.apply_chat_template(history, tools=req.tools, **req.chat_options)
                 try:
                     params[i] = fit_to_context(f"{req.source or req.id}: turn {k + 2}", ids, params[i],
-                                               session.config.max_position_embeddings, warnings)
+                                               session.config.context_length, warnings)
                 except PromptError as e:  # the conversation ends with the turns it has: written, and said
                     warnings.add("turn_does_not_fit", str(e))
                     write(i)

@@ -99,7 +99,7 @@ def run_trace_job(opts, hidden: bool = False, progress: bool = True) -> Trace:
                                     skip_bad_lines=opts.skip_bad_lines, hint_style="cli")
     session = EngineSession(opts)
     prompts, params, skipped = prepare_prompts(loaded.requests, session.tokenizer,
-                                               session.config.max_position_embeddings, opts, checker=session.sampling)
+                                               session.config.context_length, opts, checker=session.sampling)
     for why in skipped.values():  # --skip-bad-lines: each prompt left out, by its line
         print(f"skipped {why}", file=sys.stderr)
     ids = [r.id for r in loaded.requests if r.id not in skipped]

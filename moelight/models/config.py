@@ -13,6 +13,7 @@ import re
 from dataclasses import asdict, dataclass, field
 
 from moelight.errors import ConfigError
+from moelight.models.context_length import context_length, context_origin
 from moelight.models.expert_format import ExpertFormat, IntScheme
 from moelight.models.grouped_routing import GroupRouting
 from moelight.models.mla_config import LatentAttention
@@ -81,6 +82,18 @@ class ModelConfig:
         d["rope_scaling"] = dict(self.rope_scaling)
         d["fp8_block"] = list(self.fp8_block)
         return d
+
+    @property
+    def context_length(self) -> int:
+        """Prompt and answer together take at most this many positions: max_position_embeddings
+        stretched by a linear or YaRN scaling, as vLLM derives max_model_len (context_length.py)."""
+        return context_length(self.max_position_embeddings, self.rope_scaling)
+
+    @property
+    def context_origin(self) -> str:
+        """How config.json gives `context_length`, for the errors that name it."""
+        key = "max_seq_len" if self.model_type == "dbrx" else "max_position_embeddings"
+        return context_origin(self.max_position_embeddings, self.rope_scaling, key)
 
     @property
     def attention_scale(self) -> float:

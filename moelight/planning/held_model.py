@@ -8,6 +8,7 @@ prints is the one run plans (plan once priced a GPTQ checkpoint's experts at 16 
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -16,8 +17,9 @@ if TYPE_CHECKING:
 
 
 def held_model_spec(cfg: ModelConfig, name: str | None = None) -> ModelSpec:
-    """hrm.ModelSpec of `cfg`, whose `expert_format` (None: the run's dtype) says how the experts are held."""
+    """hrm.ModelSpec of `cfg`, whose `expert_format` (None: the run's dtype) says how the experts are held;
+    its max_position is the context RoPE scaling stretched (ModelConfig.context_length), as run checks it."""
     from hrm import model_from_hf_config
 
-    mspec = model_from_hf_config(cfg.to_hf_dict(), name=name)
+    mspec = replace(model_from_hf_config(cfg.to_hf_dict(), name=name), max_position=cfg.context_length)
     return mspec if cfg.expert_format is None else cfg.expert_format.held_in(mspec)

@@ -63,7 +63,7 @@ class DriverPlan:
 
     def check(self, requests):
         """check_prompts on requests: (prompts, params, problems) as a local run finds them."""
-        return check_prompts(requests, self.resolved.tokenizer, self.resolved.config.max_position_embeddings,
+        return check_prompts(requests, self.resolved.tokenizer, self.resolved.config.context_length,
                              self.opts, checker=self.checker)
 
     def batch_size(self, prompts, params, remaining: int, max_replicas: int) -> int:

@@ -134,7 +134,7 @@ class PromptChecker:
 
         self.opts = replace(RunOptions(**opts_fields), progress=False, log=None)
         resolved = resolve(self.opts.model, self.opts.load_format, self.opts.dtype, self.opts.tokenizer)
-        self.tokenizer, self.context = resolved.tokenizer, resolved.config.max_position_embeddings
+        self.tokenizer, self.context = resolved.tokenizer, resolved.config.context_length
         self.checker = SamplingChecker(resolved.tokenizer, resolved.config.vocab_size, resolved.eos)
 
     def __call__(self, batch) -> dict:
