@@ -243,7 +243,7 @@ class LLM:
                else tqdm(total=len(seq_prompts), unit="seq", disable=not use_tqdm, desc="generating"))
         with bar:
             results = generate_planned(self.session, plan, seq_prompts, seq_params, report,
-                                       on_finish=lambda _: bar.update(1), stats=stats)
+                                       on_finish=lambda _: bar.update(1), stats=stats, owners=owners)
         report.close(self.session)
         self.last_stats, self.last_report = stats, report
         outputs: list[RequestOutput] = [RequestOutput(ids[i], texts[i], token_lists[i], []) for i in range(n)]

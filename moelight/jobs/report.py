@@ -32,7 +32,7 @@ class RunReport:
     requests: int
     batch_size: int
     micro_batch_size: int
-    prompt_tokens: int = 0
+    prompt_tokens: int = 0  # each finished request's prompt once: its n samples share it (vLLM's count)
     generated_tokens: int = 0
     decode_tokens: int = 0
     prefill_computed_tokens: int = 0  # prompt positions prefill ran (shared prefixes run once)
@@ -41,7 +41,7 @@ class RunReport:
     decode_seconds: float = 0.0
     generation_seconds: float = 0.0
     load_seconds: float = 0.0
-    prefill_tokens_per_s: float = 0.0
+    prefill_tokens_per_s: float = 0.0  # prefill_computed_tokens per prefill second: reused prefixes cost nothing
     decode_tokens_per_s: float = 0.0
     end_to_end_tokens_per_s: float = 0.0
     peak_memory_bytes: int = 0
@@ -76,15 +76,16 @@ class RunReport:
                    prediction=dict(plan.prediction), attention_backend=kernel_backend(),
                    notes=[plan.info["warning"]] if plan.info.get("warning") else [], **skips)
 
-    def add_stats(self, s: GenerationStats) -> None:
-        """Fold in one generation round (multi-turn jobs have several)."""
+    def add_stats(self, s: GenerationStats, prompt_tokens: int | None = None) -> None:
+        """Fold in one generation round (multi-turn jobs have several); `prompt_tokens`: its finished
+        requests' prompts, each once (the engine's `s.prompt_tokens` counts every sample's)."""
         steps = self.__dict__.setdefault("_steps", [])
         steps.extend(s.step_seconds)
         if steps:
             ordered = sorted(steps)
             self.tpot_ms = {f"p{q}": 1e3 * ordered[min(len(ordered) - 1, int(q / 100 * len(ordered)))]
                             for q in (50, 90, 99)}
-        self.prompt_tokens += s.prompt_tokens
+        self.prompt_tokens += s.prompt_tokens if prompt_tokens is None else prompt_tokens
         self.generated_tokens += s.generated_tokens
         self.prefill_seconds += s.prefill_seconds
         self.decode_seconds += s.decode_seconds
@@ -116,7 +117,7 @@ class RunReport:
     def update_rates(self, wall_seconds: float | None = None) -> None:
         """Rates from the sums; end-to-end over `wall_seconds` when given (a job's whole wall time),
         else over the generation time."""
-        self.prefill_tokens_per_s = rate(self.prompt_tokens, self.prefill_seconds)
+        self.prefill_tokens_per_s = rate(self.prefill_computed_tokens, self.prefill_seconds)
         self.decode_tokens_per_s = rate(self.decode_tokens, self.decode_seconds)
         self.end_to_end_tokens_per_s = rate(self.generated_tokens, self.generation_seconds
                                             if wall_seconds is None else wall_seconds)
@@ -166,9 +167,10 @@ class RunReport:
             *([self.written_line()] if self.output else []),
             self._model_line(),
             f"tokens        {self.prompt_tokens} prompt, {self.generated_tokens} generated"
-            + (f" ({self.prefix_reused_tokens} prompt tokens from shared prefixes, {self.prefill_computed_tokens}"
-               " computed)" if self.prefix_reused_tokens else ""),
-            f"prefill       {self.prefill_tokens_per_s:10.1f} tok/s  ({self.prefill_seconds:.2f} s)",
+            + (f" (prefill computed {self.prefill_computed_tokens} prompt positions and took "
+               f"{self.prefix_reused_tokens} from shared prefixes)" if self.prefix_reused_tokens else ""),
+            f"prefill       {self.prefill_tokens_per_s:10.1f} tok/s  ({self.prefill_seconds:.2f} s; "
+            "positions computed)",
             f"decode        {self.decode_tokens_per_s:10.1f} tok/s  ({self.decode_seconds:.2f} s)",
             f"end-to-end    {self.end_to_end_tokens_per_s:10.1f} tok/s  ({self.generation_seconds:.2f} s generating,"
             f" {self.load_seconds:.2f} s loading)",

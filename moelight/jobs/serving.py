@@ -60,18 +60,33 @@ def prepare_requests(session, opts, requests, skipped_before: list[str] = (), so
 
 def generate_planned(session, plan, prompts, params, report: RunReport, turn: int = 1,
                      on_finish: Callable[[SequenceResult], None] | None = None,
-                     stats: GenerationStats | None = None) -> list[SequenceResult]:
+                     stats: GenerationStats | None = None,
+                     owners: list[tuple[int, int]] | None = None) -> list[SequenceResult]:
     """One round of a planned job on the plan's engine (loading the weights on the session's first
-    job: that time is the report's load_seconds); the round's figures go to `stats` and `report`."""
+    job: that time is the report's load_seconds); the round's figures go to `stats` and `report`.
+    `owners` (expand_samples'): the report counts a request's prompt once, whatever its n, as vLLM does
+    (`stats`, the engine's, counts every sequence's)."""
     t0 = time.perf_counter()
     engine = session.engine(plan, prompts, params, turn)
     report.load_seconds += time.perf_counter() - t0
     stats = stats if stats is not None else GenerationStats()
+    counted: set[int] = set()  # requests whose prompt the report holds: the first of their samples finished
+    request_prompts = 0
+
+    def finished(res: SequenceResult) -> None:
+        nonlocal request_prompts
+        request = owners[res.index][0] if owners is not None else res.index
+        if request not in counted:
+            counted.add(request)
+            request_prompts += len(prompts[res.index])
+        if on_finish is not None:
+            on_finish(res)
+
     try:
         return engine.generate(prompts, params, [0] * len(prompts), plan.batch_size, plan.micro_batch_size,
-                               on_finish=on_finish, stats=stats)
+                               on_finish=finished, stats=stats)
     finally:  # an interrupted round's finished sequences are in the report too
-        report.add_stats(stats)
+        report.add_stats(stats, prompt_tokens=request_prompts)
 
 
 def first_user_turn(req: workloads.Request) -> str | None:
@@ -124,7 +139,8 @@ def generate_prepared(session, opts, job: PreparedJob, writer, bar=None, on_resu
                 if i in last_round:
                     write(i)
 
-            generate_planned(session, job.plan, round_prompts, round_params, job.report, opts.turn, on_finish)
+            generate_planned(session, job.plan, round_prompts, round_params, job.report, opts.turn, on_finish,
+                             owners=owners)
             active = [i for i in active if i not in last_round]
             round_prompts, going_on = [], []
             for i in active:

@@ -39,7 +39,8 @@ class ReplicaFigures:
     def to_dict(self) -> dict:
         r = self.report
         return {"replica": self.replica, "batches": self.batches, "threads": self.threads, "requests": r.requests,
-                "prompt_tokens": r.prompt_tokens, "generated_tokens": r.generated_tokens,
+                "prompt_tokens": r.prompt_tokens, "prefill_computed_tokens": r.prefill_computed_tokens,
+                "generated_tokens": r.generated_tokens,
                 "decode_tokens": r.decode_tokens, "prefill_seconds": r.prefill_seconds,
                 "decode_seconds": r.decode_seconds, "load_seconds": r.load_seconds,
                 "attention_backend": r.attention_backend, "peak_memory_bytes": r.peak_memory_bytes,
