@@ -141,6 +141,21 @@ def test_device_memory_run_out_mid_job_is_one_clear_error_that_keeps_the_results
     assert 0 < len(_ids(out)) < N  # what --resume continues from (the full-disk test resumes)
 
 
+
+def test_device_memory_run_out_before_any_result_says_nothing_was_written(tmp_path, monkeypatch):
+    from moelight.devices.device_base import DeviceOutOfMemory
+    from moelight.runtime.plain_executor import PlainExecutor
+
+    def runs_out(self, *args, **kwargs):
+        raise DeviceOutOfMemory("device memory exceeded allocating 64 B for aten::mul")
+
+    monkeypatch.setattr(PlainExecutor, "decode", runs_out)
+    data, out = _data(tmp_path), tmp_path / "o.jsonl"
+    failed = CliRunner().invoke(app, _args(data, out, "--overwrite"))
+    assert failed.exit_code == 2 and "Traceback" not in failed.output
+    assert "no result had finished: nothing was written" in failed.output and "kept in" not in failed.output
+    assert not out.exists()
+
 def test_a_report_that_cannot_be_written_leaves_the_one_before(tmp_path, monkeypatch):
     path = tmp_path / "o.jsonl.report.json"
     path.write_text('{"kept": true}\n')

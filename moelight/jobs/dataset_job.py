@@ -9,6 +9,8 @@ runs in coe_job.py, a job on a Ray cluster in ray/; both serve their requests as
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from moelight.devices.device_base import DeviceOutOfMemory
 from moelight.engine.session_start import open_session
 from moelight.errors import MoelightError
@@ -36,9 +38,10 @@ def run_job(opts: RunOptions) -> RunReport | None:
         with output_lock(opts.output):
             return _run_job(opts)
     except DeviceOutOfMemory as e:
-        raise DeviceMemoryRunOut(
-            f"the job ran out of device memory: {e}; run it again with a smaller --batch-size, --micro-batch-size "
-            f"or --max-prefill-tokens and --resume: the results finished so far are kept in {opts.output}") from e
+        kept = (f" and --resume: the results finished so far are kept in {opts.output}" if Path(opts.output).exists()
+                else " (no result had finished: nothing was written)")
+        raise DeviceMemoryRunOut(f"the job ran out of device memory: {e}; run it again with a smaller --batch-size, "
+                                 f"--micro-batch-size or --max-prefill-tokens{kept}") from e
 
 
 def _run_job(opts: RunOptions) -> RunReport | None:
