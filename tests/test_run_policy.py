@@ -75,6 +75,34 @@ def test_explicit_batch_size_wins(tmp_path):
     assert rep["prediction"]["batches"] == 2  # 5 requests in batches of 3: what actually runs
 
 
+def test_explicit_batch_size_gets_the_fit_check_of_a_policy_file(tmp_path):
+    """--batch-size is checked against the HRM's memory model before loading, as a --policy file's sizes are
+    (it was not: the job loaded and ran out of memory mid-job), naming the option and the largest that fits."""
+    hw = _hardware(tmp_path, memory=int(1.5 * 2**20))  # the tiny model's weights and a small batch
+    r, rep, out = _run(tmp_path, "--hardware", hw, "--batch-size", "48", n=48)
+    assert r.exit_code == 2, r.output
+    assert says(r.output, "--batch-size 48 does not fit test-host") and says(r.output, "kv_cache")
+    assert says(r.output, "at most --batch-size") and "Traceback" not in r.output
+    assert rep is None and not out.exists()
+    r, rep, _ = _run(tmp_path, "--hardware", hw, n=48)  # the planner's own batch fits the same machine
+    assert r.exit_code == 0 and rep["batch_size"] < 48, r.output
+
+
+def test_explicit_micro_batch_size_is_checked_against_device_memory():
+    """A micro-batch whose activations overflow the GPU is refused before loading, with one that fits."""
+    from moelight.engine.options import EngineOptions
+    from moelight.loading.presets import PRESETS
+    from moelight.planning.hardware_choice import PlanError
+    from moelight.planning.job_plan import plan_job
+
+    prompts, params = [[1] * 64] * 4096, [SamplingParams(max_tokens=8)] * 4096
+    opts = EngineOptions(model="mixtral-8x7b", hardware="t4", mode="throughput", enable_prefix_caching=False,
+                         micro_batch_size=4096, max_prefill_tokens=1 << 20)
+    with pytest.raises(PlanError, match=r"--micro-batch-size 4096 does not fit t4(.|\n)*GPU memory(.|\n)*"
+                                        r"at most --micro-batch-size \d+ fits"):
+        plan_job(opts, PRESETS["mixtral-8x7b"], "float16", prompts, params, "emulated")
+
+
 def test_infeasible_plan_exits_2_before_loading(tmp_path):
     r, rep, out = _run(tmp_path, "--hardware", _hardware(tmp_path, memory=2**14))
     assert r.exit_code == 2, r.output

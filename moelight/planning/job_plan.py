@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from moelight.planning.hardware_choice import PlanError, hardware_for_device
 from moelight.planning.held_model import held_model_spec
 from moelight.planning.mode_choice import ModeError, apply_mode
+from moelight.planning.size_overrides import check_sizes_fit
 from moelight.runtime.paged_layout import shared_prefix_tokens
 from moelight.sampling.params import SamplingParams
 
@@ -108,6 +109,9 @@ def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
         check_policy_fits(policy, hw, mspec, workload, f"--policy {opts.policy}")
     batch = opts.batch_size or policy.batch_size
     micro = min(opts.micro_batch_size or policy.micro_batch_size, batch)
+    if opts.batch_size or opts.micro_batch_size:  # sizes the planner did not pick: the same fit check as a file's
+        check_sizes_fit(policy, hw, mspec, workload, batch, micro, n_req, bool(opts.batch_size),
+                        bool(opts.micro_batch_size))
     ran = policy.to_dict() | {"batch_size": batch, "micro_batch_size": micro,
                               "num_micro_batches": math.ceil(min(batch, n_req) / micro)}
     info = ran | {"source": source, "hardware": hw.name, "plan_seconds": plan_s,
