@@ -222,3 +222,37 @@ def test_cached_profile_from_an_older_version_is_retaken(tmp_path, monkeypatch):
     assert "older moelight" in notes[0] and HardwareSpec.load(cached) == fresh
     notes.clear()
     assert hardware_choice.resolve_hardware(None, notes.append) == fresh and notes == []  # up to date: used as is
+
+
+
+def _session_plan(monkeypatch, available: int, n: int):
+    """The session's plan of n tiny-model requests (nothing loads) with `available` bytes of host memory
+    free, as the session reads it before planning and checking; and what it logged."""
+    from moelight.engine import session
+    from moelight.engine.options import EngineOptions
+
+    monkeypatch.setattr(session, "available_bytes", lambda: available)
+    said: list[str] = []
+    s = session.EngineSession(EngineOptions(model="tiny", load_format="dummy", device="cpu"), log=said.append)
+    prompts = [[1 + i % 50] * (10 + i % 20) for i in range(n)]
+    return s.plan(prompts, [SamplingParams(max_tokens=3)] * n), said
+
+
+def test_plan_for_this_machine_is_one_the_memory_check_accepts(monkeypatch):
+    """`--hardware profile` (the default) plans against the memory available now, not the RAM installed:
+    the planner's own batch was refused by the check before loading, which reads MemAvailable, with advice
+    about a --batch-size the user never set."""
+    plan, said = _session_plan(monkeypatch, int(1.6 * 2**20), 48)  # the tiny model's weights, a few sequences
+    assert 1 <= plan.batch_size < 48 and "batch_capped" not in plan.info, said
+
+
+def test_an_automatic_batch_the_check_refuses_is_capped_and_said(monkeypatch):
+    """Where the HRM's memory model and the check before loading still differ (here: the check keeps more
+    headroom), the automatic batch is capped to what the check accepts, in the log and the plan's report."""
+    from moelight.planning import memory_check
+
+    monkeypatch.setattr(memory_check, "HEADROOM", 0.2)
+    plan, said = _session_plan(monkeypatch, 4 * 2**20, 96)
+    capped = plan.info["batch_capped"]
+    assert capped["ran"] == plan.batch_size < capped["planned"], said
+    assert any("capped at" in line for line in said) and not any("--batch-size" in line for line in said)

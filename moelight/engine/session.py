@@ -30,7 +30,8 @@ from moelight.parallel import shard_config
 from moelight.parallel.rank_group import tensor_parallel_degree
 from moelight.planning.hardware_choice import resolve_device
 from moelight.planning.job_plan import JobPlan, plan_job
-from moelight.planning.memory_check import available_bytes, check_fits, weight_bytes
+from moelight.planning.memory_check import OutOfMemoryPlan, available_bytes, check_fits, weight_bytes
+from moelight.planning.size_overrides import largest_size
 from moelight.runtime.cpu_linear import pack_model
 from moelight.runtime.executor import Executor
 from moelight.sampling.checks import SamplingChecker
@@ -123,15 +124,54 @@ class EngineSession:
              solved=None) -> JobPlan:
         """Plan the job and check that weights + the largest batch's KV cache fit, before loading.
         `solved`: a policy already solved for this job's hardware (the Ray driver's), fitted not re-solved."""
-        plan = plan_job(self.opts, self.config, self.dtype_name, prompts, params, self.device, self.log,
-                        self.ranks, solved=solved)
-        plan.info["tensor_parallel"] = self.ranks
-        kv_tokens = largest_batch_tokens(prompts, params, plan.batch_size, turn)
         on_cpu = self.device == "cpu"
         loaded = weight_bytes(self.config, self.source.dtype, on_cpu) if self.model is not None else 0
-        check_fits(self.config, self.source.dtype, kv_tokens, available=available_bytes() + loaded, ranks=self.ranks,
-                   on_cpu=on_cpu)
+        available = available_bytes() + loaded  # what this job can have: free memory and the model it holds
+        plan = plan_job(self.opts, self.config, self.dtype_name, prompts, params, self.device, self.log,
+                        self.ranks, solved=solved, host_available=available)
+        plan.info["tensor_parallel"] = self.ranks
+        kv_tokens = largest_batch_tokens(prompts, params, plan.batch_size, turn)
+        try:
+            check_fits(self.config, self.source.dtype, kv_tokens, available=available, ranks=self.ranks,
+                       on_cpu=on_cpu, hint=self._batch_hint(plan))
+        except OutOfMemoryPlan:
+            if self.opts.batch_size or plan.info["source"] != "auto":
+                raise
+            plan = self._capped(plan, prompts, params, turn, solved, available)
         return plan
+
+    def _batch_hint(self, plan: JobPlan) -> str:
+        """What to lower when the batch's KV cache does not fit: the option or file that set its size."""
+        if self.opts.batch_size or plan.info["source"] == "auto":
+            return "use a smaller --batch-size"
+        return f"lower the batch size of --policy {plan.info['source']} or set a smaller --batch-size"
+
+    def _capped(self, plan: JobPlan, prompts, params, turn: int, solved, available: int) -> JobPlan:
+        """The automatic plan with its batch capped to what the memory check accepts (where the HRM's memory
+        model and the check still differ), said in the log and the report; the check's error if none fits."""
+        from optimizer.policy import size_text
+
+        on_cpu = self.device == "cpu"
+
+        def fits(batch: int) -> bool:
+            try:
+                check_fits(self.config, self.source.dtype, largest_batch_tokens(prompts, params, batch, turn),
+                           available=available, ranks=self.ranks, on_cpu=on_cpu)
+            except OutOfMemoryPlan:
+                return False
+            return True
+
+        batch = largest_size(fits, plan.batch_size - 1)
+        if not batch:  # not even one sequence beside the weights: the check says why
+            check_fits(self.config, self.source.dtype, largest_batch_tokens(prompts, params, 1, turn),
+                       available=available, ranks=self.ranks, on_cpu=on_cpu)
+        if self.log:
+            self.log(f"the automatic batch of {plan.batch_size} does not fit the host memory available now "
+                     f"({size_text(available)}) by the check before loading: capped at {batch}")
+        capped = plan_job(replace(self.opts, batch_size=batch), self.config, self.dtype_name, prompts, params,
+                          self.device, None, self.ranks, solved=solved, host_available=available)
+        capped.info |= {"tensor_parallel": self.ranks, "batch_capped": {"planned": plan.batch_size, "ran": batch}}
+        return capped
 
     def load(self) -> None:
         """Load the weights once (the plain CPU executor runs them pre-packed); with N ranks, start

@@ -17,10 +17,16 @@ class PlanError(MoelightError):
 EMULATED_GPU = "t4"  # what --device emulated emulates when neither --hardware nor this machine names a GPU
 
 
-def hardware_for_device(name: str | None, device: str, log: Callable[[str], None] | None = None):
+def hardware_for_device(name: str | None, device: str, log: Callable[[str], None] | None = None,
+                        host_available: int | None = None):
     """resolve_hardware, except that `--device emulated` without `--hardware` on a host with no GPU
-    emulates a named GPU preset (and says which) instead of planning for a machine without one."""
+    emulates a named GPU preset (and says which) instead of planning for a machine without one.
+    `host_available`: the host memory this job can have now (MemAvailable + the model this process holds);
+    planning for this machine (`profile`), the CPU's memory is that, not the RAM installed, so the plan is
+    one the memory check before loading (planning/memory_check.py, which reads the same figure) accepts."""
     hw = resolve_hardware(name, log)
+    if host_available is not None and (name or "profile").lower() == "profile":
+        hw = with_host_memory(hw, host_available)
     if device == "emulated" and name is None and not hw.has_gpu:
         from hrm import hardware_presets
 
@@ -29,6 +35,13 @@ def hardware_for_device(name: str | None, device: str, log: Callable[[str], None
             log(f"--device emulated without --hardware on a host with no GPU: emulating the {EMULATED_GPU} preset "
                 f"({hw.gpu.name}); pass --hardware PRESET to emulate another")
     return hw
+
+
+def with_host_memory(hw, available: int):
+    """`hw` with its CPU memory cut to `available` bytes (never raised above what the profile measured)."""
+    from dataclasses import replace
+
+    return replace(hw, cpu=replace(hw.cpu, memory_bytes=min(hw.cpu.memory_bytes, available)))
 
 
 def resolve_hardware(name: str | None, log: Callable[[str], None] | None = None):

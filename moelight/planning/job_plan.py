@@ -54,16 +54,18 @@ def workload_of(prompts: list[list[int]], params: list[SamplingParams], prefill_
 
 
 def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
-             log: Callable[[str], None] | None = None, ranks: int = 1, solved=None) -> JobPlan:
+             log: Callable[[str], None] | None = None, ranks: int = 1, solved=None,
+             host_available: int | None = None) -> JobPlan:
     """The policy for this job: planned (auto), read from a file, or `solved` already for the same
     model, hardware and workload (a Ray replica reuses its driver's), capped to the number of
     requests; explicit batch / micro-batch sizes win; then the mode (throughput or latency,
-    planning/mode_choice.py); the prediction is for what runs."""
+    planning/mode_choice.py); the prediction is for what runs. `host_available`: the host memory free for
+    the job now, which a plan for this machine (`--hardware profile`, the default) plans against."""
     from optimizer import InfeasibleError, Policy, fit_policy, plan, predict_job
 
     n_req = len(prompts)
     no_throughput = ""  # why throughput mode cannot run, where its runtime's placement does not fit
-    hw = hardware_for_device(opts.hardware, device, log)
+    hw = hardware_for_device(opts.hardware, device, log, host_available)
     if opts.gpus is not None:
         try:
             hw = hw.with_gpus(opts.gpus)

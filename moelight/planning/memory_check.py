@@ -85,18 +85,17 @@ def peak_rss_bytes() -> int:
 
 
 def check_fits(cfg: ModelConfig, dtype: torch.dtype, batch_kv_tokens: int, available: int | None = None,
-               ranks: int = 1, on_cpu: bool = False) -> dict:
-    """Raise OutOfMemoryPlan naming the shortfall if weights + one batch's KV cache do not fit."""
+               ranks: int = 1, on_cpu: bool = False, hint: str = "use a smaller --batch-size") -> dict:
+    """Raise OutOfMemoryPlan naming the shortfall if weights + one batch's KV cache do not fit; `hint`: what
+    to do when the weights fit (the batch's source: an option the user set names itself)."""
     available = available_bytes() if available is None else available
     need_w = weight_bytes(cfg, dtype, on_cpu)
     need_kv = kv_bytes(cfg, batch_kv_tokens, dtype, ranks)
     budget = int(HEADROOM * available)
     if need_w + need_kv > budget:
         gib = 2**30
-        hint = (
-            "use a smaller --batch-size" if need_w < budget
-            else "use a machine with more memory, a smaller model or a lower-precision --dtype"
-        )
+        if need_w >= budget:
+            hint = "use a machine with more memory, a smaller model or a lower-precision --dtype"
         raise OutOfMemoryPlan(
             f"does not fit in CPU memory: weights {need_w / gib:.2f} GiB + KV cache {need_kv / gib:.2f} GiB "
             f"(batch of {batch_kv_tokens} token slots) > {budget / gib:.2f} GiB usable "

@@ -31,11 +31,11 @@ def check_sizes_fit(policy, hw, mspec, workload, batch: int, micro: int, request
              if s]
     advice = []
     if batch_set:
-        best = _largest(lambda b: not _problems(policy, hw, mspec, workload, b, min(micro, b), requests), batch)
+        best = largest_size(lambda b: not _problems(policy, hw, mspec, workload, b, min(micro, b), requests), batch)
         advice.append(f"at most --batch-size {best} fits with the other settings" if best
                       else "no batch size fits with this micro-batch size")
     if micro_set:
-        best = _largest(lambda m: not _problems(policy, hw, mspec, workload, batch, m, requests), micro)
+        best = largest_size(lambda m: not _problems(policy, hw, mspec, workload, batch, m, requests), micro)
         advice.append(f"at most --micro-batch-size {best} fits with the other settings" if best
                       else "no micro-batch size fits with this batch size")
     verb = "do" if len(given) > 1 else "does"
@@ -50,7 +50,7 @@ def _problems(policy, hw, mspec, workload, batch: int, micro: int, requests: int
     return evaluate_policy(hw, mspec, workload, sized_policy(policy, batch, micro, requests)).memory_problems()
 
 
-def _largest(fits, high: int) -> int:
+def largest_size(fits, high: int) -> int:
     """The largest size in 1..high that `fits` accepts (memory grows with the size), 0 when none does."""
     if not fits(1):
         return 0
