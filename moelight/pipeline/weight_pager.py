@@ -2,10 +2,11 @@
 
 - Non-expert weights (attention projections, norms, router, embeddings, LM head) and
   round(r_w * E) experts of every layer stay on the device.
-- The other experts of a layer live in CPU memory as one flat buffer, cut into as many
-  pages as the pass has micro-batches. A page goes CPU memory -> pinned staging buffer
-  (the "pin" lane, a host memcpy) -> device (the "h2d" lane); two pinned buffers let
-  page g+1 be staged while page g crosses the link.
+- The other experts of a layer stay in CPU memory where the model holds them (no second copy),
+  read as one flat buffer of the paged layout, cut into as many pages as the pass has
+  micro-batches. A page goes CPU memory -> pinned staging buffer (the "pin" lane, a host
+  memcpy) -> device (the "h2d" lane); two pinned buffers let page g+1 be staged while page g
+  crosses the link.
 - The device holds two slots of one layer's paged experts (this layer / next layer), each laid
   out as the paged experts' stacked gate/up matrices, then their stacked down matrices; a
   layer's table (`GroupedExperts`) names its resident stack and the slot's two stacks, which the
@@ -24,7 +25,7 @@ from moelight.devices.device_base import Device
 from moelight.models.causal_lm import MoECausalLM
 from moelight.models.grouped_experts import ExpertGroup, GroupedExperts
 from moelight.models.quantized_experts import QuantizedExperts, held_quantized
-from moelight.runtime.expert_stacks import StackLayout, dequantize_stacks
+from moelight.runtime.expert_stacks import StackLayout, dequantize_stacks, gather
 
 
 class WeightPager:
@@ -61,7 +62,8 @@ class WeightPager:
                         device.to_device_module(sub, "non-expert")
 
         self.resident: list[dict[str, torch.Tensor] | None] = []  # per layer: its resident stacks on the device
-        self.cpu_pages: list[torch.Tensor | None] = []  # per layer: the paged stacks, flat bytes in CPU memory
+        # per layer: the paged stacks in CPU memory, as (offset in the paged layout, bytes) views of the model's
+        self.cpu_pages: list[list[tuple[int, torch.Tensor]] | None] = []
         for j, layer in enumerate(model.layers):
             if not self.sparse[j]:  # its dense MLP went to the device with the other non-expert modules
                 self.resident.append(None)
@@ -74,9 +76,8 @@ class WeightPager:
             with device.compute():  # written on the stream that reads it (and allocated it)
                 on_device.copy_(staged)
             self.resident.append(self.resident_layout.views(on_device))
-            flat = torch.empty(self.paged_bytes, dtype=torch.uint8)
-            self.paged_layout.fill(flat, gu, dn, self.n_resident)
-            self.cpu_pages.append(flat)
+            # the paged experts stay where the model holds them (a flat copy doubled their host memory)
+            self.cpu_pages.append(self.paged_layout.segments(gu, dn, self.n_resident) if self.n_paged else [])
         self.slots = [device.empty((self.paged_bytes,), torch.uint8, "paged-slot", lane="h2d") for _ in range(2)]
         for s in self.slots:
             device.record_stream(s, "gpu")
@@ -113,7 +114,7 @@ class WeightPager:
         if pages is None:
             return
         s, e = self.page_range(page, n_pages)
-        self.pinned[pin_slot][: e - s].copy_(pages[s:e])
+        gather(pages, s, self.pinned[pin_slot][: e - s])
 
     def upload(self, page: int, n_pages: int, slot: int, pin_slot: int, layer: int = 0) -> None:
         """Hop 2: pinned buffer -> device slot (on the h2d lane)."""

@@ -1,7 +1,8 @@
 """A layer's routed experts as contiguous stacks in one flat byte buffer, and their dequantization.
 
-The weight pager moves bytes: a layer's paged experts are one flat buffer in CPU memory, cut into
-pages, copied to a device slot of the same layout. `StackLayout` says where each stack lies:
+The weight pager moves bytes: a layer's paged experts, read in place as one flat buffer of the
+layout (`segments`, `gather`), are cut into pages, copied to a device slot of the same layout.
+`StackLayout` says where each stack lies:
 16-bit experts are two stacks (gate_up [n, 2f, h], down [n, h, f]); quantized experts
 (`--quantize int8|int4`, models/quantized_experts.py) are their codes, scales and offsets, so the
 link carries a quarter (int4) or half (int8) of the 16-bit bytes. A GPU runs its GEMMs in the
@@ -73,14 +74,35 @@ class StackLayout:
 
     def fill(self, flat: torch.Tensor, gate_up, down, first: int) -> None:
         """Copy experts first .. first + n - 1 of a layer (dense tensors or QuantizedExperts) in."""
-        sources = {}
-        for side, w in (("gate_up", gate_up), ("down", down)):
-            if isinstance(w, QuantizedExperts):
-                sources |= {f"{side}.{k}": t for k, t in _parts(w).items()}
-            else:
-                sources[side] = w.detach()
+        sources = _sources(gate_up, down)
         for name, view in self.views(flat).items():
             view.copy_(sources[name][first: first + self.n])
+
+    def segments(self, gate_up, down, first: int) -> list[tuple[int, torch.Tensor]]:
+        """Experts first .. first + n - 1 as (offset in the layout, their bytes) without a copy: views of the
+        model's own tensors (a CPU pager reads its pages from them rather than from a second copy)."""
+        sources = _sources(gate_up, down)
+        return [(s.offset, sources[s.name][first: first + self.n].contiguous().reshape(-1).view(torch.uint8))
+                for s in self.stacks]
+
+
+def gather(segments: list[tuple[int, torch.Tensor]], start: int, out: torch.Tensor) -> None:
+    """Bytes [start, start + len(out)) of a layout held as `segments` into `out` (padding left as is)."""
+    end = start + out.numel()
+    for at, raw in segments:
+        lo, hi = max(start, at), min(end, at + raw.numel())
+        if lo < hi:
+            out[lo - start: hi - start].copy_(raw[lo - at: hi - at])
+
+
+def _sources(gate_up, down) -> dict[str, torch.Tensor]:
+    sources = {}
+    for side, w in (("gate_up", gate_up), ("down", down)):
+        if isinstance(w, QuantizedExperts):
+            sources |= {f"{side}.{k}": t for k, t in _parts(w).items()}
+        else:
+            sources[side] = w.detach()
+    return sources
 
 
 def _parts(q: QuantizedExperts) -> dict[str, torch.Tensor]:
