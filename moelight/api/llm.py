@@ -7,12 +7,14 @@
 
 `LLM` takes every option `moelight run` takes (`EngineOptions`) and runs the same job path
 (`EngineSession`): plan -> memory check -> load -> generate; `last_report` holds the figures
-the CLI prints and saves.
+the CLI prints and saves. Calls from several threads run one at a time (they share the session's
+executor).
 """
 
 from __future__ import annotations
 
 import itertools
+import threading
 import warnings
 from collections.abc import Callable, Sequence
 
@@ -80,6 +82,9 @@ class LLM:
         if session is None:  # torchrun rank > 0: served rank 0's engine until it closed
             raise SystemExit(0)
         self.session = session
+        # one job at a time: jobs share the session's executor, which a job may rebuild (vLLM's LLM is not
+        # thread-safe either; here a second thread's call waits its turn)
+        self._job_lock = threading.Lock()
         try:
             self._sampling_defaults = sampling_defaults(generation_config, session.resolved.source.model_dir)
         except ConfigError:
@@ -129,7 +134,8 @@ class LLM:
             text, ids = self._one_prompt(i, p)
             texts.append(text)
             token_lists.append(ids)
-        return self._run(token_lists, texts, sampling_params, use_tqdm)
+        with self._job_lock:
+            return self._run(token_lists, texts, sampling_params, use_tqdm)
 
     def chat(
         self,
@@ -171,7 +177,8 @@ class LLM:
             if beyond:
                 raise PromptError(f"conversation {i}: {beyond}")
         texts = [self.tokenizer.decode(ids, skip_special_tokens=False) for ids in token_lists]  # vLLM's prompt
-        return self._run(token_lists, texts, sampling_params, use_tqdm)
+        with self._job_lock:
+            return self._run(token_lists, texts, sampling_params, use_tqdm)
 
     def _one_prompt(self, i: int, p) -> tuple[str | None, list[int]]:
         if isinstance(p, dict):
@@ -264,8 +271,10 @@ class LLM:
                                 r.stop_reason)
 
     def close(self) -> None:
-        """Free the runtime's device (cuda / emulated); the LLM is not usable afterwards."""
-        self.session.close()
+        """Free the runtime's device (cuda / emulated); the LLM is not usable afterwards. Waits for a job
+        another thread is running."""
+        with self._job_lock:
+            self.session.close()
 
 
 def _read_conversation(i: int, conversation) -> list[dict]:
