@@ -18,9 +18,9 @@ import warnings
 from itertools import combinations
 
 import numpy as np
-import pulp
 
 from optimizer.cost_model import Affine, PointModel
+from optimizer.pulp_solvers import pulp
 
 _TOL = 1e-9
 

@@ -1,4 +1,9 @@
-"""The per-point LP: vectorised vertex enumeration agrees with PuLP/CBC and with a fine grid."""
+"""The per-point LP: vectorised vertex enumeration agrees with PuLP/CBC and with a fine grid; importing
+PuLP keeps nothing of its importer alive."""
+
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -50,3 +55,31 @@ def test_the_all_cpu_shortcut_equals_the_vertex_search_on_a_grid():
             np.testing.assert_array_equal(a, b)
         fitting += bool(np.isfinite(slow[0]).any())
     assert fitting >= 4  # the cases exercise feasible points, not only infeasible ones
+
+
+_FIRST_IMPORT = """
+import gc, weakref
+class Caller: pass
+def plan(caller):  # the frame of a first plan (an LLM's generate, its model in reach) imports the optimizer
+    import optimizer
+caller = Caller()
+alive = weakref.ref(caller)
+plan(caller)
+del caller
+gc.collect()
+print(alive() is None)
+"""
+
+
+def test_the_first_import_of_pulp_keeps_no_frame_of_its_importer():
+    """PuLP keeps each unavailable solver's import error; its traceback held every frame running at the
+    first import (a fresh interpreter's). The errors' text stays for pulp's own message."""
+    res = subprocess.run([sys.executable, "-c", _FIRST_IMPORT], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.split() == ["True"]
+    from pulp.apis.cplex_api import CPLEX_PY
+
+    if not CPLEX_PY().available():
+        with pytest.raises(Exception, match="Not Available"):
+            CPLEX_PY().actualSolve(None)
