@@ -8,7 +8,7 @@
 `LLM` takes every option `moelight run` takes (`EngineOptions`) and runs the same job path
 (`EngineSession`): plan -> memory check -> load -> generate; `last_report` holds the figures
 the CLI prints and saves. Calls from several threads run one at a time (they share the session's
-executor).
+executor). `close()`, leaving a `with LLM(...) as llm:` block, or dropping the LLM frees the runtime.
 """
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from __future__ import annotations
 import itertools
 import threading
 import warnings
+import weakref
 from collections.abc import Callable, Sequence
 
 from tqdm import tqdm
@@ -85,14 +86,17 @@ class LLM:
         # one job at a time: jobs share the session's executor, which a job may rebuild (vLLM's LLM is not
         # thread-safe either; here a second thread's call waits its turn)
         self._job_lock = threading.Lock()
+        # a dropped LLM frees its runtime (executor threads, device, other ranks); the finalizer holds the
+        # session, never the LLM, so it does not keep the LLM alive
+        self._finalizer = weakref.finalize(self, session.close)
         try:
             self._sampling_defaults = sampling_defaults(generation_config, session.resolved.source.model_dir)
         except ConfigError:
-            session.close()
+            self._finalizer()
             raise
         context = session.config.context_length
         if max_model_len is not None and max_model_len > context:  # as vLLM: the model cannot see further
-            session.close()
+            self._finalizer()
             raise OptionError(f"LLM(): max_model_len {max_model_len} is above the model's context, "
                               f"{context} tokens ({session.config.context_origin}); give at most {context}")
         self.session.load()
@@ -271,10 +275,16 @@ class LLM:
                                 r.stop_reason)
 
     def close(self) -> None:
-        """Free the runtime's device (cuda / emulated); the LLM is not usable afterwards. Waits for a job
-        another thread is running."""
+        """Free the runtime (cuda / emulated: the executor, its threads and device memory; other ranks);
+        the LLM is not usable afterwards. Waits for a job another thread is running; closing twice is a no-op."""
         with self._job_lock:
-            self.session.close()
+            self._finalizer()
+
+    def __enter__(self) -> LLM:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def _read_conversation(i: int, conversation) -> list[dict]:

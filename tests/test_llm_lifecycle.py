@@ -1,0 +1,62 @@
+"""An `LLM` frees its runtime when closed, when its `with` block ends, and when it is dropped without
+either: no executor thread (lanes, copy streams, the expert-copy worker) stays behind, and nothing keeps
+the model alive. The finalizer holds the session, not the LLM, and no worker thread reaches the LLM."""
+
+from __future__ import annotations
+
+import gc
+import threading
+import time
+import weakref
+
+import pytest
+
+from moelight import LLM, SamplingParams
+from tests.checkpoints import make_hf_model, save_checkpoint
+
+GREEDY = SamplingParams(max_tokens=4, temperature=0)
+RUNTIMES = {"emulated-throughput": {"device": "emulated", "mode": "throughput"},
+            "emulated-latency": {"device": "emulated", "mode": "latency"},
+            "cpu": {"device": "cpu"}}
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    return save_checkpoint(make_hf_model(0), tmp_path_factory.mktemp("lifecycle") / "m")
+
+
+def engine_threads() -> set[threading.Thread]:
+    """moelight's own (every worker it starts is named moelight-...; tqdm's monitor is not ours)."""
+    return {t for t in threading.enumerate() if t.name.startswith("moelight")}
+
+
+def settled(check, seconds: float = 10.0) -> bool:
+    """`check()` becomes true within `seconds` (worker threads take a moment to see they should stop)."""
+    end = time.monotonic() + seconds
+    while not check():
+        if time.monotonic() > end:
+            return False
+        gc.collect()
+        time.sleep(0.05)
+    return True
+
+
+@pytest.mark.parametrize("runtime", list(RUNTIMES))
+def test_a_dropped_llm_leaves_no_thread_and_frees_its_model(ckpt, runtime):
+    before = engine_threads()
+    llm = LLM(str(ckpt), dtype="float32", **RUNTIMES[runtime])
+    llm.generate(["hello"], GREEDY)
+    model = weakref.ref(llm.model)
+    del llm
+    gc.collect()
+    assert settled(lambda: model() is None), "the model outlived its LLM"
+    assert settled(lambda: engine_threads() <= before), engine_threads() - before
+
+
+def test_leaving_a_with_block_closes_the_llm(ckpt):
+    before = engine_threads()
+    with LLM(str(ckpt), dtype="float32", device="emulated", mode="throughput") as llm:
+        llm.generate(["hello"], GREEDY)
+        assert engine_threads() - before  # the CGOPipe runtime's lanes
+    assert settled(lambda: engine_threads() <= before), engine_threads() - before
+    llm.close()  # closing again is a no-op
