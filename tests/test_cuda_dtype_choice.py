@@ -27,3 +27,16 @@ def test_a_session_on_a_t4_class_gpu_loads_float16(monkeypatch):
     session = session_module.EngineSession(EngineOptions("tiny", load_format="dummy", device="cuda"), log=logged.append)
     assert session.dtype_name == "float16" and session.source.dtype == torch.float16
     assert any("no bfloat16 arithmetic" in line for line in logged)
+
+
+def test_a_schedule_that_device_auto_leaves_unused_on_a_host_without_a_gpu_is_said(monkeypatch):
+    from moelight.engine import session as session_module
+    from moelight.engine.options import EngineOptions
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    logged: list[str] = []
+    session_module.EngineSession(EngineOptions("tiny", load_format="dummy", schedule="flexgen"), log=logged.append)
+    assert any("--schedule flexgen is unused: --device auto found no GPU" in line for line in logged), logged
+    logged.clear()
+    session_module.EngineSession(EngineOptions("tiny", load_format="dummy"), log=logged.append)
+    assert not any("--schedule" in line for line in logged)

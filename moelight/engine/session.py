@@ -54,6 +54,9 @@ class EngineSession:
         self.source, self.config = self.resolved.source, self.resolved.config
         self.tokenizer, self.eos, self.dtype_name = self.resolved.tokenizer, self.resolved.eos, self.resolved.dtype_name
         self.device = resolve_device(opts.device)
+        if opts.device == "auto" and self.device == "cpu" and opts.schedule != "cgopipe" and log:
+            log(f"--schedule {opts.schedule} is unused: --device auto found no GPU, so the plain CPU executor runs "
+                "(--device emulated runs the schedule on an emulated GPU)")
         if self.device == "cuda":
             self._fit_dtype_to_gpu()
         self.group = tensor_parallel
