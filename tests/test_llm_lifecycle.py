@@ -60,3 +60,26 @@ def test_leaving_a_with_block_closes_the_llm(ckpt):
         assert engine_threads() - before  # the CGOPipe runtime's lanes
     assert settled(lambda: engine_threads() <= before), engine_threads() - before
     llm.close()  # closing again is a no-op
+
+
+EXITS_OPEN = """
+from moelight import LLM, SamplingParams
+llm = LLM("tiny", load_format="dummy", device="emulated", mode="throughput", hardware="t4")
+assert llm._finalizer.atexit is False
+llm.generate([{"prompt_token_ids": list(range(3, 67))}] * 16, SamplingParams(max_tokens=4, ignore_eos=True),
+             use_tqdm=False)
+"""
+
+
+def test_a_process_that_leaves_an_llm_open_exits_cleanly():
+    """The finalizer does not close the runtime at interpreter exit: closing the emulated device's lanes
+    while the interpreter tears down aborted the process (exit 134) on most runs."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    for _ in range(3):
+        done = subprocess.run([sys.executable, "-c", EXITS_OPEN], capture_output=True, text=True, timeout=300, env=env)
+        assert done.returncode == 0, done.stderr[-2000:]

@@ -89,6 +89,9 @@ class LLM:
         # a dropped LLM frees its runtime (executor threads, device, other ranks); the finalizer holds the
         # session, never the LLM, so it does not keep the LLM alive
         self._finalizer = weakref.finalize(self, session.close)
+        # but not at interpreter exit: closing the emulated device's lanes while the interpreter tears down
+        # aborts the process (a C++ thread destroyed while joinable); the process ends with them anyway
+        self._finalizer.atexit = False
         try:
             self._sampling_defaults = sampling_defaults(generation_config, session.resolved.source.model_dir)
         except ConfigError:
