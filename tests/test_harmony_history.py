@@ -44,7 +44,7 @@ class _Session:
 
     def __init__(self, tokenizer, answers: list[list[str]]):
         self.tokenizer, self.answers, self.prompts = tokenizer, answers, []
-        self.config = SimpleNamespace(max_position_embeddings=4096)
+        self.config = SimpleNamespace(max_position_embeddings=4096, context_length=4096)
 
     def engine(self, plan, prompts, params, turn):
         return self
