@@ -226,6 +226,10 @@ def test_skip_bad_lines(tmp_path, caplog):
     ({"prompt": "a", "followups": "b"}, "'followups' must be a list"),
     ({"messages": [{"role": "user", "content": "b"}], "tools": {"name": "f"}}, "'tools' must be a list"),
     ({"prompt": "a", "tools": [{"type": "function"}]}, "'tools' needs 'messages'"),
+    ({"prompt": "a", "stop_token_ids": [2.0]}, "'stop_token_ids' must be a list of integer token ids (>= 0), got 2.0"),
+    ({"prompt": "a", "allowed_token_ids": [5, -1]}, "got -1 at [1]"),
+    ({"prompt": "a", "stop_token_ids": []}, "must be a non-empty list of integer token ids (>= 0), got an empty list"),
+    ({"prompt": "a", "stop_token_ids": 2}, "got int 2"),
 ])
 def test_bad_prompt_records(tmp_path, record, problem):
     p = write_lines(tmp_path / "data.jsonl", [{"prompt": "fine"}, record])

@@ -52,9 +52,12 @@ def _token_ids(obj: dict, key: str) -> list[int] | None:
     v = obj.get(key)
     if v is None:
         return None
-    if not isinstance(v, list) or not v or not all(isinstance(t, int) and not isinstance(t, bool) and t >= 0
-                                                   for t in v):
-        raise RecordError(f"field '{key}' must be a non-empty list of token ids")
+    if not isinstance(v, list) or not v:
+        got = "an empty list" if isinstance(v, list) else f"{_type_name(v)} {v!r}"
+        raise RecordError(f"field '{key}' must be a non-empty list of integer token ids (>= 0), got {got}")
+    for i, t in enumerate(v):
+        if not isinstance(t, int) or isinstance(t, bool) or t < 0:
+            raise RecordError(f"field '{key}' must be a list of integer token ids (>= 0), got {t!r} at [{i}]")
     return v
 
 
