@@ -191,3 +191,24 @@ def test_a_misspelled_sampling_field_is_warned_of_with_the_name_meant(tmp_path):
     assert res.exit_code == 0, res.output
     notes = json.loads(Path(f"{out}.report.json").read_text())["notes"]
     assert any("did you mean 'top_p'" in n for n in notes), notes
+
+
+def test_an_unread_openai_body_field_is_warned_of_once_per_name(tmp_path):
+    """A body's misspelled field left the request on the run's defaults without a word (it is not kept in
+    meta); each unread name is said once, with the name meant or as ignored, as vLLM's server logs them."""
+    body = '"messages": [{"role": "user", "content": "hi"}], "temprature": 0.5, "max_tokns": 3, "frobnicate": 1'
+    data = _jsonl(tmp_path / "b.jsonl", *(f'{{"custom_id": "{c}", "body": {{{body}}}}}' for c in "ab"),
+                  '{"custom_id": "c", "body": {"prompt": "x", "model": "m", "top_logprobs": null}}')
+    warnings = load_dataset(data).warnings
+    assert warnings == [
+        f"{data}: field 'body.temprature' (2 record(s), first at {data}:1) is not one moelight reads: did you "
+        "mean 'temperature'?",
+        f"{data}: field 'body.max_tokns' (2 record(s), first at {data}:1) is not one moelight reads: did you "
+        "mean 'max_tokens'?",
+        f"{data}: field 'body.frobnicate' (2 record(s), first at {data}:1) is not one moelight reads: moelight "
+        "ignores it"]
+    out = tmp_path / "o.jsonl"
+    res = CliRunner().invoke(app, ["run", "--dataset", str(data), "--output", str(out), *TINY])
+    assert res.exit_code == 0, res.output
+    notes = json.loads(Path(f"{out}.report.json").read_text())["notes"]
+    assert sum("did you mean 'temperature'" in n for n in notes) == 1, notes

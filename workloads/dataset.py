@@ -25,7 +25,7 @@ from .readers import (
     read_json_lines,
     read_parquet,
 )
-from .readers.field_names import misspelled_fields
+from .readers.field_names import misspelled_fields, unread_body_fields
 from .readers.fields import RecordError
 from .readers.json_values import check_strings
 from .request import Request
@@ -84,10 +84,12 @@ def _is_parquet(source: Path | bytes) -> bool:
 
 def parse_dataset(source: Path | bytes, label: str, fmt: str | None = None, turn: int = 1,
                   prompt_column: str = "prompt", id_column: str = "id",
-                  hint_style: str = "python") -> tuple[list[Request], list[Problem], str]:
+                  hint_style: str = "python", warnings: list[str] | None = None,
+                  ) -> tuple[list[Request], list[Problem], str]:
     """(requests, problems, format) of one dataset, from its path or its bytes (a file Ray read):
     the one parse every reader of a dataset runs, so ids and messages are the same everywhere.
-    Problems of single records are returned; a file that cannot be read at all raises DatasetError."""
+    Problems of single records are returned; a file that cannot be read at all raises DatasetError.
+    `warnings`: given, gets the OpenAI body fields no reader reads (unread_body_fields)."""
     if fmt == "parquet" or (fmt is None and _is_parquet(source)):
         table = pa.BufferReader(source) if isinstance(source, bytes) else source
         requests, problems = read_parquet(table, label, prompt_column, id_column,
@@ -103,7 +105,7 @@ def parse_dataset(source: Path | bytes, label: str, fmt: str | None = None, turn
         if turn != 1 and fmt != "mtbench":
             raise DatasetError(f"turn={turn} applies to MT-Bench datasets only ({label} is {fmt})")
         parse = PARSERS[fmt]
-        requests = []
+        requests, bodies = [], []
         for lineno, obj in records:
             where = f"{label}:{lineno}"
             try:
@@ -111,6 +113,11 @@ def parse_dataset(source: Path | bytes, label: str, fmt: str | None = None, turn
                 requests.append(parse(obj, where, lineno, turn))
             except RecordError as e:
                 problems.append(Problem(where, str(e), refused_id(obj) if fmt == "openai" else None))
+            else:
+                if fmt == "openai":
+                    bodies.append((where, obj["body"]))
+        if warnings is not None:
+            warnings += unread_body_fields(bodies)
     for r in requests:
         r.meta.setdefault("input_format", fmt)
     return requests, problems, fmt
@@ -229,7 +236,9 @@ def load_dataset(path: str | Path, format: str | None = None, turn: int = 1,
         raise DatasetError(f"num_requests must be a positive integer, got {num_requests!r}")
     check_dataset_file(path, label, fmt, hint_style)
 
-    requests, problems, fmt = parse_dataset(_source(path), label, fmt, turn, prompt_column, id_column, hint_style)
+    body_warnings: list[str] = []
+    requests, problems, fmt = parse_dataset(_source(path), label, fmt, turn, prompt_column, id_column, hint_style,
+                                            body_warnings)
     if fmt != "parquet" and (prompt_column, id_column) != ("prompt", "id"):
         raise DatasetError(f"{label}: {HINTS[hint_style]['prompt_column']} and the id column name parquet columns; "
                            f"this dataset is {fmt}, whose records give `prompt` (or `messages`) and `id`: drop it")
@@ -243,7 +252,7 @@ def load_dataset(path: str | Path, format: str | None = None, turn: int = 1,
         log.warning("%s: skipped %d bad record(s):\n%s", label, len(problems), format_problems(problems))
     if not requests:
         raise DatasetError(f"{label}: no usable requests" + (" (all were skipped)" if problems else ""))
-    warnings = [f"{label}: {w}" for w in misspelled_fields(requests)]
+    warnings = [f"{label}: {w}" for w in misspelled_fields(requests) + body_warnings]
     for w in warnings:
         log.warning("%s", w)
     if num_requests is not None:
