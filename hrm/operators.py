@@ -224,3 +224,12 @@ def pass_activation_bytes(m: ModelSpec, b: float, tokens):
     tokens = np.asarray(tokens, float)
     return (tokens * activation_bytes_outside_experts(m, b)
             + np.minimum(tokens, EXPERT_CHUNK_TOKENS) * expert_activation_bytes_per_token(m, b))
+
+
+def decode_attention_scratch_bytes(m: ModelSpec, b: float, seqs, context):
+    """A decode step's device attention temporaries (devices/device_attention.py): every sequence's keys and
+    values gathered over the longest context in float32, one gathered in the dtype on its way, and the float32
+    scores, masked and softmaxed (three of them). Grows with batch x context, beside the KV cache itself."""
+    cached = kv_bytes_per_token_layer(m, b) / b  # the elements of K and V a token holds in a layer
+    per_position = cached * 4.0 + cached / 2 * b + 3 * 4.0 * m.num_heads
+    return np.asarray(seqs, float) * context * per_position

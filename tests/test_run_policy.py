@@ -103,6 +103,33 @@ def test_explicit_micro_batch_size_is_checked_against_device_memory():
         plan_job(opts, PRESETS["mixtral-8x7b"], "float16", prompts, params, "emulated")
 
 
+def test_explicit_batch_size_in_latency_mode_is_checked_with_its_decode_attention(tmp_path):
+    """Latency mode's fit check counts a decode step's attention temporaries (K and V gathered in float32,
+    the scores), which outgrow a prefill's activations on a short model: --batch-size 256 loaded and ran out
+    of device memory at its first decode step. It is refused before loading, naming the option and the
+    largest batch that fits, and that batch plans."""
+    from moelight.engine.options import EngineOptions
+    from moelight.loading.presets import PRESETS
+    from moelight.planning.hardware_choice import PlanError
+    from moelight.planning.job_plan import plan_job
+
+    hw = HardwareSpec.load(_hardware(tmp_path))
+    gpu = Level("small-gpu", 40 * 2**20, 200e9, {"float32": 8e12, "bfloat16": 20e12})
+    small = str(HardwareSpec("small", hw.cpu, gpu, 1, Link(12e9, 12e9)).save(tmp_path / "small.json"))
+    prompts, params = [[1] * 256] * 256, [SamplingParams(max_tokens=4)] * 256
+
+    def planned(batch):
+        opts = EngineOptions(model="tiny", hardware=small, mode="latency", enable_prefix_caching=False,
+                             batch_size=batch)
+        return plan_job(opts, PRESETS["tiny"], "bfloat16", prompts, params, "emulated")
+
+    with pytest.raises(PlanError, match=r"--batch-size 256 does not fit small in latency mode(.|\n)*"
+                                        r"at most --batch-size \d+ fits") as e:
+        planned(256)
+    best = int(str(e.value).split("at most --batch-size ")[1].split()[0])
+    assert 128 < best < 256 and planned(best).batch_size == best
+
+
 def test_infeasible_plan_exits_2_before_loading(tmp_path):
     r, rep, out = _run(tmp_path, "--hardware", _hardware(tmp_path, memory=2**14))
     assert r.exit_code == 2, r.output

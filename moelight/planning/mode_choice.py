@@ -63,6 +63,8 @@ def apply_mode(plan, opts, mspec, workload, requests: int, device: str, ranks: i
                best_latency_batch(plan.hardware, mspec, workload, requests, dtype, cpu_offload=offload))
     except ValueError as e:
         lat, error = None, str(e)
+        if opts.batch_size and plan.hardware.has_gpu:  # the size the user set: name it, and one that fits
+            error = _batch_too_big(plan.hardware, mspec, workload, opts.batch_size, dtype) or error
     else:
         error = "one GPU cannot hold the non-expert weights, the KV cache and one layer's experts"
     if lat is not None and opts.cache_size is not None:
@@ -111,6 +113,22 @@ def apply_mode(plan, opts, mspec, workload, requests: int, device: str, ranks: i
         lat.fetch_seconds_per_layer > lat.compute_seconds_per_layer else "gpu", "tpot_ms": 1e3 * lat.step_seconds}
     info.update(batch_size=lat.batch_size, micro_batch_size=lat.batch_size, num_micro_batches=1)
     return replace(plan, batch_size=lat.batch_size, micro_batch_size=lat.batch_size, prediction=pred)
+
+
+def _batch_too_big(hw, mspec, workload, batch: int, dtype: str) -> str:
+    """Why latency mode cannot run the --batch-size asked for, with the largest that fits ('' when the batch
+    is not what stops it): its KV cache and activations leave no room for one layer's experts."""
+    from moelight.planning.size_overrides import largest_size
+    from optimizer.latency_mode import cache_slots
+
+    if cache_slots(hw, mspec, workload, batch, dtype):
+        return ""
+    best = largest_size(lambda b: cache_slots(hw, mspec, workload, b, dtype) > 0, batch)
+    fits = (f"at most --batch-size {best} fits (or leave it to the planner)" if best else
+            "no batch size fits")
+    return (f"--batch-size {batch} does not fit {hw.name} in latency mode: one {hw.gpu.name} cannot hold the "
+            f"non-expert weights, the KV cache and activations of batch {batch} and one layer's "
+            f"{mspec.num_experts} experts; {fits}")
 
 
 def _cache_options(opts) -> list[str]:
