@@ -156,18 +156,20 @@ class EngineSession:
 
         on_cpu = self.device == "cpu"
 
+        def check(batch: int) -> None:
+            check_fits(self.config, self.source.dtype, largest_batch_tokens(prompts, params, batch, turn),
+                       available=available, ranks=self.ranks, on_cpu=on_cpu)
+
         def fits(batch: int) -> bool:
             try:
-                check_fits(self.config, self.source.dtype, largest_batch_tokens(prompts, params, batch, turn),
-                           available=available, ranks=self.ranks, on_cpu=on_cpu)
+                check(batch)
             except OutOfMemoryPlan:
                 return False
             return True
 
         batch = largest_size(fits, plan.batch_size - 1)
         if not batch:  # not even one sequence beside the weights: the check says why
-            check_fits(self.config, self.source.dtype, largest_batch_tokens(prompts, params, 1, turn),
-                       available=available, ranks=self.ranks, on_cpu=on_cpu)
+            check(1)
         if self.log:
             self.log(f"the automatic batch of {plan.batch_size} does not fit the host memory available now "
                      f"({size_text(available)}) by the check before loading: capped at {batch}")

@@ -18,13 +18,8 @@ BODY_KEYS = (KNOWN_KEYS - {"id", "followups", "max_new_tokens"}) | {"model", "to
 
 def misspelled_fields(requests: list[Request]) -> list[str]:
     """One warning per meta field name close to a field a record is read for, with its count and first place."""
-    seen: dict[str, tuple[int, str]] = {}
-    for r in requests:
-        for key in r.meta:
-            count, first = seen.get(key, (0, r.source))
-            seen[key] = (count + 1, first)
     out = []
-    for key, (count, first) in seen.items():
+    for key, (count, first) in _tally((r.source, key) for r in requests for key in r.meta).items():
         if key in IGNORED or key in KNOWN_KEYS or len(key) < 4:
             continue
         close = _close(key, KNOWN_KEYS)
@@ -37,18 +32,22 @@ def misspelled_fields(requests: list[Request]) -> list[str]:
 def unread_body_fields(bodies: list[tuple[str, dict]]) -> list[str]:
     """One warning per field name of OpenAI bodies ((where, body) pairs) the reader does not read, with its
     count and first place: a close name is most likely a typo (did you mean), any other is ignored."""
-    seen: dict[str, tuple[int, str]] = {}
-    for where, body in bodies:
-        for key in body:
-            if key not in BODY_KEYS:
-                count, first = seen.get(key, (0, where))
-                seen[key] = (count + 1, first)
     out = []
-    for key, (count, first) in seen.items():
+    unread = ((where, key) for where, body in bodies for key in body if key not in BODY_KEYS)
+    for key, (count, first) in _tally(unread).items():
         close = _close(key, BODY_KEYS) if len(key) >= 4 else ""
         what = f"did you mean '{close}'?" if close else "moelight ignores it"
         out.append(f"field 'body.{key}' ({count} record(s), first at {first}) is not one moelight reads: {what}")
     return out
+
+
+def _tally(places) -> dict[str, tuple[int, str]]:
+    """(where, field name) pairs -> per name: how many, and the first place."""
+    seen: dict[str, tuple[int, str]] = {}
+    for where, key in places:
+        count, first = seen.get(key, (0, where))
+        seen[key] = (count + 1, first)
+    return seen
 
 
 def _close(key: str, known: set[str]) -> str:
