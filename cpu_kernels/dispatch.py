@@ -15,7 +15,7 @@ import torch
 
 from cpu_kernels.expert_pack import FORMATS, PackedExperts
 from cpu_kernels.expert_reference import ActSpec, expert_mix_torch
-from cpu_kernels.varlen_attention import varlen_attention
+from cpu_kernels.varlen_attention import SCORE_BUDGET, varlen_attention
 
 _lock = threading.Lock()
 _state: dict[str, object] = {"loaded": None, "warned": False}
@@ -97,19 +97,21 @@ def prefill_attention(
     scale: float,
     window: int | None = None,
     sinks: torch.Tensor | None = None,
+    budget: int = SCORE_BUDGET,
 ) -> torch.Tensor:
     """Causal attention over packed prompts: q [T, Hq, d], k/v [T, Hkv, d] -> [T, Hq, d].
-    `window`: each query sees itself and the window - 1 keys before it; `sinks` as in decode.
+    `window`: each query sees itself and the window - 1 keys before it; `sinks` as in decode; `budget`:
+    elements a torch group call may hold (a small device's share, hrm.attention_memory).
     V may be narrower than q and k (MLA's expanded prefill): it is zero-padded to their width, which
     keeps the kernels' (and torch's flash) equal-width path, and the output is cut back."""
     dv = v.shape[-1]
     if dv < q.shape[-1]:
         v = torch.nn.functional.pad(v, (0, q.shape[-1] - dv))
-        return prefill_attention(q, k, v, cu_seqlens, scale, window, sinks)[..., :dv]
+        return prefill_attention(q, k, v, cu_seqlens, scale, window, sinks, budget)[..., :dv]
     if _cpp_ok(q, k, v) and v.shape[-1] == q.shape[-1]:
         return torch.ops.moelight.prefill_attention(q, k, v, cu_seqlens, float(scale), window or 0, sinks)
     return varlen_attention(q, k.transpose(0, 1), v.transpose(0, 1), [0] * (len(cu_seqlens) - 1), cu_seqlens, scale,
-                            bases=cu_seqlens[:-1], window=window, sinks=sinks)
+                            bases=cu_seqlens[:-1], window=window, sinks=sinks, budget=budget)
 
 
 def paged_decode_attention(

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-SCORE_BUDGET = 1 << 24  # elements per group call: scores, mask and the gathered keys and values
+from hrm.attention_memory import SCORE_BUDGET  # elements per group call: scores, mask, gathered K and V
 
 
 @dataclass(frozen=True)

@@ -189,21 +189,17 @@ def activation_bytes_per_token(m: ModelSpec, b: float) -> float:
     """Peak live device bytes per token of a layer pass of at most EXPERT_CHUNK_TOKENS tokens, as the
     runtime computes it (measured on the emulated device: tests/test_activation_memory.py): the
     token's own tensors (activation_bytes_outside_experts) and its routed experts' rows
-    (expert_activation_bytes_per_token). MLA families measure below that (their pass keeps less per
-    routed row): the older, smaller count of one expert's intermediate at a time fits them (within 20%)."""
-    h, f, k = m.hidden_size, m.intermediate_size, m.top_k
-    if m.latent:
-        return (3 * h + mla.activation_elements(m) + m.num_experts + 2.0 * f * k / m.num_experts) * b
+    (expert_activation_bytes_per_token)."""
     return activation_bytes_outside_experts(m, b) + expert_activation_bytes_per_token(m, b)
 
 
 def activation_bytes_outside_experts(m: ModelSpec, b: float) -> float:
-    """Hidden states, residual and norm, q/k/v and the attention output, the shared expert, the router
-    in float32: what a layer pass holds for every token it carries."""
-    if m.latent:
-        return activation_bytes_per_token(m, b)
+    """Hidden states, residual and norm, q/k/v and the attention output (MLA: in its larger form, the
+    prefill's expanded heads), the shared expert, the router in float32: what a layer pass holds for
+    every token it carries."""
     h = m.hidden_size
-    return (3 * h + 2 * m.q_dim + 2 * m.kv_dim + 3 * m.shared_expert_size) * b + 4.0 * m.num_experts
+    attention = mla.activation_elements(m) if m.latent else 2 * m.q_dim + 2 * m.kv_dim
+    return (3 * h + attention + 3 * m.shared_expert_size) * b + 4.0 * m.num_experts
 
 
 def expert_activation_bytes_per_token(m: ModelSpec, b: float) -> float:
@@ -211,8 +207,6 @@ def expert_activation_bytes_per_token(m: ModelSpec, b: float) -> float:
     at once), the larger of two phases: the GEMMs' (the rows in expert order, gate/up and the
     activation's temporaries, SwiGLU 4 widths and GPT-OSS's clamped one 8, a previous group's rows in
     float32) and the weighting's (rows in the dtype and in float32, back in token order)."""
-    if m.latent:
-        return 0.0
     h, f, k = m.hidden_size, m.intermediate_size, m.top_k
     gemm = k * (h + (8 if m.expert_bias else 4) * f) * b + 4.0 * k * h
     return max(gemm, k * h * (4 * b + 4))
@@ -225,11 +219,3 @@ def pass_activation_bytes(m: ModelSpec, b: float, tokens):
     return (tokens * activation_bytes_outside_experts(m, b)
             + np.minimum(tokens, EXPERT_CHUNK_TOKENS) * expert_activation_bytes_per_token(m, b))
 
-
-def decode_attention_scratch_bytes(m: ModelSpec, b: float, seqs, context):
-    """A decode step's device attention temporaries (devices/device_attention.py): every sequence's keys and
-    values gathered over the longest context in float32, one gathered in the dtype on its way, and the float32
-    scores, masked and softmaxed (three of them). Grows with batch x context, beside the KV cache itself."""
-    cached = kv_bytes_per_token_layer(m, b) / b  # the elements of K and V a token holds in a layer
-    per_position = cached * 4.0 + cached / 2 * b + 3 * 4.0 * m.num_heads
-    return np.asarray(seqs, float) * context * per_position

@@ -43,7 +43,7 @@ from dataclasses import dataclass, field, fields, replace
 
 import numpy as np
 
-from hrm import costs
+from hrm import attention_memory, costs
 from hrm import operators as ops
 from hrm.dtypes import dtype_bytes
 from hrm.hardware import HardwareSpec
@@ -289,6 +289,10 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
             gpu_mem["dequantized_layer"] = _aff(float(m.moe_layer_expert_params() * b), shape=shape)
     if f_g or a_g:
         gpu_mem["activations"] = _aff(t * act, shape=shape)
+    if f_g:  # prefill attention runs on the GPU: its largest group call's scores, keys and values (per rank:
+        seqs = wl.prefill_pass_tokens(mu) / max(1.0, wl.peak_prompt) / t  # its share of the heads)
+        gpu_mem["prefill_attention_scratch"] = _aff(t * attention_memory.prefill_attention_scratch_bytes(
+            m, seqs, wl.peak_prompt, hw.gpu.memory_bytes), shape=shape)
     if a_g:
         gpu_mem["kv_cache"] = _aff(0.0, 0.0, kv_total, shape)
         gpu_mem["kv_prefetch_buffers"] = _aff(2 * kv_mb_layer, 0.0, -2 * kv_mb_layer, shape)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from hrm import costs
+from hrm import attention_memory, costs
 from hrm import operators as ops
 from hrm.dtypes import dtype_bytes
 from hrm.hardware import HardwareSpec
@@ -45,12 +45,15 @@ class LatencyPrediction:
 def cache_slots(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, batch: int, dtype: str,
                 alpha: float = ALPHA) -> int:
     """Expert slots that fit on one GPU beside the non-expert weights, the batch's KV cache at its
-    longest context and the larger of a prefill's activations and a decode step's attention temporaries
-    (both grow with the batch); 0 when not even one layer's experts fit."""
+    longest context and the larger of a prefill's activations (its attention's temporaries too) and a
+    decode step's attention temporaries (both grow with the batch); 0 when not even one layer's experts fit."""
     b = dtype_bytes(dtype)
     kv = costs.kv_cache_bytes(m, batch, wl.max_context, dtype, layers=m.num_layers)
-    act = max(float(ops.pass_activation_bytes(m, b, wl.prefill_pass_tokens(batch))),
-              float(ops.decode_attention_scratch_bytes(m, b, batch, wl.max_context))) + batch * m.vocab_size * 4.0
+    pass_tokens = wl.prefill_pass_tokens(batch)
+    prefill = ops.pass_activation_bytes(m, b, pass_tokens) + attention_memory.prefill_attention_scratch_bytes(
+        m, pass_tokens / max(1.0, wl.peak_prompt), wl.peak_prompt, hw.gpu.memory_bytes)
+    decode = attention_memory.decode_attention_scratch_bytes(m, b, batch, wl.max_context)
+    act = max(float(prefill), float(decode)) + batch * m.vocab_size * 4.0
     room = alpha * hw.gpu.memory_bytes - m.non_expert_params() * b - kv - act
     expert = m.expert_params() * m.expert_weight_bytes(b)
     total = (m.num_layers - m.num_dense_layers) * m.num_experts

@@ -24,9 +24,12 @@ def test_cgopipe_policy_memory_by_hand():
     per_token = (3 * 64 + 64 + 2 * 32 + 64) * 2 + 4 * 4 + max(2 * (64 + 4 * 128) * 2 + 4 * 2 * 64,
                                                              2 * 64 * (4 * 2 + 4))
     act = 4 * 10 * per_token + 4 * 512 * 4
+    # prefill attention on the GPU: one group call of the 4 prompts' 10 x 10 scores per head and their
+    # 10 keys' K and V (2 x 2 heads x 16), 24 bytes per element (hrm.attention_memory)
+    scratch = 4 * 10 * (4 * 10 + 2 * 2 * 16) * 24
     assert res.gpu_memory == pytest.approx({
         "non_expert_weights": non_exp, "resident_experts": 0.5 * 2 * w_le,
-        "paged_weight_buffers": 2 * 0.5 * w_le, "activations": act})
+        "paged_weight_buffers": 2 * 0.5 * w_le, "activations": act, "prefill_attention_scratch": scratch})
     assert res.cpu_memory == pytest.approx({
         "experts": 0.5 * 2 * w_le, "kv_cache": 8 * 16 * 2 * 32 * 2 * 2,
         "pinned_weight_pages": 2 * 0.5 * w_le / 2, "pinned_activations": 8 * 128 * 2 + 8 * 64 * 2})

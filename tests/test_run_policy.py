@@ -185,7 +185,7 @@ def test_device_plans_only_the_placement_its_runtime_runs(tmp_path):
     FFN on the device), so its memory check is for what runs: a GPU too small for the runtime is refused
     before loading, not planned "all on CPU" and then run out of device memory."""
     hw = HardwareSpec.load(_hardware(tmp_path))
-    gpu = Level("tiny-gpu", 1_200_000, 200e9, {"float32": 8e12, "float16": 20e12})
+    gpu = Level("tiny-gpu", 1_600_000, 200e9, {"float32": 8e12, "float16": 20e12})
     tiny = str(HardwareSpec("tiny", hw.cpu, gpu, 1, Link(12e9, 12e9)).save(tmp_path / "tiny.json"))
     r, rep, out = _run(tmp_path, "--hardware", tiny, "--device", "emulated", "--dtype", "float32",
                        "--mode", "throughput")

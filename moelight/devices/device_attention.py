@@ -17,7 +17,9 @@ from collections.abc import Callable
 import torch
 
 from cpu_kernels import prefill_attention
-from cpu_kernels.varlen_attention import varlen_attention
+from cpu_kernels.varlen_attention import SCORE_BUDGET, varlen_attention
+from hrm.attention_memory import attention_score_budget
+from moelight.devices.device_base import Device
 
 Upload = Callable[[torch.Tensor], torch.Tensor] | None
 GPU_PATH_ON_CPU = False  # tests: CPU tensors (the emulated device) take the GPU's prefill path, fused kernel too
@@ -63,14 +65,21 @@ def batched_decode_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: to
 
 def device_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_host: torch.Tensor, scale: float,
                              window: int | None = None, sinks: torch.Tensor | None = None,
-                             upload: Upload = None) -> torch.Tensor:
+                             upload: Upload = None, budget: int = SCORE_BUDGET) -> torch.Tensor:
     """Causal attention over packed prompts q [T, Hq, d], k [T, Hkv, d], v [T, Hkv, dv] on the device: the
-    prompts' bounds `cu_host` stay host data, and `upload` moves the groups' small tables (pinned)."""
+    prompts' bounds `cu_host` stay host data, and `upload` moves the groups' small tables (pinned).
+    `budget`: elements one group call holds (score_budget: the device's share for them)."""
     if q.device.type == "cpu" and not GPU_PATH_ON_CPU:
-        return prefill_attention(q, k, v, cu_host, scale, window=window, sinks=sinks)
+        return prefill_attention(q, k, v, cu_host, scale, window=window, sinks=sinks, budget=budget)
     n = len(cu_host) - 1
     return varlen_attention(q, k.transpose(0, 1), v.transpose(0, 1), [0] * n, cu_host, scale, bases=cu_host[:-1],
-                            window=window, sinks=sinks, upload=upload, fused=sinks is None)
+                            window=window, sinks=sinks, upload=upload, fused=sinks is None, budget=budget)
+
+
+def score_budget(device: Device) -> int:
+    """Elements a prefill attention call may hold on `device`: a share of its memory, as the planner
+    counts it (hrm.attention_memory), so a small GPU runs smaller groups instead of running out."""
+    return attention_score_budget(device.memory_capacity)
 
 
 def prefix_table(cached: list[int], seq_lens: list[int]) -> torch.Tensor:
@@ -87,11 +96,12 @@ def prefix_table(cached: list[int], seq_lens: list[int]) -> torch.Tensor:
 def device_prefix_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k_prefix: torch.Tensor,
                                     v_prefix: torch.Tensor, table: torch.Tensor, cached: torch.Tensor,
                                     cu_host: torch.Tensor, scale: float, window: int | None = None,
-                                    sinks: torch.Tensor | None = None, upload: Upload = None) -> torch.Tensor:
+                                    sinks: torch.Tensor | None = None, upload: Upload = None,
+                                    budget: int = SCORE_BUDGET) -> torch.Tensor:
     """Prompts whose first `cached` [B] (host data) positions are in a shared KV cache already (prefix
     sharing): the new tokens' q [T, Hq, d] over the uploaded prefixes' keys [Hkv, P, d] and their own k/v
     [T, Hkv, d], causal from their positions, through `table` (prefix_table, on the device)."""
     keys = torch.cat([k_prefix, k.transpose(0, 1)], 1)
     values = torch.cat([v_prefix, v.transpose(0, 1)], 1)
     return varlen_attention(q, keys, values, cached, cu_host, scale, block_table=table, window=window, sinks=sinks,
-                            upload=upload)
+                            upload=upload, budget=budget)

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from cpu_kernels.varlen_attention import varlen_attention
 from moelight.devices.compute_counter import DecodeCounts
-from moelight.devices.device_attention import batched_decode_attention, device_prefill_attention
+from moelight.devices.device_attention import batched_decode_attention, device_prefill_attention, score_budget
 from moelight.devices.device_base import Device, nbytes_of
 from moelight.devices.host_buffers import HostBuffers
 from moelight.devices.registry import create_device
@@ -93,6 +93,7 @@ class ExpertCacheExecutor(Executor):
             capacity = device_memory or (2 * need if device == "emulated" else None)  # activations: < need
             device = create_device(device, capacity_bytes=capacity, **device_kwargs)
         self.device = device
+        self.score_budget = score_budget(device)  # prefill attention's share
         # what an expert run on the CPU needs besides its weights (GPT-OSS's biases), kept on the host
         self._host_terms = {j: _host_terms(model.layers[j].mlp) for j in self.moe_layers}
         for mod in (model.embed_tokens, model.norm, model.lm_head):
@@ -296,10 +297,11 @@ class ExpertCacheExecutor(Executor):
                     a = kv.prefix_attend(j, q, layer.prefill_kv, offsets, seq_lens, cu, self.scale, upload=self._upload)
                 elif paged:  # K and V through the block tables
                     a = varlen_attention(q, *kv.key_value(j), cached, cu, self.scale, block_table=table,
-                                         page_size=offsets.page_size, upload=self._upload, **attention_extras(m, j))
+                                         page_size=offsets.page_size, upload=self._upload, budget=self.score_budget,
+                                         **attention_extras(m, j))
                 else:
                     a = device_prefill_attention(q, *layer.prefill_kv(*entry), cu, self.scale, **attention_extras(m, j),
-                                                 upload=self._upload)
+                                                 upload=self._upload, budget=self.score_budget)
                 a = a.flatten(1)
                 routed = every
                 if j == L - 1:  # only the last token of each prompt (or the asked rows) feeds the LM head

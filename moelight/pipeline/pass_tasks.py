@@ -170,7 +170,7 @@ class PrefillTasks(PassTasks):
             k, v = self.m.layers[j].prefill_kv(*entry)  # MLA: K and V expanded from the latent
             if self.prefix is None:
                 a = device_prefill_attention(q, k, v, self.cu, self.ex.scale, **attention_extras(self.m, j),
-                                             upload=self.upload)
+                                             upload=self.upload, budget=self.ex.score_budget)
             else:  # per group of rows, the prefixes' cache entries gathered from the CPU cache into pinned
                 parts = []  # buffers, uploaded and used in this task
                 for pre in self.prefix:
@@ -179,7 +179,8 @@ class PrefillTasks(PassTasks):
                     a0, a1 = pre["q"]
                     parts.append(device_prefix_prefill_attention(
                         q[a0:a1], k[a0:a1], v[a0:a1], kp, vp, self.dev.upload(pre["table"]), pre["cached"], pre["cu"],
-                        self.ex.scale, **attention_extras(self.m, j), upload=self.upload))
+                        self.ex.scale, **attention_extras(self.m, j), upload=self.upload,
+                        budget=self.ex.score_budget))
                     del kp, vp
                 a = parts[0] if len(parts) == 1 else torch.cat(parts)
             a = a.flatten(1)

@@ -22,6 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from moelight.devices.compute_counter import DecodeCounts
+from moelight.devices.device_attention import score_budget
 from moelight.devices.device_base import Device
 from moelight.devices.host_buffers import HostBuffers
 from moelight.devices.registry import create_device
@@ -98,6 +99,7 @@ class PipelineExecutor(Executor):
             capacity = device_memory or (self.plan.total if device == "emulated" else None)
             device = create_device(device, capacity_bytes=capacity, **device_kwargs)
         self.device = device
+        self.score_budget = score_budget(device)  # prefill attention's share
         try:
             self.pager = WeightPager(model, device, r_w)
         except BaseException:
