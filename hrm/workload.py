@@ -76,8 +76,9 @@ class WorkloadSpec:
 
     @property
     def peak_prompt(self) -> float:
-        """Longest prompt a micro-batch may carry (prefill activation sizing)."""
-        return float(self.max_prompt_len or self.prompt_len) if self.padded else float(self.prompt_len)
+        """Longest prompt a micro-batch may carry (prefill activation sizing): a pass of mixed lengths
+        may hold its longest prompts only, padded or not."""
+        return float(self.max_prompt_len or self.prompt_len)
 
     def prefill_pass_tokens(self, mu):
         """Prompt tokens one prefill pass holds at once (its activations): a whole micro-batch
