@@ -133,6 +133,14 @@ def test_workload():
         WorkloadSpec(100, 8, max_prompt_len=50)
 
 
+def test_a_prefill_pass_is_sized_by_the_longest_prompt_mixed_lengths_or_not():
+    """A micro-batch of two may carry the two longest prompts, padded or not (the mean undercounts it)."""
+    mixed = WorkloadSpec(521, 8, 1501, prefill_chunk=4096)
+    assert mixed.prefill_pass_tokens(2) == 2 * 1501
+    assert mixed.prefill_pass_tokens(64) == 4096  # the chunk caps a pass of many
+    assert WorkloadSpec(521, 8, 5000, prefill_chunk=4096).prefill_pass_tokens(1) == 5000  # one prompt is one pass
+
+
 def test_hrm_never_imports_torch():
     import subprocess
 
