@@ -82,8 +82,13 @@ class WorkloadSpec:
 
     def prefill_pass_tokens(self, mu):
         """Prompt tokens one prefill pass holds at once (its activations): a whole micro-batch
-        layer-major, else at most prefill_chunk, and never less than one longest prompt."""
-        whole = np.asarray(mu, float) * max(1.0, self.peak_prompt)
+        layer-major, else at most prefill_chunk, and never less than one longest prompt. A micro-batch
+        of mixed lengths holds at most its longest prompts, and about the mean each plus one longest
+        once it is large (its lengths average out; padded, every prompt is the longest)."""
+        mu = np.asarray(mu, float)
+        whole = mu * max(1.0, self.peak_prompt)
+        if not self.padded:
+            whole = np.minimum(whole, mu * self.prompt_len + self.peak_prompt)
         if self.prefill_chunk is None:
             return whole
         return np.minimum(whole, max(float(self.prefill_chunk), self.peak_prompt))

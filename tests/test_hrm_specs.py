@@ -134,10 +134,14 @@ def test_workload():
 
 
 def test_a_prefill_pass_is_sized_by_the_longest_prompt_mixed_lengths_or_not():
-    """A micro-batch of two may carry the two longest prompts, padded or not (the mean undercounts it)."""
+    """A small micro-batch may carry the longest prompts (the mean undercounts it), a large one about
+    the mean each plus one longest; padded, every prompt is the longest."""
     mixed = WorkloadSpec(521, 8, 1501, prefill_chunk=4096)
-    assert mixed.prefill_pass_tokens(2) == 2 * 1501
+    assert mixed.prefill_pass_tokens(1) == 1501 and mixed.prefill_pass_tokens(2) == 2 * 521 + 1501
     assert mixed.prefill_pass_tokens(64) == 4096  # the chunk caps a pass of many
+    layer_major = WorkloadSpec(77, 8, 418)
+    assert layer_major.prefill_pass_tokens(1000) == 1000 * 77 + 418
+    assert WorkloadSpec(77, 8, 418, padded=True).prefill_pass_tokens(1000) == 1000 * 418
     assert WorkloadSpec(521, 8, 5000, prefill_chunk=4096).prefill_pass_tokens(1) == 5000  # one prompt is one pass
 
 
