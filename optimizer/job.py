@@ -38,14 +38,15 @@ def batch_sizes(requests: int, batch_size: int) -> list[int]:
 def predict_job(hw: HardwareSpec, model: ModelSpec, workload: WorkloadSpec, policy: Policy, requests: int,
                 batch_size: int | None = None, micro_batch_size: int | None = None,
                 alpha: float = ALPHA) -> dict:
-    """Predicted prefill / decode / end-to-end tok/s of `requests` requests run with `policy`
-    (batch_size / micro_batch_size override its N and mu: what the engine actually uses)."""
+    """Predicted prefill / decode / end-to-end tok/s and GPU / host memory of `requests` requests run
+    with `policy` (batch_size / micro_batch_size override its N and mu: what the engine actually uses)."""
     n_big = batch_size or policy.batch_size
     mu_cap = micro_batch_size or policy.micro_batch_size
     g = workload.gen_len
     t_pre = t_dec = 0.0
     prompt_tok = dec_tok = gen_tok = 0.0
     layer = None
+    gpu_bytes = cpu_bytes = 0.0  # the largest batch's (the memory the run must hold)
     for n in batch_sizes(requests, n_big):
         n_mb = math.ceil(n / max(1, min(mu_cap, n)))
         pm = build_point_model(hw, model, workload, policy.dtype, n / n_mb, n_mb, policy.A_g, policy.F_g,
@@ -58,6 +59,8 @@ def predict_job(hw: HardwareSpec, model: ModelSpec, workload: WorkloadSpec, poli
         gen_tok += n * g
         if layer is None:
             layer = {k: float(v) for k, v in pm.layer_times(x, y).items()}
+        gpu_bytes = max(gpu_bytes, float(pm.gpu_total().at(x, y)))
+        cpu_bytes = max(cpu_bytes, float(pm.cpu_total().at(x, y)))
     total = t_pre + t_dec
     return {
         "prefill_tokens_per_s": prompt_tok / t_pre if t_pre > 0 else 0.0,
@@ -69,4 +72,6 @@ def predict_job(hw: HardwareSpec, model: ModelSpec, workload: WorkloadSpec, poli
         "binding": binding_roof(layer),
         "layer_times_ms": {k: 1e3 * v for k, v in layer.items()},
         "batches": len(batch_sizes(requests, n_big)),
+        "gpu_memory_bytes": gpu_bytes,  # per the HRM's memory model, beside the runtime's measured peak
+        "cpu_memory_bytes": cpu_bytes,
     }

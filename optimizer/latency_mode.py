@@ -37,16 +37,16 @@ class LatencyPrediction:
     decode_tokens_per_s: float
     fetch_seconds_per_layer: float  # expected cost of a decode layer pass's misses (fetched, or run on the CPU)
     compute_seconds_per_layer: float
+    gpu_memory_bytes: float = 0.0  # the weights, KV cache, activations and expert slots the GPU holds
 
     def to_dict(self) -> dict:
         return dict(self.__dict__) | {"tpot_ms": 1e3 * self.step_seconds}
 
 
-def cache_slots(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, batch: int, dtype: str,
-                alpha: float = ALPHA) -> int:
-    """Expert slots that fit on one GPU beside the non-expert weights, the batch's KV cache at its
+def held_bytes(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, batch: int, dtype: str) -> float:
+    """What one GPU holds besides its expert slots: the non-expert weights, the batch's KV cache at its
     longest context and the larger of a prefill's activations (its attention's temporaries too) and a
-    decode step's attention temporaries (both grow with the batch); 0 when not even one layer's experts fit."""
+    decode step's attention temporaries (both grow with the batch), and the logits in float32."""
     b = dtype_bytes(dtype)
     kv = costs.kv_cache_bytes(m, batch, wl.max_context, dtype, layers=m.num_layers)
     pass_tokens = wl.prefill_pass_tokens(batch)
@@ -54,8 +54,15 @@ def cache_slots(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, batch: int, dt
         m, pass_tokens / max(1.0, wl.peak_prompt), wl.peak_prompt, hw.gpu.memory_bytes)
     decode = attention_memory.decode_attention_scratch_bytes(m, b, batch, wl.max_context)
     act = max(float(prefill), float(decode)) + batch * m.vocab_size * 4.0
-    room = alpha * hw.gpu.memory_bytes - m.non_expert_params() * b - kv - act
-    expert = m.expert_params() * m.expert_weight_bytes(b)
+    return m.non_expert_params() * b + float(kv) + act
+
+
+def cache_slots(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, batch: int, dtype: str,
+                alpha: float = ALPHA) -> int:
+    """Expert slots that fit on one GPU beside what it holds for the batch (held_bytes); 0 when not even
+    one layer's experts fit."""
+    room = alpha * hw.gpu.memory_bytes - held_bytes(hw, m, wl, batch, dtype)
+    expert = m.expert_params() * m.expert_weight_bytes(dtype_bytes(dtype))
     total = (m.num_layers - m.num_dense_layers) * m.num_experts
     slots = min(total, int(max(0.0, room) // expert))
     return slots if slots >= m.num_experts else 0
@@ -105,8 +112,9 @@ def predict_latency_mode(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, reque
     t_pre = sum(prefill_batch * n / batch for n in sizes)
     t_dec = sum((g - 1) * step for _ in sizes)
     total = t_pre + t_dec
+    memory = held_bytes(hw, m, wl, batch, dtype) + slots * m.expert_params() * m.expert_weight_bytes(b)
     return LatencyPrediction(batch, slots, h, t_pre, step, requests * g / total, requests * prompt / max(t_pre, 1e-12),
-                             batch / step, dec_f, dec_c)
+                             batch / step, dec_f, dec_c, memory)
 
 
 def best_latency_batch(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, requests: int, dtype: str,

@@ -8,6 +8,7 @@ import typer
 
 from moelight.cli.errors import user_errors
 from moelight.expert_cache.policy_registry import POLICIES as CACHE_POLICIES
+from optimizer.policy import size_text
 
 Opt = typer.Option
 
@@ -115,6 +116,9 @@ def run(
         typer.echo(f"predicted     prefill {p['prefill_tokens_per_s']:.1f} tok/s, decode "
                    f"{p['decode_tokens_per_s']:.1f} tok/s (HRM, bound by {p['binding']}; "
                    f"policy {report.policy.get('source', '?')})")
+        peak = (report.runtime or {}).get("device_memory_peak")
+        if peak and p.get("gpu_memory_bytes"):  # a device ran: its measured peak beside what the plan counted
+            typer.echo(f"device memory {size_text(peak)} peak, {size_text(p['gpu_memory_bytes'])} predicted (HRM)")
     typer.echo(f"results: {output}   report: {report_path(output)}")
     if report.interrupted:
         if report.written or report.already_in_output:

@@ -110,7 +110,8 @@ def apply_mode(plan, opts, mspec, workload, requests: int, device: str, ranks: i
         "prefill_tokens_per_s": lat.prefill_tokens_per_s, "decode_tokens_per_s": lat.decode_tokens_per_s,
         "end_to_end_tokens_per_s": lat.end_to_end_tokens_per_s, "prefill_seconds": lat.prefill_seconds,
         "decode_seconds": lat.step_seconds * (workload.gen_len - 1), "binding": "expert fetches" if
-        lat.fetch_seconds_per_layer > lat.compute_seconds_per_layer else "gpu", "tpot_ms": 1e3 * lat.step_seconds}
+        lat.fetch_seconds_per_layer > lat.compute_seconds_per_layer else "gpu", "tpot_ms": 1e3 * lat.step_seconds,
+        "gpu_memory_bytes": lat.gpu_memory_bytes}
     info.update(batch_size=lat.batch_size, micro_batch_size=lat.batch_size, num_micro_batches=1)
     return replace(plan, batch_size=lat.batch_size, micro_batch_size=lat.batch_size, prediction=pred)
 
