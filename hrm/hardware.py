@@ -17,7 +17,6 @@ The JSON form is the profile cache written by `moelight profile`.
 from __future__ import annotations
 
 import json
-import math
 import os
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
@@ -25,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from hrm.dtypes import canonical_dtype
+from hrm.hardware_checks import missing_fields, spec_problems
 
 GiB = 1024**3
 GB = 1e9
@@ -36,23 +36,6 @@ def _interp_curve(curve: list[list[float]], rows):
     ms = np.log([max(1.0, c[0]) for c in curve])
     fs = np.array([c[1] for c in curve], float)
     return np.interp(np.log(np.maximum(1.0, np.asarray(rows, float))), ms, fs)
-
-
-def _check_curves(where: str, curves, bad: list[str]) -> None:
-    """Append to `bad` what is wrong with a {dtype: [[M, FLOP/s], ...]} map (a curve read as rates)."""
-    if not isinstance(curves, dict):
-        bad.append(f"{where} must map dtypes to [[M, FLOP/s], ...] curves, got {curves!r}")
-        return
-    for dtype, curve in curves.items():
-        pairs = curve if isinstance(curve, list) and curve else [None]
-        ok = all(isinstance(p, list) and len(p) == 2
-                 and all(not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) for v in p)
-                 and p[0] >= 1 and p[1] > 0 for p in pairs)
-        if ok and any(a[0] >= b[0] for a, b in zip(pairs[:-1], pairs[1:], strict=True)):
-            ok = False
-        if not ok:
-            bad.append(f"{where}.{dtype} must be a list of [M, FLOP/s] pairs, M >= 1 ascending and FLOP/s "
-                       f"positive, got {curve!r}")
 
 
 @dataclass(frozen=True)
@@ -256,6 +239,9 @@ class HardwareSpec:
             raise ValueError(f"malformed hardware spec: unknown field(s) {', '.join(unknown)}; the fields are "
                              f"{', '.join(_field_names(cls))} (cpu / gpu: {', '.join(_field_names(Level))}; "
                              f"link: {', '.join(_field_names(Link))})")
+        missing = missing_fields(d)
+        if missing:
+            raise ValueError(f"malformed hardware spec: missing {', '.join(missing)}")
         try:
             gpu = Level(**d["gpu"]) if d.get("gpu") else None
             link = Link(**d["link"]) if d.get("link") else None
@@ -278,49 +264,8 @@ class HardwareSpec:
 
     def _checked(self) -> HardwareSpec:
         """Itself, if every rate and size is a number the model can divide by (ValueError naming each
-        field that is not: a zero bandwidth, a negative memory, "lots")."""
-        bad: list[str] = []
-
-        def number(where: str, v, zero_ok: bool = True) -> None:
-            ok = not isinstance(v, bool) and isinstance(v, (int, float)) and math.isfinite(v) and v >= 0
-            if not ok or (v == 0 and not zero_ok):
-                bad.append(f"{where} must be a {'non-negative' if zero_ok else 'positive'} number, got {v!r}")
-
-        for name, lvl in (("cpu", self.cpu), ("gpu", self.gpu)):
-            if lvl is None:
-                continue
-            number(f"{name}.memory_bytes", lvl.memory_bytes, zero_ok=False)
-            number(f"{name}.bandwidth", lvl.bandwidth, zero_ok=False)
-            if not isinstance(lvl.flops, dict) or not lvl.flops:
-                bad.append(f"{name}.flops must map dtypes to FLOP/s (float32, bfloat16, ...), got {lvl.flops!r}")
-            else:
-                for dtype, v in lvl.flops.items():
-                    number(f"{name}.flops.{dtype}", v, zero_ok=False)
-            for f in ("gemm_flops", "expert_gemm_flops"):
-                _check_curves(f"{name}.{f}", getattr(lvl, f), bad)
-            attn = lvl.attention_flops
-            if not isinstance(attn, dict):
-                bad.append(f"{name}.attention_flops must map dtypes to FLOP/s, got {attn!r}")
-            else:
-                for dtype, v in attn.items():
-                    number(f"{name}.attention_flops.{dtype}", v)
-            for f in ("attention_bandwidth", "layer_overhead_s", "runtime_layer_s", "step_overhead_s",
-                      "sequence_step_s", "elementwise_bandwidth", "gemm_bandwidth"):
-                number(f"{name}.{f}", getattr(lvl, f))
-        if self.gpu is not None:
-            if isinstance(self.gpu_count, bool) or not isinstance(self.gpu_count, int) or self.gpu_count < 1:
-                bad.append(f"gpu_count must be a whole number >= 1 with a gpu, got {self.gpu_count!r}")
-            if self.link is None:
-                bad.append("a gpu needs its link (h2d, d2h bytes/s)")
-        if not isinstance(self.link_shared, bool):
-            bad.append(f"link_shared must be true or false, got {self.link_shared!r}")
-        if self.link is not None:
-            number("link.h2d", self.link.h2d, zero_ok=False)
-            number("link.d2h", self.link.d2h, zero_ok=False)
-            for f in ("pageable_h2d", "pageable_d2h", "latency_s"):
-                number(f"link.{f}", getattr(self.link, f))
-        for f in ("interconnect", "interconnect_latency_s", "host_bandwidth", "staging_bandwidth"):
-            number(f, getattr(self, f))
+        field that is not: a zero bandwidth, a negative memory, "lots", a dtype key it never looks up)."""
+        bad = spec_problems(self)
         if bad:
             raise ValueError(f"hardware spec {self.name!r}: " + "; ".join(bad))
         return self
@@ -344,9 +289,13 @@ class HardwareSpec:
         if not p.is_file():
             raise FileNotFoundError(f"hardware profile not found: {p}")
         try:
-            return cls.from_dict(json.loads(p.read_text()))
+            d = json.loads(p.read_text())
         except json.JSONDecodeError as e:
             raise ValueError(f"hardware profile {p} is not valid JSON: {e}") from e
+        try:
+            return cls.from_dict(d)
+        except ValueError as e:  # name the file: a plan may read several
+            raise ValueError(f"{p}: {e}") from None
 
 
 def _field_names(cls) -> list[str]:

@@ -78,6 +78,18 @@ def test_hardware_errors(tmp_path):
     (lambda d: d["cpu"].update(attention_flops={"float32": "lots"}), "cpu.attention_flops.float32"),
     (lambda d: d.update(gpus=4), "unknown field.s. gpus; the fields are"),  # was ignored: 1 GPU planned
     (lambda d: d["link"].update(h2d_bw=1e10), "unknown field.s. link.h2d_bw"),
+    # a dtype key the planner never looks up (was a KeyError traceback at plan time)
+    (lambda d: d["gpu"].update(flops={"fp16": 1e12}), "gpu.flops has the unknown key 'fp16' .did you mean 'float16'"),
+    (lambda d: d["cpu"].update(attention_flops={"f32": 1e12}), "cpu.attention_flops has the unknown key 'f32'"),
+    (lambda d: d["gpu"].update(gemm_flops={"half": [[1, 1e12]]}), "gpu.gemm_flops has the unknown key 'half'"),
+    (lambda d: d["cpu"].update(expert_gemm_flops={"q4": [[1, 1e12]]}), "keys are float32, .*uint4"),
+    # required fields by path (were "Level.__init__() missing 1 required positional argument")
+    (lambda d: d["cpu"].pop("bandwidth"), "missing cpu.bandwidth"),
+    (lambda d: d.pop("cpu"), "missing cpu "),
+    (lambda d: d.pop("link"), "missing link"),
+    # a rate no machine has: the plan said 0 tok/s with overflow warnings
+    (lambda d: d["link"].update(h2d=1e-300), "link.h2d is 1e-300, below the floor"),
+    (lambda d: d["gpu"].update(bandwidth=5.0), "gpu.bandwidth is 5.0, below the floor"),
 ])
 def test_hardware_json_refuses_values_it_would_misread(edit, field):
     """A profile is hand-edited: a string "false" or a fractional GPU count is refused by name, not coerced."""
@@ -86,6 +98,14 @@ def test_hardware_json_refuses_values_it_would_misread(edit, field):
     edit(d)
     with pytest.raises(ValueError, match=field):
         HardwareSpec.from_dict(d)
+
+
+def test_hardware_file_errors_name_the_file(tmp_path):
+    d = HardwareSpec("mine", Level("cpu", 64 * GiB, 4e10, {"float32": 1e12})).to_dict()
+    del d["cpu"]["bandwidth"]
+    (tmp_path / "hw.json").write_text(json.dumps(d))
+    with pytest.raises(ValueError, match=r"hw\.json: malformed hardware spec: missing cpu\.bandwidth"):
+        HardwareSpec.load(tmp_path / "hw.json")
 
 
 def test_model_from_hf_mixtral_matches_preset():
