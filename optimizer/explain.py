@@ -17,11 +17,11 @@ from hrm.hardware import HardwareSpec
 from hrm.model import ModelSpec
 from hrm.roofline import turning_point_p1
 from hrm.workload import WorkloadSpec
+from optimizer.memory_limits import level_full
+from optimizer.policy import share_text, size_text, time_text
 
 if TYPE_CHECKING:
     from optimizer.policy import PlanResult
-
-GiB = 2.0**30
 
 
 def placement_key(attn_on_gpu: bool, ffn_on_gpu: bool) -> str:
@@ -49,9 +49,9 @@ def roof_name(binding: str, attn_on_gpu: bool, ffn_on_gpu: bool) -> str:
 
 def explain(res: PlanResult, hw: HardwareSpec, model: ModelSpec, wl: WorkloadSpec) -> str:
     p, lt = res.policy, res.layer_times
-    ms = {k: 1e3 * lt.get(k, 0.0) for k in ("T_link", "T_host", "T_stage", "T_gpu", "T_cpu")}
+    secs = {k: lt.get(k, 0.0) for k in ("T_link", "T_host", "T_stage", "T_gpu", "T_cpu")}
     lines = [f"decode is bound by {roof_name(res.binding, p.attn_on_gpu, p.ffn_on_gpu)}: per layer "
-             + ", ".join(f"{k}={v:.2f} ms" for k, v in ms.items() if k != "T_stage" or v > 0)]
+             + ", ".join(f"{k}={time_text(v)}" for k, v in secs.items() if k != "T_stage" or v > 0)]
     if hw.has_gpu and hw.gpu_count > 1:
         lines.append(_tensor_parallel_line(hw, model, p))
     if hw.has_gpu:
@@ -63,12 +63,26 @@ def explain(res: PlanResult, hw: HardwareSpec, model: ModelSpec, wl: WorkloadSpe
     for name, used, cap in mems:
         if not used or cap <= 0:
             continue
-        tot = sum(used.values())
-        full = tot >= 0.99 * cap
-        biggest = max(used, key=used.get)
-        lines.append(f"{name} memory {tot / GiB:.2f} / {cap / GiB:.2f} GiB usable"
-                     + (f" (full: it limits the plan; largest share: {biggest})" if full else ""))
+        lines.append(f"{name} memory {size_text(sum(used.values()))} / {size_text(cap)} usable"
+                     + _full_note(res, name, used, cap))
+    if res.mu_cap and p.mu >= res.mu_cap:
+        lines.append(f"mu={p.mu} is the top of the planner's micro-batch grid (at most {res.mu_cap} sequences; "
+                     "README: policy search): the grid's cap, not memory, stops larger micro-batches")
     return "\n".join(lines)
+
+
+def _full_note(res: PlanResult, name: str, used: dict[str, float], cap: float) -> str:
+    """Whether a full level is what limits the plan, as the planner checked (more of it predicts faster)."""
+    if not level_full(used, cap):
+        return ""
+    biggest = max(used, key=used.get)
+    if res.memory_limits is None:  # a given policy: nothing was searched
+        return f" (full; largest share: {biggest})"
+    if name in res.memory_limits:
+        return f" (full: it limits the plan, more would predict faster; largest share: {biggest})"
+    return (f" (full, but it does not limit the plan: twice as much predicts no faster; largest share: {biggest}"
+            + ("; resident experts take what the rest leaves" if name == "GPU" and res.policy.ffn_on_gpu else "")
+            + ")")
 
 
 def _versus(res: PlanResult, attn_on_gpu: bool, ffn_on_gpu: bool) -> str:
@@ -120,8 +134,13 @@ def _ffn_line(res: PlanResult, hw: HardwareSpec, model: ModelSpec) -> str:
     t_flops = float(ffn.flops) / gpu.gemm_peak(p.dtype, ffn.rows)
     t_bytes = float(ffn.bytes) / gpu.weight_stream_bandwidth()
     roof = "compute" if t_flops > t_bytes else "memory"
-    return (line + f"; at mu={p.mu} ({float(ffn.rows):.1f} tokens per expert) it is {roof}-bound there; "
-            f"r_w={p.r_w:.3f} of expert weights stay on the GPU, the rest is paged in every layer")
+    if p.r_w >= 1.0:
+        held = "r_w=1: every expert stays resident on the GPU, nothing is paged"
+    elif p.r_w <= 0.0:
+        held = "r_w=0: every expert is paged in every layer"
+    else:
+        held = f"r_w={share_text(p.r_w)} of expert weights stay on the GPU, the rest is paged in every layer"
+    return line + f"; at mu={p.mu} ({float(ffn.rows):.1f} tokens per expert) it is {roof}-bound there; {held}"
 
 
 def _tensor_parallel_line(hw: HardwareSpec, model: ModelSpec, p) -> str:

@@ -121,6 +121,9 @@ class PlanResult:
     reason: str = ""
     # the best predicted end-to-end tok/s of every placement searched (None: nothing fits there)
     placements: dict[str, float | None] = field(default_factory=dict)
+    # the full memory levels ('GPU', 'CPU') more of which would predict faster (None: not checked)
+    memory_limits: list[str] | None = None
+    mu_cap: int = 0  # the largest micro-batch the search's grid holds (0: no search)
     solve_seconds: float = 0.0
     grid_points: int = 0
 
@@ -149,6 +152,21 @@ def size_text(n: float) -> str:
     """Bytes in GiB, or MiB below a tenth of one (a tiny device's shortfall is no '0.00 GiB')."""
     gib = 2.0**30
     return f"{n / gib:.2f} GiB" if n >= gib / 10 else f"{n / 2**20:.2f} MiB"
+
+
+def time_text(seconds: float) -> str:
+    """A per-layer time in ms, or in us below a tenth of a ms (a tiny model's 0.0135 ms is no '0.00 ms')."""
+    ms = seconds * 1e3
+    if ms == 0:
+        return "0 ms"
+    if ms >= 0.1:
+        return f"{ms:.2f} ms"
+    return f"{ms * 1e3:.2f} us" if ms * 1e3 >= 0.01 else f"{ms * 1e3:.2g} us"
+
+
+def share_text(r: float) -> str:
+    """r_w / r_c as every line prints them."""
+    return f"{r:.4f}"
 
 
 class InfeasibleError(ValueError):

@@ -24,6 +24,7 @@ from hrm.workload import WorkloadSpec
 from optimizer.cost_model import ALPHA, PointModel, binding_roof, build_point_model
 from optimizer.explain import explain, placement_key
 from optimizer.lp import feasible, maybe_feasible, solve_grid, solve_point_pulp, time_lower_bound
+from optimizer.memory_limits import level_full, limiting_levels
 from optimizer.policy import InfeasibleError, PlanResult, Policy, size_text
 
 # (A_g, F_g) placements per policy family.
@@ -113,7 +114,11 @@ def plan(hw: HardwareSpec, model: ModelSpec, workload: WorkloadSpec, dtype: str 
             if t_lp <= t_enum * (1 + 1e-6) and feasible_point(pm, x_lp, y_lp):
                 x, y = x_lp, y_lp
     policy = Policy(mu * n, mu, n, bool(a_g), bool(f_g), float(x), float(y), dtype)
-    result = summarize(pm, policy, hw, model, workload, family, placements)
+    full = {"GPU": level_full({k: float(a.at(x, y)) for k, a in pm.gpu_mem.items()}, pm.gpu_cap),
+            "CPU": level_full({k: float(a.at(x, y)) for k, a in pm.cpu_mem.items()}, pm.cpu_cap)}
+    tok_s = mu * n * workload.gen_len / float(pm.total_time(x, y))
+    limits = limiting_levels(hw, model, workload, dtype, pm, tok_s, mus, ns, alpha, full)
+    result = summarize(pm, policy, hw, model, workload, family, placements, limits, int(mus.max()))
     result.solve_seconds = time.perf_counter() - t0
     result.grid_points = points
     return result
@@ -160,7 +165,10 @@ def evaluate_policy(hw: HardwareSpec, model: ModelSpec, workload: WorkloadSpec, 
 
 
 def summarize(pm: PointModel, policy: Policy, hw: HardwareSpec, model: ModelSpec,
-              workload: WorkloadSpec, family: str, placements: dict | None = None) -> PlanResult:
+              workload: WorkloadSpec, family: str, placements: dict | None = None,
+              memory_limits: list[str] | None = None, mu_cap: int = 0) -> PlanResult:
+    """The PlanResult of `policy` at `pm`; memory_limits (the full levels more of which would predict
+    faster, None: not asked) and mu_cap (the top of the micro-batch grid searched) feed its reasons."""
     x, y = policy.r_w, policy.r_c
     lt = {k: float(v) for k, v in pm.layer_times(x, y).items()}
     binding = binding_roof(lt)
@@ -177,6 +185,7 @@ def summarize(pm: PointModel, policy: Policy, hw: HardwareSpec, model: ModelSpec
         gpu_memory={k: float(a.at(x, y)) for k, a in pm.gpu_mem.items()},
         cpu_memory={k: float(a.at(x, y)) for k, a in pm.cpu_mem.items()},
         gpu_capacity=pm.gpu_cap, cpu_capacity=pm.cpu_cap, placements=dict(placements or {}),
+        memory_limits=memory_limits, mu_cap=mu_cap,
     )
     res.reason = explain(res, hw, model, workload)
     return res

@@ -81,3 +81,40 @@ def test_a_planned_gpu_attention_says_what_outweighed_the_intensity_rule():
             assert "the CPU already carries the FFN and binds" in att
     assert res.reason.splitlines()[0].startswith(
         f"decode is bound by {roof_name(res.binding, p.attn_on_gpu, p.ffn_on_gpu)}")
+
+
+def test_a_full_gpu_is_called_limiting_only_when_more_of_it_predicts_faster():
+    """Qwen3-30B-A3B on an L4: the GPU fills (resident experts take what the rest leaves) yet 4x its memory
+    predicted the same tok/s, because mu sat at the grid's top; the reason said 'full: it limits the plan'."""
+    import numpy as np
+
+    from optimizer.search import default_mu_grid
+
+    hw, model, wl = get_hardware("l4"), get_model("qwen3-30b-a3b"), WorkloadSpec(77, 128)
+    res = plan(hw, model, wl, "bfloat16")
+    gpu = next(s for s in res.reason.splitlines() if s.startswith("GPU memory"))
+    assert res.policy.mu == res.mu_cap == 4096 and res.memory_limits == []
+    assert "full, but it does not limit the plan" in gpu
+    assert "mu=4096 is the top of the planner's micro-batch grid" in res.reason
+    # past the cap, larger micro-batches fill the GPU and more of it would predict faster: now it limits
+    wide = plan(hw, model, wl, "bfloat16", mu_grid=np.concatenate([default_mu_grid(), np.arange(4352, 8193, 256)]))
+    assert wide.policy.mu < 8192 and wide.memory_limits == ["GPU"]
+    assert "full: it limits the plan" in wide.reason and "top of the planner's" not in wide.reason
+
+
+def test_a_small_device_prints_mib_and_all_resident_experts():
+    """A 3 MB GPU printed '0.00 / 0.00 GiB usable' and 'T_link 0.00 ms', r_w as 0.0006 in one line and 0.001
+    in another, and 'the rest is paged in every layer' beside r_w=1."""
+    from hrm.hardware import HardwareSpec, Level, Link
+    from moelight.cli.plan_cmd import format_plan
+
+    gpu = Level("g", 3e6, 2e11, {"float32": 8e12})
+    hw = HardwareSpec("small", Level("c", 16 * 2**30, 2e10, {"float32": 1e11}), gpu, 1, Link(1e9, 1e9))
+    res = plan(hw, get_model("tiny"), WorkloadSpec(59, 16, 88), "float32")
+    text = format_plan(res)
+    assert "MiB usable" in text and "0.00 GiB" not in text and " 0.00 ms" not in text
+    assert res.policy.r_w == 1.0 and "every expert stays resident on the GPU, nothing is paged" in res.reason
+    assert "the rest is paged" not in res.reason
+    part = evaluate_policy(hw, get_model("tiny"), WorkloadSpec(59, 16, 88), Policy(2, 2, 1, False, True, 0.25, 0.0,
+                                                                                       "float32"))
+    assert "r_w=0.2500 of expert weights" in part.reason  # as the policy line prints it

@@ -14,29 +14,33 @@ from moelight.errors import ConfigError
 from moelight.loading.hub_cache import model_folder
 from moelight.planning.held_model import held_model_spec
 
-GiB = 2.0**30
-
 
 def _fmt_mem(parts: dict[str, float], cap: float) -> str:
-    body = ", ".join(f"{k} {v / GiB:.2f}" for k, v in parts.items())
-    return f"{sum(parts.values()) / GiB:.2f} / {cap / GiB:.2f} GiB usable ({body})"
+    """Sizes in GiB, or MiB for a small device (never '0.00 / 0.00 GiB')."""
+    from optimizer.policy import size_text
+
+    body = ", ".join(f"{k} {size_text(v)}" for k, v in parts.items())
+    return f"{size_text(sum(parts.values()))} / {size_text(cap)} usable ({body})"
 
 
 def format_plan(res) -> str:
     """Human-readable plan: the policy, predicted throughput, per-layer split, memory, reason."""
+    from optimizer.policy import share_text
+    from optimizer.policy import time_text as t
+
     p = res.policy
-    lt = {k: v * 1e3 for k, v in res.layer_times.items()}
+    lt = res.layer_times
     lines = [
         f"model {res.model} on {res.hardware}  dtype {p.dtype}  family {res.family}",
         f"policy: N={p.batch_size} = mu {p.micro_batch_size} x {p.num_micro_batches} micro-batches, "
         f"attention on {'GPU' if p.attn_on_gpu else 'CPU'} (A_g={p.A_g}), MoE FFN on "
-        f"{'GPU' if p.ffn_on_gpu else 'CPU'} (F_g={p.F_g}), r_w={p.r_w:.4f}, r_c={p.r_c:.4f}",
+        f"{'GPU' if p.ffn_on_gpu else 'CPU'} (F_g={p.F_g}), r_w={share_text(p.r_w)}, r_c={share_text(p.r_c)}",
         f"predicted: prefill {res.prefill_tok_s:.1f} tok/s, decode {res.decode_tok_s:.1f} tok/s, "
         f"end-to-end {res.e2e_tok_s:.2f} tok/s",
-        f"per layer (decode): T_link {lt['T_link']:.2f} ms (H2D {lt['T_h2d']:.2f}, D2H {lt['T_d2h']:.2f}), "
-        f"T_host {lt['T_host']:.2f} ms, T_cpu {lt['T_cpu']:.2f} ms, T_gpu {lt['T_gpu']:.2f} ms "
+        f"per layer (decode): T_link {t(lt['T_link'])} (H2D {t(lt['T_h2d'])}, D2H {t(lt['T_d2h'])}), "
+        f"T_host {t(lt['T_host'])}, T_cpu {t(lt['T_cpu'])}, T_gpu {t(lt['T_gpu'])} "
         f"-> bound by {res.binding}",
-        f"prefill {res.prefill_time:.2f} s per batch, decode step {res.decode_step_time * 1e3:.1f} ms",
+        f"prefill {_seconds(res.prefill_time)} per batch, decode step {t(res.decode_step_time)}",
     ]
     lines.append(runs_as(p))
     if res.gpu_memory:
@@ -45,6 +49,12 @@ def format_plan(res) -> str:
     lines.append("why:\n  " + res.reason.replace("\n", "\n  "))
     lines.append(f"planned in {res.solve_seconds * 1e3:.0f} ms over {res.grid_points} grid points")
     return "\n".join(lines)
+
+
+def _seconds(s: float) -> str:
+    from optimizer.policy import time_text
+
+    return f"{s:.2f} s" if s >= 0.1 else time_text(s)
 
 
 def runs_as(p) -> str:
