@@ -48,3 +48,25 @@ def test_vllms_dtype_names_and_torch_dtypes_are_taken(dtype, name):
 def test_a_torch_dtype_moelight_does_not_run_is_refused_by_its_name():
     with pytest.raises(OptionError, match="--dtype 'float64' is not one of"):
         LLM("tiny", **(TINY | {"dtype": torch.float64}))
+
+
+@pytest.mark.parametrize("given", [{"quantization": None}, {"tensor_parallel_size": 1},
+                                   {"quantization": None, "tensor_parallel_size": 1}])
+def test_vllms_no_op_defaults_are_taken(given):
+    """`quantization=None` and `tensor_parallel_size=1`, as vLLM's examples pass them, ask for what moelight
+    does anyway: they are taken, where other values stay refused with moelight's name for them."""
+    llm = LLM("tiny", **(TINY | given))
+    assert llm.options.quantize == "none" and llm.options.gpus is None
+
+
+@pytest.mark.parametrize("given, needle", [
+    ({"tensor_parallel_size": 2}, "vLLM's tensor_parallel_size is moelight's gpus"),
+    ({"tensor_parallel_size": True}, "vLLM's tensor_parallel_size is moelight's gpus"),
+    ({"quantization": "awq"}, "vLLM's quantization is moelight's quantize"),
+    ({"max_num_batched_tokens": 4096}, "vLLM's max_num_batched_tokens is moelight's max_prefill_tokens"),
+])
+def test_other_values_are_refused_with_moelights_name(given, needle):
+    """vLLM's max_num_batched_tokens is a per-step budget of decode and prompt tokens that splits a long prompt;
+    moelight's max_prefill_tokens counts prompt tokens per prefill pass only, so it is named, not taken."""
+    with pytest.raises(OptionError, match=needle):
+        LLM("tiny", **(TINY | given))

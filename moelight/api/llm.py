@@ -23,7 +23,7 @@ from tqdm import tqdm
 
 from moelight.api.hf_style_tokenizer import HFStyleTokenizer
 from moelight.api.outputs import CompletionOutput, RequestOutput
-from moelight.api.vllm_arguments import engine_option_values
+from moelight.api.vllm_arguments import engine_option_values, without_vllm_defaults
 from moelight.engine.generation import GenerationStats
 from moelight.engine.options import EngineOptions, OptionError
 from moelight.engine.session_start import open_session
@@ -40,7 +40,9 @@ PROMPT_KEYS = {"prompt", "prompt_token_ids"}  # vLLM's TextPrompt / TokensPrompt
 # vLLM constructor arguments: what moelight calls them (refused with the hint: the meaning differs a little)
 VLLM_NAMES = {"tensor_parallel_size": "gpus (tensor-parallel ranks)", "max_num_seqs": "batch_size",
               "quantization": "quantize (int8 / int4 at load; a quantized checkpoint is read as it ships)",
-              "gpu_memory_utilization": "hardware (the plan keeps 10% of each memory free)"}
+              "gpu_memory_utilization": "hardware (the plan keeps 10% of each memory free)",
+              "max_num_batched_tokens": "max_prefill_tokens (prompt tokens per prefill pass; vLLM's budget also "
+                                        "counts decode tokens and splits a long prompt, moelight's does neither)"}
 VLLM_NO_OPS = ("enforce_eager", "disable_log_stats")  # moelight captures no CUDA graphs, logs no stats
 
 
@@ -60,9 +62,11 @@ class LLM:
         architectures only), `generation_config` ("auto": generation_config.json's temperature, top_k, top_p,
         min_p, repetition_penalty and max_new_tokens are the defaults of get_default_sampling_params(), which
         generate / chat use without SamplingParams; "vllm": none; a folder: its file's) and `enforce_eager`
-        (no CUDA graphs either way) are taken."""
+        (no CUDA graphs either way) are taken, as are vLLM's defaults `quantization=None` and
+        `tensor_parallel_size=1` (vllm_arguments.py)."""
         for name in VLLM_NO_OPS:
             options.pop(name, None)
+        options = without_vllm_defaults(options)
         renamed = sorted(n for n in options if n in VLLM_NAMES)
         if renamed:
             raise OptionError("LLM(): " + "; ".join(f"vLLM's {n} is moelight's {VLLM_NAMES[n]}" for n in renamed))

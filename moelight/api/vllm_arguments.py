@@ -8,6 +8,19 @@ import warnings
 import torch
 
 DTYPE_ALIASES = {"half": "float16", "float": "float32"}  # vLLM's dtype names beyond moelight's
+# vLLM arguments at the value vLLM's examples pass, which asks for what moelight does anyway: quantization None
+# reads the checkpoint as it ships (moelight's quantize "none"), tensor_parallel_size 1 runs one rank (moelight's
+# unless gpus or a multi-GPU hardware preset asks for more)
+VLLM_DEFAULTS = {"quantization": None, "tensor_parallel_size": 1}
+
+
+def without_vllm_defaults(options: dict) -> dict:
+    """`options` less the vLLM arguments given at their no-op value (VLLM_DEFAULTS); any other value of
+    them is left for LLM() to refuse with moelight's name for it."""
+    def no_op(name: str, value: object) -> bool:  # True is no tensor_parallel_size: the type must match too
+        return name in VLLM_DEFAULTS and type(value) is type(VLLM_DEFAULTS[name]) and value == VLLM_DEFAULTS[name]
+
+    return {k: v for k, v in options.items() if not no_op(k, v)}
 
 
 def engine_option_values(options: dict) -> dict:
