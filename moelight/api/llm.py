@@ -118,6 +118,13 @@ class LLM:
     def model(self):
         return self.session.model
 
+    @property
+    def llm_engine(self):
+        """vLLM's engine object has no counterpart here: say what a script reaches through it for."""
+        raise AttributeError("LLM.llm_engine: moelight has no separate engine object; use llm.get_tokenizer() for "
+                             "the tokenizer, llm.config (the model's ModelConfig) and llm.max_model_len for the "
+                             "model's settings, llm.last_report for the last call's figures")
+
     def get_default_sampling_params(self) -> SamplingParams:
         """vLLM's: SamplingParams with generation_config.json's defaults (see `generation_config`); what
         generate and chat use when given none."""
@@ -269,6 +276,7 @@ class LLM:
             outputs[i].outputs.append(self._completion(k, r, p))
             if k == 0:
                 outputs[i].prompt_logprobs = r.prompt_logprobs
+                outputs[i].num_cached_tokens = r.num_cached_tokens
         return outputs
 
     def _completion(self, k: int, r, p: SamplingParams) -> CompletionOutput:

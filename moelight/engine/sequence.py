@@ -29,6 +29,7 @@ class SequenceResult:
     cumulative_logprob: float | None = None
     prompt_logprobs: list | None = None
     ended_by_token: bool = False  # its last token is the EOS or stop token that ended it
+    num_cached_tokens: int = 0  # prompt tokens whose KV came from the prefix cache (computed by another sequence)
 
     def text_token_ids(self, params: SamplingParams) -> list[int]:
         return text_token_ids(self.token_ids, self.ended_by_token, params)
@@ -55,6 +56,7 @@ class Sequence:
     ended_by_token: bool = False
     context: list[int] = field(default_factory=list)  # the prompt's last tokens: the text reads after them
     grown: OutputText | None = field(default=None, repr=False)  # the stop-string search's text, token by token
+    num_cached_tokens: int = 0  # set at prefill: prompt tokens it did not compute
 
     @property
     def position(self) -> int:
@@ -133,4 +135,4 @@ class Sequence:
     def result(self) -> SequenceResult:
         return SequenceResult(self.index, self.out, self.finish or "length", self.stop_reason,
                               self.text, self.logprobs, self.cumulative_logprob,
-                              self.prompt_logprobs, self.ended_by_token)
+                              self.prompt_logprobs, self.ended_by_token, self.num_cached_tokens)

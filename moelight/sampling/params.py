@@ -14,6 +14,7 @@ string unless `include_stop_str_in_output`.
 
 from __future__ import annotations
 
+import copy
 import zlib
 from dataclasses import dataclass, field
 
@@ -23,6 +24,10 @@ from workloads.readers.sampling_options import MAX_LOGPROBS
 
 GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a temperature under it samples greedily
 FLOAT_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
+# the fields vLLM's from_optional reads None as their default (an OpenAI request leaves them out as None)
+OPTIONAL_FIELDS = ("n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "top_p",
+                   "stop_token_ids")
+LOGIT_BIAS_LIMIT = 100.0  # from_optional clamps each bias to +-100, as vLLM's does
 
 
 @dataclass
@@ -170,6 +175,24 @@ class SamplingParams:
                              f"got {self.truncate_prompt_tokens}")
         if self.allowed_token_ids is not None and not self.allowed_token_ids:
             raise ValueError("allowed_token_ids must not be empty")
+
+    @staticmethod
+    def from_optional(**kwargs) -> SamplingParams:
+        """vLLM's: SamplingParams from a request whose unset fields are None (n, the penalties, temperature,
+        top_p, stop_token_ids take their defaults), logit_bias keys made ints and biases clamped to [-100, 100]."""
+        kwargs = {k: v for k, v in kwargs.items() if not (k in OPTIONAL_FIELDS and v is None)}
+        bias = kwargs.get("logit_bias")
+        if isinstance(bias, dict):
+            try:
+                kwargs["logit_bias"] = {int(t): min(LOGIT_BIAS_LIMIT, max(-LOGIT_BIAS_LIMIT, float(b)))
+                                        for t, b in bias.items()}
+            except (TypeError, ValueError):
+                raise TypeError(f"logit_bias must map token ids to numbers, got {bias!r}") from None
+        return SamplingParams(**kwargs)
+
+    def clone(self) -> SamplingParams:
+        """vLLM's: a deep copy, so changing it (or its lists) leaves this one as it is."""
+        return copy.deepcopy(self)
 
     @property
     def greedy(self) -> bool:
