@@ -25,7 +25,7 @@ from moelight.api.hf_style_tokenizer import HFStyleTokenizer
 from moelight.api.outputs import CompletionOutput, RequestOutput
 from moelight.api.vllm_arguments import engine_option_values, without_vllm_defaults
 from moelight.engine.generation import GenerationStats
-from moelight.engine.options import EngineOptions, OptionError
+from moelight.engine.options import TOKENIZERS, EngineOptions, OptionError
 from moelight.engine.session_start import open_session
 from moelight.errors import ConfigError, PromptError
 from moelight.jobs.job_warnings import JobWarnings
@@ -132,8 +132,13 @@ class LLM:
 
     def get_tokenizer(self) -> HFStyleTokenizer:
         """The model's tokenizer behind transformers' interface, as vLLM's accessor hands one out
-        (hf_style_tokenizer.py); `self.tokenizer` is moelight's own."""
-        return HFStyleTokenizer(self.tokenizer)
+        (hf_style_tokenizer.py); `self.tokenizer` is moelight's own. Its name_or_path is the tokenizer folder
+        given, else the model, as transformers names a tokenizer by what it was loaded from."""
+        if self.tokenizer is None:  # as vLLM's
+            raise ValueError("get_tokenizer(): this LLM was built with skip_tokenizer_init=True, so it has no "
+                             "tokenizer; build it without skip_tokenizer_init to have one")
+        tok = self.options.tokenizer
+        return HFStyleTokenizer(self.tokenizer, tok if tok not in TOKENIZERS else self.options.model)
 
     def generate(
         self,
