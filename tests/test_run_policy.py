@@ -17,6 +17,15 @@ runner = CliRunner()
 GiB = 2**30
 
 
+@pytest.fixture
+def model_only_host(monkeypatch):
+    """A tiny host file's memory for the model alone: this process's own is aside (tests/test_process_memory.py)."""
+    from moelight.planning import memory_check
+
+    monkeypatch.setattr(memory_check, "process_bytes", lambda: 0)
+    monkeypatch.setattr(memory_check, "RUNTIME_GROWTH", 0)
+
+
 def _hardware(tmp_path, memory=16 * GiB, name="hw.json"):
     """A fixed CPU-only profile, so the plan does not depend on this machine's timings."""
     cpu = Level("test-cpu", memory, 20e9, {"float32": 100e9, "bfloat16": 200e9},
@@ -75,7 +84,7 @@ def test_explicit_batch_size_wins(tmp_path):
     assert rep["prediction"]["batches"] == 2  # 5 requests in batches of 3: what actually runs
 
 
-def test_explicit_batch_size_gets_the_fit_check_of_a_policy_file(tmp_path):
+def test_explicit_batch_size_gets_the_fit_check_of_a_policy_file(tmp_path, model_only_host):
     """--batch-size is checked against the HRM's memory model before loading, as a --policy file's sizes are
     (it was not: the job loaded and ran out of memory mid-job), naming the option and the largest that fits."""
     hw = _hardware(tmp_path, memory=int(2.0 * 2**20))  # the tiny model's weights and a small batch
@@ -130,7 +139,7 @@ def test_explicit_batch_size_in_latency_mode_is_checked_with_its_decode_attentio
     assert 128 < best < 256 and planned(best).batch_size == best
 
 
-def test_infeasible_plan_exits_2_before_loading(tmp_path):
+def test_infeasible_plan_exits_2_before_loading(tmp_path, model_only_host):
     r, rep, out = _run(tmp_path, "--hardware", _hardware(tmp_path, memory=2**14))
     assert r.exit_code == 2, r.output
     assert says(r.output, "does not fit") and says(r.output, "CPU memory short by")

@@ -30,7 +30,7 @@ from moelight.parallel import shard_config
 from moelight.parallel.rank_group import tensor_parallel_degree
 from moelight.planning.hardware_choice import resolve_device
 from moelight.planning.job_plan import JobPlan, plan_job
-from moelight.planning.memory_check import OutOfMemoryPlan, available_bytes, check_fits, weight_bytes
+from moelight.planning.memory_check import OutOfMemoryPlan, available_bytes, check_fits, held_before_job, weight_bytes
 from moelight.planning.size_overrides import largest_size
 from moelight.runtime.cpu_linear import pack_model
 from moelight.runtime.executor import Executor
@@ -130,8 +130,10 @@ class EngineSession:
         on_cpu = self.device == "cpu"
         loaded = weight_bytes(self.config, self.source.dtype, on_cpu) if self.model is not None else 0
         available = available_bytes() + loaded  # what this job can have: free memory and the model it holds
+        held = held_before_job(loaded)  # torch, the runtime, the tokenizer: no HRM term counts them
         plan = plan_job(self.opts, self.config, self.dtype_name, prompts, params, self.device, self.log,
-                        self.ranks, solved=solved, host_available=available)
+                        self.ranks, solved=solved, host_available=available, host_in_use=held)
+        plan.info["host_in_use"] = held
         plan.info["tensor_parallel"] = self.ranks
         kv_tokens = largest_batch_tokens(prompts, params, plan.batch_size, turn)
         try:
@@ -140,7 +142,7 @@ class EngineSession:
         except OutOfMemoryPlan:
             if self.opts.batch_size or plan.info["source"] != "auto":
                 raise
-            plan = self._capped(plan, prompts, params, turn, solved, available)
+            plan = self._capped(plan, prompts, params, turn, solved, available, held)
         return plan
 
     def _batch_hint(self, plan: JobPlan) -> str:
@@ -149,7 +151,7 @@ class EngineSession:
             return "use a smaller --batch-size"
         return f"lower the batch size of --policy {plan.info['source']} or set a smaller --batch-size"
 
-    def _capped(self, plan: JobPlan, prompts, params, turn: int, solved, available: int) -> JobPlan:
+    def _capped(self, plan: JobPlan, prompts, params, turn: int, solved, available: int, held: int) -> JobPlan:
         """The automatic plan with its batch capped to what the memory check accepts (where the HRM's memory
         model and the check still differ), said in the log and the report; the check's error if none fits."""
         from optimizer.policy import size_text
@@ -174,8 +176,10 @@ class EngineSession:
             self.log(f"the automatic batch of {plan.batch_size} does not fit the host memory available now "
                      f"({size_text(available)}) by the check before loading: capped at {batch}")
         capped = plan_job(replace(self.opts, batch_size=batch), self.config, self.dtype_name, prompts, params,
-                          self.device, None, self.ranks, solved=solved, host_available=available)
-        capped.info |= {"tensor_parallel": self.ranks, "batch_capped": {"planned": plan.batch_size, "ran": batch}}
+                          self.device, None, self.ranks, solved=solved, host_available=available,
+                          host_in_use=held)
+        capped.info |= {"tensor_parallel": self.ranks, "host_in_use": held,
+                        "batch_capped": {"planned": plan.batch_size, "ran": batch}}
         return capped
 
     def load(self) -> None:

@@ -18,23 +18,46 @@ EMULATED_GPU = "t4"  # what --device emulated emulates when neither --hardware n
 
 
 def hardware_for_device(name: str | None, device: str, log: Callable[[str], None] | None = None,
-                        host_available: int | None = None):
+                        host_available: int | None = None, host_in_use: int = 0):
     """resolve_hardware, except that `--device emulated` without `--hardware` on a host with no GPU
     emulates a named GPU preset (and says which) instead of planning for a machine without one.
     `host_available`: the host memory this job can have now (MemAvailable + the model this process holds);
     planning for this machine (`profile`), the CPU's memory is that, not the RAM installed, so the plan is
-    one the memory check before loading (planning/memory_check.py, which reads the same figure) accepts."""
+    one the memory check before loading (planning/memory_check.py, which reads the same figure) accepts.
+    `host_in_use`: what the job's process needs beside the model (torch, the tokenizer, the engine's
+    runtime), which the HRM's terms leave out: it comes off the host memory a file or preset declares
+    (MemAvailable already excludes it, so `host_available` is not cut again)."""
     hw = resolve_hardware(name, log)
-    if host_available is not None and (name or "profile").lower() == "profile":
-        hw = with_host_memory(hw, host_available)
+    this_machine = (name or "profile").lower() == "profile"
     if device == "emulated" and name is None and not hw.has_gpu:
         from hrm import hardware_presets
 
-        hw = hardware_presets.get_hardware(EMULATED_GPU)
+        hw, this_machine = hardware_presets.get_hardware(EMULATED_GPU), False
         if log:
             log(f"--device emulated without --hardware on a host with no GPU: emulating the {EMULATED_GPU} preset "
                 f"({hw.gpu.name}); pass --hardware PRESET to emulate another")
+    if host_in_use > 0:
+        hw = _less_process_memory(hw, host_in_use, log)
+    if host_available is not None and this_machine:
+        hw = with_host_memory(hw, host_available)
     return hw
+
+
+def _less_process_memory(hw, held: int, log: Callable[[str], None] | None):
+    """`hw` with `held` bytes (this process beside the model) off its host memory; PlanError when nothing is left."""
+    from optimizer.policy import size_text
+
+    declared = hw.cpu.memory_bytes
+    if held >= declared:
+        raise PlanError(
+            f"hardware {hw.name} declares {size_text(declared)} of host memory, but this process needs "
+            f"{size_text(held)} of it beside the model (torch, the tokenizer, the engine's runtime): no job fits; "
+            "declare the host's real memory in the hardware file, or plan for this machine (--hardware profile)")
+    if log and held > declared / 10:
+        log(f"host memory: {size_text(held)} of the {size_text(declared)} hardware {hw.name} declares is this "
+            f"process's beside the model (torch, the tokenizer, the engine's runtime): planning with the other "
+            f"{size_text(declared - held)}")
+    return with_host_memory(hw, declared - held)
 
 
 def with_host_memory(hw, available: int):

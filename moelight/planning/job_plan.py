@@ -55,17 +55,18 @@ def workload_of(prompts: list[list[int]], params: list[SamplingParams], prefill_
 
 def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
              log: Callable[[str], None] | None = None, ranks: int = 1, solved=None,
-             host_available: int | None = None) -> JobPlan:
+             host_available: int | None = None, host_in_use: int = 0) -> JobPlan:
     """The policy for this job: planned (auto), read from a file, or `solved` already for the same
     model, hardware and workload (a Ray replica reuses its driver's), capped to the number of
     requests; explicit batch / micro-batch sizes win; then the mode (throughput or latency,
     planning/mode_choice.py); the prediction is for what runs. `host_available`: the host memory free for
-    the job now, which a plan for this machine (`--hardware profile`, the default) plans against."""
+    the job now, which a plan for this machine (`--hardware profile`, the default) plans against;
+    `host_in_use`: what this process needs beside the model, off the host memory a file or preset declares."""
     from optimizer import InfeasibleError, Policy, fit_policy, plan, predict_job
 
     n_req = len(prompts)
     no_throughput = ""  # why throughput mode cannot run, where its runtime's placement does not fit
-    hw = hardware_for_device(opts.hardware, device, log, host_available)
+    hw = hardware_for_device(opts.hardware, device, log, host_available, host_in_use)
     if opts.gpus is not None:
         try:
             hw = hw.with_gpus(opts.gpus)
@@ -83,13 +84,13 @@ def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
             planned = plan(hw, mspec, workload, dtype, family=family).policy
         except InfeasibleError as e:
             if family == "moelight" or opts.mode == "throughput":
-                raise PlanError(f"the job does not fit: {e}") from None
+                raise PlanError(f"the job does not fit: {e}{_held_note(e, host_in_use)}") from None
             # latency mode may still run (its own fit check): the throughput plan is only its reference
             no_throughput = f"throughput mode does not fit: {e}"
             try:
                 planned = plan(hw, mspec, workload, dtype).policy
             except InfeasibleError:
-                raise PlanError(f"the job does not fit: {e}") from None
+                raise PlanError(f"the job does not fit: {e}{_held_note(e, host_in_use)}") from None
         except ValueError as e:  # a GPU count the model's heads or expert width cannot be split into
             raise PlanError(str(e)) from None
         source = "auto"
@@ -154,6 +155,16 @@ def check_policy_fits(policy, hw, mspec, workload, what: str) -> None:
         raise PlanError(f"{what} does not fit {hw.name} (N={policy.batch_size}, r_w={policy.r_w:.3f}, "
                         f"r_c={policy.r_c:.3f}):\n  " + "\n  ".join(problems)
                         + "\nplan one that fits with `moelight plan`, or lower its batch size or r_w")
+
+
+def _held_note(e: Exception, held: int) -> str:
+    """Where the CPU memory is short: that the usable figure is net of this process's own memory."""
+    from optimizer.policy import size_text
+
+    if not held or "CPU memory" not in str(e):
+        return ""
+    return (f" (the CPU memory usable is net of the {size_text(held)} this process needs beside the model: torch, "
+            "the tokenizer, the engine's runtime)")
 
 
 def _placement(policy) -> str:

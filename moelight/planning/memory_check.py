@@ -13,6 +13,10 @@ from moelight.models.config import ModelConfig
 from moelight.runtime.cpu_linear import extra_linear_bytes, packed_linears
 
 HEADROOM = 0.9  # leave 10% of available memory for activations, allocator slack and the OS
+# what a process grows by between its first plan and its peak beyond the HRM's terms (weights, KV cache,
+# activations): the planner's and engine's imports, the kernels, thread pools. 54 MiB measured for one short
+# request of a tiny model (x86_64, torch 2.x, 2 cores); tests/test_process_memory.py holds a run to it
+RUNTIME_GROWTH = 64 * 2**20
 
 
 class OutOfMemoryPlan(MoelightError):
@@ -82,6 +86,21 @@ def available_bytes() -> int:
 
 def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def held_before_job(loaded: int) -> int:
+    """Host memory this process holds or will hold that no HRM term counts: resident memory now less the model
+    it holds (`loaded` bytes), and before its first load, what the engine adds (RUNTIME_GROWTH)."""
+    return max(0, process_bytes() - loaded) + (0 if loaded else RUNTIME_GROWTH)
+
+
+def process_bytes() -> int:
+    """This process's resident memory now (/proc/self/statm; elsewhere its peak, which is no less)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return peak_rss_bytes()
 
 
 def check_fits(cfg: ModelConfig, dtype: torch.dtype, batch_kv_tokens: int, available: int | None = None,

@@ -80,7 +80,7 @@ class DriverPlan:
         if self.plan is None or self.plan.solved is None or self.opts.policy != "auto":
             return None
         return {"policy": self.plan.solved.to_dict(), "hardware": self.plan.hardware.to_dict(),
-                "device": self.plan.info["device"]}
+                "device": self.plan.info["device"], "host_in_use": self.plan.info.get("host_in_use", 0)}
 
 
 def check_all_prompts(opts, ds, fields_: dict):

@@ -117,7 +117,7 @@ def _reusable(driver_plan: dict | None, opts, device: str):
     from moelight.planning.hardware_choice import hardware_for_device
     from optimizer import Policy
 
-    mine = hardware_for_device(opts.hardware, device)
+    mine = hardware_for_device(opts.hardware, device, host_in_use=driver_plan.get("host_in_use", 0))
     if opts.gpus is not None:
         mine = mine.with_gpus(opts.gpus)
     if device != driver_plan["device"] or mine.to_dict() != driver_plan["hardware"]:
