@@ -139,10 +139,14 @@ def register(app: typer.Typer) -> None:
         gen_len: int = typer.Option(128, "--gen-len", help="tokens generated per request"),
         max_prompt_len: int | None = typer.Option(None, "--max-prompt-len", help="longest prompt"),
         padded: bool = typer.Option(False, "--padded", help="pad prompts to --max-prompt-len (FlexGen; needs it)"),
-        prefill_chunk: int | None = typer.Option(
-            None, "--prefill-chunk", min=1,
-            help="tokens per prefill pass, each streaming the paged weights (moelight run: its "
-                 "--max-prefill-tokens); default: layer-major prefill, weights once per batch (the paper's)"),
+        prefill_chunk: int = typer.Option(
+            4096, "--prefill-chunk", min=0,
+            help="tokens per prefill pass, each streaming the paged weights: moelight run's --max-prefill-tokens "
+                 "(and its default); 0: layer-major prefill, weights once per batch (the paper's)"),
+        shared_prefix: float = typer.Option(
+            0.0, "--shared-prefix", min=0.0,
+            help="prompt tokens per request (a mean) served by a shared prefix: what run measures on a dataset "
+                 "with prefix caching on (its report's policy.workload.shared_prefix)"),
         dtype: str = typer.Option("auto", "--dtype", help="auto (the GPU's faster 16-bit type), or a dtype"),
         family: str = typer.Option("moelight", "--family", help="moelight | cgopipe | flexgen | cpu"),
         profile_path: Path | None = typer.Option(None, "--profile-path", help="profile JSON for 'profile'"),
@@ -206,7 +210,8 @@ def register(app: typer.Typer) -> None:
         held = held_config(folder, dtype, "cuda" if on_gpu else "cpu", quantize,
                             max(1, hw.gpu_count if gpus is None else gpus) if on_gpu else 1)
         mspec = held_model_spec(held, name)
-        workload = workload_from_options(mspec, prompt_len, gen_len, max_prompt_len, padded, prefill_chunk)
+        workload = workload_from_options(mspec, prompt_len, gen_len, max_prompt_len, padded, prefill_chunk,
+                                           shared_prefix)
         if family not in FAMILIES:
             raise typer.BadParameter(f"unknown family {family!r}; valid: {', '.join(FAMILIES)}",
                                      param_hint="--family")

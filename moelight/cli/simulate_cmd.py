@@ -50,10 +50,14 @@ def register(app: typer.Typer) -> None:
         gen_len: int = typer.Option(128, "--gen-len", help="tokens generated per request"),
         max_prompt_len: int | None = typer.Option(None, "--max-prompt-len", help="longest prompt"),
         padded: bool = typer.Option(False, "--padded", help="pad prompts to --max-prompt-len (FlexGen; needs it)"),
-        prefill_chunk: int | None = typer.Option(
-            None, "--prefill-chunk", min=1,
-            help="tokens per prefill pass, each streaming the paged weights (moelight run: its "
-                 "--max-prefill-tokens); default: layer-major prefill, weights once per batch (the paper's)"),
+        prefill_chunk: int = typer.Option(
+            4096, "--prefill-chunk", min=0,
+            help="tokens per prefill pass, each streaming the paged weights: moelight run's --max-prefill-tokens "
+                 "(and its default); 0: layer-major prefill, weights once per batch (the paper's)"),
+        shared_prefix: float = typer.Option(
+            0.0, "--shared-prefix", min=0.0,
+            help="prompt tokens per request (a mean) served by a shared prefix: what run measures on a dataset "
+                 "with prefix caching on (its report's policy.workload.shared_prefix)"),
         dtype: str = typer.Option("auto", "--dtype", help="for --policy auto; auto: the GPU's faster 16-bit type"),
         quantize: str = typer.Option("none", "--quantize", help=QUANTIZE_HELP),
         family: str = typer.Option("cgopipe", "--family", help="planner family for --policy auto"),
@@ -104,7 +108,8 @@ def register(app: typer.Typer) -> None:
         mspec = held_model_spec(held, mspec.name)
         if held.expert_format is not None:
             typer.echo(held_line(held.expert_format, quantize, mspec.expert_bits))
-        work = workload_from_options(mspec, prompt_len, gen_len, max_prompt_len, padded, prefill_chunk)
+        work = workload_from_options(mspec, prompt_len, gen_len, max_prompt_len, padded, prefill_chunk,
+                                      shared_prefix)
         if policy == "auto":
             try:
                 pol = plan(hw, mspec, work, dtype=dtype, family=family).policy

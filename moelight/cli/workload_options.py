@@ -1,5 +1,5 @@
-"""`--prompt-len`, `--gen-len`, `--max-prompt-len`, `--padded`, `--prefill-chunk` of `plan` and
-`simulate` as the HRM's workload, each bad value named by its option, and a job longer than the
+"""`--prompt-len`, `--gen-len`, `--max-prompt-len`, `--padded`, `--prefill-chunk`, `--shared-prefix` of
+`plan` and `simulate` as the HRM's workload, each bad value named by its option, and a job longer than the
 model's context refused: `run` would refuse such prompts, so a plan for them would be for nothing."""
 
 from __future__ import annotations
@@ -8,8 +8,9 @@ import typer
 
 
 def workload_from_options(mspec, prompt_len: float, gen_len: int, max_prompt_len: int | None, padded: bool,
-                          prefill_chunk: int | None):
-    """The WorkloadSpec these options describe for the model `mspec` (an hrm ModelSpec)."""
+                          prefill_chunk: int | None, shared_prefix: float = 0.0):
+    """The WorkloadSpec these options describe for the model `mspec` (an hrm ModelSpec); a prefill chunk
+    of 0 (or None) is layer-major prefill."""
     from hrm import WorkloadSpec
 
     if not prompt_len > 0:
@@ -30,7 +31,8 @@ def workload_from_options(mspec, prompt_len: float, gen_len: int, max_prompt_len
                                  f"{mspec.name}'s context of {mspec.max_position} tokens; shorten one of them",
                                  param_hint=which)
     try:
-        return WorkloadSpec(prompt_len, gen_len, max_prompt_len, padded, prefill_chunk=prefill_chunk)
+        return WorkloadSpec(prompt_len, gen_len, max_prompt_len, padded, prefill_chunk=prefill_chunk or None,
+                            shared_prefix=shared_prefix)
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
 
