@@ -369,3 +369,40 @@ def test_a_records_ignore_eos_and_stop_ids_and_greedy_samples_are_honoured_and_w
     report = json.loads(out.with_name(out.name + ".report.json").read_text())
     assert report["warnings"]["counts"] == {"greedy_samples": 1}, report["warnings"]
     assert len({tuple(o["output_token_ids"]) for o in b["outputs"]}) == 1
+
+
+def test_seed_minus_one_is_no_seed_as_in_vllm(llm):
+    """vLLM reads seed=-1 as None: each request draws on its own (-1 kept as a seed gave every one the same
+    sample); another negative seed is a seed (torch's, mod 2^64), one beyond 64 bits is refused."""
+    assert SamplingParams(seed=-1).seed is None and SamplingParams(seed=-5).seed == -5
+    sp = SamplingParams(seed=-1, temperature=1.0, max_tokens=8, ignore_eos=True)
+    texts = [o.outputs[0].token_ids for o in llm.generate(["x", "x", "x"], sp)]
+    assert len({tuple(t) for t in texts}) > 1, texts
+    # n samples of seed -2 draw with -2 and -2 + 1, which stays a seed (2^64 - 1), not vLLM's "none"
+    two = llm.generate(["x"], SamplingParams(seed=-2, n=2, temperature=1.0, max_tokens=8, ignore_eos=True))[0]
+    last = llm.generate(["x"], SamplingParams(seed=2**64 - 1, temperature=1.0, max_tokens=8, ignore_eos=True))[0]
+    assert two.outputs[1].token_ids == last.outputs[0].token_ids
+    with pytest.raises(ValueError, match=r"seed must be in \[-2\^63, 2\^64\)"):
+        SamplingParams(seed=2**64)
+
+
+def test_a_records_seed_minus_one_is_no_seed(tmp_path):
+    """moelight run: records with "seed": -1 draw as records without a seed (base + crc32 of their id)."""
+    from moelight.jobs.dataset_job import run_job
+    from moelight.jobs.run_options import RunOptions
+    from workloads import DatasetError, read_dataset
+
+    data = tmp_path / "d.jsonl"
+    rows = [{"id": i, "prompt": "x", "seed": s, "max_tokens": 8} for i, s in ((1, -1), (2, -1), (3, None))]
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    body = {"custom_id": "c", "method": "POST", "url": "/v1/completions", "body": {"prompt": "x", "seed": -1}}
+    (tmp_path / "b.jsonl").write_text(json.dumps(body) + "\n")
+    assert read_dataset(tmp_path / "b.jsonl")[0].seed is None
+    out = tmp_path / "o.jsonl"
+    run_job(RunOptions(dataset=data, output=out, model="tiny", load_format="dummy", hardware="cpu-server",
+                       temperature=1.0, ignore_eos=True, progress=False))
+    tokens = [json.loads(line)["output_token_ids"] for line in out.read_text().splitlines()]
+    assert tokens[0] != tokens[1], tokens
+    (tmp_path / "big.jsonl").write_text(json.dumps({"prompt": "x", "seed": 2**64}) + "\n")
+    with pytest.raises(DatasetError, match="'seed' must be a 64-bit seed"):
+        read_dataset(tmp_path / "big.jsonl")

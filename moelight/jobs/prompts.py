@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from moelight.errors import PromptError, TokenizerError
 from moelight.jobs.job_warnings import JobWarnings
-from moelight.sampling.params import SamplingParams, request_seed
+from moelight.sampling.params import SamplingParams, derived_seed, request_seed
 
 
 def fit_to_context(where: str, ids: list[int], params: SamplingParams, context: int,
@@ -144,7 +144,7 @@ def expand_samples(prompts: list[list[int]], params: list[SamplingParams]):
             owners.append((r, 0))
             continue
         for k in range(p.n):
-            seed = None if p.seed is None else p.seed + k
+            seed = None if p.seed is None else derived_seed(p.seed, k)
             out_prompts.append(prompt)
             out_params.append(replace(p, n=1, seed=seed, prompt_logprobs=p.prompt_logprobs if k == 0 else None))
             owners.append((r, k))

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 # the dataset reader's, which may not import moelight
 from workloads.readers.sampling_options import MAX_LOGPROBS
 
+# torch's generators take seeds in [-2^63, 2^64); a negative one draws as its value mod 2^64
+SEED_MIN, SEED_SPAN = -(2**63), 2**64
 GREEDY_BELOW = 1e-5  # vLLM's _SAMPLING_EPS: a temperature under it samples greedily
 FLOAT_FIELDS = ("temperature", "top_p", "presence_penalty", "frequency_penalty", "repetition_penalty", "min_p")
 # the fields vLLM's from_optional reads None as their default (an OpenAI request leaves them out as None)
@@ -74,7 +76,7 @@ class SamplingParams:
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
-    seed: int | None = None
+    seed: int | None = None  # -1 is None, as in vLLM
     ignore_eos: bool = False
     stop_token_ids: list[int] = field(default_factory=list)
     n: int = 1
@@ -98,6 +100,7 @@ class SamplingParams:
     truncate_prompt_tokens: int | None = None  # vLLM's: the prompt's last k tokens only (-1: max_model_len)
 
     def __post_init__(self) -> None:
+        self._read_vllm_spellings()
         if self.max_tokens is not None:
             _check_type("max_tokens", self.max_tokens, int)
         _check_type("temperature", self.temperature, float)
@@ -138,12 +141,20 @@ class SamplingParams:
             raise TypeError("structured_outputs must be a StructuredOutputsParams")
         self._check_values()
 
+    def _read_vllm_spellings(self) -> None:
+        """Values vLLM's SamplingParams takes for others, so a vLLM script means the same here: seed -1 is no
+        seed (each request its own draws, not one shared seed)."""
+        if isinstance(self.seed, int) and self.seed == -1:  # True / False are 1 / 0, never -1
+            self.seed = None
+
     def _check_values(self) -> None:
         floats = {name: getattr(self, name) for name in FLOAT_FIELDS}
         floats.update({f"logit_bias[{k}]": b for k, b in (self.logit_bias or {}).items()})
         for name, v in floats.items():
             if v != v:  # NaN passes every range test below (each comparison is false)
                 raise ValueError(f"{name} must be a number, got nan")
+        if self.seed is not None and not SEED_MIN <= self.seed < SEED_SPAN:
+            raise ValueError(f"seed must be in [-2^63, 2^64) (a 64-bit seed; -1 or None: none), got {self.seed}")
         if self.max_tokens is not None and self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1 (or None: what the context leaves), got {self.max_tokens}")
         if self.n < 1:
@@ -231,4 +242,10 @@ def _check_ints(name: str, values) -> None:
 def request_seed(base_seed: int, request_id: str) -> int:
     """The seed of a request that sets none: base + crc32(id), so a request's draws do not depend
     on which other requests share its batch, nor on the front end that started the job."""
-    return base_seed + zlib.crc32(request_id.encode())
+    return derived_seed(base_seed, zlib.crc32(request_id.encode()))
+
+
+def derived_seed(seed: int, offset: int) -> int:
+    """seed + offset as the 64-bit seed torch draws with (mod 2^64: the same draws for a negative sum), so a
+    sum of -1 stays a seed when it is copied into SamplingParams, where -1 means none."""
+    return (seed + offset) % SEED_SPAN

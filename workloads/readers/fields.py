@@ -178,10 +178,14 @@ def _tool_calls(calls: list[dict]) -> list[dict]:
 
 
 def sampling_fields(obj: dict) -> dict:
-    """temperature / top_p / top_k / seed overrides, each None when absent."""
+    """temperature / top_p / top_k / seed overrides, each None when absent; a seed of -1 is none, as vLLM
+    reads it (the request then draws with the job's seed + crc32(id), not one seed every -1 shares)."""
+    seed = opt_int(obj, "seed")
+    if seed is not None and not -(2**63) <= seed < 2**64:
+        raise RecordError(f"field 'seed' must be a 64-bit seed (-2^63 .. 2^64 - 1; -1: none), got {seed}")
     return {
         "temperature": opt_float(obj, "temperature", 0.0, 100.0),
         "top_p": opt_float(obj, "top_p", 0.0, 1.0),
         "top_k": opt_int(obj, "top_k", minimum=-1),
-        "seed": opt_int(obj, "seed"),
+        "seed": None if seed == -1 else seed,
     }
