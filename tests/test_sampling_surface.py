@@ -272,8 +272,19 @@ def test_vllms_spaces_between_special_tokens_is_taken():
     assert SamplingParams(spaces_between_special_tokens=False).spaces_between_special_tokens is False
 
 
+def test_values_vllms_sampling_params_takes_for_others():
+    """vLLM's defaults and spellings a vLLM script passes: stop_token_ids None is none, logprobs True is 1
+    (a bool is an int there), a tuple of stops a list."""
+    sp = SamplingParams(stop_token_ids=None, logprobs=True, prompt_logprobs=True, stop=("a", "b"))
+    assert (sp.stop_token_ids, sp.logprobs, sp.prompt_logprobs, sp.stop) == ([], 1, 1, ["a", "b"])
+    assert SamplingParams(stop_token_ids=(3, 4)).stop_token_ids == [3, 4]
+
+
 @pytest.mark.parametrize("kw, error, needle", [
     (dict(n=0), ValueError, "n must be at least 1"),
+    (dict(stop=("a", 5)), TypeError, "stop must be a string or a list"),
+    (dict(stop_token_ids="12"), TypeError, "stop_token_ids must be a list of ints"),
+    (dict(logprobs=False), TypeError, "logprobs must be an int, got bool"),
     (dict(logprobs=21), ValueError, "logprobs must be in [0, 20]"),
     (dict(stop=5), TypeError, "stop must be a string or a list"),
     (dict(min_p=2.0), ValueError, "min_p must be in [0, 1]"),

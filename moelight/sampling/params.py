@@ -78,7 +78,7 @@ class SamplingParams:
     top_k: int = 0
     seed: int | None = None  # -1 is None, as in vLLM
     ignore_eos: bool = False
-    stop_token_ids: list[int] = field(default_factory=list)
+    stop_token_ids: list[int] | None = field(default_factory=list)  # None is [], as in vLLM
     n: int = 1
     stop: str | list[str] | None = None
     include_stop_str_in_output: bool = False
@@ -143,9 +143,20 @@ class SamplingParams:
 
     def _read_vllm_spellings(self) -> None:
         """Values vLLM's SamplingParams takes for others, so a vLLM script means the same here: seed -1 is no
-        seed (each request its own draws, not one shared seed)."""
+        seed (each request its own draws, not one shared seed), stop_token_ids None is none, logprobs /
+        prompt_logprobs True is 1 (vLLM reads a bool as an int there; False stays refused: give None), and
+        a tuple of stop strings or stop ids is a list."""
         if isinstance(self.seed, int) and self.seed == -1:  # True / False are 1 / 0, never -1
             self.seed = None
+        if self.stop_token_ids is None:
+            self.stop_token_ids = []
+        elif isinstance(self.stop_token_ids, tuple):
+            self.stop_token_ids = list(self.stop_token_ids)
+        if isinstance(self.stop, tuple):
+            self.stop = list(self.stop)
+        for name in ("logprobs", "prompt_logprobs"):
+            if getattr(self, name) is True:
+                setattr(self, name, 1)
 
     def _check_values(self) -> None:
         floats = {name: getattr(self, name) for name in FLOAT_FIELDS}
