@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import pytest
 
+from moelight.errors import PromptError
+
 
 @pytest.fixture(scope="module")
 def tiny_llm():
@@ -20,6 +22,12 @@ def tiny_llm():
     (lambda llm, sp: llm.chat("hello"), TypeError, "conversations must be a list"),
     (lambda llm, sp: llm.chat([{"role": "bot", "content": "hi"}]), ValueError, "role must be one of .*got 'bot'"),
     (lambda llm, sp: llm.generate("hi", {"max_tokens": 2}), TypeError, "sampling_params must be"),
+    # a bool is an int in Python, never a token id
+    (lambda llm, sp: llm.generate([[True, 5]]), PromptError, "prompt 0: prompt_token_ids must be .*; got True"),
+    (lambda llm, sp: llm.generate({"prompt_token_ids": [5, False]}), PromptError, "got False"),
+    (lambda llm, sp: sp(logit_bias={True: 5.0}), TypeError, "logit_bias keys must be token ids"),
+    (lambda llm, sp: sp(stop_token_ids=[True]), TypeError, "stop_token_ids must be a list of ints"),
+    (lambda llm, sp: sp(allowed_token_ids=[1, False]), TypeError, "allowed_token_ids must be a list of ints"),
 ])
 def test_the_python_api_raises_clear_type_and_value_errors(tiny_llm, call, error, needle):
     from moelight import SamplingParams

@@ -233,8 +233,13 @@ class LLM:
 
     def _token_ids(self, i: int, ids) -> list[int]:
         vocab = self.config.vocab_size
-        if not all(isinstance(t, int) and 0 <= t < vocab for t in ids):
-            raise PromptError(f"prompt {i}: prompt_token_ids must be ints in 0..{vocab - 1} (the model's vocabulary)")
+        where = f"prompt {i}: prompt_token_ids must be a list of ints in 0..{vocab - 1} (the model's vocabulary)"
+        if not isinstance(ids, (list, tuple)):
+            raise PromptError(f"{where}; got {type(ids).__name__}")
+        # True is an int in Python, not a token id
+        bad = next((t for t in ids if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab), None)
+        if bad is not None:
+            raise PromptError(f"{where}; got {bad!r}")
         return list(ids)
 
     def _run(self, token_lists, texts, sampling_params, use_tqdm) -> list[RequestOutput]:

@@ -131,6 +131,8 @@ class SamplingParams:
         if self.logit_bias is not None:
             if not isinstance(self.logit_bias, dict):
                 raise TypeError(f"logit_bias must be a dict of token id -> bias, got {type(self.logit_bias).__name__}")
+            if any(isinstance(k, bool) for k in self.logit_bias):  # True is an int in Python, not a token id
+                raise TypeError(f"logit_bias keys must be token ids (ints), got a bool in {self.logit_bias!r}")
             try:
                 self.logit_bias = {int(k): float(v) for k, v in self.logit_bias.items()}
             except (TypeError, ValueError):
