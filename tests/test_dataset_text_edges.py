@@ -1,7 +1,8 @@
 """Datasets as users write them, read as they mean: a lone surrogate is a bad record (by its line, not a
 traceback), OpenAI-style tool-call turns reach the chat template whole, a second turn that cannot be
 formatted is refused before turn 1 runs, stop strings that begin with a multi-byte character stop, and
-parquet rows take what jsonl records take (dictionary-encoded strings, sampling columns, meta)."""
+parquet rows take what jsonl records take (dictionary-encoded strings, sampling columns, meta), and blank
+prompts run as vLLM runs them."""
 
 from __future__ import annotations
 
@@ -16,7 +17,8 @@ from moelight.cli import app
 from moelight.engine.sequence import Sequence
 from moelight.sampling.params import SamplingParams
 from moelight.tokenization.byte_tokenizer import ByteTokenizer
-from workloads import load_dataset
+from tests.cli_text import says
+from workloads import load_dataset, read_dataset
 
 STDLIB = Path(__file__).parent / "data" / "stdlib-moe"  # a BPE tokenizer without a chat template
 TINY = ["--model", "tiny", "--load-format", "dummy", "--hardware", "cpu-server", "--no-progress", "--gen-len", "2"]
@@ -86,3 +88,21 @@ def test_parquet_rows_read_as_jsonl_records(tmp_path):
     a, b = load_dataset(tmp_path / "d.parquet").requests
     assert (a.prompt, a.sampling["n"], a.sampling["stop"], a.meta["category"]) == ("one", 2, ["x"], "a")
     assert (b.prompt, b.sampling.get("n", 1), "stop" in b.sampling, b.meta["category"]) == ("two", 1, False, "b")
+
+
+def test_blank_prompts_run_and_a_prompt_of_no_tokens_is_refused_by_its_line(tmp_path):
+    """As vLLM: blank text is a prompt (spaces and newlines are tokens); only a prompt of no tokens is refused,
+    by its line and before the model loads (this BPE tokenizer adds no BOS, so "" has none)."""
+    body = {"custom_id": "c", "url": "/v1/completions", "body": {"prompt": "  "}}
+    assert read_dataset(_jsonl(tmp_path / "b.jsonl", json.dumps(body)))[0].prompt == "  "
+    data = _jsonl(tmp_path / "d.jsonl", *(json.dumps({"id": k, "prompt": p})
+                                          for k, p in (("ws", "   "), ("nl", "\n"), ("none", ""), ("ok", "Hi"))))
+    args = ["run", "--dataset", str(data), "--output", str(tmp_path / "o.jsonl"), "--model", str(STDLIB),
+            "--hardware", "cpu-server", "--no-progress", "--gen-len", "2", "--dtype", "float32"]
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert says(res.output, f"{data}:3: prompt is empty: it has no tokens"), res.output
+    res = CliRunner().invoke(app, [*args, "--skip-bad-lines"])
+    assert res.exit_code == 0, res.output
+    written = [json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
+    assert sorted(r["id"] for r in written) == ["nl", "ok", "ws"]

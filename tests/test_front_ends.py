@@ -126,7 +126,7 @@ def test_a_second_call_draws_new_samples_and_a_new_llm_the_same_ones(tiny):
     ({"prompt_token_ids": [1, "a"]}, "ints in 0..511"),
     ({"prompt_token_ids": [1, 10**6]}, "ints in 0..511"),
     (3.5, "float is not a prompt"),
-    ("   ", "empty"),
+    ([], "empty: it has no tokens"),
 ])
 def test_bad_prompts_are_clear_errors(tiny, bad, needle):
     with pytest.raises(PromptError, match=needle):

@@ -111,10 +111,10 @@ def test_a_prompt_column_of_another_name_is_named_in_errors_and_a_prompt_column_
                       "id": ["i1", "i2", "i3"]})
     pq.write_table(table, tmp_path / "d.parquet")
     loaded = load_dataset(tmp_path / "d.parquet", prompt_column="question", id_column="key", skip_bad_lines=True)
-    (req,) = loaded.requests
+    req, blank = loaded.requests  # blank text is a prompt, as in vLLM
     assert (req.id, req.prompt, req.meta["prompt"], req.meta["id"]) == ("k1", "q1", "p1", "i1")
-    assert [p.message for p in loaded.skipped] == ["missing required field 'question'",
-                                                   "empty prompt in field 'question'"]
+    assert (blank.id, blank.prompt) == ("k3", " ")
+    assert [p.message for p in loaded.skipped] == ["missing required field 'question'"]
 
 
 def _file_and_pipe(path: Path, data: bytes, **kw) -> list:
@@ -163,17 +163,17 @@ def test_an_openai_record_refused_at_read_is_answered_under_its_custom_id(tmp_pa
     def line(cid, body):
         return json.dumps({**({"custom_id": cid} if cid else {}), "url": "/v1/completions", "body": body})
     data = _jsonl(tmp_path / "b.jsonl", line("ok", {"prompt": "fine", "max_tokens": 2}),
-                  line("list", {"prompt": ["a", "b"]}), line("empty", {"prompt": ""}),
+                  line("list", {"prompt": ["a", "b"]}), line("num", {"prompt": 7}),
                   line("ok", {"prompt": ""}), line(None, {"prompt": "x"}))
     out = tmp_path / "o.jsonl"
     args = ["run", "--dataset", str(data), "--output", str(out), *TINY, "--skip-bad-lines"]
     res = CliRunner().invoke(app, args)
     assert res.exit_code == 0, res.output
     lines = [json.loads(x) for x in out.read_text().splitlines()]
-    assert sorted(x["custom_id"] for x in lines) == ["empty", "list", "ok"]
+    assert sorted(x["custom_id"] for x in lines) == ["list", "num", "ok"]
     errors = {x["custom_id"]: x["error"] for x in lines if x["error"]}
     assert errors["list"]["code"] == "invalid_request" and f"{data}:2: body.prompt" in errors["list"]["message"]
-    assert f"{data}:3: empty prompt" in errors["empty"]["message"]
+    assert f"{data}:3: body.prompt must be a string" in errors["num"]["message"]
     again = CliRunner().invoke(app, [*args, "--resume"])
     assert again.exit_code == 0, again.output
     assert len(out.read_text().splitlines()) == 3  # nothing answered twice

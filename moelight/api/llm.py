@@ -215,9 +215,7 @@ class LLM:
             if ids is None:
                 return self._one_prompt(i, text)
             return (text if isinstance(text, str) else None), self._token_ids(i, ids)
-        if isinstance(p, str):
-            if not p.strip():
-                raise PromptError(f"prompt {i} is empty; every prompt needs some text")
+        if isinstance(p, str):  # blank text is a prompt, as in vLLM: only one of no tokens is refused (_run)
             if self.tokenizer is None:
                 raise ValueError(f"prompt {i} is text, but this LLM was built with skip_tokenizer_init=True: give "
                                  "token ids ({'prompt_token_ids': [...]} or a list of ints)")

@@ -14,8 +14,9 @@ def fit_to_context(where: str, ids: list[int], params: SamplingParams, context: 
                    warnings: JobWarnings | None = None) -> SamplingParams:
     """`params` with max_tokens cut to what the context leaves after the prompt (counted in `warnings`);
     PromptError for an empty prompt or one that fills the context. `where` names the prompt."""
-    if not ids:
-        raise PromptError(f"{where} is empty; every prompt needs some text")
+    if not ids:  # vLLM refuses a prompt of no tokens too; blank text with a BOS, or spaces, has some
+        raise PromptError(f"{where} is empty: it has no tokens (text this tokenizer encodes to none, or no token "
+                          "ids); give it some text or token ids")
     if len(ids) >= context:
         raise PromptError(f"{where} has {len(ids)} tokens, the model's context is {context}: a prompt may have at "
                           f"most {context - 1} tokens, leaving room for at least one generated token; shorten it")
@@ -65,7 +66,7 @@ def check_prompts(requests, tokenizer, context: int, opts, warnings: JobWarnings
             problems.append((r.id, f"{r.source or r.id}: {e}"))
             continue
         try:
-            ids = tokenizer.encode_request(r) if (r.prompt or r.messages) else []
+            ids = tokenizer.encode_request(r) if (r.prompt is not None or r.messages) else []
             if r.followups:  # a later turn is a conversation: it must format now, not after turn 1 ran
                 if getattr(tokenizer, "has_chat_template", True) is False:
                     raise TokenizerError(no_template_for_turns(tokenizer))

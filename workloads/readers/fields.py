@@ -34,7 +34,8 @@ def get_id(obj: dict, key: str, default: str) -> str:
 
 
 def get_text(obj: dict, key: str, *, required: bool = True) -> str | None:
-    """A prompt-like text field: must be a non-blank string."""
+    """A prompt-like text field: a string, blank ones too, as vLLM takes them (a prompt that tokenizes to no
+    tokens is refused when it is tokenized, before the model loads)."""
     if key not in obj or obj[key] is None:
         if required:
             raise RecordError(f"missing required field '{key}'")
@@ -42,8 +43,6 @@ def get_text(obj: dict, key: str, *, required: bool = True) -> str | None:
     v = obj[key]
     if not isinstance(v, str):
         raise RecordError(f"field '{key}' must be a string, got {_type_name(v)}")
-    if not v.strip():
-        raise RecordError(f"empty prompt in field '{key}'")
     return check_text(v, f"field '{key}'")
 
 

@@ -45,9 +45,7 @@ def parse_openai_record(obj: dict, where: str, lineno: int, turn: int = 1) -> Re
             p = p[0]
         if not isinstance(p, str):
             raise RecordError(f"body.prompt must be a string, got {type(p).__name__}")
-        if not p.strip():
-            raise RecordError("empty prompt in body.prompt")
-        prompt = p
+        prompt = p  # blank text too, as vLLM's server takes it; one of no tokens is refused when tokenized
     else:
         raise RecordError("missing required field 'body.messages' (or 'body.prompt')")
     try:
