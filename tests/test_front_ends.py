@@ -127,10 +127,21 @@ def test_a_second_call_draws_new_samples_and_a_new_llm_the_same_ones(tiny):
     ({"prompt_token_ids": [1, 10**6]}, "ints in 0..511"),
     (3.5, "float is not a prompt"),
     ([], "empty: it has no tokens"),
+    ({"prompt": "x", "cache_salt": ""}, "cache_salt must be a non-empty string"),
 ])
 def test_bad_prompts_are_clear_errors(tiny, bad, needle):
     with pytest.raises(PromptError, match=needle):
         tiny.generate([PROMPTS[0], bad], SamplingParams(max_tokens=2))
+
+
+def test_a_cache_salt_is_taken_and_changes_no_token(tiny):
+    """vLLM's prefix-cache isolation key: moelight's prefix cache lives for one call, so no other call reads
+    a salted prompt's KV (README); the tokens are those of the prompt without it."""
+    greedy = SamplingParams(max_tokens=4, temperature=0.0)
+    salted = tiny.generate([{"prompt": PROMPTS[0], "cache_salt": "tenant-a"},
+                            {"prompt_token_ids": [5, 6, 7], "cache_salt": "tenant-b"}], greedy)
+    plain = tiny.generate([PROMPTS[0], [5, 6, 7]], greedy)
+    assert [o.outputs[0].token_ids for o in salted] == [o.outputs[0].token_ids for o in plain]
 
 
 def test_a_vllm_script_ports_over(tiny):

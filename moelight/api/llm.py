@@ -36,7 +36,7 @@ from moelight.loading.generation_config import sampling_defaults
 from moelight.sampling.params import SamplingParams
 from workloads.readers.fields import RecordError, parse_messages, parse_tools
 
-PROMPT_KEYS = {"prompt", "prompt_token_ids"}  # vLLM's TextPrompt / TokensPrompt
+PROMPT_KEYS = {"prompt", "prompt_token_ids", "cache_salt"}  # vLLM's TextPrompt / TokensPrompt
 # vLLM constructor arguments: what moelight calls them (refused with the hint: the meaning differs a little)
 VLLM_NAMES = {"tensor_parallel_size": "gpus (tensor-parallel ranks)", "max_num_seqs": "batch_size",
               "quantization": "quantize (int8 / int4 at load; a quantized checkpoint is read as it ships)",
@@ -146,7 +146,8 @@ class LLM:
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool | Callable[..., tqdm] = False,
     ) -> list[RequestOutput]:
-        """Prompts: a str, a list of token ids, a {"prompt": str} or {"prompt_token_ids": [...]} dict,
+        """Prompts: a str, a list of token ids, a {"prompt": str} or {"prompt_token_ids": [...]} dict (its
+        `cache_salt` taken: the prefix cache lives for this call only, so no other call reads its KV),
         or a list of any of these. Outputs come back in input order ([] for no prompts). `use_tqdm`: a
         progress bar, or vLLM's tqdm factory (called with total= and desc=)."""
         if not isinstance(prompts, (str, dict, list, tuple)):
@@ -206,10 +207,14 @@ class LLM:
     def _one_prompt(self, i: int, p) -> tuple[str | None, list[int]]:
         if isinstance(p, dict):
             extra = sorted(set(p) - PROMPT_KEYS)
-            if extra or not (set(p) & PROMPT_KEYS):
-                raise PromptError(f"prompt {i}: a dict prompt holds 'prompt' (text) or 'prompt_token_ids'; "
-                                  f"got keys {sorted(p)}" + (" (multi-modal inputs are not supported)"
-                                                             if extra else ""))
+            if extra or not (set(p) & {"prompt", "prompt_token_ids"}):
+                raise PromptError(f"prompt {i}: a dict prompt holds 'prompt' (text) or 'prompt_token_ids', and may "
+                                  f"hold 'cache_salt'; got keys {sorted(p)}" + (
+                                      f" ({', '.join(extra)}: multi-modal and other inputs are not supported)"
+                                      if extra else ""))
+            salt = p.get("cache_salt")
+            if salt is not None and (not isinstance(salt, str) or not salt):
+                raise PromptError(f"prompt {i}: cache_salt must be a non-empty string (as in vLLM), got {salt!r}")
             text = p.get("prompt")
             ids = p.get("prompt_token_ids")
             if ids is None:
