@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import threading
+import time
 from pathlib import Path
 from types import TracebackType
 
@@ -43,6 +45,10 @@ class ResultWriter:
     ``overwrite``: replace an existing output. With neither, an existing output is refused.
     """
 
+    # how often (seconds) a write checks that the stream is still the whole file this run wrote: a file
+    # deleted or cut by another process stops the job then, not hours later at close
+    check_every_s = 1.0
+
     def __init__(self, path: str | Path, format: str | None = None, *, resume: bool = False,
                  overwrite: bool = False, model_name: str = "moelight"):
         if resume and overwrite:
@@ -72,6 +78,9 @@ class ResultWriter:
         if resume:
             repair_jsonl(self.stream_path)
         self._f = open(self.stream_path, "a", encoding="utf-8")
+        self._size: int | None = os.fstat(self._f.fileno()).st_size  # where this run's last result ends
+        self._checked = time.monotonic()
+        self._tampered: OutputWriteError | None = None
 
     def write(self, result: dict) -> None:
         """Append one finished request and flush it to the OS before returning."""
@@ -81,25 +90,44 @@ class ResultWriter:
         with self._lock:
             if self._closed:
                 raise ValueError(f"write to closed ResultWriter ({self.path})")
+            if time.monotonic() - self._checked >= self.check_every_s:
+                self._check_intact()
             try:
                 self._f.write(line)
                 self._f.flush()
             except OSError as e:
+                self._size = None  # part of the line may be there: the size check has nothing to go by
                 raise self._write_error(e) from None
+            if self._size is not None:
+                self._size += len(line.encode("utf-8"))
             self.written += 1
 
-    def _check_still_there(self) -> None:
-        """The stream this run wrote is the file at its path: one deleted (or replaced) while the job ran took
-        this run's results with it, and the job must not report them written."""
+    def _check_intact(self) -> None:
+        """The stream this run wrote is the file at its path, whole: one deleted (or replaced) while the job
+        ran took this run's results with it, one cut (or written to) by another process lost some, and the job
+        must not report them written. Two stat calls; the first failure stays the writer's."""
+        if self._tampered is not None:
+            raise self._tampered
+        self._checked = time.monotonic()
+        own = os.fstat(self._f.fileno())
         try:
-            gone = os.stat(self.stream_path).st_ino != os.fstat(self._f.fileno()).st_ino
+            here = os.stat(self.stream_path)
+            gone = own.st_nlink == 0 or (here.st_ino, here.st_dev) != (own.st_ino, own.st_dev)
         except FileNotFoundError:
             gone = True
         if gone and self.written:
-            self._f.close()
-            raise OutputWriteError(
+            self._tampered = OutputWriteError(
                 f"{self.stream_path} was deleted or replaced while the job ran: the {self.written} result(s) this "
                 "run wrote went with it; rerun the job (with --resume if an output is there again)")
+        elif not gone and self._size is not None and stat.S_ISREG(own.st_mode) and own.st_size != self._size:
+            self._tampered = OutputWriteError(
+                f"{self.stream_path} was changed by another process while the job ran (it holds {own.st_size} "
+                f"bytes where this run's results end at byte {self._size}): results written to it were lost, so "
+                "the job stopped; rerun it with --resume, which keeps the whole results the file still holds and "
+                "runs the lost ones again")
+        if self._tampered is not None:
+            self._f.close()
+            raise self._tampered
 
     def _write_error(self, e: OSError) -> OutputWriteError:
         return OutputWriteError(
@@ -112,7 +140,7 @@ class ResultWriter:
             if self._closed:
                 return
             self._closed = True
-            self._check_still_there()
+            self._check_intact()
             try:
                 self._f.close()
                 if self.format == "parquet":
