@@ -100,10 +100,18 @@ def table_to_records(table: pa.Table) -> list[dict]:
 
 
 def write_parquet_atomic(path: Path, records: list[dict]) -> None:
-    """Write to a temp file and rename, so a crash never leaves a half-written parquet."""
+    """Write to a temp file and rename, so a crash never leaves a half-written parquet (nor a failed write
+    its temp file)."""
     tmp = path.with_name(path.name + ".tmp")
-    pq.write_table(records_to_table(records), tmp)
-    tmp.replace(path)
+    table = records_to_table(records)
+    try:
+        # a file of our own, closed here: one pyarrow opened stays open (and its disk space taken) while the
+        # error's traceback lives, so the report saved after a full disk found no room either
+        with pa.OSFile(str(tmp), "wb") as sink:
+            pq.write_table(table, sink)
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def read_parquet_records(path: Path) -> list[dict]:

@@ -143,13 +143,28 @@ class ResultWriter:
             self._check_intact()
             try:
                 self._f.close()
-                if self.format == "parquet":
-                    records = read_parquet_records(self.path) if self.path.exists() else []
-                    records += read_jsonl_results(self.stream_path)
-                    write_parquet_atomic(self.path, _first_of_each_id(records))
-                    self.stream_path.unlink()
             except OSError as e:
                 raise self._write_error(e) from None
+            if self.format == "parquet":
+                self._write_parquet()
+
+    def _write_parquet(self) -> None:
+        """The parquet file from what it held and the stream; the stream is removed only once it is written, so
+        a failure here (a full disk) loses nothing: --resume writes it again."""
+        try:
+            records = read_parquet_records(self.path) if self.path.exists() else []
+            records += read_jsonl_results(self.stream_path)
+            write_parquet_atomic(self.path, _first_of_each_id(records))
+        except OSError as e:
+            raise OutputWriteError(
+                f"could not write the parquet file {self.path}: {e.strerror or e}; no result is lost: this run's "
+                f"are in {self.stream_path} (any earlier ones in {self.path.name}, as it was); make room (or fix the "
+                f"path) and rerun with --resume, which writes {self.path.name} from them without generating them "
+                "again") from None
+        try:
+            self.stream_path.unlink()
+        except OSError as e:
+            raise self._write_error(e) from None
 
     def __enter__(self) -> ResultWriter:
         return self
