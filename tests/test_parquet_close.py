@@ -1,5 +1,5 @@
 """A parquet output is written when the job closes it, from the jsonl stream it ran into: a close that fails
-(a full disk) names the parquet file and keeps the stream."""
+(a full disk) names the parquet file, keeps the stream and is in the report."""
 
 from __future__ import annotations
 
@@ -8,8 +8,10 @@ import json
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
 
 import workloads.writer
+from moelight.cli import app
 from tests.test_workloads_writers import result
 from workloads import OutputWriteError, ResultWriter, sidecar_path
 
@@ -39,3 +41,14 @@ def test_a_parquet_file_that_cannot_be_written_is_named_and_its_stream_kept(tmp_
     assert said.startswith(f"could not write the parquet file {out}: No space left on device"), said
     assert f"in {sidecar_path(out)}" in said and "--resume" in said
     assert sidecar_path(out).read_text().count("\n") == 1 and not out.exists()
+
+
+def test_a_parquet_file_that_cannot_be_written_is_the_reports_error(tmp_path, monkeypatch):
+    """The report was saved before the output was closed: it said `error: null` over a failed job."""
+    monkeypatch.setattr(workloads.writer, "write_parquet_atomic", _disk_full)
+    args, out = _job(tmp_path)
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2 and "could not write the parquet file" in res.output, res.output
+    report = json.loads((tmp_path / "o.parquet.report.json").read_text())
+    assert report["error"].startswith("OutputWriteError: could not write the parquet file")
+    assert report["written"] == N

@@ -116,15 +116,23 @@ class LazyResultWriter:
 
     def write(self, result: dict) -> None:
         if self.writer is None:
-            self._write_record()  # replaces a replaced job's record; its report goes with its results
-            if self.opts.overwrite:
-                report_path(self.opts.output).unlink(missing_ok=True)
-            self.writer = workloads.ResultWriter(self.opts.output, self.format, resume=self.opts.resume,
-                                                 overwrite=self.opts.overwrite, model_name=self.opts.model)
-            self.writer.__enter__()
-            hold(self.opts.output, self.writer.stream_path)  # the file it made: a hard link to it is refused
+            self._open()
         self.writer.write(result)
         self.written += 1
+
+    def _open(self) -> None:
+        self._write_record()  # replaces a replaced job's record; its report goes with its results
+        if self.opts.overwrite:
+            report_path(self.opts.output).unlink(missing_ok=True)
+        self.writer = workloads.ResultWriter(self.opts.output, self.format, resume=self.opts.resume,
+                                             overwrite=self.opts.overwrite, model_name=self.opts.model)
+        self.writer.__enter__()
+        hold(self.opts.output, self.writer.stream_path)  # the file it made: a hard link to it is refused
+
+    def close(self, finish: bool = True) -> None:
+        """Close the output (a parquet one is written from its stream). `finish`: the job did not fail."""
+        if self.writer is not None:
+            self.writer.close()
 
     def _write_record(self) -> None:
         if self.record is None:
@@ -144,6 +152,5 @@ class LazyResultWriter:
     def __enter__(self):
         return self
 
-    def __exit__(self, *exc) -> None:
-        if self.writer is not None:
-            self.writer.__exit__(*exc)
+    def __exit__(self, exc_type, *exc) -> None:
+        self.close(finish=exc_type is None)

@@ -243,9 +243,25 @@ def serve_requests(session, opts, requests, skipped_before: list[str], writer, o
         report.written = getattr(writer, "written", 0) - written_before
         report.close(session)
         session.close()
-        if save:
-            save_report(report, opts.output, failing, opts.log)
+        if save:  # the report is saved after the output is closed, so it records a close that failed
+            closing = close_output(writer, failing, report)
+            save_report(report, opts.output, failing or closing, opts.log)
+            if closing is not None and failing is None:
+                raise closing
     return report
+
+
+def close_output(writer, failing: BaseException | None, report: RunReport) -> BaseException | None:
+    """Close the job's output (a parquet one is written then): the error it failed with, or None. A close that
+    fails after the job failed is a note of the report; the job's own error is the one raised."""
+    try:
+        writer.close(finish=failing is None)
+    except Exception as e:
+        if failing is None:
+            return e
+        if e is not failing:  # a writer that failed says so again at close
+            report.notes.append(f"the output could not be closed: {e}")
+    return None
 
 
 def write_skipped_as_errors(writer, requests, skipped: dict[str, str], refused: dict[str, str]) -> None:
