@@ -1,5 +1,6 @@
 """A parquet output is written when the job closes it, from the jsonl stream it ran into: a close that fails
-(a full disk) names the parquet file, keeps the stream and is in the report."""
+(a full disk) names the parquet file, keeps the stream, is in the report, and a --resume with nothing left
+to generate still writes the parquet file."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ import errno
 import json
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
@@ -52,3 +54,16 @@ def test_a_parquet_file_that_cannot_be_written_is_the_reports_error(tmp_path, mo
     report = json.loads((tmp_path / "o.parquet.report.json").read_text())
     assert report["error"].startswith("OutputWriteError: could not write the parquet file")
     assert report["written"] == N
+
+
+def test_a_resume_with_nothing_left_writes_the_parquet_file_from_its_stream(tmp_path, monkeypatch):
+    """The resume found every result in the stream, ran nothing, said `results: o.parquet` with exit 0 and
+    never wrote o.parquet."""
+    monkeypatch.setattr(workloads.writer, "write_parquet_atomic", _disk_full)
+    args, out = _job(tmp_path)
+    assert CliRunner().invoke(app, args).exit_code == 2
+    monkeypatch.undo()
+    res = CliRunner().invoke(app, [*args, "--resume"])
+    assert res.exit_code == 0, res.output
+    assert sorted(pq.read_table(out).column("id").to_pylist()) == [f"q{i}" for i in range(N)]
+    assert not sidecar_path(out).exists()

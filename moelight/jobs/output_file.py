@@ -130,7 +130,12 @@ class LazyResultWriter:
         hold(self.opts.output, self.writer.stream_path)  # the file it made: a hard link to it is refused
 
     def close(self, finish: bool = True) -> None:
-        """Close the output (a parquet one is written from its stream). `finish`: the job did not fail."""
+        """Close the output (a parquet one is written from its stream). `finish`: a resumed parquet output whose
+        stream a stopped run left (its conversion failed: a full disk) is written even when this run has no
+        result to add; a job that failed leaves it as it was."""
+        if self.writer is None and finish and self.opts.resume and self.format == "parquet" \
+                and workloads.sidecar_path(self.opts.output).exists():
+            self._open()
         if self.writer is not None:
             self.writer.close()
 

@@ -171,8 +171,13 @@ def run_ray_job(opts) -> RayRunReport:
     report = RayRunReport(model=opts.model, dtype=opts.dtype, requests=remaining, batch_size=0, micro_batch_size=0,
                           skipped_requests=len(skipped), skipped=skipped, ray_address=address)
     describe_output(report, opts, output)
-    if remaining == 0:
+    if remaining == 0:  # a parquet output a stopped run left as its stream is written all the same
         report.wall_seconds = time.perf_counter() - t_job
+        try:
+            LazyResultWriter(opts, out_format, output.record).close()
+        except BaseException as e:
+            save_report(report, opts.output, e, opts.log)
+            raise
         save_report(report, opts.output)
         return report
     cpus, gpus = per_replica_resources(opts, hi)
