@@ -239,3 +239,18 @@ def test_an_output_deleted_while_the_job_runs_is_an_error_not_results_written(tm
     with pytest.raises(OutputWriteError, match="deleted or replaced while the job ran: the 1 result") as e:
         w.close()
     assert "are in it" not in str(e.value)
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "parquet"])
+def test_overwrite_through_a_symbolic_link_replaces_its_file_and_keeps_the_link(tmp_path, fmt):
+    """The link was replaced by a new file, and the file it named kept the old results."""
+    real = tmp_path / "runs" / f"real.{fmt}"
+    real.parent.mkdir()
+    with ResultWriter(real) as w:
+        w.write(result("old"))
+    link = tmp_path / f"out.{fmt}"
+    link.symlink_to(real)
+    with ResultWriter(link, overwrite=True) as w:
+        w.write(result("new"))
+    assert link.is_symlink() and link.resolve() == real
+    assert finished_ids(real) == {"new"} and not list(real.parent.glob("*.tmp"))

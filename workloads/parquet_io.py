@@ -9,6 +9,7 @@ the schema metadata. Other columns (a dataset's own) take the type their values 
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pyarrow as pa
@@ -101,7 +102,8 @@ def table_to_records(table: pa.Table) -> list[dict]:
 
 def write_parquet_atomic(path: Path, records: list[dict]) -> None:
     """Write to a temp file and rename, so a crash never leaves a half-written parquet (nor a failed write
-    its temp file)."""
+    its temp file). An output that is a symbolic link: its file is replaced, the link kept."""
+    path = Path(os.path.realpath(path))
     tmp = path.with_name(path.name + ".tmp")
     table = records_to_table(records)
     try:

@@ -71,9 +71,9 @@ class ResultWriter:
                 f"output {existing[0]} already exists; pass --resume to continue it "
                 f"(finished requests are skipped) or --overwrite to replace it"
             )
-        if overwrite:
+        if overwrite:  # an output that is a symbolic link: its file is replaced, the link kept
             for p in existing:
-                p.unlink()
+                Path(os.path.realpath(p)).unlink()
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if resume:
             repair_jsonl(self.stream_path)
