@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from moelight.devices.device_base import Event
+from moelight.devices.device_base import JOIN_SECONDS, Event
 
 
 @dataclass
@@ -66,5 +66,15 @@ class CopyStream:
         self.jobs.join()
 
     def close(self) -> None:
+        """Copies still queued (a failed job's) are failed, not run: the worker finishes the one it is
+        in and stops, so it is not inside a copy when the process exits."""
+        while True:
+            try:
+                job = self.jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is not None:
+                job.finish(RuntimeError(f"{job.event.name}: the device closed before the copy ran"))
+            self.jobs.task_done()
         self.jobs.put(None)
-        self.thread.join(timeout=5)
+        self.thread.join(timeout=JOIN_SECONDS)

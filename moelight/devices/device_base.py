@@ -26,6 +26,8 @@ DEVICE_LANES = ("gpu", "cpu", "h2d", "d2h", "pin")
 STREAM_LANES = ("gpu", "h2d", "d2h")  # device streams; the other lanes are host threads
 
 
+JOIN_SECONDS = 120  # a closing worker thread ends the kernel or copy it is in first (minutes on a loaded host)
+
 class DeviceOutOfMemory(RuntimeError):
     """An allocation would exceed the device's memory capacity."""
 

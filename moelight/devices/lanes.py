@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from moelight.devices.device_base import (
     DEVICE_LANES,
+    JOIN_SECONDS,
     STREAM_LANES,
     DependencyFailed,
     Event,
@@ -92,14 +93,9 @@ class LaneSet:
         if self.thread_init is not None:
             self.thread_init(lane)
         while True:
-            with self.cond:
-                item = self._pick(lane)
-                while item is None:
-                    if self.stopping:
-                        return
-                    self.cond.wait(timeout=0.05)
-                    item = self._pick(lane)
-                self._order(lane, item)
+            item = self._next(lane)
+            if item is None:  # closed
+                return
             err = next((d.error for d in item.deps if d.error is not None), None)
             timed = lane in self.done_on_launch  # other lanes' times are their device work's (set by the device)
             t0 = time.perf_counter()
@@ -123,6 +119,22 @@ class LaneSet:
                 self.cond.notify_all()
             if err is not None or lane in self.done_on_launch:
                 self.complete(item.event, err)
+
+    def _next(self, lane: str) -> LaneItem | None:
+        """The lane's next ready task, in its place; None once the set is closed. What is still queued
+        then (a failed job's remaining work) is failed, not run: no worker is left inside a kernel when
+        the process exits (a C++ abort, exit code 134, after a device ran out of memory)."""
+        with self.cond:
+            while not self.stopping:
+                item = self._pick(lane)
+                if item is not None:
+                    self._order(lane, item)
+                    return item
+                self.cond.wait(timeout=0.05)
+            dropped, self.queues[lane] = self.queues[lane], []
+        for it in dropped:
+            self.complete(it.event, RuntimeError(f"{it.event.name}: the device closed before it ran"))
+        return None
 
     def complete(self, event: Event, error: BaseException | None = None) -> None:
         """The work of a launched task has run (or failed)."""
@@ -158,5 +170,5 @@ class LaneSet:
         with self.cond:
             self.stopping = True
             self.cond.notify_all()
-        for t in self.threads:
-            t.join(timeout=5)
+        for t in self.threads:  # a worker finishes the task it is in, then stops
+            t.join(timeout=JOIN_SECONDS)
