@@ -106,3 +106,32 @@ def test_blank_prompts_run_and_a_prompt_of_no_tokens_is_refused_by_its_line(tmp_
     assert res.exit_code == 0, res.output
     written = [json.loads(line) for line in (tmp_path / "o.jsonl").read_text().splitlines()]
     assert sorted(r["id"] for r in written) == ["nl", "ok", "ws"]
+
+
+def test_blank_chat_turns_run_and_a_chat_of_no_tokens_is_refused_by_its_line(tmp_path):
+    """As vLLM renders them: a blank user or assistant message, followup or MT-Bench turn is a turn (the chat
+    template gives it tokens); only a conversation that renders to no tokens is refused, by its line, before the
+    model loads (this BPE tokenizer has no template and adds no BOS: a lone user turn "" is no tokens)."""
+    blank_user = [{"role": "user", "content": "  "}]
+    body = {"custom_id": "c", "url": "/v1/chat/completions", "body": {"messages": blank_user}}
+    assert read_dataset(_jsonl(tmp_path / "b.jsonl", json.dumps(body)))[0].messages == blank_user
+    data = _jsonl(tmp_path / "d.jsonl", *(json.dumps(r) for r in (
+        {"id": "user", "messages": [{"role": "user", "content": ""}]},
+        {"id": "parts", "messages": [{"role": "user", "content": [{"type": "text", "text": " "}]}]},
+        {"id": "assistant", "messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": ""},
+                                         {"role": "user", "content": "b"}]},
+        {"id": "followup", "prompt": "a", "followups": ["", "\n"]})))
+    out = tmp_path / "o.jsonl"
+    res = CliRunner().invoke(app, ["run", "--dataset", str(data), "--output", str(out), *TINY])
+    assert res.exit_code == 0, res.output
+    written = {r["id"]: r for r in map(json.loads, out.read_text().splitlines())}
+    assert sorted(written) == ["assistant", "followup", "parts", "user"] and len(written["followup"]["turns"]) == 3
+    mt = _jsonl(tmp_path / "q.jsonl", json.dumps({"question_id": 1, "category": "c", "turns": [" ", ""]}))
+    res = CliRunner().invoke(app, ["run", "--dataset", str(mt), "--output", str(tmp_path / "m.jsonl"), *TINY,
+                                   "--turn", "2"])
+    assert res.exit_code == 0, res.output
+    none = _jsonl(tmp_path / "n.jsonl", json.dumps({"id": "n", "messages": [{"role": "user", "content": ""}]}))
+    res = CliRunner().invoke(app, ["run", "--dataset", str(none), "--output", str(tmp_path / "x.jsonl"), "--model",
+                                   str(STDLIB), "--hardware", "cpu-server", "--no-progress", "--dtype", "float32"])
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert says(res.output, f"{none}:1: prompt is empty: it has no tokens"), res.output

@@ -219,7 +219,7 @@ def test_skip_bad_lines(tmp_path, caplog):
     ({"messages": []}, "'messages' is empty"),
     ({"messages": [{"role": "robot", "content": "b"}]}, "role must be one of"),
     ({"messages": [{"role": "user"}]}, "missing 'content'"),
-    ({"messages": [{"role": "user", "content": ""}]}, "empty prompt"),
+    ({"messages": [{"role": "user", "content": 7}]}, "content must be a string, got int"),
     ({"messages": [{"role": "system", "content": "sys"}]}, "no user turn"),
     ({"prompt": "a", "followups": "b"}, "'followups' must be a list"),
     ({"messages": [{"role": "user", "content": "b"}], "tools": {"name": "f"}}, "'tools' must be a list"),
@@ -240,7 +240,7 @@ def test_bad_prompt_records(tmp_path, record, problem):
     ({"question_id": 5, "category": "math"}, "missing required field 'turns'"),
     ({"category": "math", "turns": ["a"]}, "missing required field 'question_id'"),
     ({"question_id": 5, "turns": "abc"}, "'turns' must be a non-empty list"),
-    ({"question_id": 5, "turns": [""]}, "empty prompt in turns[0]"),
+    ({"question_id": 5, "turns": ["a", None]}, "turns[1] must be a string"),
     ({"question_id": 5, "turns": [3]}, "turns[0] must be a string"),
 ])
 def test_bad_mtbench_records(tmp_path, record, problem):

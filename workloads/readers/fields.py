@@ -106,8 +106,10 @@ def parse_messages(v: Any, key: str = "messages", need_user: bool = True) -> lis
     """Validate chat turns: each keeps its fields for the chat template (OpenAI's `tool_calls`,
     `tool_call_id`, `name`, reasoning), its content made a string (None only beside an assistant's
     tool calls); fields that are null are left out, as a message object would not have them.
-    need_user: a dataset's conversation is a prompt, so it needs a non-blank user turn; LLM.chat, as
-    vLLM's, also takes a system prompt alone or an assistant turn to continue."""
+    Blank content is content, as vLLM renders it (the template gives tokens; a conversation that renders to
+    none is refused when it is tokenized, before the model loads).
+    need_user: a dataset's conversation is a prompt, so it needs a user turn; LLM.chat, as vLLM's, also
+    takes a system prompt alone or an assistant turn to continue."""
     if not isinstance(v, list):
         raise RecordError(f"field '{key}' must be a list of {{role, content}} objects, got {_type_name(v)}")
     if not v:
@@ -131,8 +133,6 @@ def parse_messages(v: Any, key: str = "messages", need_user: bool = True) -> lis
         if m["content"] is None and not (role == "assistant" and calls):
             raise RecordError(f"{where}: content may be null only in an assistant turn with tool_calls")
         content = None if m["content"] is None else _content_text(m["content"], where)
-        if need_user and role == "user" and not content.strip():
-            raise RecordError(f"{where}: empty prompt (user content is blank)")
         turn = {**{k: x for k, x in m.items() if x is not None}, "role": role, "content": content}
         if calls:
             turn["tool_calls"] = _tool_calls(calls)

@@ -33,8 +33,8 @@ def parse_prompt_record(obj: dict, where: str, lineno: int, turn: int = 1, promp
     else:
         raise RecordError(f"missing required field '{prompt_key}' (or 'messages')")
     followups = obj.get("followups") or []
-    if not isinstance(followups, list) or not all(isinstance(t, str) and t.strip() for t in followups):
-        raise RecordError("field 'followups' must be a list of non-empty strings")
+    if not isinstance(followups, list) or not all(isinstance(t, str) for t in followups):
+        raise RecordError("field 'followups' must be a list of strings (the later user turns)")
     if followups and messages is None:
         messages = [{"role": "user", "content": prompt}]
         prompt = None
