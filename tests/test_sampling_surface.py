@@ -274,9 +274,11 @@ def test_vllms_spaces_between_special_tokens_is_taken():
 
 def test_values_vllms_sampling_params_takes_for_others():
     """vLLM's defaults and spellings a vLLM script passes: stop_token_ids None is none, logprobs True is 1
-    (a bool is an int there), a tuple of stops a list."""
+    (a bool is an int there) and False none (no logprobs: what the script means), a tuple of stops a list."""
     sp = SamplingParams(stop_token_ids=None, logprobs=True, prompt_logprobs=True, stop=("a", "b"))
     assert (sp.stop_token_ids, sp.logprobs, sp.prompt_logprobs, sp.stop) == ([], 1, 1, ["a", "b"])
+    off = SamplingParams(logprobs=False, prompt_logprobs=False)
+    assert (off.logprobs, off.prompt_logprobs) == (None, None)
     assert SamplingParams(stop_token_ids=(3, 4)).stop_token_ids == [3, 4]
 
 
@@ -284,7 +286,8 @@ def test_values_vllms_sampling_params_takes_for_others():
     (dict(n=0), ValueError, "n must be at least 1"),
     (dict(stop=("a", 5)), TypeError, "stop must be a string or a list"),
     (dict(stop_token_ids="12"), TypeError, "stop_token_ids must be a list of ints"),
-    (dict(logprobs=False), TypeError, "logprobs must be an int, got bool"),
+    (dict(logprobs="1"), TypeError, "logprobs must be an int, got str"),
+    (dict(prompt_logprobs=1.0), TypeError, "prompt_logprobs must be an int, got float"),
     (dict(logprobs=21), ValueError, "logprobs must be in [0, 20]"),
     (dict(stop=5), TypeError, "stop must be a string or a list"),
     (dict(min_p=2.0), ValueError, "min_p must be in [0, 1]"),

@@ -146,8 +146,9 @@ class SamplingParams:
     def _read_vllm_spellings(self) -> None:
         """Values vLLM's SamplingParams takes for others, so a vLLM script means the same here: seed -1 is no
         seed (each request its own draws, not one shared seed), stop_token_ids None is none, logprobs /
-        prompt_logprobs True is 1 (vLLM reads a bool as an int there; False stays refused: give None), and
-        a tuple of stop strings or stop ids is a list."""
+        prompt_logprobs True is 1 and False is None (no logprobs, what a script writing False means; vLLM
+        reads the bool as the int 0, the sampled token's logprob alone), and a tuple of stop strings or stop
+        ids is a list."""
         if isinstance(self.seed, int) and self.seed == -1:  # True / False are 1 / 0, never -1
             self.seed = None
         if self.stop_token_ids is None:
@@ -157,8 +158,8 @@ class SamplingParams:
         if isinstance(self.stop, tuple):
             self.stop = list(self.stop)
         for name in ("logprobs", "prompt_logprobs"):
-            if getattr(self, name) is True:
-                setattr(self, name, 1)
+            if isinstance(getattr(self, name), bool):
+                setattr(self, name, 1 if getattr(self, name) else None)
 
     def _check_values(self) -> None:
         floats = {name: getattr(self, name) for name in FLOAT_FIELDS}
