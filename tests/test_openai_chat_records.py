@@ -165,3 +165,16 @@ def test_openai_batch_bad_records(tmp_path):
                        (7, "duplicate id 'ok'")]:
         assert f"{p}:{line}: " in msg and text in msg, (line, msg)
     assert f"{p}:1:" not in msg
+
+
+def test_a_bodys_cache_salt_is_taken_as_llm_generate_takes_it(tmp_path):
+    """vLLM's server takes cache_salt (a non-empty string), as LLM.generate does: read, not warned of as an
+    ignored field (moelight's prefix cache lives for one job, so there is nothing to isolate); a bad one is
+    refused by its line, as vLLM answers 400."""
+    p = write_lines(tmp_path / "s.jsonl", [_chat_body(cache_salt="tenant-a")])
+    loaded = load_dataset(p)
+    assert [r.id for r in loaded.requests] == ["a"] and loaded.warnings == []
+    for salt in ("", 3):
+        bad = write_lines(tmp_path / "b.jsonl", [_chat_body(cache_salt=salt)])
+        with pytest.raises(DatasetError, match=f"{bad}:1: body.cache_salt must be a non-empty string"):
+            read_dataset(bad)

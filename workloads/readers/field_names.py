@@ -13,7 +13,7 @@ from .sampling_options import UNSUPPORTED_KEYS
 IGNORED = {"input_format"}  # meta the reader adds itself
 # what openai_batch.parse_openai_record reads of a body (a jsonl record's own id / followups are not body fields)
 BODY_KEYS = (KNOWN_KEYS - {"id", "followups", "max_new_tokens"}) | {"model", "top_logprobs", "stream",
-                                                                    *UNSUPPORTED_KEYS}
+                                                                    "cache_salt", *UNSUPPORTED_KEYS}
 
 
 def misspelled_fields(requests: list[Request]) -> list[str]:

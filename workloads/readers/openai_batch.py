@@ -48,6 +48,9 @@ def parse_openai_record(obj: dict, where: str, lineno: int, turn: int = 1) -> Re
         prompt = p  # blank text too, as vLLM's server takes it; one of no tokens is refused when tokenized
     else:
         raise RecordError("missing required field 'body.messages' (or 'body.prompt')")
+    salt = body.get("cache_salt")  # vLLM's prefix-cache isolation key: nothing to isolate, the cache lives one job
+    if salt is not None and (not isinstance(salt, str) or not salt):
+        raise RecordError(f"body.cache_salt must be a non-empty string (as in vLLM), got {salt!r}")
     try:
         sampling = sampling_fields(body)
         max_new = opt_int(body, "max_completion_tokens", "max_tokens", minimum=1)
