@@ -9,6 +9,7 @@ import typer
 
 from moelight.cli.errors import user_errors
 from moelight.cli.held_experts import QUANTIZE_HELP, check_quantize, held_config, held_line
+from moelight.cli.workload_options import PREFILL_CHUNK_OPTION, SHARED_PREFIX_OPTION
 from moelight.errors import ConfigError
 from moelight.loading.hub_cache import model_folder
 from moelight.planning.held_model import held_model_spec
@@ -50,14 +51,8 @@ def register(app: typer.Typer) -> None:
         gen_len: int = typer.Option(128, "--gen-len", help="tokens generated per request"),
         max_prompt_len: int | None = typer.Option(None, "--max-prompt-len", help="longest prompt"),
         padded: bool = typer.Option(False, "--padded", help="pad prompts to --max-prompt-len (FlexGen; needs it)"),
-        prefill_chunk: int = typer.Option(
-            4096, "--prefill-chunk", min=0,
-            help="tokens per prefill pass, each streaming the paged weights: moelight run's --max-prefill-tokens "
-                 "(and its default); 0: layer-major prefill, weights once per batch (the paper's)"),
-        shared_prefix: float = typer.Option(
-            0.0, "--shared-prefix", min=0.0,
-            help="prompt tokens per request (a mean) served by a shared prefix: what run measures on a dataset "
-                 "with prefix caching on (its report's policy.workload.shared_prefix)"),
+        prefill_chunk: int = PREFILL_CHUNK_OPTION,
+        shared_prefix: float = SHARED_PREFIX_OPTION,
         dtype: str = typer.Option("auto", "--dtype", help="for --policy auto; auto: the GPU's faster 16-bit type"),
         quantize: str = typer.Option("none", "--quantize", help=QUANTIZE_HELP),
         family: str = typer.Option("cgopipe", "--family", help="planner family for --policy auto"),

@@ -6,6 +6,15 @@ from __future__ import annotations
 
 import typer
 
+PREFILL_CHUNK_OPTION = typer.Option(
+    4096, "--prefill-chunk", min=0,
+    help="tokens per prefill pass, each streaming the paged weights: moelight run's --max-prefill-tokens "
+         "(and its default); 0: layer-major prefill, weights once per batch (the paper's)")
+SHARED_PREFIX_OPTION = typer.Option(
+    0.0, "--shared-prefix", min=0.0,
+    help="prompt tokens per request (a mean) served by a shared prefix: what run measures on a dataset "
+         "with prefix caching on (its report's policy.workload.shared_prefix)")
+
 
 def workload_from_options(mspec, prompt_len: float, gen_len: int, max_prompt_len: int | None, padded: bool,
                           prefill_chunk: int | None, shared_prefix: float = 0.0):
