@@ -132,3 +132,26 @@ def spec_problems(hw) -> list[str]:
         number(bad, f, getattr(hw, f), rate=True)
     number(bad, "interconnect_latency_s", hw.interconnect_latency_s)
     return bad
+
+
+COMPUTE_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def dtype_rate_problem(hw, dtype: str) -> str | None:
+    """What a plan in `dtype` on `hw` would look up and not find: a level (the CPU, and the GPUs where the
+    plan may use them) whose flops hold neither `dtype` nor float32, the rate every dtype falls back on.
+    Checked before planning, so it is one message naming the level and the keys, not a KeyError in the HRM."""
+    from hrm.dtypes import canonical_dtype
+
+    key = canonical_dtype(dtype)
+    levels = [("cpu", hw.cpu)] + ([("gpu", hw.gpu)] if hw.has_gpu else [])
+    short = [(name, lvl) for name, lvl in levels if key not in lvl.flops and "float32" not in lvl.flops]
+    if not short:
+        return None
+    held = "; ".join(f"{name}.flops holds {', '.join(lvl.flops) or 'nothing'}" for name, lvl in short)
+    where = " and ".join(f"{name}.flops" for name, _ in short)
+    usable = [d for d in COMPUTE_DTYPES if all(d in lvl.flops or "float32" in lvl.flops for _, lvl in levels)]
+    alt = f", or plan in {' or '.join(usable)} (--dtype {usable[0]})" if usable else ""
+    need = "float32" if key == "float32" else f"{key} or float32 (the rate any dtype falls back on)"
+    return (f"hardware spec {hw.name!r}: a {key} plan needs {where} to hold {need}, and {held}: add "
+            f"\"{key}\": FLOP/s to {where}{alt}")

@@ -158,6 +158,20 @@ def test_bad_traces_and_collections_are_named(traced, tmp_path):
     assert cpu.exit_code == 2 and says(cpu.output, "the CPU executor holds every expert")
 
 
+def test_simulate_cache_names_a_gpu_level_without_the_dtypes_rate(traced, tmp_path):
+    """A hardware file whose GPU has no FLOP/s for --dtype nor float32: one error naming it (a KeyError traceback)."""
+    from dataclasses import replace
+
+    from hrm import get_hardware
+
+    t4 = get_hardware("t4")
+    hw = replace(t4, gpu=replace(t4.gpu, flops={"bfloat16": 6e13})).save(tmp_path / "bf16.json")
+    res = invoke("simulate-cache", "--trace", traced[0] / "trace.parquet", "--model", CKPT, "--hardware", hw,
+                 "--policy", "lru", "--cache-size", "0.5", "--batch", "1")
+    assert res.exit_code == 2 and "Traceback" not in res.output, res.output
+    assert says(res.output, f"--hardware {hw}") and says(res.output, "gpu.flops holds bfloat16"), res.output
+
+
 def test_train_predictor_and_the_papers_policies_through_the_commands(traced, tmp_path):
     root, data = traced
     files = {}

@@ -148,6 +148,28 @@ def test_infeasible_is_a_message(tmp_path):
     assert plan.exit_code == sim.exit_code == 2 and says(sim.output, "no policy fits"), (plan.output, sim.output)
 
 
+def test_a_level_without_the_plans_dtype_rate_is_named(tmp_path):
+    """A hardware file whose level has no FLOP/s for the plan's dtype nor float32 (the fallback) is refused
+    before planning, naming the file, the level, the dtype and the keys it has (it was a KeyError traceback)."""
+    from dataclasses import replace
+
+    from hrm import get_hardware
+    from hrm.hardware import HardwareSpec, Level
+
+    cpu = str(HardwareSpec("small", Level("cpu", 8 * 2**30, 1e11, {"bfloat16": 1e12})).save(tmp_path / "cpu.json"))
+    r = _plan("--model", "tiny", "--hardware", cpu, "--dtype", "float32")
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    for part in ("cpu.json", "a float32 plan needs cpu.flops to hold float32", "cpu.flops holds bfloat16",
+                 "--dtype bfloat16"):
+        assert says(r.output, part), (part, r.output)
+    t4 = get_hardware("t4")
+    gpu = str(replace(t4, gpu=replace(t4.gpu, flops={"bfloat16": 6e13})).save(tmp_path / "gpu.json"))
+    sim = runner.invoke(app, ["simulate", "--model", "tiny", "--hardware", gpu, "--dtype", "float16"])
+    assert sim.exit_code == 2 and "Traceback" not in sim.output, sim.output
+    assert says(sim.output, "gpu.flops to hold float16 or float32") and says(sim.output, "gpu.json"), sim.output
+    assert _plan("--model", "tiny", "--hardware", gpu, "--dtype", "float32", "--gpus", "0").exit_code == 0
+
+
 def test_profile_then_plan_with_it(tmp_path):
     pytest.importorskip("torch")
     out = tmp_path / "hw.json"

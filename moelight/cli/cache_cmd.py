@@ -65,6 +65,7 @@ def simulate_cache(
 ) -> None:
     """Replay a routing trace against expert-cache policies (same policy code as `moelight run --mode latency`)."""
     from hrm import get_hardware, get_model
+    from hrm.hardware_checks import dtype_rate_problem
     from moelight.engine.options import OptionError
     from moelight.expert_cache.cache_simulator import simulate_cache as run
     from moelight.expert_cache.eam import EAMCollection
@@ -95,6 +96,9 @@ def simulate_cache(
             raise OptionError(f"--hardware {hardware}: {hw.name!r} has no GPU, and an expert cache lives on one; "
                               "give a GPU preset (e.g. t4) or a GPU host's profile JSON")
         dtype = _dtype(dtype)
+        problem = dtype_rate_problem(hw, dtype)  # the replay prices misses and compute in it
+        if problem:
+            raise OptionError(f"--hardware {hardware}: {problem}")
         L, E = len(t.model.moe_layers), t.model.num_experts
         sizes = cache_sizes(cache_size, L, E)
         if cache_size is not None and any(float(s) > L * E for s in cache_size.split(",")):

@@ -161,7 +161,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Search the HRM policy (batch, micro-batch, placement, r_w, r_c) and explain it."""
         from hrm import get_hardware, get_model
-        from moelight.cli.workload_options import compute_dtype, warn_if_busy, workload_from_options
+        from moelight.cli.workload_options import check_dtype_rates, compute_dtype, warn_if_busy, workload_from_options
         from moelight.jobs.path_checks import check_output_dir, check_output_file
 
         with user_errors():
@@ -200,6 +200,8 @@ def register(app: typer.Typer) -> None:
             dtype = compute_dtype(dtype)
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="--dtype") from None
+        # the CPU family plans without the GPU's rates
+        check_dtype_rates(hw.with_gpus(0) if gpus == 0 or family == "cpu" else hw, dtype, hardware, profile_path)
         check_quantize(quantize)
         on_gpu = gpus != 0 and hw.has_gpu
         held = held_config(folder, dtype, "cuda" if on_gpu else "cpu", quantize,

@@ -60,7 +60,7 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Simulate one batch: prefill, then decode steps, with the schedule's task graph."""
         from hrm import get_hardware, get_model
-        from moelight.cli.workload_options import compute_dtype, warn_if_busy, workload_from_options
+        from moelight.cli.workload_options import check_dtype_rates, compute_dtype, warn_if_busy, workload_from_options
         from moelight.jobs.path_checks import check_image_file
         from moelight.planning.job_plan import check_policy_fits
 
@@ -98,6 +98,7 @@ def register(app: typer.Typer) -> None:
             dtype = hw.preferred_dtype() if dtype == "auto" else compute_dtype(dtype)
         except ValueError as e:
             raise typer.BadParameter(str(e), param_hint="--dtype") from None
+        check_dtype_rates(hw, dtype, hardware)
         check_quantize(quantize)
         held = held_config(model_folder(model), dtype, "cuda", quantize, hw.gpu_count)
         mspec = held_model_spec(held, mspec.name)

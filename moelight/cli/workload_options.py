@@ -70,3 +70,15 @@ def warn_if_busy(hw) -> None:
     warning = busy_warning(hw.notes)
     if warning:
         typer.echo(warning, err=True)
+
+
+def check_dtype_rates(hw, dtype: str, hardware: str, profile_path=None) -> None:
+    """A hardware file whose levels lack the FLOP/s a `dtype` plan looks up is refused here, naming the
+    file, before the model is read (the HRM would stop on a KeyError mid-plan)."""
+    from hrm.hardware_checks import dtype_rate_problem
+    from hrm.hardware_presets import DEFAULT_PROFILE_PATH
+
+    problem = dtype_rate_problem(hw, dtype)
+    if problem:
+        source = hardware if hardware.lower() != "profile" else (profile_path or DEFAULT_PROFILE_PATH)
+        raise typer.BadParameter(f"{source}: {problem}", param_hint="--hardware")

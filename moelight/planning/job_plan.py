@@ -72,6 +72,7 @@ def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
             hw = hw.with_gpus(opts.gpus)
         except ValueError as e:
             raise PlanError(f"--gpus {opts.gpus}: {e}") from None
+    _check_dtype_rates(hw, dtype, opts.hardware)
     mspec = held_model_spec(cfg, opts.model)  # experts held quantized: the bytes they read, page and hold
     sharing = opts.enable_prefix_caching  # every executor pages K and V caches and MLA's latent alike
     workload = workload_of(prompts, params, opts.max_prefill_tokens, sharing)
@@ -172,6 +173,17 @@ def _placement(policy) -> str:
         return "all on CPU"
     return (f"attention on {'GPU' if policy.attn_on_gpu else 'CPU'}, FFN on {'GPU' if policy.ffn_on_gpu else 'CPU'}, "
             f"r_w {policy.r_w:.3f}")
+
+
+def _check_dtype_rates(hw, dtype: str, hardware: str | None) -> None:
+    """PlanError, before anything loads, for a hardware file without the FLOP/s a `dtype` plan looks up."""
+    from hrm.hardware_checks import dtype_rate_problem
+    from hrm.hardware_presets import DEFAULT_PROFILE_PATH
+
+    problem = dtype_rate_problem(hw, dtype)
+    if problem:
+        source = hardware if hardware and hardware.lower() != "profile" else DEFAULT_PROFILE_PATH
+        raise PlanError(f"--hardware {source}: {problem}")
 
 
 def _runtime_family(device: str, schedule: str, hw) -> str:
