@@ -98,6 +98,14 @@ def _kind_name(t) -> str:
     return "a number" if isinstance(t, tuple) else names[t]
 
 
+# every part of the memory model a placement may hold, in the order the JSON lists them: to_dict gives each
+# one (0 where the placement holds none), so a script reads them without checking which are there
+GPU_MEMORY_PARTS = ("non_expert_weights", "resident_experts", "paged_weight_buffers", "dequantized_layer",
+                    "activations", "prefill_attention_scratch", "kv_cache", "kv_prefetch_buffers")
+CPU_MEMORY_PARTS = ("non_expert_weights", "activations", "experts", "kv_cache", "pinned_weight_pages",
+                    "pinned_activations")
+
+
 @dataclass
 class PlanResult:
     """A policy with its HRM prediction and the reasons behind it (all times in seconds)."""
@@ -140,8 +148,11 @@ class PlanResult:
         return out
 
     def to_dict(self) -> dict:
+        """The plan as JSON: the memory maps hold every part (0.0 where unused), the same keys for any placement."""
         d = asdict(self)
         d["policy"] = self.policy.to_dict()
+        d["gpu_memory"] = {k: 0.0 for k in GPU_MEMORY_PARTS} | self.gpu_memory
+        d["cpu_memory"] = {k: 0.0 for k in CPU_MEMORY_PARTS} | self.cpu_memory
         return d
 
     def to_json(self) -> str:

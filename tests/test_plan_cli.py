@@ -55,6 +55,29 @@ def test_plan_json_and_save_policy(tmp_path):
     assert json.loads(pol.read_text()) == d["policy"]
 
 
+def test_plan_json_has_every_memory_part_and_the_runtime_for_any_placement():
+    """--json's memory maps hold the same keys whatever the placement (0 where it holds none: kv_cache on the
+    GPU, dequantized_layer without quantized experts came and went), and "runs_as" names what runs the plan."""
+    from optimizer.policy import CPU_MEMORY_PARTS, GPU_MEMORY_PARTS
+
+    cases = [(("--model", "mixtral-8x7b", "--hardware", "s1", "--family", "cgopipe"),
+              {"devices": ["cuda", "emulated"], "schedules": ["cgopipe", "overlap-unpaged", "flexgen-cpu"]}),
+             (("--model", "mixtral-8x7b", "--hardware", "s1", "--family", "flexgen", "--quantize", "int4"),
+              {"devices": ["cuda", "emulated"], "schedules": ["flexgen"]}),
+             (("--model", "mixtral-8x22b", "--hardware", "t4"), {"devices": [], "schedules": []}),
+             (("--model", "mixtral-8x7b", "--hardware", "s1", "--gpus", "0"), {"devices": ["cpu"], "schedules": []})]
+    for args, runs_as in cases:
+        r = _plan(*args, "--json")
+        assert r.exit_code == 0, r.output
+        d = json.loads(r.output)
+        assert list(d["gpu_memory"]) == list(GPU_MEMORY_PARTS) and list(d["cpu_memory"]) == list(CPU_MEMORY_PARTS)
+        assert d["runs_as"] == runs_as, (args, d["runs_as"])
+        if "--gpus" in args:
+            assert set(d["gpu_memory"].values()) == {0.0} and d["gpu_capacity"] == 0.0
+        if "--quantize" in args:
+            assert d["gpu_memory"]["dequantized_layer"] > 0 and d["gpu_memory"]["kv_prefetch_buffers"] > 0
+
+
 def test_plan_json_keeps_the_mode_and_quantize_lines():
     """--json carries what the text says: the mode picked, both modes' figures, the batch that runs in it
     (the "policy" entry stays the throughput plan) and the quantized experts' bits per weight."""

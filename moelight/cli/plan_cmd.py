@@ -58,17 +58,26 @@ def _seconds(s: float) -> str:
     return f"{s:.2f} s" if s >= 0.1 else time_text(s)
 
 
-def runs_as(p) -> str:
-    """Which runtime of `moelight run` executes this placement: the default family searches all four
-    of the paper's, and a device's runtime runs two of them (`run` plans only its schedule's)."""
+def runs_on(p) -> dict[str, list[str]]:
+    """Which runtime of `moelight run` executes this placement, as --json's "runs_as": the devices and the
+    schedules (none on a device: the plain CPU executor; both empty: no runtime). The default family searches
+    all four of the paper's placements, and a device's runtime runs two of them (`run` plans only its schedule's)."""
     from moelight.pipeline.schedule import SCHEDULE_FAMILY
     from optimizer.search import FAMILIES
 
     placement = (int(p.attn_on_gpu), int(p.ffn_on_gpu))
     schedules = [s for s, fam in SCHEDULE_FAMILY.items() if FAMILIES[fam][0] == placement]
     if schedules:
-        return f"runs as: moelight run --device cuda|emulated --schedule {' | '.join(schedules)}"
-    if placement == (0, 0):
+        return {"devices": ["cuda", "emulated"], "schedules": schedules}
+    return {"devices": ["cpu"] if placement == (0, 0) else [], "schedules": []}
+
+
+def runs_as(p) -> str:
+    """The 'runs as' line of the text: runs_on's runtime as the command that runs it."""
+    where = runs_on(p)
+    if where["schedules"]:
+        return f"runs as: moelight run --device cuda|emulated --schedule {' | '.join(where['schedules'])}"
+    if where["devices"]:
         return "runs as: moelight run --device cpu"
     return ("runs as: none (no runtime puts attention on the GPU and the FFN on the CPU; `moelight run` "
             "on a device plans --family cgopipe, or flexgen with --schedule flexgen)")
@@ -228,7 +237,7 @@ def register(app: typer.Typer) -> None:
             lines, modes = _modes(res, used_hw(hw, gpus), mspec, workload, requests or res.policy.batch_size, opts)
         form = held.expert_format
         if as_json:
-            extra = {"mode": modes} if modes else {}
+            extra = {"runs_as": runs_on(res.policy)} | ({"mode": modes} if modes else {})
             if form is not None:
                 extra["quantize"] = {"format": quantize, "held_as": form.fmt, "group": form.group,
                                      "origin": form.origin, "expert_bits_per_weight": mspec.expert_bits}
