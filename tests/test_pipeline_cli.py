@@ -81,3 +81,22 @@ def test_simulate_auto_dtype_on_a_t4_is_float16():
                                       "--schedule", "cgopipe", "--gen-len", "32"])
     assert res.exit_code == 0, res.output
     assert says(res.output, "dtype float16")
+
+
+def test_simulate_json_holds_the_policy_prediction_and_every_schedule(tmp_path):
+    """--json (there was none): the policy, the HRM's predicted and each schedule's simulated tok/s, its step
+    times and lane busy shares, cgopipe's speed-up and the Gantt chart's path, with nothing else on stdout."""
+    png = tmp_path / "g.png"
+    res = CliRunner().invoke(_app(), ["simulate", "--model", "mixtral-8x7b", "--hardware", "t4", "--schedule", "all",
+                                      "--quantize", "int4", "--gantt", str(png), "--json"])
+    assert res.exit_code == 0, res.output
+    d = json.loads(res.stdout)
+    assert d["policy"]["batch_size"] == d["policy"]["micro_batch_size"] * d["policy"]["num_micro_batches"]
+    assert d["predicted"]["e2e_tok_s"] > 0 and d["predicted"]["step_seconds"] > 0
+    sim = {r["schedule"]: r for r in d["simulated"]}
+    assert list(sim) == ["cgopipe", "flexgen", "flexgen-cpu", "overlap-unpaged"]
+    for r in sim.values():
+        assert r["e2e_tok_s"] > 0 and r["step_seconds"] > r["layer_seconds"] > 0 and r["prefill_seconds"] > 0
+        assert set(r["lane_busy"]) <= {"gpu", "cpu", "h2d", "d2h", "pin"} and 0 < r["lane_busy"]["gpu"] <= 1
+    assert d["cgopipe_speedup"]["flexgen"] == sim["cgopipe"]["e2e_tok_s"] / sim["flexgen"]["e2e_tok_s"]
+    assert d["gantt"] == str(png) and png.stat().st_size > 0 and d["quantize"]["format"] == "int4"

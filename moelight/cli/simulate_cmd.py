@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 
@@ -36,6 +37,25 @@ def format_result(res) -> str:
     )
 
 
+def simulation_json(results, predicted, work, extra: dict) -> str:
+    """--json: the policy, the HRM's predicted and each schedule's simulated figures (seconds, tok/s, lane busy
+    shares of the decode step), and cgopipe's speed-up over the others, as the text prints them."""
+    pol = results[0].policy
+    out = {"model": results[0].model, "hardware": results[0].hardware, "workload": work.to_dict(),
+           "policy": pol.to_dict(),
+           "predicted": {"prefill_tok_s": predicted.prefill_tok_s, "decode_tok_s": predicted.decode_tok_s,
+                         "e2e_tok_s": predicted.e2e_tok_s, "prefill_seconds": predicted.prefill_time,
+                         "step_seconds": predicted.decode_step_time},
+           "simulated": [{"schedule": r.schedule, "bound": r.bound, "layer_seconds": r.layer_seconds,
+                          "step_seconds": r.step_seconds, "prefill_seconds": r.prefill_seconds,
+                          "decode_tok_s": r.decode_tok_s, "e2e_tok_s": r.e2e_tok_s,
+                          "lane_busy": dict(r.utilisation)} for r in results]}
+    base = next((r for r in results if r.schedule == "cgopipe"), results[0])
+    out["cgopipe_speedup"] = ({r.schedule: base.e2e_tok_s / r.e2e_tok_s for r in results if r is not base}
+                              if len(results) > 1 else {})
+    return json.dumps(out | extra, indent=2)
+
+
 def register(app: typer.Typer) -> None:
     @app.command("simulate")
     def simulate(
@@ -57,6 +77,7 @@ def register(app: typer.Typer) -> None:
         quantize: str = typer.Option("none", "--quantize", help=QUANTIZE_HELP),
         family: str = typer.Option("cgopipe", "--family", help="planner family for --policy auto"),
         gantt: Path | None = typer.Option(None, "--gantt", help="write the decode-step timeline PNG here"),
+        as_json: bool = typer.Option(False, "--json", help="print the simulation as JSON (README: the fields)"),
     ) -> None:
         """Simulate one batch: prefill, then decode steps, with the schedule's task graph."""
         from hrm import get_hardware, get_model
@@ -69,7 +90,7 @@ def register(app: typer.Typer) -> None:
                 check_image_file(gantt, "--gantt")
         from moelight.pipeline.schedule import SCHEDULES
         from moelight.pipeline.schedule_simulator import simulate_policy
-        from optimizer import InfeasibleError, Policy, plan
+        from optimizer import InfeasibleError, Policy, evaluate_policy, plan
         from optimizer.search import FAMILIES
 
         if family not in FAMILIES:
@@ -102,13 +123,15 @@ def register(app: typer.Typer) -> None:
         check_quantize(quantize)
         held = held_config(model_folder(model), dtype, "cuda", quantize, hw.gpu_count)
         mspec = held_model_spec(held, mspec.name)
-        if held.expert_format is not None:
-            typer.echo(held_line(held.expert_format, quantize, mspec.expert_bits))
+        form = held.expert_format
+        if form is not None and not as_json:
+            typer.echo(held_line(form, quantize, mspec.expert_bits))
         work = workload_from_options(mspec, prompt_len, gen_len, max_prompt_len, padded, prefill_chunk,
                                       shared_prefix)
         if policy == "auto":
             try:
-                pol = plan(hw, mspec, work, dtype=dtype, family=family).policy
+                predicted = plan(hw, mspec, work, dtype=dtype, family=family)
+                pol = predicted.policy
             except InfeasibleError as e:
                 typer.echo(f"error: {e}", err=True)
                 raise typer.Exit(2) from None
@@ -122,6 +145,7 @@ def register(app: typer.Typer) -> None:
                 raise typer.BadParameter(f"{path}: not a policy JSON ({e})", param_hint="--policy") from None
             with user_errors():
                 check_policy_fits(pol, hw, mspec, work, f"--policy {path}")
+            predicted = evaluate_policy(hw, mspec, work, pol)
         if pol.attn_on_gpu or not pol.ffn_on_gpu:
             typer.echo(
                 "note: the schedules place attention by themselves and the MoE FFN on the GPU; "
@@ -129,6 +153,17 @@ def register(app: typer.Typer) -> None:
                 err=True,
             )
         results = [simulate_policy(hw, mspec, work, pol, n) for n in names]
+        extra = {}
+        if gantt is not None:
+            from moelight.pipeline.gantt import draw_gantt
+
+            extra["gantt"] = str(draw_gantt([(f"{r.schedule} on {hw.name}", r.step) for r in results], gantt))
+        if form is not None:
+            extra["quantize"] = {"format": quantize, "held_as": form.fmt, "group": form.group, "origin": form.origin,
+                                 "expert_bits_per_weight": mspec.expert_bits}
+        if as_json:
+            typer.echo(simulation_json(results, predicted, work, extra))
+            return
         for r in results:
             typer.echo(format_result(r))
         if len(results) > 1:
@@ -139,8 +174,5 @@ def register(app: typer.Typer) -> None:
                     f"{base.e2e_tok_s / r.e2e_tok_s:.2f}x vs {r.schedule}" for r in results if r is not base
                 )
             )
-        if gantt is not None:
-            from moelight.pipeline.gantt import draw_gantt
-
-            out = draw_gantt([(f"{r.schedule} on {hw.name}", r.step) for r in results], gantt)
-            typer.echo(f"gantt: {out}")
+        if "gantt" in extra:
+            typer.echo(f"gantt: {extra['gantt']}")
