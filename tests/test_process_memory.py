@@ -84,3 +84,14 @@ def test_a_tiny_jobs_peak_stays_within_what_the_plan_counted(tmp_path):
                    capture_output=True, timeout=120)
     report = json.loads(Path(f"{out}.report.json").read_text())
     assert report["peak_memory_bytes"] <= report["policy"]["host_in_use"] + 4 * MIB, report["policy"]
+
+
+def test_a_job_started_from_a_large_process_reports_its_own_peak(tmp_path):
+    """getrusage's ru_maxrss survives exec: a job run from a process holding 300 MiB reported at least
+    that as its peak (7 GB under a full test run). The peak is the process's own (VmHWM)."""
+    held = bytearray(300 * MIB)
+    held[::4096] = b"\x01" * len(held[::4096])  # touch every page: resident in this (the parent) process
+    code = "from moelight.planning.memory_check import peak_rss_bytes; print(peak_rss_bytes())"
+    child = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=_env(), check=True, capture_output=True,
+                           text=True, timeout=120)
+    assert int(child.stdout) < 250 * MIB, (int(child.stdout) / MIB, len(held))

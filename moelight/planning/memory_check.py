@@ -85,6 +85,16 @@ def available_bytes() -> int:
 
 
 def peak_rss_bytes() -> int:
+    """This process's peak resident memory: VmHWM of /proc/self/status where there is one. getrusage's
+    ru_maxrss is kept across exec, so a job started from a large process (a notebook, a test runner: 7 GB)
+    reported its parent's peak as its own."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
