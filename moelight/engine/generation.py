@@ -174,7 +174,7 @@ class _Run:
         wrote); each computes only its uncached positions, and a twin takes its owner's logits."""
         for j in new:
             self.seqs[j].num_cached_tokens = self.kv.cached(j)
-        reused = sum(self.kv.cached(j) for j in new)
+        reused = sum(self.seqs[j].num_cached_tokens for j in new)
         for wave in self.kv.prefill_waves(new):
             for chunk in self.sched.prefill_chunks(wave, self.engine.max_prefill_tokens):
                 self._prefill_chunk(chunk)

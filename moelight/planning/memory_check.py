@@ -72,29 +72,31 @@ def kv_bytes(cfg: ModelConfig, tokens: int, dtype: torch.dtype, ranks: int = 1) 
     return copies * cfg.num_layers * cfg.kv_elements_per_token * tokens * dtype_bytes(dtype)
 
 
-def available_bytes() -> int:
-    """MemAvailable from /proc/meminfo (what can be allocated without swapping)."""
+def _proc_bytes(path: str, field: str) -> int | None:
+    """A `field:  N kB` line of a /proc file, in bytes; None where there is no such file or line."""
     try:
-        with open("/proc/meminfo") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except OSError:
         pass
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
+    return None
+
+
+def available_bytes() -> int:
+    """MemAvailable from /proc/meminfo (what can be allocated without swapping)."""
+    found = _proc_bytes("/proc/meminfo", "MemAvailable")
+    return found if found is not None else os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES")
 
 
 def peak_rss_bytes() -> int:
     """This process's peak resident memory: VmHWM of /proc/self/status where there is one. getrusage's
     ru_maxrss is kept across exec, so a job started from a large process (a notebook, a test runner: 7 GB)
     reported its parent's peak as its own."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
+    found = _proc_bytes("/proc/self/status", "VmHWM")
+    if found is not None:
+        return found
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
