@@ -133,6 +133,8 @@ def test_plan_plots(tmp_path):
         (["--model", "tiny", "--hardware", "t4", "--gen-len", "0"], "--gen-len: 0: generate at least 1 token"),
         (["--model", "tiny", "--hardware", "t4", "--prompt-len", "80", "--max-prompt-len", "10"],
          "--max-prompt-len: 10: the longest prompt cannot be shorter than the mean"),
+        (["--model", "tiny", "--hardware", "t4", "--prompt-len", "80", "--shared-prefix", "100"],
+         "--shared-prefix: 100: the tokens a shared prefix serves are part of the mean prompt"),
         (["--model", "tiny", "--hardware", "t4", "--padded"],  # padding to the mean would change nothing
          "--padded: pads every prompt to the longest: give --max-prompt-len N with it"),
     ],

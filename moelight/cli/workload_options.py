@@ -32,6 +32,10 @@ def workload_from_options(mspec, prompt_len: float, gen_len: int, max_prompt_len
     if padded and max_prompt_len is None:  # the HRM would pad to the mean: a no-op, not FlexGen's padding
         raise typer.BadParameter("pads every prompt to the longest: give --max-prompt-len N with it",
                                  param_hint="--padded")
+    if not 0.0 <= shared_prefix <= prompt_len:
+        raise typer.BadParameter(f"{shared_prefix:g}: the tokens a shared prefix serves are part of the mean "
+                                 f"prompt (--prompt-len {prompt_len:g}): give 0 .. {prompt_len:g}",
+                                 param_hint="--shared-prefix")
     longest = max_prompt_len if max_prompt_len is not None else prompt_len
     if longest + gen_len > mspec.max_position:
         which = ("--gen-len" if gen_len >= mspec.max_position else
