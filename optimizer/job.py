@@ -54,7 +54,7 @@ def predict_job(hw: HardwareSpec, model: ModelSpec, workload: WorkloadSpec, poli
         x, y = policy.r_w, policy.r_c
         t_pre += float(pm.prefill_time(x, y))
         t_dec += (g - 1) * float(pm.decode_step_time(x, y))
-        prompt_tok += n * workload.effective_prompt
+        prompt_tok += n * workload.computed_prompt  # as the run report counts prefill: positions computed
         dec_tok += n * (g - 1)
         gen_tok += n * g
         if layer is None:

@@ -81,6 +81,16 @@ def test_predict_job_sums_batches():
     assert ragged["batches"] == 2 and ragged["end_to_end_tokens_per_s"] < one["end_to_end_tokens_per_s"]
 
 
+def test_predicted_prefill_rate_counts_the_positions_prefill_computes():
+    """A shared prefix is computed once: the predicted prefill rate is computed positions per second,
+    as the run report's measured one is, not every prompt token over the shorter prefill."""
+    m = get_model("bench-1b")
+    hw = HardwareSpec("h", _level(gemm_flops={"bfloat16": CURVE}))
+    pol = Policy(8, 4, 2, False, False, 0.0, 0.0)
+    shared = predict_job(hw, m, WorkloadSpec(100, 10, 200, shared_prefix=60.0), pol, 8)
+    assert shared["prefill_tokens_per_s"] == pytest.approx(8 * 40 / shared["prefill_seconds"])
+
+
 def test_profile_gemm_curve_is_measured_with_the_engine_kernel():
     torch = pytest.importorskip("torch")
     from moelight.profiling.machine_profile import measure_gemm_curve
