@@ -16,7 +16,8 @@
 //    after another (its weights contiguous, its rows kept in cache); the epilogue adds the bias,
 //    scales by the pair's routing weight and accumulates into the token's float32 row, rounded
 //    once at the end.
-// The tile GEMM is told the next bf16 strip its thread multiplies, and reads it ahead.
+// The tile GEMM is told the next strip its thread multiplies, and reads its codes ahead (a quantized
+// strip's too: they are then in L2 when it is dequantised).
 // Gate/up items are ordered by their expert's row count, largest first, and down items each
 // span all experts; threads take items dynamically (gate/up in short runs of one expert's
 // consecutive strips), so experts with uneven token counts keep every thread busy.
@@ -192,8 +193,8 @@ struct RowQuant {
 
 // c[0, m) = a[0, m) x the strip: bf16 strips directly; int8 / uint4 ones for a few rows on the int8
 // activations `qa` (when given); other quantized ones dequantised in registers for a few rows, or
-// once into `scratch` and shared by all of them. `next`: the bf16 strip the thread multiplies next
-// (nullptr: unknown), which the tile GEMM reads ahead.
+// once into `scratch` and shared by all of them. `next`: the codes of the strip the thread
+// multiplies next (nullptr: unknown), which the tile GEMM reads ahead.
 void strip_gemm(const ExpertIsa* isa, const Rows& a, int64_t m, const Strip& st, const uint8_t* next,
                 const QuantRows* qa, uint16_t* scratch, float* c) {
   const uint16_t* b = reinterpret_cast<const uint16_t*>(st.codes);
@@ -202,9 +203,8 @@ void strip_gemm(const ExpertIsa* isa, const Rows& a, int64_t m, const Strip& st,
     if (!a.tiles && isa->qgemm && m <= isa->qgemm_rows) return isa->qgemm(a.p, a.k, m, st, c, kStrip);
     isa->dequant(st, scratch);
     b = scratch;
-    next = nullptr;  // dequant reads the codes, in order
   }
-  if (a.tiles) return isa->tile_gemm(a.p, m, b, st.k, reinterpret_cast<const uint16_t*>(next), c, kStrip);
+  if (a.tiles) return isa->tile_gemm(a.p, m, b, st.k, next, strip_bytes(st.fmt, st.k), c, kStrip);
   isa->gemm(a.p, a.k, m, b, st.k, c, kStrip);
 }
 

@@ -70,9 +70,10 @@ struct ExpertIsa {
   // token per expert costs one row, not 16.
   int64_t row_step;
   // Optional (AMX): the GEMM on A in tiles (tiled_offset), in place of gemm and qgemm. `next` is the
-  // strip the thread multiplies after this one (nullptr: none known), read ahead while it runs.
-  void (*tile_gemm)(const uint16_t* a, int64_t m, const uint16_t* b, int64_t k, const uint16_t* next, float* c,
-                    int64_t ldc);
+  // strip the thread multiplies after this one (its next_bytes of codes; nullptr: none known), read
+  // ahead while this one runs.
+  void (*tile_gemm)(const uint16_t* a, int64_t m, const uint16_t* b, int64_t k, const uint8_t* next, int64_t next_bytes,
+                    float* c, int64_t ldc);
 };
 
 // tile_gemm's A layout, rows of K values in groups of 16: group g's k-block b (16 rows x 32 k, an
