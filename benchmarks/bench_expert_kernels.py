@@ -11,6 +11,10 @@ of host state hits all of them. Each call shifts the routing to other experts (e
 x top-k), so a call reads weights the previous calls did not: cold, as each layer of a decode step
 reads them. Without it a T = 1 call would re-read the few experts the last one left in the L3 cache
 (2 int4 experts of bench-1b are 12 MB) and time the cache, not the memory a decode step streams from.
+Each fused ISA reads its own copy of the packed weights: the shift comes back to the same experts
+every E / top-k calls (8 on OLMoE and gpt-oss: a round of the 7 variants plus one), so with one copy
+fused-avx512bf16 re-read the experts fused-amx had read a round before, which a 480 MB L3 may still
+hold (a T = 1 round reads ~450 MB on OLMoE).
 The roofs are measured in the same run: the GEMM roof is oneDNN's bf16 FLOP/s at 1024 rows
 (`moelight profile`'s probe), the bandwidth roof a streaming read of 256 MiB; a kernel's share of
 its roof is the larger of FLOPs / (time x GEMM roof) and weight bytes read / (time x bandwidth).
@@ -25,6 +29,7 @@ its roof is the larger of FLOPs / (time x GEMM roof) and weight bytes read / (ti
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 import time
 from pathlib import Path
@@ -38,7 +43,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from markdown_report import emit  # noqa: E402
 
 from cpu_kernels import dispatch, kernel_backend  # noqa: E402
-from cpu_kernels.expert_pack import bf16_matrix, pack_experts  # noqa: E402
+from cpu_kernels.expert_pack import PackedExperts, bf16_matrix, pack_experts  # noqa: E402
 from cpu_kernels.expert_quant import int4_group_for, quantize  # noqa: E402
 from moelight.models.moe import expert_mix  # noqa: E402
 from moelight.profiling.machine_profile import measure_gemm_curve  # noqa: E402
@@ -63,6 +68,12 @@ def _best(fns: dict, repeat: int, ids: torch.Tensor, experts: int) -> dict[str, 
             fn(shifted)
             times[k] = min(times[k], time.perf_counter() - t0)
     return times
+
+
+def _copy(p: PackedExperts) -> PackedExperts:
+    """The same packed weights in memory of their own."""
+    tensors = {f.name: getattr(p, f.name) for f in dataclasses.fields(p)}
+    return dataclasses.replace(p, **{n: t.clone() for n, t in tensors.items() if isinstance(t, torch.Tensor)})
 
 
 def _read_bandwidth() -> float:
@@ -105,6 +116,7 @@ def main() -> None:
         packs = {"bf16": pack_experts(bf16_matrix(w13), bf16_matrix(w2))}
         for fmt in ("int8", "int4"):
             packs[fmt] = pack_experts(quantize(w13, fmt, group), quantize(w2, fmt, group))
+        copies = {(fmt, isa): _copy(p) for fmt, p in packs.items() for isa in isas[1:]}
         for t in [t for t in a.tokens if t <= 8] if a.quick else a.tokens:
             x = torch.randn(t, h, generator=g).to(torch.bfloat16)
             weights, ids = torch.topk(torch.softmax(torch.randn(t, e, generator=g), -1), k, dim=-1)
@@ -116,7 +128,7 @@ def main() -> None:
                     fns[fmt, "loop"] = (lambda i, x=x, w=weights, a=loop13, b=loop2, mm=loop_mm:
                                         expert_mix(x, w, i, a, b, mm))
                 for isa in isas:
-                    def run(i, isa=isa, x=x, w=weights, p=p):
+                    def run(i, isa=isa, x=x, w=weights, p=copies.get((fmt, isa), p)):
                         torch.ops.moelight.set_isa(isa)
                         dispatch.expert_mix(x, i, w, p)
                     fns[fmt, f"fused-{isa}"] = run

@@ -186,6 +186,48 @@ def test_all_tokens_on_one_expert_and_empty_batch(isa):
     assert dispatch.expert_mix(x[:0], ids[:0], weights[:0], packed).shape == (0, 1024)
 
 
+TILE_COUNTS = [(SHAPES[7], [1, 15, 16, 17, 33, 50]), (SHAPES[8], [2, 16, 31, 49])]
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "int8"])
+@pytest.mark.parametrize("shape,counts", TILE_COUNTS, ids=[s[0] for s, _ in TILE_COUNTS])
+def test_row_counts_across_tile_groups(isa, shape, counts, fmt):
+    """Experts with 1 to 50 rows (AMX: one to four groups of 16 rows in its tiles, a last pass of one
+    group after pairs of groups), clamped SwiGLU with biases; odd-widths' h and f are not multiples
+    of 32 (zero-padded tiles)."""
+    name, *_, h, f, clamped = shape
+    m13, m2, b13, b2, packed = _case(shape, fmt)
+    act = ActSpec(1, 7.0, 1.702)
+    ids = torch.cat([torch.full((n,), i) for i, n in enumerate(counts)])
+    ids = ids[torch.randperm(len(ids), generator=torch.Generator().manual_seed(8))][:, None]  # spread over the batch
+    weights = torch.rand(len(ids), 1, generator=torch.Generator().manual_seed(9))
+    x = (torch.randn(len(ids), h, generator=torch.Generator().manual_seed(10)) * 3.0).to(torch.bfloat16)
+    ref = _reference(x, ids, weights, m13, m2, b13, b2, act)
+    got = dispatch.expert_mix(x, ids, weights, packed, act).double()
+    err = (got - ref).abs().max().item() / ref.abs().max().item()
+    assert err < REL_TOL, f"{name} {fmt} on {isa}: relative error {err:.4f}"
+
+
+def test_thread_count_leaves_the_sums_unchanged(isa):
+    """Down's work items are runs of output strips sized by the thread count, each summing every
+    expert in ascending order: a token's output is bitwise the same on 1 and 2 threads."""
+    if isa == "torch":
+        pytest.skip("the pure-torch fallback is torch's")
+    _, e, k, h, f, _ = SHAPES[1]
+    *_, packed = _case(SHAPES[1], "bf16")
+    ids, weights = _routing(48, e, k, seed=15)
+    x = torch.randn(48, h, generator=torch.Generator().manual_seed(16)).to(torch.bfloat16)
+    threads = torch.get_num_threads()
+    try:
+        out = {}
+        for n in (1, 2):
+            torch.set_num_threads(n)
+            out[n] = dispatch.expert_mix(x, ids, weights, packed)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(out[1], out[2])
+
+
 @pytest.mark.parametrize("k", [1, 5, 50])
 def test_topk_rows_matches_torch(isa, k):
     g = torch.Generator().manual_seed(k)

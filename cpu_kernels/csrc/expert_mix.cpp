@@ -1,7 +1,8 @@
 // All of a layer's routed experts in one call (torch.ops.moelight.expert_mix).
 //
 // 1. The (token, slot) pairs are sorted by expert (counting sort) and each expert's input rows
-//    gathered into a bf16 block padded to 16 rows (an AMX tile's height).
+//    gathered into a bf16 block padded to 16 rows (an AMX tile's height): rows one after another,
+//    or, where the ISA has a tile GEMM (AMX), its tiles (experts.h).
 // 2. Gate/up: one work item per (expert, strip of 16 gate + 16 up columns). A quantized strip is
 //    dequantised in registers for an expert's few rows (decode), else once into the thread's
 //    scratch and reused by all of the expert's rows. Where the ISA has it (AVX2, AVX512-VNNI), int8
@@ -9,9 +10,14 @@
 //    int8 per block of 32 (RowQuant) in integer multiply-adds instead, unless the caller asks for
 //    the bf16 path's numbers. The epilogue adds the biases, applies the activation and writes 16
 //    bf16 intermediate columns.
-// 3. Down: one work item per strip of 32 output columns, over every expert in ascending order
-//    (the order the reference sums them in); the epilogue adds the bias, scales by the pair's
-//    routing weight and accumulates into the token's float32 row, rounded once at the end.
+//    The epilogue writes them in the same layout.
+// 3. Down: one work item per run of consecutive strips of 32 output columns, over every expert in
+//    ascending order (the order the reference sums them in), an expert's strips of the run one
+//    after another (its weights contiguous, its rows kept in cache); the epilogue adds the bias,
+//    scales by the pair's routing weight and accumulates into the token's float32 row, rounded
+//    once at the end.
+// The tile GEMM is told the next strip its thread multiplies, and reads its codes ahead (a quantized
+// strip's too: they are then in L2 when it is dequantised).
 // Gate/up items are ordered by their expert's row count, largest first, and down items each
 // span all experts; threads take items dynamically (gate/up in short runs of one expert's
 // consecutive strips), so experts with uneven token counts keep every thread busy.
@@ -99,9 +105,27 @@ uint16_t to_bf16(float x) {
   return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
-// The rows the ISA's gemm runs for an expert with n tokens: n rounded up to its row step (within the
-// block's 16-row padding, whose extra rows are zero).
+// The rows the GEMM runs for an expert with n tokens: n rounded up to the ISA's row step (within
+// the block's 16-row padding, whose extra rows are zero).
 int64_t rows_for(const ExpertIsa* isa, int64_t n) { return (n + isa->row_step - 1) / isa->row_step * isa->row_step; }
+
+// An expert's block of rows of k values: rows of stride k, or the tile GEMM's tiles (experts.h).
+struct Rows {
+  uint16_t* p;
+  int64_t k;
+  bool tiles;
+
+  void put(int64_t r, const uint16_t* src) const {
+    if (!tiles) return static_cast<void>(std::memcpy(p + r * k, src, k * 2));
+    for (int64_t b = 0; b < k; b += 32) std::memcpy(p + tiled_offset(r, b, k), src + b, 64);
+  }
+  // Row r as a contiguous row: in place, or copied into `row`.
+  const uint16_t* get(int64_t r, uint16_t* row) const {
+    if (!tiles) return p + r * k;
+    for (int64_t b = 0; b < k; b += 32) std::memcpy(row + b, p + tiled_offset(r, b, k), 64);
+    return row;
+  }
+};
 
 float bf16_float(uint16_t h) {
   const uint32_t u = static_cast<uint32_t>(h) << 16;
@@ -169,14 +193,44 @@ struct RowQuant {
 
 // c[0, m) = a[0, m) x the strip: bf16 strips directly; int8 / uint4 ones for a few rows on the int8
 // activations `qa` (when given); other quantized ones dequantised in registers for a few rows, or
-// once into `scratch` and shared by all of them.
-void strip_gemm(const ExpertIsa* isa, const uint16_t* a, int64_t lda, int64_t m, const Strip& st,
+// once into `scratch` and shared by all of them. `next`: the codes of the strip the thread
+// multiplies next (nullptr: unknown), which the tile GEMM reads ahead.
+void strip_gemm(const ExpertIsa* isa, const Rows& a, int64_t m, const Strip& st, const uint8_t* next,
                 const QuantRows* qa, uint16_t* scratch, float* c) {
-  if (st.fmt == WFormat::BF16) return isa->gemm(a, lda, m, reinterpret_cast<const uint16_t*>(st.codes), st.k, c, kStrip);
-  if (qa && int_rows(isa, st.fmt, m)) return isa->iqgemm(*qa, m, st, c, kStrip);
-  if (isa->qgemm && m <= isa->qgemm_rows) return isa->qgemm(a, lda, m, st, c, kStrip);
-  isa->dequant(st, scratch);
-  isa->gemm(a, lda, m, scratch, st.k, c, kStrip);
+  const uint16_t* b = reinterpret_cast<const uint16_t*>(st.codes);
+  if (st.fmt != WFormat::BF16) {
+    if (qa && int_rows(isa, st.fmt, m)) return isa->iqgemm(*qa, m, st, c, kStrip);
+    if (!a.tiles && isa->qgemm && m <= isa->qgemm_rows) return isa->qgemm(a.p, a.k, m, st, c, kStrip);
+    isa->dequant(st, scratch);
+    b = scratch;
+  }
+  if (a.tiles) return isa->tile_gemm(a.p, m, b, st.k, next, strip_bytes(st.fmt, st.k), c, kStrip);
+  isa->gemm(a.p, a.k, m, b, st.k, c, kStrip);
+}
+
+// The gate/up epilogue of m rows of c into columns [col, col + 16) of `out` (a tiled block: per tile
+// of 16 rows, whose rows are 32 values apart).
+void act_rows(const ExpertIsa* isa, const float* c, int64_t m, const float* bias, Act act, const Rows& out,
+              int64_t col) {
+  if (!out.tiles) return isa->act(c, kStrip, m, bias, act, out.p + col, out.k);
+  for (int64_t r = 0; r < m; r += 16)
+    isa->act(c + r * kStrip, kStrip, std::min<int64_t>(16, m - r), bias, act, out.p + tiled_offset(r, col, out.k), 32);
+}
+
+// Down's epilogue: y[token][0, 32) += (c[r] + bias) * routing weight for an expert's n rows, whose
+// pairs are pair[0, n).
+void add_down(const float* c, int64_t n, const int64_t* pair, int64_t top, const float* weight, const float* bias,
+              float* y, int64_t ldy) {
+  for (int64_t r = 0; r < n; ++r) {
+    const float w = weight[pair[r]];
+    float* dst = y + (pair[r] / top) * ldy;
+    const float* src = c + r * kStrip;
+    if (bias) {
+      for (int64_t q = 0; q < kStrip; ++q) dst[q] += (src[q] + bias[q]) * w;
+    } else {
+      for (int64_t q = 0; q < kStrip; ++q) dst[q] += src[q] * w;
+    }
+  }
 }
 
 struct Item {
@@ -240,6 +294,7 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
   std::vector<int64_t> busy;
   for (int64_t e = 0; e < E; ++e)
     if (count[e]) busy.push_back(e);
+  const std::vector<int64_t> ascending = busy;  // down's order
   std::stable_sort(busy.begin(), busy.end(), [&](int64_t a, int64_t b) { return count[a] > count[b]; });
   std::vector<Item> items13;
   for (int64_t e : busy)
@@ -266,25 +321,32 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
   // memory): one run is one stream for the hardware prefetcher, which items taken one by one, the
   // threads' strips interleaved, restarted at every 16 KB int4 strip. At least 8 runs per thread.
   const int64_t run13 = std::max<int64_t>(1, std::min<int64_t>(8, static_cast<int64_t>(items13.size()) / (8 * nt)));
+  // Down items: runs of consecutive strips, two per thread.
+  const int64_t run2 = std::max<int64_t>(1, p2.strips / (2 * nt));
+  const bool tiles = isa->tile_gemm != nullptr;
+  const auto block13 = [&](int64_t e) { return Rows{a13.get() + row0[e] * hp, hp, tiles}; };
+  const auto block2 = [&](int64_t e) { return Rows{a2.get() + row0[e] * fp, fp, tiles}; };
 
 #pragma omp parallel num_threads(nt)
   {
     const auto bscratch = uninitialized<uint16_t>(std::max(hp, fp) * kStrip);
     const auto c = uninitialized<float>(max_rows * kStrip);
+    const auto row = uninitialized<uint16_t>(std::max(hp, fp));
     // gather: row r of expert e is token sorted[first[e] + r] / top; padding rows and columns zero
 #pragma omp for schedule(static)
     for (int64_t e = 0; e < E; ++e) {
       const int64_t n = count[e], padded = row0[e + 1] - row0[e], m = rows_for(isa, n);
       const bool quantized = any13 && int_rows(isa, p13.fmt, m);  // its m rows go to iqgemm
+      const Rows block = block13(e);
       for (int64_t r = 0; r < padded; ++r) {
-        uint16_t* dst = a13.get() + (row0[e] + r) * hp;
         if (r < n) {
-          std::memcpy(dst, xp + (sorted[first[e] + r] / top) * h, h * 2);
-          std::fill(dst + h, dst + hp, uint16_t{0});
-        } else {
-          std::fill(dst, dst + hp, uint16_t{0});
+          std::memcpy(row.get(), xp + (sorted[first[e] + r] / top) * h, h * 2);
+          std::fill(row.get() + h, row.get() + hp, uint16_t{0});
+        } else if (r == n) {
+          std::fill(row.get(), row.get() + hp, uint16_t{0});
         }
-        if (quantized && r < m) q13.quantize(dst, row0[e] + r);
+        block.put(r, row.get());
+        if (quantized && r < m) q13.quantize(row.get(), row0[e] + r);
       }
     }
     if (isa->begin) isa->begin();
@@ -292,38 +354,31 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
     for (size_t i = 0; i < items13.size(); ++i) {
       const int64_t e = items13[i].expert, j = items13[i].strip, m = rows_for(isa, count[e]);
       const QuantRows qa = any13 ? q13.at(row0[e]) : QuantRows{};
-      strip_gemm(isa, a13.get() + row0[e] * hp, hp, m, p13.strip(e, j), any13 ? &qa : nullptr, bscratch.get(),
-                 c.get());
-      isa->act(c.get(), kStrip, m, b13 ? b13 + e * 2 * fp + j * 32 : nullptr, act, a2.get() + row0[e] * fp + j * 16,
-               fp);
+      const uint8_t* next = j + 1 < p13.strips ? p13.strip(e, j + 1).codes : nullptr;
+      strip_gemm(isa, block13(e), m, p13.strip(e, j), next, any13 ? &qa : nullptr, bscratch.get(), c.get());
+      act_rows(isa, c.get(), m, b13 ? b13 + e * 2 * fp + j * 32 : nullptr, act, block2(e), j * 16);
     }
     if (any2) {
 #pragma omp for schedule(static)
       for (int64_t e = 0; e < E; ++e) {
         const int64_t m = rows_for(isa, count[e]);
         if (!count[e] || !int_rows(isa, p2.fmt, m)) continue;
-        for (int64_t r = 0; r < m; ++r) q2.quantize(a2.get() + (row0[e] + r) * fp, row0[e] + r);
+        for (int64_t r = 0; r < m; ++r) q2.quantize(block2(e).get(r, row.get()), row0[e] + r);
       }
     }
 #pragma omp for schedule(dynamic, 1)
-    for (int64_t j = 0; j < p2.strips; ++j) {  // a strip of output columns: every expert, ascending
-      for (int64_t e = 0; e < E; ++e) {
-        if (!count[e]) continue;
-        const int64_t m = rows_for(isa, count[e]);
+    for (int64_t j0 = 0; j0 < p2.strips; j0 += run2) {  // a run of output strips: every expert, ascending
+      const int64_t j1 = std::min(p2.strips, j0 + run2);
+      for (size_t u = 0; u < ascending.size(); ++u) {
+        const int64_t e = ascending[u], m = rows_for(isa, count[e]);
         const QuantRows qa = any2 ? q2.at(row0[e]) : QuantRows{};
-        strip_gemm(isa, a2.get() + row0[e] * fp, fp, m, p2.strip(e, j), any2 ? &qa : nullptr, bscratch.get(),
-                   c.get());
-        const float* bias = b2 ? b2 + e * ldy + j * kStrip : nullptr;
-        for (int64_t r = 0; r < count[e]; ++r) {
-          const int64_t pair = sorted[first[e] + r];
-          const float w = wp[pair];
-          float* dst = y.data() + (pair / top) * ldy + j * kStrip;
-          const float* src = c.get() + r * kStrip;
-          if (bias) {
-            for (int64_t q = 0; q < kStrip; ++q) dst[q] += (src[q] + bias[q]) * w;
-          } else {
-            for (int64_t q = 0; q < kStrip; ++q) dst[q] += src[q] * w;
-          }
+        for (int64_t j = j0; j < j1; ++j) {
+          const uint8_t* next = j + 1 < j1                   ? p2.strip(e, j + 1).codes
+                                : u + 1 < ascending.size() ? p2.strip(ascending[u + 1], j0).codes
+                                                           : nullptr;
+          strip_gemm(isa, block2(e), m, p2.strip(e, j), next, any2 ? &qa : nullptr, bscratch.get(), c.get());
+          add_down(c.get(), count[e], sorted.data() + first[e], top, wp, b2 ? b2 + e * ldy + j * kStrip : nullptr,
+                   y.data() + j * kStrip, ldy);
         }
       }
     }

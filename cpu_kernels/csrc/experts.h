@@ -65,10 +65,23 @@ struct ExpertIsa {
   // Optional per-thread setup / teardown (AMX tile configuration).
   void (*begin)();
   void (*end)();
-  // gemm and act take m rounded up to a multiple of this (AMX: a tile's 16 rows); the rows past an
-  // expert's tokens are zero. 1: exactly its rows, so a decode token per expert costs one row, not 16.
+  // gemm (tile_gemm where the ISA has it) and act take m rounded up to a multiple of this (AMX: a
+  // tile's 16 rows); the rows past an expert's tokens are zero. 1: exactly its rows, so a decode
+  // token per expert costs one row, not 16.
   int64_t row_step;
+  // Optional (AMX): the GEMM on A in tiles (tiled_offset), in place of gemm and qgemm. `next` is the
+  // strip the thread multiplies after this one (its next_bytes of codes; nullptr: none known), read
+  // ahead while this one runs.
+  void (*tile_gemm)(const uint16_t* a, int64_t m, const uint16_t* b, int64_t k, const uint8_t* next, int64_t next_bytes,
+                    float* c, int64_t ldc);
 };
+
+// tile_gemm's A layout, rows of K values in groups of 16: group g's k-block b (16 rows x 32 k, an
+// AMX tile, 1 KB contiguous) at (g K / 32 + b) 512, its row r at 32 r. A group takes 16 K values, as
+// 16 rows of stride K would. (Rows of a power-of-two stride fell in a few L1 sets.)
+inline int64_t tiled_offset(int64_t r, int64_t k, int64_t K) {
+  return (r / 16) * 16 * K + (k / 32) * 512 + (r % 16) * 32 + k % 32;
+}
 
 // Where the CPU has AVX512-VNNI: t's iqgemm becomes VNNI's (expert_isa_avx512vnni.cpp), for int8 and
 // uint4 strips at every row count; elsewhere t is left as it is.
