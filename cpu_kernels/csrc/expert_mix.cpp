@@ -4,11 +4,11 @@
 //    gathered into a bf16 block padded to 16 rows (an AMX tile's height).
 // 2. Gate/up: one work item per (expert, strip of 16 gate + 16 up columns). A quantized strip is
 //    dequantised in registers for an expert's few rows (decode), else once into the thread's
-//    scratch and reused by all of the expert's rows. Where the ISA has it (AVX2, AVX512-VNNI), int8
-//    strips (up to its row limit) and uint4 strips (any rows) meet the expert's rows quantized to
-//    int8 per block of 32 (RowQuant) in integer multiply-adds instead, unless the caller asks for
-//    the bf16 path's numbers. The epilogue adds the biases, applies the activation and writes 16
-//    bf16 intermediate columns.
+//    scratch and reused by all of the expert's rows. Where the ISA has it (AVX2, AVX512-VNNI, AMX
+//    through VNNI), int8 and uint4 strips (up to its row limits) meet the expert's rows quantized
+//    to int8 per block of 32 (RowQuant) in integer multiply-adds instead, exactly its rows (not a
+//    tile's 16), unless the caller asks for the bf16 path's numbers. The epilogue adds the biases,
+//    applies the activation and writes 16 bf16 intermediate columns.
 // 3. Down: one work item per strip of 32 output columns, over every expert in ascending order
 //    (the order the reference sums them in); the epilogue adds the bias, scales by the pair's
 //    routing weight and accumulates into the token's float32 row, rounded once at the end.
@@ -125,11 +125,17 @@ inline float round_even(float x) {
   return (x + kBig) - kBig;
 }
 
-// Whether an expert with m rows multiplies `fmt` strips on int8 activations (iqgemm).
-bool int_rows(const ExpertIsa* isa, WFormat fmt, int64_t m) {
+// Whether an expert with n tokens multiplies `fmt` strips on int8 activations (iqgemm).
+bool int_rows(const ExpertIsa* isa, WFormat fmt, int64_t n) {
   if (!isa->iqgemm) return false;
-  return (fmt == WFormat::I8 && m <= isa->iqgemm_rows_i8) || (fmt == WFormat::U4 && m <= isa->iqgemm_rows_u4);
+  return (fmt == WFormat::I8 && n <= isa->iqgemm_rows_i8) || (fmt == WFormat::U4 && n <= isa->iqgemm_rows_u4);
 }
+
+// The rows an expert with n tokens runs on `fmt` strips: iqgemm takes exactly its n (a decode token
+// is one row, not an AMX tile's 16); gemm n rounded up to the ISA's row step. Rows past n of the
+// gate/up output (a2) are then unspecified where only the down strips run whole tiles: their
+// products land in rows of c that nothing reads (a tile's row depends on its own A row only).
+int64_t rows_of(const ExpertIsa* isa, WFormat fmt, int64_t n) { return int_rows(isa, fmt, n) ? n : rows_for(isa, n); }
 
 // bf16 activation rows quantized to int8 per block of 32 k (symmetric, round to nearest even):
 // the operand of iqgemm. Filled only for the rows of experts that take that path.
@@ -253,8 +259,8 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
   // int8 activations of the experts whose few rows take iqgemm (none: empty)
   bool any13 = false, any2 = false;
   for (int64_t e : busy) {
-    any13 = any13 || int_rows(isa, p13.fmt, rows_for(isa, count[e]));
-    any2 = any2 || int_rows(isa, p2.fmt, rows_for(isa, count[e]));
+    any13 = any13 || int_rows(isa, p13.fmt, count[e]);
+    any2 = any2 || int_rows(isa, p2.fmt, count[e]);
   }
   RowQuant q13(any13 ? rows : 0, hp), q2(any2 ? rows : 0, fp);
   const int64_t ldy = p2.strips * kStrip;
@@ -271,12 +277,13 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
   {
     const auto bscratch = uninitialized<uint16_t>(std::max(hp, fp) * kStrip);
     const auto c = uninitialized<float>(max_rows * kStrip);
-    // gather: row r of expert e is token sorted[first[e] + r] / top; padding rows and columns zero
+    // gather: row r of expert e is token sorted[first[e] + r] / top; padding rows (those its gate/up
+    // strips read: none on iqgemm) and columns zero
 #pragma omp for schedule(static)
     for (int64_t e = 0; e < E; ++e) {
-      const int64_t n = count[e], padded = row0[e + 1] - row0[e], m = rows_for(isa, n);
-      const bool quantized = any13 && int_rows(isa, p13.fmt, m);  // its m rows go to iqgemm
-      for (int64_t r = 0; r < padded; ++r) {
+      const int64_t n = count[e];
+      const bool quantized = any13 && int_rows(isa, p13.fmt, n);  // its n rows go to iqgemm
+      for (int64_t r = 0; r < rows_of(isa, p13.fmt, n); ++r) {
         uint16_t* dst = a13.get() + (row0[e] + r) * hp;
         if (r < n) {
           std::memcpy(dst, xp + (sorted[first[e] + r] / top) * h, h * 2);
@@ -284,13 +291,13 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
         } else {
           std::fill(dst, dst + hp, uint16_t{0});
         }
-        if (quantized && r < m) q13.quantize(dst, row0[e] + r);
+        if (quantized && r < n) q13.quantize(dst, row0[e] + r);
       }
     }
     if (isa->begin) isa->begin();
 #pragma omp for schedule(dynamic, run13)
     for (size_t i = 0; i < items13.size(); ++i) {
-      const int64_t e = items13[i].expert, j = items13[i].strip, m = rows_for(isa, count[e]);
+      const int64_t e = items13[i].expert, j = items13[i].strip, m = rows_of(isa, p13.fmt, count[e]);
       const QuantRows qa = any13 ? q13.at(row0[e]) : QuantRows{};
       strip_gemm(isa, a13.get() + row0[e] * hp, hp, m, p13.strip(e, j), any13 ? &qa : nullptr, bscratch.get(),
                  c.get());
@@ -300,16 +307,15 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
     if (any2) {
 #pragma omp for schedule(static)
       for (int64_t e = 0; e < E; ++e) {
-        const int64_t m = rows_for(isa, count[e]);
-        if (!count[e] || !int_rows(isa, p2.fmt, m)) continue;
-        for (int64_t r = 0; r < m; ++r) q2.quantize(a2.get() + (row0[e] + r) * fp, row0[e] + r);
+        if (!count[e] || !int_rows(isa, p2.fmt, count[e])) continue;
+        for (int64_t r = 0; r < count[e]; ++r) q2.quantize(a2.get() + (row0[e] + r) * fp, row0[e] + r);
       }
     }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t j = 0; j < p2.strips; ++j) {  // a strip of output columns: every expert, ascending
       for (int64_t e = 0; e < E; ++e) {
         if (!count[e]) continue;
-        const int64_t m = rows_for(isa, count[e]);
+        const int64_t m = rows_of(isa, p2.fmt, count[e]);
         const QuantRows qa = any2 ? q2.at(row0[e]) : QuantRows{};
         strip_gemm(isa, a2.get() + row0[e] * fp, fp, m, p2.strip(e, j), any2 ? &qa : nullptr, bscratch.get(),
                    c.get());
