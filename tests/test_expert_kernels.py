@@ -308,15 +308,16 @@ INT_CASES = [(SHAPES[7], "int8"), (SHAPES[7], "int4"), (SHAPES[3], "int4"), (SHA
 INT_IDS = ["clamped-int8", "clamped-int4", "qwen3-int4", "mixtral-int8"]
 
 
-@pytest.mark.parametrize("int_isa", ["avx2", "avx512", "avx512bf16"])
+@pytest.mark.parametrize("int_isa", ["avx2", "avx512", "avx512bf16", "amx"])
 @pytest.mark.parametrize("shape,fmt", INT_CASES, ids=INT_IDS)
 def test_few_int_rows_run_on_int8_activations(shape, fmt, int_isa):
     """int4 experts with any number of rows, and int8 experts with up to 16 (AVX2) or any number
-    (AVX512-VNNI, whose 4-k integer multiply-add beats expanding the codes at every row count):
-    the kernel is the int8-activation computation it claims. It is 3-7x closer to a float64 model
-    of that computation than to the bf16 path's reference, from which it departs by ~1%
-    (root-mean-square, relative) where the bf16 path's own rounding departs by ~0.35%. On AVX2,
-    int8 experts with more rows take the bf16 path: closer to its reference than to the model."""
+    (AVX512-VNNI, whose 4-k integer multiply-add beats expanding the codes at every row count), or
+    both up to 16 / 12 rows (AMX, whose tiles win above): the kernel is the int8-activation
+    computation it claims. It is 3-7x closer to a float64 model of that computation than to the bf16
+    path's reference, from which it departs by ~1% (root-mean-square, relative) where the bf16
+    path's own rounding departs by ~0.35%. Experts with more rows than that (AVX2's int8, AMX's) take
+    the bf16 path: closer to its reference than to the model."""
     _int_isa(int_isa)
     try:
         name, e, k, h, f, clamped = shape
@@ -337,7 +338,7 @@ def test_few_int_rows_run_on_int8_activations(shape, fmt, int_isa):
             # root-mean-square: the model's bf16 intermediate may round a value the other way than the
             # kernel's float32 one, and an int8 code then moves by one; such rare flips stay small here
             to_model, to_exact = _rms(got - model), _rms(got - exact)
-            if fmt == "int8" and skew is None and int_isa == "avx2":
+            if skew is None and (int_isa == "amx" or (fmt == "int8" and int_isa == "avx2")):
                 assert to_exact < 0.5 * to_model, f"{what}: {to_exact:.5f} from bf16's, {to_model:.5f} from the model"
             else:
                 assert to_model < 0.5 * to_exact, f"{what}: {to_model:.5f} from its model, {to_exact:.5f} from bf16's"

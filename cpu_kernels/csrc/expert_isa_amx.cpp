@@ -125,9 +125,16 @@ const moelight::ExpertIsa* moelight::amx_expert_isa() {
     t.begin = begin;
     t.end = end;
     t.row_step = 16;  // whole tiles
-    // VNNI's int8-activation products are measured only on AVX512-BF16 hosts without AMX: AMX keeps
-    // its tiles for every row count until a host with it times them
-    t.iqgemm = nullptr;
+    // VNNI's int8-activation products for an expert's few rows, where they beat expanding the codes
+    // to bf16 for the tiles (the rows then exactly its tokens, not a tile's 16). Timed on an AMX host
+    // (2 cores; benchmarks/bench_iqgemm_crossover.py, results/expert_iqgemm_amx.md): VNNI stops
+    // winning at 11-22 rows per expert for int8 and 9-18 for uint4 (bench-qwen3-moe's shape, whose
+    // down strips are 224 deep, lowest); at one row it is 2.2-3.8x faster, at 8 rows 1.3-2.2x.
+    // AMX-INT8 tile products lost at 16-64 rows: QuantRows' scale per 32 k means draining the int32
+    // tile (store, convert, scale) after every product, which cost more than dequantising once.
+    with_vnni_products(t);
+    t.iqgemm_rows_i8 = 16;
+    t.iqgemm_rows_u4 = 12;
     return t;
   }();
   return &isa;

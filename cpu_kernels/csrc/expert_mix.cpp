@@ -5,19 +5,19 @@
 //    or, where the ISA has a tile GEMM (AMX), its tiles (experts.h).
 // 2. Gate/up: one work item per (expert, strip of 16 gate + 16 up columns). A quantized strip is
 //    dequantised in registers for an expert's few rows (decode), else once into the thread's
-//    scratch and reused by all of the expert's rows. Where the ISA has it (AVX2, AVX512-VNNI), int8
-//    strips (up to its row limit) and uint4 strips (any rows) meet the expert's rows quantized to
-//    int8 per block of 32 (RowQuant) in integer multiply-adds instead, unless the caller asks for
-//    the bf16 path's numbers. The epilogue adds the biases, applies the activation and writes 16
-//    bf16 intermediate columns.
-//    The epilogue writes them in the same layout.
+//    scratch and reused by all of the expert's rows. Where the ISA has it (AVX2, AVX512-VNNI, AMX
+//    through VNNI), int8 and uint4 strips (up to its row limits) meet the expert's rows quantized
+//    to int8 per block of 32 (RowQuant) in integer multiply-adds instead, exactly its rows (not a
+//    tile's 16), unless the caller asks for the bf16 path's numbers. The epilogue adds the biases,
+//    applies the activation and writes 16 bf16 intermediate columns in the same layout.
 // 3. Down: one work item per run of consecutive strips of 32 output columns, over every expert in
 //    ascending order (the order the reference sums them in), an expert's strips of the run one
 //    after another (its weights contiguous, its rows kept in cache); the epilogue adds the bias,
 //    scales by the pair's routing weight and accumulates into the token's float32 row, rounded
 //    once at the end.
 // The tile GEMM is told the next strip its thread multiplies, and reads its codes ahead (a quantized
-// strip's too: they are then in L2 when it is dequantised).
+// strip's too: they are then in L2 when it is dequantised); the down pass also reads the head of the
+// next expert's run ahead (prefetch_head) for the other ISAs.
 // Gate/up items are ordered by their expert's row count, largest first, and down items each
 // span all experts; threads take items dynamically (gate/up in short runs of one expert's
 // consecutive strips), so experts with uneven token counts keep every thread busy.
@@ -149,11 +149,17 @@ inline float round_even(float x) {
   return (x + kBig) - kBig;
 }
 
-// Whether an expert with m rows multiplies `fmt` strips on int8 activations (iqgemm).
-bool int_rows(const ExpertIsa* isa, WFormat fmt, int64_t m) {
+// Whether an expert with n tokens multiplies `fmt` strips on int8 activations (iqgemm).
+bool int_rows(const ExpertIsa* isa, WFormat fmt, int64_t n) {
   if (!isa->iqgemm) return false;
-  return (fmt == WFormat::I8 && m <= isa->iqgemm_rows_i8) || (fmt == WFormat::U4 && m <= isa->iqgemm_rows_u4);
+  return (fmt == WFormat::I8 && n <= isa->iqgemm_rows_i8) || (fmt == WFormat::U4 && n <= isa->iqgemm_rows_u4);
 }
+
+// The rows an expert with n tokens runs on `fmt` strips: iqgemm takes exactly its n (a decode token
+// is one row, not an AMX tile's 16); gemm n rounded up to the ISA's row step. Rows past n of the
+// gate/up output (a2) are then unspecified where only the down strips run whole tiles: their
+// products land in rows of c that nothing reads (a tile's row depends on its own A row only).
+int64_t rows_of(const ExpertIsa* isa, WFormat fmt, int64_t n) { return int_rows(isa, fmt, n) ? n : rows_for(isa, n); }
 
 // bf16 activation rows quantized to int8 per block of 32 k (symmetric, round to nearest even):
 // the operand of iqgemm. Filled only for the rows of experts that take that path.
@@ -233,6 +239,20 @@ void add_down(const float* c, int64_t n, const int64_t* pair, int64_t top, const
   }
 }
 
+// Prefetch of a strip's first 4 KB of codes and of its scales and bias (up to 1 KB each), issued
+// while the strip before it runs: the down pass reads one short strip per expert (3.5 KB of int4 at
+// Qwen3-style widths), each a new stream the hardware prefetcher has not seen.
+void prefetch_head(const Strip& st) {
+  const int64_t bytes = std::min<int64_t>(4096, strip_bytes(st.fmt, st.k));
+  const char* codes = reinterpret_cast<const char*>(st.codes);
+  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(codes + o, 0, 3);
+  const int64_t sbytes = std::min<int64_t>(1024, (st.k / st.group) * kStrip * 4);
+  for (const float* v : {st.scales, st.bias}) {
+    if (!v) continue;
+    for (int64_t o = 0; o < sbytes; o += 64) __builtin_prefetch(reinterpret_cast<const char*>(v) + o, 0, 3);
+  }
+}
+
 struct Item {
   int64_t expert, strip;
 };
@@ -308,8 +328,8 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
   // int8 activations of the experts whose few rows take iqgemm (none: empty)
   bool any13 = false, any2 = false;
   for (int64_t e : busy) {
-    any13 = any13 || int_rows(isa, p13.fmt, rows_for(isa, count[e]));
-    any2 = any2 || int_rows(isa, p2.fmt, rows_for(isa, count[e]));
+    any13 = any13 || int_rows(isa, p13.fmt, count[e]);
+    any2 = any2 || int_rows(isa, p2.fmt, count[e]);
   }
   RowQuant q13(any13 ? rows : 0, hp), q2(any2 ? rows : 0, fp);
   const int64_t ldy = p2.strips * kStrip;
@@ -332,13 +352,14 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
     const auto bscratch = uninitialized<uint16_t>(std::max(hp, fp) * kStrip);
     const auto c = uninitialized<float>(max_rows * kStrip);
     const auto row = uninitialized<uint16_t>(std::max(hp, fp));
-    // gather: row r of expert e is token sorted[first[e] + r] / top; padding rows and columns zero
+    // gather: row r of expert e is token sorted[first[e] + r] / top; padding rows (those its gate/up
+    // strips read: none on iqgemm) and columns zero
 #pragma omp for schedule(static)
     for (int64_t e = 0; e < E; ++e) {
-      const int64_t n = count[e], padded = row0[e + 1] - row0[e], m = rows_for(isa, n);
-      const bool quantized = any13 && int_rows(isa, p13.fmt, m);  // its m rows go to iqgemm
+      const int64_t n = count[e];
+      const bool quantized = any13 && int_rows(isa, p13.fmt, n);  // its n rows go to iqgemm
       const Rows block = block13(e);
-      for (int64_t r = 0; r < padded; ++r) {
+      for (int64_t r = 0; r < rows_of(isa, p13.fmt, n); ++r) {
         if (r < n) {
           std::memcpy(row.get(), xp + (sorted[first[e] + r] / top) * h, h * 2);
           std::fill(row.get() + h, row.get() + hp, uint16_t{0});
@@ -346,13 +367,13 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
           std::fill(row.get(), row.get() + hp, uint16_t{0});
         }
         block.put(r, row.get());
-        if (quantized && r < m) q13.quantize(row.get(), row0[e] + r);
+        if (quantized && r < n) q13.quantize(row.get(), row0[e] + r);
       }
     }
     if (isa->begin) isa->begin();
 #pragma omp for schedule(dynamic, run13)
     for (size_t i = 0; i < items13.size(); ++i) {
-      const int64_t e = items13[i].expert, j = items13[i].strip, m = rows_for(isa, count[e]);
+      const int64_t e = items13[i].expert, j = items13[i].strip, m = rows_of(isa, p13.fmt, count[e]);
       const QuantRows qa = any13 ? q13.at(row0[e]) : QuantRows{};
       const uint8_t* next = j + 1 < p13.strips ? p13.strip(e, j + 1).codes : nullptr;
       strip_gemm(isa, block13(e), m, p13.strip(e, j), next, any13 ? &qa : nullptr, bscratch.get(), c.get());
@@ -361,16 +382,16 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
     if (any2) {
 #pragma omp for schedule(static)
       for (int64_t e = 0; e < E; ++e) {
-        const int64_t m = rows_for(isa, count[e]);
-        if (!count[e] || !int_rows(isa, p2.fmt, m)) continue;
-        for (int64_t r = 0; r < m; ++r) q2.quantize(block2(e).get(r, row.get()), row0[e] + r);
+        if (!count[e] || !int_rows(isa, p2.fmt, count[e])) continue;
+        for (int64_t r = 0; r < count[e]; ++r) q2.quantize(block2(e).get(r, row.get()), row0[e] + r);
       }
     }
 #pragma omp for schedule(dynamic, 1)
     for (int64_t j0 = 0; j0 < p2.strips; j0 += run2) {  // a run of output strips: every expert, ascending
       const int64_t j1 = std::min(p2.strips, j0 + run2);
       for (size_t u = 0; u < ascending.size(); ++u) {
-        const int64_t e = ascending[u], m = rows_for(isa, count[e]);
+        const int64_t e = ascending[u], m = rows_of(isa, p2.fmt, count[e]);
+        if (u + 1 < ascending.size()) prefetch_head(p2.strip(ascending[u + 1], j0));
         const QuantRows qa = any2 ? q2.at(row0[e]) : QuantRows{};
         for (int64_t j = j0; j < j1; ++j) {
           const uint8_t* next = j + 1 < j1                   ? p2.strip(e, j + 1).codes

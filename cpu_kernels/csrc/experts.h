@@ -65,9 +65,10 @@ struct ExpertIsa {
   // Optional per-thread setup / teardown (AMX tile configuration).
   void (*begin)();
   void (*end)();
-  // gemm (tile_gemm where the ISA has it) and act take m rounded up to a multiple of this (AMX: a
-  // tile's 16 rows); the rows past an expert's tokens are zero. 1: exactly its rows, so a decode
-  // token per expert costs one row, not 16.
+  // gemm (tile_gemm where the ISA has it, and act after it) take m rounded up to a multiple of this
+  // (AMX: a tile's 16 rows); the rows past an expert's tokens are zero in the gate/up input. 1:
+  // exactly its rows, so a decode token per expert costs one row, not 16. iqgemm and act after it
+  // take exactly the expert's rows.
   int64_t row_step;
   // Optional (AMX): the GEMM on A in tiles (tiled_offset), in place of gemm and qgemm. `next` is the
   // strip the thread multiplies after this one (its next_bytes of codes; nullptr: none known), read
