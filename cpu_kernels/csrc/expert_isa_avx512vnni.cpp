@@ -76,10 +76,23 @@ inline void u4_block(const QuantRows& a, const uint8_t* codes, int64_t blk, __m5
   }
 }
 
-// R rows of c = a x the strip. Per block: the int32 sums scaled by the block's activation scale into
-// the group's float32 sums; per group: times the weight scales, plus bias x the activations' sum.
+// Prefetch of the codes kAhead bytes past block blk's: at a token or two per expert the strip is
+// read once, front to back, faster than the hardware prefetcher brings it (it stops at every 4 KB
+// page); 6 KB ahead timed best on an AMX host (1.05-1.3x at one token per call, up to 1.4x at 8).
+// Past the strip's end they are the next strip's in gate/up, where a thread takes runs of an
+// expert's strips.
+template <WFormat F>
+inline void prefetch_block(const uint8_t* codes, int64_t blk) {
+  constexpr int64_t kAhead = 6144, kBytes = F == WFormat::I8 ? 1024 : 512;  // a block's codes
+  const char* p = reinterpret_cast<const char*>(codes + blk * kBytes + kAhead);
+  for (int64_t o = 0; o < kBytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+}
+
+// R rows of c = a x the strip (`ahead`: prefetching it, on the first pass over it). Per block: the
+// int32 sums scaled by the block's activation scale into the group's float32 sums; per group: times
+// the weight scales, plus bias x the activations' sum.
 template <WFormat F, int R>
-void iqgemm_rows(const QuantRows& a, const Strip& st, float* c, int64_t ldc) {
+void iqgemm_rows(const QuantRows& a, const Strip& st, float* c, int64_t ldc, bool ahead) {
   const int64_t blocks_per_group = st.group / 32;
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
@@ -98,6 +111,7 @@ void iqgemm_rows(const QuantRows& a, const Strip& st, float* c, int64_t ldc) {
       __m512i iacc[R][2];
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) iacc[r][0] = iacc[r][1] = _mm512_setzero_si512();
+      if (ahead) prefetch_block<F>(st.codes, blk);
       if constexpr (F == WFormat::I8) i8_block<R>(a, st.codes, blk, iacc);
       else u4_block<R>(a, st.codes, blk, iacc);
 #pragma GCC unroll 8
@@ -129,11 +143,11 @@ void iqgemm_format(const QuantRows& a, int64_t m, const Strip& st, float* c, int
     return QuantRows{a.q + r0 * a.k, a.scale + r0 * (a.k / 32), a.sum + r0 * (a.k / 32), a.k};
   };
   int64_t r = 0;
-  for (; r + 4 <= m; r += 4) iqgemm_rows<F, 4>(rows(r), st, c + r * ldc, ldc);
+  for (; r + 4 <= m; r += 4) iqgemm_rows<F, 4>(rows(r), st, c + r * ldc, ldc, r == 0);
   switch (m - r) {
-    case 3: return iqgemm_rows<F, 3>(rows(r), st, c + r * ldc, ldc);
-    case 2: return iqgemm_rows<F, 2>(rows(r), st, c + r * ldc, ldc);
-    case 1: return iqgemm_rows<F, 1>(rows(r), st, c + r * ldc, ldc);
+    case 3: return iqgemm_rows<F, 3>(rows(r), st, c + r * ldc, ldc, r == 0);
+    case 2: return iqgemm_rows<F, 2>(rows(r), st, c + r * ldc, ldc, r == 0);
+    case 1: return iqgemm_rows<F, 1>(rows(r), st, c + r * ldc, ldc, r == 0);
     default: return;
   }
 }
