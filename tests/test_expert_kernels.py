@@ -313,7 +313,7 @@ INT_IDS = ["clamped-int8", "clamped-int4", "qwen3-int4", "mixtral-int8"]
 def test_few_int_rows_run_on_int8_activations(shape, fmt, int_isa):
     """int4 experts with any number of rows, and int8 experts with up to 16 (AVX2) or any number
     (AVX512-VNNI, whose 4-k integer multiply-add beats expanding the codes at every row count), or
-    both up to 16 / 12 rows (AMX, whose tiles win above): the kernel is the int8-activation
+    both up to 20 / 16 rows (AMX, whose tiles win above): the kernel is the int8-activation
     computation it claims. It is 3-7x closer to a float64 model of that computation than to the bf16
     path's reference, from which it departs by ~1% (root-mean-square, relative) where the bf16
     path's own rounding departs by ~0.35%. Experts with more rows than that (AVX2's int8, AMX's) take

@@ -128,13 +128,14 @@ const moelight::ExpertIsa* moelight::amx_expert_isa() {
     // VNNI's int8-activation products for an expert's few rows, where they beat expanding the codes
     // to bf16 for the tiles (the rows then exactly its tokens, not a tile's 16). Timed on an AMX host
     // (2 cores; benchmarks/bench_iqgemm_crossover.py, results/expert_iqgemm_amx.md): VNNI stops
-    // winning at 11-22 rows per expert for int8 and 9-18 for uint4 (bench-qwen3-moe's shape, whose
-    // down strips are 224 deep, lowest); at one row it is 2.2-3.8x faster, at 8 rows 1.3-2.2x.
-    // AMX-INT8 tile products lost at 16-64 rows: QuantRows' scale per 32 k means draining the int32
-    // tile (store, convert, scale) after every product, which cost more than dequantising once.
+    // winning at 16-24 rows per expert for int8 and 14-24 for uint4 (bench-qwen3-moe's narrow
+    // experts lowest); at one row it is 2.6-4.7x faster, at 8 rows 1.5-2.3x. The tiles' cost steps
+    // at 17 rows (a second 16-row tile), so int8 keeps VNNI to 20. AMX-INT8 tile products lost at
+    // 16-64 rows: QuantRows' scale per 32 k means draining the int32 tile (store, convert, scale)
+    // after every product, which cost more than dequantising the strip once.
     with_vnni_products(t);
-    t.iqgemm_rows_i8 = 16;
-    t.iqgemm_rows_u4 = 12;
+    t.iqgemm_rows_i8 = 20;
+    t.iqgemm_rows_u4 = 16;
     return t;
   }();
   return &isa;

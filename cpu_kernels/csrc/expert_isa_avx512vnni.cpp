@@ -78,8 +78,9 @@ inline void u4_block(const QuantRows& a, const uint8_t* codes, int64_t blk, __m5
 
 // Prefetch of the codes kAhead bytes past block blk's: at a token or two per expert the strip is
 // read once, front to back, faster than the hardware prefetcher brings it (it stops at every 4 KB
-// page); 6 KB ahead timed best on an AMX host (1.07-1.35x at one token per call). Past the strip's
-// end they are the next strip's in gate/up, where a thread takes runs of an expert's strips.
+// page); 6 KB ahead timed best on an AMX host (1.05-1.3x at one token per call, up to 1.4x at 8).
+// Past the strip's end they are the next strip's in gate/up, where a thread takes runs of an
+// expert's strips.
 template <WFormat F>
 inline void prefetch_block(const uint8_t* codes, int64_t blk) {
   constexpr int64_t kAhead = 6144, kBytes = F == WFormat::I8 ? 1024 : 512;  // a block's codes

@@ -192,6 +192,13 @@ struct RowQuant {
     }
   }
 
+  // Row `row` of this = row `from` of src (the same k).
+  void copy_row(const RowQuant& src, int64_t from, int64_t row) {
+    std::memcpy(q.get() + row * k, src.q.get() + from * k, k);
+    std::memcpy(scale.get() + row * (k / 32), src.scale.get() + from * (k / 32), k / 32 * sizeof(float));
+    std::memcpy(sum.get() + row * (k / 32), src.sum.get() + from * (k / 32), k / 32 * sizeof(int32_t));
+  }
+
   QuantRows at(int64_t row) const {
     return QuantRows{q.get() + row * k, scale.get() + row * (k / 32), sum.get() + row * (k / 32), k};
   }
@@ -332,6 +339,14 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
     any2 = any2 || int_rows(isa, p2.fmt, count[e]);
   }
   RowQuant q13(any13 ? rows : 0, hp), q2(any2 ? rows : 0, fp);
+  // A token's gate/up row is the same for each of its top-k experts: quantized once (qx, those
+  // tokens routed to an iqgemm expert), then copied into each expert's rows by the gather.
+  RowQuant qx(any13 ? T : 0, hp);
+  std::vector<char> to_quantize(any13 ? T : 0, 0);
+  if (any13) {
+    for (int64_t i = 0; i < pairs; ++i)
+      if (int_rows(isa, p13.fmt, count[idp[i]])) to_quantize[i / top] = 1;
+  }
   const int64_t ldy = p2.strips * kStrip;
   std::vector<float> y(T * ldy, 0.0f);  // float32 sums of each token's pairs
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
@@ -352,6 +367,15 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
     const auto bscratch = uninitialized<uint16_t>(std::max(hp, fp) * kStrip);
     const auto c = uninitialized<float>(max_rows * kStrip);
     const auto row = uninitialized<uint16_t>(std::max(hp, fp));
+    if (any13) {
+#pragma omp for schedule(static)
+      for (int64_t t = 0; t < T; ++t) {
+        if (!to_quantize[t]) continue;
+        std::memcpy(row.get(), xp + t * h, h * 2);  // the row padded to hp with zeros
+        std::fill(row.get() + h, row.get() + hp, uint16_t{0});
+        qx.quantize(row.get(), t);
+      }
+    }
     // gather: row r of expert e is token sorted[first[e] + r] / top; padding rows (those its gate/up
     // strips read: none on iqgemm) and columns zero
 #pragma omp for schedule(static)
@@ -367,7 +391,7 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
           std::fill(row.get(), row.get() + hp, uint16_t{0});
         }
         block.put(r, row.get());
-        if (quantized && r < n) q13.quantize(row.get(), row0[e] + r);
+        if (quantized && r < n) q13.copy_row(qx, sorted[first[e] + r] / top, row0[e] + r);
       }
     }
     if (isa->begin) isa->begin();
