@@ -161,10 +161,12 @@ at::Tensor latent_attend(const at::Tensor& q, const at::Tensor& cache, const std
   // Every parallel region wakes the OpenMP workers: tiny calls (< 256 KiB of rows) stay on this thread.
   const bool parallel = n_chunks > 1 && total * row_bytes >= (256 << 10);
 
-  // The rows item i reads, as byte spans (what the kernel prefetches while the item before it runs)
-  auto spans_of = [&](int64_t i, std::vector<LatentSpan>& out_spans) {
+  // What item i reads, as byte spans (what the kernel prefetches while the item before it runs): its
+  // rows, and its queries where the item before was another sequence's
+  auto spans_of = [&](int64_t i, int64_t before, std::vector<LatentSpan>& out_spans) {
     out_spans.clear();
     const Chunk& c = w.chunks[i];
+    if (w.chunks[before].b != c.b) out_spans.push_back({qp + c.b * H * W * qes, H * W * qes});
     if (c.gather < 0) {
       out_spans.push_back({cp + c.row * row_bytes, c.n * row_bytes});
     } else {
@@ -221,7 +223,7 @@ at::Tensor latent_attend(const at::Tensor& q, const at::Tensor& cache, const std
         a.l = a.m + H;
       }
       if (next < n_chunks) {
-        spans_of(next, next_spans);
+        spans_of(next, i, next_spans);
         a.next = next_spans.data();
         a.n_next = static_cast<int>(next_spans.size());
       }
