@@ -47,7 +47,7 @@ inline int64_t latent_scratch_floats(int64_t heads, int64_t dk, int64_t dv) {
 
 // AMX (latent_amx.cpp): a bf16 cache and bf16 queries, work items of at most kAmxMaxKeys keys, read in
 // place block by block (LatentArgs::blocks) like the other kernels.
-constexpr int64_t kAmxMaxKeys = 256;
+constexpr int64_t kAmxMaxKeys = 512;
 inline int64_t latent_amx_scratch_floats(int64_t dk, int64_t dv) {
   (void)dv;  // the output goes out 64 columns at a time
   // alignment, query pairs, scores, probabilities (P_o and P_e), 4 output tiles, a zero-padded tail block
