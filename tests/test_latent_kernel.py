@@ -159,3 +159,31 @@ def test_paged_kernel_refuses_a_short_block_table():
     q, cache, table, lens, _, _ = paged_case(576, torch.bfloat16, 16, [20, 20])
     with pytest.raises(RuntimeError, match="block table shorter"):
         torch.ops.moelight.paged_latent_decode_attention(q, cache, table, torch.tensor([20, 400]), 16, 0.1, 512)
+
+
+@needs_cpp
+@pytest.mark.parametrize("paged", [False, True])
+def test_rows_past_each_sequence_are_never_read(isa, paged):
+    """Every cache row no sequence owns is NaN: a kernel that reads a block of 16 rows past a sequence's
+    end (AMX tiles read whole blocks; the kernels prefetch the next item) must not let them into the
+    output, where P = 0 times NaN would be NaN."""
+    lengths = [1, 5, 16, 17, 33, 117, 250, 700]  # tails of every size, full blocks, split sequences
+    for w, dv in LATENT_SHAPES:
+        if paged:
+            q, cache, table, lens, ragged, offs = paged_case(w, torch.bfloat16, 16, lengths, seed=3)
+            owned = torch.zeros(cache.shape[1], dtype=torch.bool)
+            for b, n in enumerate(lengths):
+                pos = torch.arange(n)
+                owned[table[b, pos // 16] * 16 + pos % 16] = True
+            cache[0, ~owned] = float("nan")
+            got = paged_latent_decode_attention(q, cache, table, lens, 16, w**-0.5, dv)
+        else:
+            q, cache, offs, lens = case(w, torch.bfloat16, 16, seed=3, lengths=lengths)
+            owned = torch.zeros(cache.shape[1], dtype=torch.bool)
+            for o, n in zip(offs.tolist(), lengths, strict=True):
+                owned[o : o + n] = True
+            ragged = cache.clone()
+            cache[0, ~owned] = float("nan")
+            got = latent_decode_attention(q, cache, offs, lens, w**-0.5, dv)
+        assert not got.isnan().any()
+        within_rounding(got, reference64(q, ragged, offs, lens, w**-0.5, dv))

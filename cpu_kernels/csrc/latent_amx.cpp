@@ -1,20 +1,30 @@
 // AMX-BF16 instantiation of the latent decode kernel (Sapphire Rapids and later), for a bf16 cache and
 // bf16 queries. Absorbed MLA is an MQA with many heads over one row per key: ~30 FLOP per cached byte
-// at 16 heads, which AVX512-BF16 dot products cannot keep up with on a core's share of DRAM bandwidth
-// (the AVX-512 kernel runs at its dot-product peak and reads ~15% of it); AMX tiles do ~24x the work.
+// at 16 heads, which AVX512-BF16 dot products cannot keep up with on a core's share of DRAM bandwidth;
+// AMX tiles do ~24x the work.
 //
-// Per work item (a sequence's chunk of at most kAmxMaxKeys keys) and group of up to 16 heads:
-//   1. scores S^T [keys x heads] = rows [keys x dk] . Q^T, with A the cache rows as stored and B the
-//      group's queries in AMX's pair layout (built once per item);
-//   2. an exact softmax per head over the chunk (heads in vector lanes; max, then exp, P in bf16);
-//   3. O [heads x dv] += P [heads x keys] . V, with V's row pairs interleaved into B tiles 32 columns
-//      at a time, so they stay in L1 (AVX512-BF16's pair_rows: O is in its "dot order", undone when stored).
-// The chunk's rows are read from DRAM in step 1 and again from L2 in step 3 (256 rows of 576 bf16 are
-// 288 KiB; chunks of 128 to 512 rows measured alike, 64 slower). Only code between the pragmas is compiled for AMX; it runs after the CPU and
-// the OS (arch_prctl) said AMX may be used.
+// Per work item (a sequence's chunk of at most kAmxMaxKeys keys, in blocks of 16 rows: one tile) and
+// group of up to 16 heads:
+//   1. scores S^T [16 keys x heads] per block = rows . Q^T: A the cache rows as stored, B the group's
+//      queries in AMX's pair layout; three blocks share each query tile;
+//   2. an exact softmax per head over the item (heads in vector lanes); P in bf16, transposed per
+//      block to [heads x keys];
+//   3. O [heads x dv] = P . V with V the rows as stored: a B tile row is one row's 32 columns read as 16
+//      column pairs, so A is P with each key's probability beside a zero: (0, p) pairs ("P_o", the
+//      float32 bits of the bf16-rounded P) give the odd columns, (p, 0) pairs ("P_e") the even ones.
+//      Twice the products of a V interleaved into key pairs, but no vector work on V at all, and the
+//      accumulators stay in tiles over the whole item.
+// The rows come from DRAM in step 1 and again from L2 in step 3. Reading them in bounds the kernel:
+// with an item's rows in L2 its compute takes ~7 us (n = 117), less than reading them from DRAM, but
+// a line missed to DRAM holds one of the core's few line-fill buffers for the whole latency, and the
+// hardware prefetcher does not follow the tile loads' 1,152-byte stride. So the kernel prefetches the
+// thread's next item (LatentArgs::next) in eight sequential streams (measured: one stream helped
+// little, eight best, more no better), a few lines at every step of all three phases (prefetching in
+// the tile loops alone left DRAM idle during the vector phases), and writes its bf16 output with
+// streaming stores (no read for ownership of the output's lines). Only code between the pragmas is
+// compiled for AMX; it runs after the CPU and the OS (arch_prctl) said AMX may be used.
 #include <cstdint>
 #include <cstring>
-#include <type_traits>
 
 #include "latent_kernels.h"
 
@@ -34,6 +44,8 @@ namespace {
 
 using V = VecAvx512Bf16;
 using R = V::R;
+constexpr int kBlock = static_cast<int>(moelight::kLatentBlockKeys);  // keys per tile
+static_assert(kBlock == 16, "a block of keys is one 16-row tile");
 
 struct TileConfig {
   uint8_t palette = 1;
@@ -43,20 +55,17 @@ struct TileConfig {
   uint8_t rows[16] = {};
 };
 
-// Two tile configurations per head group (hg heads). Scores: 0, 1 C (16 keys x hg heads); 2-5 A (16
-// keys x 32 dims: two key blocks, two steps in flight); 6, 7 B (16 dim pairs x hg). P.V, 64 keys a
-// step: 0, 1 C (hg x 16 columns); 2-5 B (16 key pairs x 16 columns); 6, 7 A (hg x 32 keys). Tiles are
-// not renamed: a tile loaded while an earlier product still reads it waits, so steps alternate tiles.
+// Scores: C tiles 0-2 (16 keys x hg heads), A 3-5 (16 keys x 32 dims), B 6, 7 (16 dim pairs x hg).
+// P.V: C 0-3 (hg x 16 column pairs), A 4, 5 (hg x 16 key pairs), B 6, 7 (16 keys x 16 column pairs).
+// A tile loaded while an earlier product still reads it waits, so consecutive products alternate
+// tiles. With 16 heads every tile is 16 x 64 bytes and one configuration serves both steps.
 void configure(int hg, bool scores) {
   TileConfig c;
   const uint8_t g = static_cast<uint8_t>(hg);
   const uint16_t gb = static_cast<uint16_t>(hg * 4);
-  const uint8_t s_rows[8] = {16, 16, 16, 16, 16, 16, 16, 16};
-  const uint16_t s_cols[8] = {gb, gb, 64, 64, 64, 64, gb, gb};
-  const uint8_t p_rows[8] = {g, g, 16, 16, 16, 16, g, g};
   for (int t = 0; t < 8; ++t) {
-    c.rows[t] = scores ? s_rows[t] : p_rows[t];
-    c.colsb[t] = scores ? s_cols[t] : 64;
+    c.rows[t] = scores || t >= 6 ? 16 : g;
+    c.colsb[t] = scores && (t < 3 || t >= 6) ? gb : 64;
   }
   // GCC 12's _tile_loadconfig tells the compiler it reads 8 bytes: without this barrier the stores of
   // rows and colsb are dropped as dead and ldtilecfg faults on an invalid configuration
@@ -64,27 +73,149 @@ void configure(int hg, bool scores) {
   _tile_loadconfig(&c);
 }
 
+// The thread's next work item, prefetched a few lines per call of fetch() (`slots` calls for the item):
+// kStreams cursors, each over its share of the item's bytes in address order.
+class NextItem {
+ public:
+  static constexpr int kStreams = 8;
+
+  NextItem(const moelight::LatentArgs& a, int64_t slots) {
+    int64_t lines = 0;
+    for (int i = 0; i < a.n_next; ++i) lines += (a.next[i].bytes + 63) / 64;
+    if (lines == 0 || slots <= 0) return;
+    int span = 0;
+    int64_t before = 0;  // lines of the spans before `span`
+    for (int k = 0; k < kStreams; ++k) {  // stream k: lines [k * lines / S, (k + 1) * lines / S) end to end
+      const int64_t first = k * lines / kStreams, last = (k + 1) * lines / kStreams;
+      while (before + (a.next[span].bytes + 63) / 64 <= first) before += (a.next[span++].bytes + 63) / 64;
+      c_[k] = {a.next + span, static_cast<const char*>(a.next[span].p) + (first - before) * 64, last - first};
+    }
+    per_ = static_cast<int>((lines / kStreams + slots) / slots);
+  }
+
+  void fetch() {
+    for (int j = 0; j < per_; ++j)
+      for (Cursor& c : c_) {
+        if (c.left == 0) continue;
+        if (c.p >= static_cast<const char*>(c.span->p) + c.span->bytes) c.p = static_cast<const char*>((++c.span)->p);
+        _mm_prefetch(c.p, _MM_HINT_T0);
+        c.p += 64;
+        --c.left;
+      }
+  }
+
+ private:
+  struct Cursor {
+    const moelight::LatentSpan* span;
+    const char* p;
+    int64_t left;
+  };
+  Cursor c_[kStreams] = {};
+  int per_ = 0;
+};
+
+// One 32-dim step of the scores of G blocks: B tile TB the step's queries, A tile 3 + j block j's rows,
+// C tile j its scores. A macro: GCC's tile intrinsics take tile numbers as literals.
+#define LATENT_SCORE_STEP(TB, s)                 \
+  do {                                           \
+    _tile_loadd(TB, qv + (s) * 256, 64);         \
+    _tile_loadd(3, blk[0] + (s) * 32, DK * 2);   \
+    _tile_dpbf16ps(0, 3, TB);                    \
+    if constexpr (G > 1) {                       \
+      _tile_loadd(4, blk[1] + (s) * 32, DK * 2); \
+      _tile_dpbf16ps(1, 4, TB);                  \
+    }                                            \
+    if constexpr (G > 2) {                       \
+      _tile_loadd(5, blk[2] + (s) * 32, DK * 2); \
+      _tile_dpbf16ps(2, 5, TB);                  \
+    }                                            \
+  } while (0)
+
+// S^T of G (1-3) consecutive blocks into st (16 x 16 floats a block): a query tile serves G blocks
+template <int DK, int G>
+void score_blocks(const uint16_t* const* blk, const uint32_t* qv, float* st, NextItem& next) {
+  _tile_zero(0);
+  if constexpr (G > 1) _tile_zero(1);
+  if constexpr (G > 2) _tile_zero(2);
+  int s = 0;
+  for (; s + 1 < DK / 32; s += 2) {
+    LATENT_SCORE_STEP(6, s);
+    LATENT_SCORE_STEP(7, s + 1);
+    next.fetch();
+  }
+  if (s < DK / 32) LATENT_SCORE_STEP(6, s);
+  _tile_stored(0, st, 64);
+  if constexpr (G > 1) _tile_stored(1, st + 256, 64);
+  if constexpr (G > 2) _tile_stored(2, st + 512, 64);
+}
+#undef LATENT_SCORE_STEP
+
 inline float* align64(void* p) {
   return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 63) & ~static_cast<uintptr_t>(63));
 }
 
+// Columns [c, c + 64) of heads [h0, h0 + hg) from the four P.V tiles in ob (even, odd columns of
+// [c, c + 32), then of [c + 32, c + 64)), scaled by inv (per head), into the output rows. `stream`:
+// bf16 rows with 64-byte alignment, written around the caches.
+void store_columns(const moelight::LatentArgs& a, const float* ob, const float* inv, int h0, int hg, int dv, int c,
+                   bool stream, NextItem& next) {
+  const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
+  // bf16 (even lanes 0-15, odd lanes 16-31) -> natural order: column 2i is even i, 2i + 1 odd i
+  const __m512i nat = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8,
+                                       23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  for (int h = 0; h < hg; ++h) {
+    if (h % 4 == 3) next.fetch();
+    const R iv = V::set1(inv[h]);
+    const int64_t dst = static_cast<int64_t>(h0 + h) * dv + c;
+    for (int half = 0; half < 2; ++half) {
+      const R even = V::mul(V::load(ob + half * 512 + h * 16), iv);
+      const R odd = V::mul(V::load(ob + half * 512 + 256 + h * 16), iv);
+      if (a.out_dtype == moelight::KvDtype::F32) {
+        float* o = static_cast<float*>(a.out) + dst + half * 32;
+        V::store(o, _mm512_permutex2var_ps(even, lo, odd));
+        V::store(o + 16, _mm512_permutex2var_ps(even, hi, odd));
+      } else {
+        const __m512i row = _mm512_permutexvar_epi16(nat, (__m512i)_mm512_cvtne2ps_pbh(odd, even));
+        uint16_t* o = static_cast<uint16_t*>(a.out) + dst + half * 32;
+        if (stream) {
+          _mm512_stream_si512(reinterpret_cast<__m512i*>(o), row);
+        } else {
+          _mm512_storeu_si512(o, row);
+        }
+      }
+    }
+  }
+}
+
 template <int DK, int DV>
 void latent_attend_amx(const moelight::LatentArgs& a) {
-  static_assert(DK % 32 == 0 && DV % 32 == 0, "AMX steps of 32");
-  constexpr int KS = DK / 32;  // dim steps of the scores
-  const int64_t n = a.n_keys, n64 = (n + 63) / 64 * 64;
+  static_assert(DK % 32 == 0 && DV % 64 == 0, "AMX steps of 32 dims and 64 output columns");
+  constexpr int kMaxBlocks = static_cast<int>(moelight::kAmxMaxKeys) / kBlock;
+  const int64_t n = a.n_keys;
+  const int nb = static_cast<int>((n + kBlock - 1) / kBlock), tail_rows = static_cast<int>(n % kBlock);
   const int H = a.heads;
-  // scratch (latent_amx_scratch_floats): query pairs, scores/probabilities, P rows, V tiles, O, a tail
+  // scratch (latent_amx_scratch_floats): query pairs, scores, P blocks, output tiles, the tail block
   float* base = align64(a.scratch);
-  uint32_t* qv = reinterpret_cast<uint32_t*>(base);                      // DK/2 x 16
-  float* st = base + DK / 2 * 16;                                        // n64 x 16
-  uint16_t* pm = reinterpret_cast<uint16_t*>(st + n64 * 16);             // 16 x n64
-  uint16_t* vb = reinterpret_cast<uint16_t*>(st + n64 * 16 + 8 * n64);   // 4 B tiles of 16 x 32
-  float* acc = reinterpret_cast<float*>(vb + 4 * 512);                  // 16 x DV
-  uint16_t* tail = reinterpret_cast<uint16_t*>(acc + 16 * DV);           // 32 x DK
-  const uint16_t* rows = static_cast<const uint16_t*>(a.rows);
+  uint32_t* qv = reinterpret_cast<uint32_t*>(base);  // DK/2 pairs x 16 heads
+  float* st = base + DK / 2 * 16;                     // nb blocks of 16 keys x 16 heads
+  float* pb = st + kMaxBlocks * 256;                  // nb blocks of P_o, P_e: 16 heads x 16 keys each
+  float* ob = pb + kMaxBlocks * 512;                  // 4 tiles of 16 x 16
+  uint16_t* tail = reinterpret_cast<uint16_t*>(ob + 4 * 256);  // 16 rows of DK
+  const uint16_t* blk[kMaxBlocks];                    // each block's first row
+  for (int b = 0; b < nb; ++b)
+    blk[b] = a.blocks != nullptr ? static_cast<const uint16_t*>(a.blocks[b])
+                                 : static_cast<const uint16_t*>(a.rows) + static_cast<int64_t>(b) * kBlock * DK;
+  if (tail_rows > 0) {  // tiles read 16 whole rows: the last block's, zero-padded (P is 0 there, V must be finite)
+    std::memcpy(tail, blk[nb - 1], static_cast<size_t>(tail_rows) * DK * 2);
+    std::memset(tail + tail_rows * DK, 0, static_cast<size_t>(kBlock - tail_rows) * DK * 2);
+    blk[nb - 1] = tail;
+  }
+  const bool stream = a.out_dtype != moelight::KvDtype::F32 && reinterpret_cast<uintptr_t>(a.out) % 64 == 0 &&
+                      DV * 2 % 64 == 0;
   const uint32_t* q32 = static_cast<const uint32_t*>(a.q);
-  alignas(64) static const uint16_t zeros[DK] = {};
+  const int groups = (H + 15) / 16;
+  NextItem next(a, static_cast<int64_t>(groups) * (DK / 32 + DK / 64 * ((nb + 2) / 3) + 2 * nb + DV / 64 * (nb + 4)));
 
   for (int h0 = 0; h0 < H; h0 += 16) {
     const int hg = H - h0 < 16 ? H - h0 : 16;
@@ -94,122 +225,76 @@ void latent_attend_amx(const moelight::LatentArgs& a) {
         r[h] = h < hg ? V::load(reinterpret_cast<const float*>(q32 + (h0 + h) * (DK / 2) + p)) : V::zero();
       V::transpose(r);
       for (int i = 0; i < 16; ++i) V::store(reinterpret_cast<float*>(qv + (p + i) * 16), r[i]);
+      next.fetch();
     }
 
-    // 1. scores, 32 keys a pass (two C tiles share each query tile)
+    // 1. scores, three blocks at a time
     configure(hg, true);
-    for (int64_t kb = 0; kb < n; kb += 32) {
-      const uint16_t* src = rows + kb * DK;
-      if (kb + 32 > n) {  // the tail, zero-padded: tiles read 32 whole rows
-        std::memset(tail, 0, 32 * DK * sizeof(uint16_t));
-        std::memcpy(tail, src, static_cast<size_t>(n - kb) * DK * sizeof(uint16_t));
-        src = tail;
-      }
-      _tile_zero(0);
-      _tile_zero(1);
-      for (int s = 0; s < KS; s += 2) {
-        _tile_loadd(2, src + s * 32, DK * 2);
-        _tile_loadd(3, src + 16 * DK + s * 32, DK * 2);
-        _tile_loadd(6, qv + s * 16 * 16, 64);
-        _tile_dpbf16ps(0, 2, 6);
-        _tile_dpbf16ps(1, 3, 6);
-        if (s + 1 < KS) {
-          _tile_loadd(4, src + (s + 1) * 32, DK * 2);
-          _tile_loadd(5, src + 16 * DK + (s + 1) * 32, DK * 2);
-          _tile_loadd(7, qv + (s + 1) * 16 * 16, 64);
-          _tile_dpbf16ps(0, 4, 7);
-          _tile_dpbf16ps(1, 5, 7);
-        }
-      }
-      _tile_stored(0, st + kb * 16, 64);
-      _tile_stored(1, st + (kb + 16) * 16, 64);
-    }
+    int b = 0;
+    for (; b + 3 <= nb; b += 3) score_blocks<DK, 3>(blk + b, qv, st + b * 256, next);
+    if (nb - b == 2) score_blocks<DK, 2>(blk + b, qv, st + b * 256, next);
+    if (nb - b == 1) score_blocks<DK, 1>(blk + b, qv, st + b * 256, next);
 
-    // 2. softmax per head (a lane per head) over the chunk; P in bf16 (as P.V uses it), rows per head
+    // 2. softmax per head (a lane per head) over the item; P rounded to bf16 (as P.V uses it), each
+    //    block transposed to rows per head, as P_o (0, p) and P_e (p, 0) bf16 pairs
     const R sc = V::set1(a.scale);
     R mx = V::set1(-__builtin_inff());
     for (int64_t t = 0; t < n; ++t) mx = V::max(mx, V::mul(V::load(st + t * 16), sc));
     R l = V::zero();
-    for (int64_t t = 0; t < n64; ++t) {
-      R p = V::zero();
-      if (t < n) p = V::round_bf16(V::exp(V::sub(V::mul(V::load(st + t * 16), sc), mx)));
-      l = V::add(l, p);
-      V::store(st + t * 16, p);
-    }
-    for (int64_t kb = 0; kb < n64; kb += 32) {
-      R lo[16], hi[16];
+    for (int k = 0; k < nb; ++k) {
+      R r[16];
       for (int i = 0; i < 16; ++i) {
-        lo[i] = V::load(st + (kb + i) * 16);
-        hi[i] = V::load(st + (kb + 16 + i) * 16);
+        const int64_t t = static_cast<int64_t>(k) * kBlock + i;
+        r[i] = t < n ? V::round_bf16(V::exp(V::sub(V::mul(V::load(st + t * 16), sc), mx))) : V::zero();
+        l = V::add(l, r[i]);
       }
-      V::transpose(lo);
-      V::transpose(hi);
-      for (int h = 0; h < hg; ++h) {
-        const __m512bh both = _mm512_cvtne2ps_pbh(hi[h], lo[h]);  // keys kb..kb+31 of head h
-        V::store(reinterpret_cast<float*>(pm + h * n64 + kb), reinterpret_cast<const R&>(both));
-      }
-    }
-
-    // 3. O += P . V, 64 keys a step, 32 columns at a time: the V row pairs of those columns interleaved
-    //    into four B tiles (lo / hi columns of each 32-key half) that stay in L1 for their products
-    configure(hg, false);
-    for (int h = 0; h < hg; ++h)
-      for (int c = 0; c < DV; c += 16) V::store(acc + h * DV + c, V::zero());
-    for (int64_t kb = 0; kb < n; kb += 64) {
-      const uint16_t* src[64];  // the step's rows; rows past the chunk read as zeros
-      for (int i = 0; i < 64; ++i) src[i] = kb + i < n ? rows + (kb + i) * DK : zeros;
-      _tile_loadd(6, pm + kb, n64 * 2);
-      _tile_loadd(7, pm + kb + 32, n64 * 2);
-      for (int j = 0; j < DV / 32; ++j) {
-        for (int i = 0; i < 32; ++i) {  // pair i: rows 2i, 2i + 1 -> tile (i / 16), row i % 16
-          R lo, hi;
-          V::pair_rows(V::load_raw(src[2 * i] + 32 * j), V::load_raw(src[2 * i + 1] + 32 * j), lo, hi);
-          uint16_t* dst = vb + (i / 16) * 1024 + (i % 16) * 32;
-          V::store(reinterpret_cast<float*>(dst), lo);
-          V::store(reinterpret_cast<float*>(dst + 512), hi);
-        }
-        _tile_loadd(0, acc + 32 * j, DV * 4);
-        _tile_loadd(2, vb, 64);
-        _tile_loadd(3, vb + 1024, 64);
-        _tile_dpbf16ps(0, 6, 2);
-        _tile_dpbf16ps(0, 7, 3);
-        _tile_loadd(1, acc + 32 * j + 16, DV * 4);
-        _tile_loadd(4, vb + 512, 64);
-        _tile_loadd(5, vb + 1536, 64);
-        _tile_dpbf16ps(1, 6, 4);
-        _tile_dpbf16ps(1, 7, 5);
-        _tile_stored(0, acc + 32 * j, DV * 4);
-        _tile_stored(1, acc + 32 * j + 16, DV * 4);
+      next.fetch();
+      V::transpose(r);
+      next.fetch();
+      for (int h = 0; h < 16; ++h) {
+        V::store(pb + k * 512 + h * 16, r[h]);
+        _mm512_store_si512(pb + k * 512 + 256 + h * 16, _mm512_srli_epi32(_mm512_castps_si512(r[h]), 16));
       }
     }
-
-    // out: normalised rows, or the partial's acc with each head's max and sum
-    alignas(64) float mh[16], lh[16];
+    alignas(64) float mh[16], lh[16], inv[16];
     V::store(mh, mx);
     V::store(lh, l);
     for (int h = 0; h < hg; ++h) {
-      const float inv = a.m != nullptr ? 1.0f : (lh[h] > 0.0f ? 1.0f / lh[h] : 0.0f);
+      inv[h] = a.m != nullptr ? 1.0f : (lh[h] > 0.0f ? 1.0f / lh[h] : 0.0f);
       if (a.m != nullptr) {
         a.m[h0 + h] = mh[h];
         a.l[h0 + h] = lh[h];
       }
-      const R iv = V::set1(inv);
-      const float* src = acc + h * DV;
-      const int64_t dst = static_cast<int64_t>(h0 + h) * DV;
-      for (int c = 0; c < DV; c += 32) {
-        R n0, n1;
-        V::undo_dot_order(V::mul(V::load(src + c), iv), V::mul(V::load(src + c + 16), iv), n0, n1);
-        if (a.out_dtype == moelight::KvDtype::F32) {
-          V::store(static_cast<float*>(a.out) + dst + c, n0);
-          V::store(static_cast<float*>(a.out) + dst + c + 16, n1);
-        } else {
-          V::store_half(static_cast<uint16_t*>(a.out) + dst + c, n0, true);
-          V::store_half(static_cast<uint16_t*>(a.out) + dst + c + 16, n1, true);
-        }
+    }
+
+    // 3. O = P . V, 64 columns at a time: C tiles 0 / 1 the even / odd columns of the first 32, 2 / 3
+    //    of the next 32; A tile 4 P_o, 5 P_e; B tiles 6, 7 the block's rows
+    if (hg != 16) configure(hg, false);
+    for (int c = 0; c < DV; c += 64) {
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int k = 0; k < nb; ++k) {
+        _tile_loadd(6, blk[k] + c, DK * 2);
+        _tile_loadd(4, pb + k * 512, 64);
+        _tile_loadd(5, pb + k * 512 + 256, 64);
+        _tile_dpbf16ps(0, 5, 6);
+        _tile_dpbf16ps(1, 4, 6);
+        _tile_loadd(7, blk[k] + c + 32, DK * 2);
+        _tile_dpbf16ps(2, 5, 7);
+        _tile_dpbf16ps(3, 4, 7);
+        next.fetch();
       }
+      _tile_stored(0, ob, 64);
+      _tile_stored(1, ob + 256, 64);
+      _tile_stored(2, ob + 512, 64);
+      _tile_stored(3, ob + 768, 64);
+      store_columns(a, ob, inv, h0, hg, DV, c, stream, next);
     }
   }
   _tile_release();
+  if (stream) _mm_sfence();  // the streamed rows are visible before the caller's threads join
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include <torch/library.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <string>
@@ -109,6 +110,14 @@ Work plan_chunks(const std::vector<Spans>& seqs, int64_t chunk) {
   return w;
 }
 
+// This thread's scratch, kept between calls (a fresh vector per call and thread cost page faults and
+// zeroing on every decode step)
+std::vector<float>& thread_scratch(int64_t floats) {
+  thread_local std::vector<float> scratch;
+  if (static_cast<int64_t>(scratch.size()) < floats) scratch.resize(static_cast<size_t>(floats));
+  return scratch;
+}
+
 // Chunk length: long enough to stream, short enough for ~4 chunks per thread.
 int64_t chunk_length(int64_t total_keys, int nt, bool amx) {
   int64_t chunk = std::max<int64_t>(256, (total_keys + 4 * nt - 1) / (4 * nt));
@@ -144,59 +153,83 @@ at::Tensor latent_attend(const at::Tensor& q, const at::Tensor& cache, const std
   float* pacc = part_acc.data_ptr<float>();
   float* pml = part_ml.data_ptr<float>();
   const int64_t scratch_len = amx ? latent_amx_scratch_floats(W, dv) : latent_scratch_floats(H, W, dv);
-  std::vector<std::vector<float>> scratch(nt, std::vector<float>(scratch_len));
-  std::vector<std::vector<char>> gather_buf(w.gathered.empty() ? 0 : nt,
-                                            std::vector<char>(w.gather_rows * W * cache.element_size()));
-  std::vector<std::vector<const void*>> block_buf(w.gathered.empty() ? 0 : nt);
-  for (auto& blocks : block_buf) blocks.reserve(w.gather_rows / kLatentBlockKeys + 2);
   const char* qp = static_cast<const char*>(qc.data_ptr());
   char* outp = static_cast<char*>(out.data_ptr());
   const char* cp = static_cast<const char*>(cache.data_ptr());
-  const int64_t qes = qc.element_size(), ces = cache.element_size();
+  const int64_t qes = qc.element_size(), ces = cache.element_size(), row_bytes = W * ces;
   const int64_t n_chunks = static_cast<int64_t>(w.chunks.size());
   // Every parallel region wakes the OpenMP workers: tiny calls (< 256 KiB of rows) stay on this thread.
-  const bool parallel = n_chunks > 1 && total * W * ces >= (256 << 10);
+  const bool parallel = n_chunks > 1 && total * row_bytes >= (256 << 10);
 
-#pragma omp parallel for num_threads(nt) schedule(dynamic, 1) if (parallel)
-  for (int64_t i = 0; i < n_chunks; ++i) {
+  // What item i reads, as byte spans (what the kernel prefetches while the item before it runs): its
+  // rows, and its queries where the item before was another sequence's
+  auto spans_of = [&](int64_t i, int64_t before, std::vector<LatentSpan>& out_spans) {
+    out_spans.clear();
     const Chunk& c = w.chunks[i];
-    LatentArgs a{};
-    a.q = qp + c.b * H * W * qes;
-    a.q_dtype = io;
-    a.rows = cp + c.row * W * ces;
-    const int tid = parallel ? omp_get_thread_num() : 0;
-    if (c.gather >= 0) {  // a short sequence in several spans: read block by block, or copied together
-      const Spans& sp = *w.gathered[c.gather];
-      if (!amx && whole_blocks(sp)) {
-        std::vector<const void*>& blocks = block_buf[tid];
-        blocks.clear();
-        for (const auto& [row, n] : sp)
-          for (int64_t s = 0; s < n; s += kLatentBlockKeys) blocks.push_back(cp + (row + s) * W * ces);
-        a.blocks = blocks.data();
-      } else {
-        char* dst = gather_buf[tid].data();
-        a.rows = dst;
-        for (const auto& [row, n] : sp) {
-          std::memcpy(dst, cp + row * W * ces, static_cast<size_t>(n * W * ces));
-          dst += n * W * ces;
+    if (w.chunks[before].b != c.b) out_spans.push_back({qp + c.b * H * W * qes, H * W * qes});
+    if (c.gather < 0) {
+      out_spans.push_back({cp + c.row * row_bytes, c.n * row_bytes});
+    } else {
+      for (const auto& [row, n] : *w.gathered[c.gather]) out_spans.push_back({cp + row * row_bytes, n * row_bytes});
+    }
+  };
+
+  // Each thread takes the items in turn from a shared counter, one ahead of the one it runs: it knows
+  // its next item, and the AMX kernel prefetches that item's rows while it computes this one.
+  std::atomic<int64_t> counter{0};
+#pragma omp parallel num_threads(nt) if (parallel)
+  {
+    std::vector<float>& scratch = thread_scratch(scratch_len);
+    std::vector<char> gather_buf;
+    std::vector<const void*> blocks;
+    std::vector<LatentSpan> next_spans;
+    int64_t i = counter.fetch_add(1);
+    while (i < n_chunks) {
+      const int64_t next = counter.fetch_add(1);
+      const Chunk& c = w.chunks[i];
+      LatentArgs a{};
+      a.q = qp + c.b * H * W * qes;
+      a.q_dtype = io;
+      a.rows = cp + c.row * row_bytes;
+      if (c.gather >= 0) {  // a short sequence in several spans: read block by block, or copied together
+        const Spans& sp = *w.gathered[c.gather];
+        if (whole_blocks(sp)) {
+          blocks.clear();
+          for (const auto& [row, n] : sp)
+            for (int64_t s = 0; s < n; s += kLatentBlockKeys) blocks.push_back(cp + (row + s) * row_bytes);
+          a.blocks = blocks.data();
+        } else {
+          gather_buf.resize(static_cast<size_t>(w.gather_rows * row_bytes));
+          char* dst = gather_buf.data();
+          a.rows = dst;
+          for (const auto& [row, n] : sp) {
+            std::memcpy(dst, cp + row * row_bytes, static_cast<size_t>(n * row_bytes));
+            dst += n * row_bytes;
+          }
         }
       }
+      a.n_keys = c.n;
+      a.heads = static_cast<int>(H);
+      a.scale = static_cast<float>(scale);
+      a.bf16_p = io != KvDtype::F32;
+      a.scratch = scratch.data();
+      if (c.part < 0) {
+        a.out = outp + c.b * H * dv * qes;
+        a.out_dtype = io;
+      } else {
+        a.out = pacc + c.part * H * dv;
+        a.out_dtype = KvDtype::F32;
+        a.m = pml + c.part * 2 * H;
+        a.l = a.m + H;
+      }
+      if (next < n_chunks) {
+        spans_of(next, i, next_spans);
+        a.next = next_spans.data();
+        a.n_next = static_cast<int>(next_spans.size());
+      }
+      fn(a);
+      i = next;
     }
-    a.n_keys = c.n;
-    a.heads = static_cast<int>(H);
-    a.scale = static_cast<float>(scale);
-    a.bf16_p = io != KvDtype::F32;
-    a.scratch = scratch[tid].data();
-    if (c.part < 0) {
-      a.out = outp + c.b * H * dv * qes;
-      a.out_dtype = io;
-    } else {
-      a.out = pacc + c.part * H * dv;
-      a.out_dtype = KvDtype::F32;
-      a.m = pml + c.part * 2 * H;
-      a.l = a.m + H;
-    }
-    fn(a);
   }
 
   // Merge split sequences: rescale each part to the common max, then normalise.

@@ -7,6 +7,12 @@
 
 namespace moelight {
 
+// Bytes a work item reads: a run of consecutive cache rows.
+struct LatentSpan {
+  const void* p;
+  int64_t bytes;
+};
+
 // One work item: every query head of one sequence against keys [0, n_keys) of its latent rows.
 // A row is [latent (dv), RoPE key (dk - dv)]; the score of head h is q_h . row, its value the
 // row's first dv elements. Rows are contiguous (stride dk elements of the cache dtype).
@@ -25,11 +31,13 @@ struct LatentArgs {
   float* m;           // nullptr: write softmax-normalised rows; else the unnormalised accumulator
   float* l;           // and each head's running max m and sum l (split-K partials)
   float* scratch;     // latent_scratch_floats(heads, dk, dv) floats for this call's thread
+  const LatentSpan* next = nullptr;  // the rows of this thread's next item (n_next spans), which the
+  int n_next = 0;                    // AMX kernel prefetches into L2 while it computes this one
 };
 
 using LatentFn = void (*)(const LatentArgs&);
 
-constexpr int64_t kLatentBlockKeys = 16;  // keys per block of the (non-AMX) kernel: LatentArgs::blocks
+constexpr int64_t kLatentBlockKeys = 16;  // keys per block of the kernels (an AMX tile): LatentArgs::blocks
 
 // Floats of per-thread scratch one call needs (queries, accumulators, scores, one widened block,
 // maxima, the queries packed with heads in the lanes).
@@ -37,11 +45,13 @@ inline int64_t latent_scratch_floats(int64_t heads, int64_t dk, int64_t dv) {
   return heads * dk + heads * dv + 2 * heads * 16 + 16 * dk + heads + heads * dk;
 }
 
-// AMX (latent_amx.cpp): a bf16 cache and bf16 queries, work items of at most kAmxMaxKeys keys.
-constexpr int64_t kAmxMaxKeys = 256;
+// AMX (latent_amx.cpp): a bf16 cache and bf16 queries, work items of at most kAmxMaxKeys keys, read in
+// place block by block (LatentArgs::blocks) like the other kernels.
+constexpr int64_t kAmxMaxKeys = 512;
 inline int64_t latent_amx_scratch_floats(int64_t dk, int64_t dv) {
-  const int64_t n64 = kAmxMaxKeys;  // a multiple of 64
-  return 16 + dk / 2 * 16 + n64 * 16 + 8 * n64 + dv / 16 * 512 + 16 * dv + 16 * dk;
+  (void)dv;  // the output goes out 64 columns at a time
+  // alignment, query pairs, scores, probabilities (P_o and P_e), 4 output tiles, a zero-padded tail block
+  return 16 + dk / 2 * 16 + kAmxMaxKeys * 16 + kAmxMaxKeys * 32 + 4 * 256 + 16 * dk / 2;
 }
 bool amx_usable();  // the CPU has AMX-BF16 and the OS let this process use its tiles
 
