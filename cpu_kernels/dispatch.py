@@ -164,7 +164,7 @@ def paged_prefill_attention(
 
 
 # int8 / int4 experts multiply on int8 activations where the ISA has that path (AVX2: int4 at any row count, int8
-# up to 16 rows; AVX512-VNNI: both at any row count; AMX: VNNI's, int8 up to 20 rows and int4 up to 16, the AMX-BF16
+# up to 16 rows; AVX512-VNNI: both at any row count; AMX: VNNI's, int8 and int4 up to 10 rows, the AMX-BF16
 # tiles above): faster there (BENCHMARKS §16), at a relative error of the activation's 8-bit rounding.
 # MOELIGHT_INT8_ACTIVATIONS=0 keeps the bf16 path's numbers (the GPU's and the torch fallback's).
 INT8_ACTIVATIONS = os.environ.get("MOELIGHT_INT8_ACTIVATIONS", "1") != "0"

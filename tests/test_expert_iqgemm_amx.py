@@ -14,7 +14,7 @@ from cpu_kernels.expert_reference import ActSpec
 from tests.test_expert_kernels import HAS_CPP, INT_CASES, INT_IDS, _case, _has_vnni, _reference
 
 # The AMX table's crossovers: an expert with up to this many rows takes iqgemm.
-CROSSOVER = {"int8": 20, "int4": 16}
+CROSSOVER = {"int8": 10, "int4": 10}
 
 
 @pytest.fixture

@@ -127,15 +127,15 @@ const moelight::ExpertIsa* moelight::amx_expert_isa() {
     t.row_step = 16;  // whole tiles
     // VNNI's int8-activation products for an expert's few rows, where they beat expanding the codes
     // to bf16 for the tiles (the rows then exactly its tokens, not a tile's 16). Timed on an AMX host
-    // (2 cores; benchmarks/bench_iqgemm_crossover.py, results/expert_iqgemm_amx.md): VNNI stops
-    // winning at 16-24 rows per expert for int8 and 14-24 for uint4 (bench-qwen3-moe's narrow
-    // experts lowest); at one row it is 2.6-4.7x faster, at 8 rows 1.5-2.3x. The tiles' cost steps
-    // at 17 rows (a second 16-row tile), so int8 keeps VNNI to 20. AMX-INT8 tile products lost at
-    // 16-64 rows: QuantRows' scale per 32 k means draining the int32 tile (store, convert, scale)
+    // (2 cores; benchmarks/bench_iqgemm_crossover.py): with the tiles fed from cache (rows stored as
+    // tiles, the next strip read ahead) VNNI wins at 8 rows per expert on every shape and loses from
+    // 12-14 (results/expert_iqgemm_amx_tiles.md); against the older tiles it won to 16-24 rows
+    // (results/expert_iqgemm_amx.md). At one row it is 2.6-4.7x faster. AMX-INT8 tile products lost
+    // at 16-64 rows: QuantRows' scale per 32 k means draining the int32 tile (store, convert, scale)
     // after every product, which cost more than dequantising the strip once.
     with_vnni_products(t);
-    t.iqgemm_rows_i8 = 20;
-    t.iqgemm_rows_u4 = 16;
+    t.iqgemm_rows_i8 = 10;
+    t.iqgemm_rows_u4 = 10;
     return t;
   }();
   return &isa;
