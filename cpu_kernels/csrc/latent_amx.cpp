@@ -74,7 +74,10 @@ void configure(int hg, bool scores) {
 }
 
 // The thread's next work item, prefetched a few lines per call of fetch() (`slots` calls for the item):
-// kStreams cursors, each over its share of the item's bytes in address order.
+// kStreams cursors, each over its share of the item's bytes in address order. The rate is a 16.16 fixed-
+// point count of lines per stream and call, so the prefetches spread evenly over all the item's calls
+// and end with its last (whole lines per call ended at ~88% of the calls, in bursts of up to 24 lines at
+// 512 keys: measured slower at 16 x 2048).
 class NextItem {
  public:
   static constexpr int kStreams = 8;
@@ -88,30 +91,47 @@ class NextItem {
     for (int k = 0; k < kStreams; ++k) {  // stream k: lines [k * lines / S, (k + 1) * lines / S) end to end
       const int64_t first = k * lines / kStreams, last = (k + 1) * lines / kStreams;
       while (before + (a.next[span].bytes + 63) / 64 <= first) before += (a.next[span++].bytes + 63) / 64;
-      c_[k] = {a.next + span, static_cast<const char*>(a.next[span].p) + (first - before) * 64, last - first};
+      const char* start = static_cast<const char*>(a.next[span].p);
+      c_[k] = {a.next + span, start + (first - before) * 64, start + a.next[span].bytes, last - first};
     }
-    per_ = static_cast<int>((lines / kStreams + slots) / slots);
+    const int64_t per_stream = (lines + kStreams - 1) / kStreams;
+    rate_ = static_cast<uint32_t>((per_stream << 16) / slots + 1);
+    live_ = true;
   }
 
   void fetch() {
-    for (int j = 0; j < per_; ++j)
-      for (Cursor& c : c_) {
-        if (c.left == 0) continue;
-        if (c.p >= static_cast<const char*>(c.span->p) + c.span->bytes) c.p = static_cast<const char*>((++c.span)->p);
+    if (!live_) return;
+    acc_ += rate_;
+    const int64_t n = acc_ >> 16;
+    acc_ &= 0xffff;
+    bool any = false;
+    for (Cursor& c : c_) {
+      int64_t m = n < c.left ? n : c.left;
+      c.left -= m;
+      any |= c.left > 0;
+      for (; m > 0; --m) {
+        if (c.p >= c.end) {  // on into the next span
+          ++c.span;
+          c.p = static_cast<const char*>(c.span->p);
+          c.end = c.p + c.span->bytes;
+        }
         _mm_prefetch(c.p, _MM_HINT_T0);
         c.p += 64;
-        --c.left;
       }
+    }
+    live_ = any;
   }
 
  private:
   struct Cursor {
     const moelight::LatentSpan* span;
-    const char* p;
-    int64_t left;
+    const char* p;    // the next line to prefetch
+    const char* end;  // the end of span's bytes
+    int64_t left;     // lines left
   };
   Cursor c_[kStreams] = {};
-  int per_ = 0;
+  uint32_t rate_ = 0, acc_ = 0;
+  bool live_ = false;
 };
 
 // One 32-dim step of the scores of G blocks: B tile TB the step's queries, A tile 3 + j block j's rows,

@@ -1,0 +1,204 @@
+// Where the AMX latent decode kernel's time goes: the kernel against its own read pattern without
+// compute, and its compute with the rows hot, at the bench's shapes (16 heads, rows of 512 + 64 bf16,
+// every sequence at one context, regions of context + 64 rows on huge pages), scheduled as
+// latent_attention.cpp schedules it (2 OpenMP threads, items from a shared counter, the next item's
+// rows prefetched). No torch: it links cpu_kernels/csrc/latent_amx.cpp alone.
+//
+//   g++ -O3 -fopenmp -fno-math-errno -Icpu_kernels/csrc benchmarks/latent_amx_ceiling.cpp
+//       cpu_kernels/csrc/latent_amx.cpp -o /tmp/latent_amx_ceiling   (one line)
+//   flock /tmp/cpu.lock /tmp/latent_amx_ceiling 256 117 kernel    # or 16 2048, and the modes below
+//
+// Modes: kernel (as latent_attend runs it), nonext (no prefetch of the next item), hot (each thread
+// repeats one item: compute with the rows in L2), read (each item's bytes in address order, 64-byte
+// loads), tiles (each item's lines in the scores' tile order: 32-dim steps over three blocks of 16
+// rows, one 8-byte load per line, no compute). Each timed call follows the read-bandwidth probe
+// (stream_read's loop over 512 MiB on 2 threads), which also evicts the rows from the caches.
+#include <omp.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <immintrin.h>
+#include <string>
+#include <vector>
+
+#include "latent_kernels.h"
+
+using namespace moelight;
+
+namespace {
+
+constexpr int kHeads = 16, kDk = 576, kDv = 512, kThreads = 2;
+constexpr int64_t kRowBytes = kDk * 2;
+
+void* huge_alloc(size_t n) {
+  n = (n + (2u << 20) - 1) & ~size_t((2u << 20) - 1);
+  void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  madvise(p, n, MADV_HUGEPAGE);
+  return p;
+}
+
+void fill_bf16(uint16_t* p, int64_t n, float amp) {
+  for (int64_t i = 0; i < n; ++i) {
+    const float f = (rand() / static_cast<float>(RAND_MAX) - 0.5f) * amp;
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    p[i] = static_cast<uint16_t>(u >> 16);
+  }
+}
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+struct Item {
+  int64_t b, row, n, part;  // sequence, first cache row, keys, partial index (-1: whole sequence)
+};
+
+__attribute__((target("avx512f"))) uint64_t read_in_order(const char* p, int64_t bytes) {
+  __m512i acc = _mm512_setzero_si512();
+  for (int64_t i = 0; i < bytes; i += 64) acc = _mm512_xor_si512(acc, _mm512_loadu_si512(p + i));
+  alignas(64) uint64_t lanes[8];
+  _mm512_store_si512(lanes, acc);
+  return lanes[0] ^ lanes[7];
+}
+
+uint64_t read_in_tile_order(const char* p, int64_t n) {
+  uint64_t s = 0;
+  const int nb = static_cast<int>((n + 15) / 16);
+  for (int b0 = 0; b0 < nb; b0 += 3)
+    for (int step = 0; step < kDk / 32; ++step)
+      for (int b = b0; b < std::min(nb, b0 + 3); ++b)
+        for (int r = 0; r < 16 && b * 16 + r < n; ++r)
+          s += *reinterpret_cast<const volatile uint64_t*>(p + (b * 16 + r) * kRowBytes + step * 64);
+  return s;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: %s sequences context kernel|nonext|hot|read|tiles [reps]\n", argv[0]);
+    return 2;
+  }
+  const int B = std::atoi(argv[1]), ctx = std::atoi(argv[2]);
+  const std::string mode = argv[3];
+  const int reps = argc > 4 ? std::atoi(argv[4]) : 30;
+  const int64_t cap = ctx + 64;
+  srand(1);
+  auto* cache = static_cast<uint16_t*>(huge_alloc(B * cap * kRowBytes));
+  fill_bf16(cache, B * cap * kDk, 1.0f);
+  auto* q = static_cast<uint16_t*>(huge_alloc(B * kHeads * kDk * 2));
+  fill_bf16(q, B * kHeads * kDk, 0.1f);
+  auto* out = static_cast<uint16_t*>(huge_alloc(B * kHeads * kDv * 2));
+
+  // items as latent_attend cuts them (chunk_length with AMX)
+  const int64_t total = static_cast<int64_t>(B) * ctx;
+  int64_t chunk = std::max<int64_t>(256, (total + 4 * kThreads - 1) / (4 * kThreads));
+  chunk = std::min((chunk + 15) / 16 * 16, kAmxMaxKeys);
+  std::vector<Item> items;
+  int64_t n_parts = 0;
+  for (int b = 0; b < B; ++b) {
+    if (ctx <= chunk) {
+      items.push_back({b, b * cap, ctx, -1});
+      continue;
+    }
+    for (int64_t s = 0; s < ctx; s += chunk) items.push_back({b, b * cap + s, std::min(chunk, ctx - s), n_parts++});
+  }
+  auto* pacc = static_cast<float*>(huge_alloc(std::max<int64_t>(1, n_parts) * kHeads * kDv * 4));
+  auto* pml = static_cast<float*>(huge_alloc(std::max<int64_t>(1, n_parts) * 2 * kHeads * 4));
+  const LatentFn fn = amx_latent_fn(KvDtype::BF16, kDk, kDv);
+  if (fn == nullptr) {
+    std::fprintf(stderr, "no AMX latent kernel on this CPU\n");
+    return 1;
+  }
+  const size_t probe_bytes = 512u << 20;
+  auto* probe_buf = static_cast<char*>(huge_alloc(probe_bytes));
+  std::memset(probe_buf, 1, probe_bytes);
+  std::vector<std::vector<float>> scratch(kThreads, std::vector<float>(latent_amx_scratch_floats(kDk, kDv) + 16));
+  const int64_t n_items = static_cast<int64_t>(items.size());
+  volatile uint64_t sink = 0;
+
+  auto run = [&] {
+    std::atomic<int64_t> counter{0};
+#pragma omp parallel num_threads(kThreads)
+    {
+      const int tid = omp_get_thread_num();
+      std::vector<LatentSpan> next_spans;
+      uint64_t s = 0;
+      int64_t i = counter.fetch_add(1);
+      while (i < n_items) {
+        const int64_t next = counter.fetch_add(1);
+        const Item& c = items[i];
+        const char* rows = reinterpret_cast<const char*>(cache + c.row * kDk);
+        if (mode == "read") {
+          s += read_in_order(rows, c.n * kRowBytes);
+        } else if (mode == "tiles") {
+          s += read_in_tile_order(rows, c.n);
+        } else {
+          const Item& src = mode == "hot" ? items[tid] : c;
+          LatentArgs a{};
+          a.q = q + src.b * kHeads * kDk;
+          a.q_dtype = KvDtype::BF16;
+          a.rows = cache + src.row * kDk;
+          a.n_keys = src.n;
+          a.heads = kHeads;
+          a.scale = 0.07f;
+          a.bf16_p = true;
+          a.scratch = scratch[tid].data();
+          if (c.part < 0) {
+            a.out = out + c.b * kHeads * kDv;
+            a.out_dtype = KvDtype::BF16;
+          } else {
+            a.out = pacc + c.part * kHeads * kDv;
+            a.out_dtype = KvDtype::F32;
+            a.m = pml + c.part * 2 * kHeads;
+            a.l = a.m + kHeads;
+          }
+          if (next < n_items && mode == "kernel") {
+            const Item& n2 = items[next];
+            next_spans.clear();
+            if (n2.b != c.b) next_spans.push_back({q + n2.b * kHeads * kDk, kHeads * kDk * 2});
+            next_spans.push_back({cache + n2.row * kDk, n2.n * kRowBytes});
+            a.next = next_spans.data();
+            a.n_next = static_cast<int>(next_spans.size());
+          }
+          fn(a);
+        }
+        i = next;
+      }
+      sink += s;
+    }
+  };
+  auto probe = [&] {  // stream_read's loop
+    const auto* p = reinterpret_cast<const uint64_t*>(probe_buf);
+    const int64_t n = probe_bytes / 8;
+    uint64_t acc = 0;
+#pragma omp parallel for num_threads(kThreads) schedule(static) reduction(^ : acc)
+    for (int64_t i = 0; i < n; ++i) acc ^= p[i];
+    sink += acc;
+  };
+
+  run();
+  std::vector<double> ratios, times;
+  for (int r = 0; r < reps; ++r) {
+    double t0 = now_s();
+    probe();
+    const double bw = probe_bytes / (now_s() - t0);
+    t0 = now_s();
+    run();
+    const double t = now_s() - t0;
+    times.push_back(t);
+    ratios.push_back(total * kRowBytes / t / bw);
+  }
+  std::sort(times.begin(), times.end());
+  std::sort(ratios.begin(), ratios.end());
+  std::printf("%dx%d %-7s median %.3f ms (min %.3f), %.1f GB/s; share of the probe's read rate: median %.2f (%.2f-%.2f)\n",
+              B, ctx, mode.c_str(), times[reps / 2] * 1e3, times[0] * 1e3, total * kRowBytes / times[reps / 2] / 1e9,
+              ratios[reps / 2], ratios[0], ratios.back());
+  return 0;
+}
