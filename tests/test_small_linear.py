@@ -15,7 +15,8 @@ pytestmark = pytest.mark.skipif(not dispatch.small_linear_available(), reason="C
 
 @pytest.mark.parametrize("rows", [1, 2, 3, 4])
 @pytest.mark.parametrize("k,n,bias", [(1024, 3000, False), (200, 77, True), (40, 5, True)])
-def test_small_linear_matches_float64(rows, k, n, bias):
+def test_small_linear_matches_float64(cpp_backend, rows, k, n, bias):
+    """On every ISA level: AVX2's loop, and the AVX-512 one the AVX-512 levels (and AMX) run."""
     g = torch.Generator().manual_seed(rows * k + n)
     x = torch.randn(rows, k, generator=g).to(torch.bfloat16)
     w = (torch.randn(n, k, generator=g) * 0.05).to(torch.bfloat16)

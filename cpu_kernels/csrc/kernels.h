@@ -45,6 +45,9 @@ AttnFn avx2_attn_fn(KvDtype dtype, int64_t d);
 // weight w [N, k] row-major, out float32 of row stride ldo (small_linear_avx2.cpp).
 void small_linear_rows_avx2(const float* x, int64_t m, const uint16_t* w, int64_t n0, int64_t n1, int64_t k,
                             float* out, int64_t ldo);
+// The same on AVX-512 (small_linear_avx512.cpp), for the AVX-512 ISA levels.
+void small_linear_rows_avx512(const float* x, int64_t m, const uint16_t* w, int64_t n0, int64_t n1, int64_t k,
+                              float* out, int64_t ldo);
 
 // Active kernel table, chosen from the CPU at first use (see isa.cpp).
 AttnFn attn_fn(KvDtype dtype, int64_t d);

@@ -34,8 +34,11 @@ at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::opt
   const float* xp = xf.data_ptr<float>();
   const uint16_t* wp = reinterpret_cast<const uint16_t*>(w.data_ptr());
   float* yp = y.data_ptr<float>();
+  const bool wide = std::strcmp(active_isa(), "avx2") != 0;  // an AVX-512 level
   if (m > 0) {
-    at::parallel_for(0, n, kRowsPerThread, [&](int64_t n0, int64_t n1) { small_linear_rows_avx2(xp, m, wp, n0, n1, k, yp, n); });
+    at::parallel_for(0, n, kRowsPerThread, [&](int64_t n0, int64_t n1) {
+      (wide ? small_linear_rows_avx512 : small_linear_rows_avx2)(xp, m, wp, n0, n1, k, yp, n);
+    });
   }
   if (bias.has_value() && bias->defined()) y.add_(bias->to(at::kFloat));
   auto sizes = x.sizes().vec();
