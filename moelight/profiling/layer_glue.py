@@ -26,7 +26,7 @@ TOKENS = (32, 256)
 CONTEXT = 64
 
 
-def glue_line(tokens: tuple[int, int], glue_s: tuple[float, float], nbytes: tuple[float, float],
+def glue_line(glue_s: tuple[float, float], nbytes: tuple[float, float],
               fallback_overhead: float) -> tuple[float, float]:
     """(seconds per layer pass, element-wise bytes/s) of the line through (bytes, glue seconds) at the two
     token counts. A noisy host may leave no positive slope: then all the glue at the larger count is
@@ -63,12 +63,13 @@ def measure_layer_glue(dtype, gemm_seconds: Callable[[object, float], float], qu
         rest = _pass_rest_seconds(model, cfg, dtype, t, samples)
         glue.append(rest - gemm_seconds(spec, float(t)))
         nbytes.append(float(pre_attention_elementwise(spec, t, b).bytes + post_attention_elementwise(spec, t, b).bytes))
-    return glue_line(TOKENS, (glue[0], glue[1]), (nbytes[0], nbytes[1]), fallback_overhead)
+    return glue_line((glue[0], glue[1]), (nbytes[0], nbytes[1]), fallback_overhead)
 
 
 def _pass_rest_seconds(model, cfg, dtype, tokens: int, samples: int) -> float:
     """Seconds of one layer pass at `tokens` decode tokens, less its expert and attention kernels (the
-    fastest of `samples` steps, each over LAYERS layers)."""
+    median of `samples` steps, each over LAYERS layers)."""
+    import statistics
     import time
 
     import torch
@@ -97,17 +98,16 @@ def _pass_rest_seconds(model, cfg, dtype, tokens: int, samples: int) -> float:
     for fused in moes:
         fused.fused_mix = timed(fused.fused_mix)
     cache.attend = timed(saved_attend)
-    best = float("inf")
+    rests = []
     try:
-        for i in range(samples + 1):  # the first warms the allocator and the kernels' caches
+        for _ in range(samples + 1):  # the first warms the allocator and the kernels' caches
             kernels[0] = 0.0
             t0 = time.perf_counter()
             decode_step(model, cache, ids, cache.offsets, pos)
-            rest = time.perf_counter() - t0 - kernels[0]
-            if i:
-                best = min(best, rest)
+            rests.append(time.perf_counter() - t0 - kernels[0])
     finally:
         for fused in moes:
             del fused.fused_mix
         del cache.attend
-    return best / cfg.num_layers
+    # the median, not the fastest: a job pays the glue's typical cost every layer of every step
+    return statistics.median(rests[1:]) / cfg.num_layers
