@@ -175,6 +175,18 @@ def lm_head_time(hw: HardwareSpec, m: ModelSpec, tokens, where: str = "gpu", dty
 
 
 LOGITS_BYTES = 4.0  # float32 logits per vocabulary entry: the host samples from them
+# bytes a logit costs the host's passes over a step's logits: the LM head's bf16 output read and widened
+# to float32 (2 + 4), the finiteness check's sum and the greedy argmax read the float32 logits (4 + 4)
+LOGIT_PASS_BYTES = 14.0
+
+
+def logits_passes_time(hw: HardwareSpec, m: ModelSpec, tokens):
+    """Seconds of the host's passes over `tokens` rows of logits (moelight.engine.generation._accept and
+    the sampler's greedy argmax) at the CPU's measured rate for them; 0 where it was not measured. With
+    the LM head on a GPU the widening runs there, but the host still reads the logits twice: charged alike."""
+    rate = hw.cpu.logits_bandwidth
+    n = np.asarray(tokens, float) * m.vocab_size * LOGIT_PASS_BYTES
+    return _t(n / rate if rate else 0.0 * n)
 
 
 def logits_to_host_time(hw: HardwareSpec, m: ModelSpec, tokens, copies=1):

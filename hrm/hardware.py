@@ -66,6 +66,9 @@ class Level:
     # routed-expert kernel where it is not the GEMM above (the fused CPU kernel: on hosts where oneDNN does
     # not pack bf16 it runs ~5x aten's rate; int4 experts multiply on int8 activations, faster again)
     expert_gemm_flops: dict[str, list[list[float]]] = field(default_factory=dict)
+    # bytes/s of the host's passes over a decode step's float32 logits (widen, finiteness check, greedy
+    # argmax: hrm.costs.LOGIT_PASS_BYTES a logit); 0: not measured, free
+    logits_bandwidth: float = 0.0
 
     def gemm_peak(self, dtype: str, rows=None):
         """FLOP/s of a GEMM with `rows` rows (M): the measured curve interpolated in log M,
@@ -106,6 +109,7 @@ class Level:
             attention_flops={k: v * t for k, v in self.attention_flops.items()},
             elementwise_bandwidth=self.elementwise_bandwidth * t,
             gemm_bandwidth=self.gemm_bandwidth * t,
+            logits_bandwidth=self.logits_bandwidth * t,
         )
 
     def weight_stream_bandwidth(self) -> float:

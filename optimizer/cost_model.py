@@ -34,6 +34,7 @@ layer-major, once per pass when the runtime prefills in chunks: WorkloadSpec.pre
   T_pre_layer = max(n * prefill_layer(mu, prompt), T_weights_h2d(x), T_kv_d2h(y), T_pre_host(x), T_pre_stage(x))
 End to end for one batch: T = L T_pre_layer + head + (gen-1) (L T_layer + head), where
 head = n * (lm_head(mu) + per-step overhead) + N * the host's per-sequence step work
+       + the host's passes over N rows of logits (widen, check, argmax)
        + (FFN on GPU) N rows of float32 logits over one GPU's link to the host sampler.
 """
 
@@ -272,7 +273,8 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
     pre_comp = n_mb * (costs.prefill_layer_time(hw, m, mu, max(p_new, 1.0), ffn_lvl, dtype) + pre_reduce) \
         + costs.runtime_layer_time(hw, passes, ffn_lvl) + zeros
     head = n_mb * (costs.lm_head_time(hw, m, mu, ffn_lvl, dtype)
-                   + costs.step_overhead_time(hw, 1.0, ffn_lvl)) + costs.sequence_step_time(hw, big_n) + zeros
+                   + costs.step_overhead_time(hw, 1.0, ffn_lvl)) + costs.sequence_step_time(hw, big_n) \
+        + costs.logits_passes_time(hw, m, big_n) + zeros
     if has_gpu and f_g:  # the head ran on the GPU: every micro-batch's logits cross to the host sampler
         head = head + costs.logits_to_host_time(hw, m, big_n, copies=n_mb)
 

@@ -27,10 +27,12 @@ def _describe(hw) -> str:
     if c.elementwise_bandwidth:
         lines.append(f"     element-wise ops between the matmuls: {c.elementwise_bandwidth / 1e9:.1f} GB/s")
     if c.layer_overhead_s or c.step_overhead_s:
-        lines.append(f"     dispatch overhead: {c.layer_overhead_s * 1e3:.2f} ms per layer pass, "
+        lines.append(f"     fixed costs: {c.layer_overhead_s * 1e3:.2f} ms per layer pass (beside its kernels), "
                      f"{c.step_overhead_s * 1e3:.2f} ms per micro-batch step")
     if c.sequence_step_s:
         lines.append(f"     host work per sequence: {c.sequence_step_s * 1e6:.1f} us per decode step")
+    if c.logits_bandwidth:
+        lines.append(f"     passes over a step's logits (widen, check, argmax): {c.logits_bandwidth / 1e9:.1f} GB/s")
     if hw.staging_bandwidth:
         lines.append(f"     pageable -> pinned copy (the first paging hop): {hw.staging_bandwidth / 1e9:.1f} GB/s")
     if hw.has_gpu:

@@ -108,7 +108,9 @@ def resolve_hardware(name: str | None, log: Callable[[str], None] | None = None)
 def _profile_is_stale(path) -> bool:
     """Not JSON (a write cut short), or a measured CPU level (it has a GEMM curve) without the element-wise
     rate (written before the HRM charged element-wise work: plans ~25% optimistic) or without the host's work per
-    sequence (large batches on a GPU host: several times optimistic), or a measured GPU without its
+    sequence (large batches on a GPU host: several times optimistic) or without the rate of its passes over
+    the logits (written before the layer glue and the expert probes were measured in place: the README job
+    on an AMX host ~40% optimistic), or a measured GPU without its
     expert-GEMM rate (written before the HRM used achieved GPU rates: plans 2-3x optimistic) or
     without the runtime's cost per layer pass (small models on fast GPUs: ~10x optimistic)."""
     import json
@@ -121,7 +123,8 @@ def _profile_is_stale(path) -> bool:
     except (OSError, AttributeError):
         return False  # let the normal load report what is wrong with it
     measured_cpu = bool(cpu.get("gemm_flops"))
-    return (measured_cpu and (not cpu.get("elementwise_bandwidth") or not cpu.get("sequence_step_s"))) or (
+    return (measured_cpu and (not cpu.get("elementwise_bandwidth") or not cpu.get("sequence_step_s")
+                              or not cpu.get("logits_bandwidth"))) or (
         bool(gpu) and (not gpu.get("gemm_bandwidth") or not gpu.get("runtime_layer_s")))
 
 

@@ -8,11 +8,12 @@ the engine runs, so the HRM predicts the engine rather than an ideal machine:
   (an expert's weights come from DRAM in every layer); small M is far below peak,
 - the decode attention kernel's KV read bandwidth and the prefill attention FLOP/s
   (cpu_kernels),
-- the fixed cost per layer pass and per decode step (Python dispatch, small ops), from
-  decode steps of two toy models that differ only in depth (their compute is ~0), and the
-  engine's host work per sequence per step (sequence_step.py),
-- the rate of the element-wise work between the GEMMs (norms, rotary, MoE glue): one
-  real decoder layer minus its GEMMs, at two token counts.
+- the fixed cost per decode step (Python dispatch, small ops), from a toy model's decode step
+  (its compute is ~0), and the engine's host work per sequence per step (sequence_step.py),
+- the fixed cost per layer pass and the rate of the element-wise work between the GEMMs (norms,
+  rotary, KV writes, routing), from real decoder layers decoding in place, less their expert and
+  attention kernels and the HRM's GEMM terms, at two token counts (layer_glue.py),
+- the rate of the host's passes over a decode step's logits (cast, check, argmax).
 The pageable -> pinned copy rate (the first paging hop) is measured on any host; with CUDA
 moelight/profiling/gpu_profile.py measures the GPU terms and the link, and runtime_pass.py the cost of
 a layer pass through the CGOPipe runtime itself.
@@ -24,10 +25,12 @@ from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Callable
 from dataclasses import replace
 
 from hrm.hardware import HardwareSpec, Level, Link
 from moelight.profiling.expert_kernel_curve import measure_expert_curve
+from moelight.profiling.layer_glue import measure_layer_glue
 from moelight.profiling.runtime_pass import measure_runtime_layer_pass
 from moelight.profiling.sequence_step import measure_sequence_step
 from moelight.profiling.timing import best_time
@@ -166,80 +169,40 @@ def measure_overheads(dtype, quick: bool = False) -> tuple[float, float]:
     return max(0.0, (full - bare) / depth), bare
 
 
-ELEMENTWISE_TRIES = 3  # a noisy host can make the slope flat or negative: measure again, longer
+LOGIT_ROWS, LOGIT_VOCAB = 256, 32000
 
 
-def measure_elementwise(dtype, quick: bool = False) -> float:
-    """Bytes/s of the engine's element-wise work around the GEMMs, 0.0 only where unmeasurable
-    (no packed matmuls for this dtype).
-
-    One decoder layer of a small MoE (bench-1b shapes; its 176 MB of experts stream from
-    DRAM as in a real layer) runs pre- and post-attention at 32 and 1024 tokens; the same
-    GEMMs (same shapes, same routing) are timed alone and subtracted. The rate is the
-    slope of the remainder over the bytes hrm.operators counts for that work; the
-    intercept is dispatch, which `measure_overheads` already charges per layer. Where noise
-    leaves no positive slope after a few longer tries, the rate at 1024 tokens is taken (its
-    remainder includes the dispatch; where even that is not positive, the whole layer's time:
-    lower bounds of the rate, never a missing one, which the HRM would read as free work).
-    """
-    from hrm.dtypes import dtype_bytes
-    from hrm.model import model_from_hf_config
-    from hrm.operators import post_attention_elementwise, pre_attention_elementwise
-    from moelight.loading.presets import PRESETS
-    from moelight.loading.weights import build_model
-    from moelight.runtime.cpu_linear import pack_model
-
-    cfg = replace(PRESETS["bench-1b"], num_layers=1, vocab_size=256)
-    model = build_model(cfg, dtype, None, 0)
-    if not pack_model(model, fused_experts=False):  # the per-expert loop, whose glue this measures
-        return 0.0
-    samples = 6 if quick else 20
-    spec = model_from_hf_config(cfg.to_hf_dict(), "profile")
-    b = dtype_bytes(str(dtype).removeprefix("torch."))
-    nbytes = [float(pre_attention_elementwise(spec, t, b).bytes + post_attention_elementwise(spec, t, b).bytes)
-              for t in (32, 1024)]
-    for attempt in range(ELEMENTWISE_TRIES):
-        glue, whole = _glue_seconds(model, cfg, dtype, samples * (attempt + 1))
-        if glue[1] > glue[0]:
-            return (nbytes[1] - nbytes[0]) / (glue[1] - glue[0])
-    return nbytes[1] / (glue[1] if glue[1] > 0 else whole)
-
-
-def _glue_seconds(model, cfg, dtype, samples: int) -> tuple[list[float], float]:
-    """Seconds of one layer's pre- and post-attention minus its GEMMs at 32 and at 1024 tokens, and
-    the whole layer's at 1024."""
+def measure_logits_passes(quick: bool = False) -> float:
+    """Bytes/s of the host's passes over a decode step's logits, as the engine runs them: the LM head's
+    bf16 output widened to float32 (MoECausalLM.logits), the finiteness check (one sum) and the greedy
+    argmax (cpu_kernels.topk_rows): hrm.costs.LOGIT_PASS_BYTES per logit. At 256 sequences and a 32k
+    vocabulary that is ~115 MB a step, several ms on a 2-core host, which no other term counts."""
     import torch
 
-    from moelight.models.moe import route
+    from cpu_kernels import topk_rows
+    from hrm.costs import LOGIT_PASS_BYTES
 
-    layer = model.layers[0]
-    attn, moe = layer.self_attn, layer.mlp
-    glue = []
-    for t in (32, 1024):
-        x = torch.randn(t, cfg.hidden_size).to(dtype)
-        a = torch.randn(t, cfg.num_heads * cfg.head_dim).to(dtype)
-        cos, sin = model.rotary(torch.arange(t), dtype)
-        h = layer.post_attention_layernorm(x + attn.o_proj(a))
-        counts = torch.bincount(route(h, moe.gate.weight, cfg.top_k)[1].reshape(-1),
-                                minlength=cfg.num_experts).tolist()
-        xs = {n: torch.randn(n, cfg.hidden_size).to(dtype) for n in counts}
-        ys = {n: torch.randn(n, cfg.intermediate_size).to(dtype) for n in counts}
+    out = torch.randn(LOGIT_ROWS, LOGIT_VOCAB).to(torch.bfloat16)
 
-        def whole(x=x, a=a, cos=cos, sin=sin) -> None:
-            layer.pre_attention(x, cos, sin)
-            layer.post_attention(x, a)
+    def passes() -> None:
+        logits = out.float()
+        bool(torch.isfinite(logits.sum()))
+        topk_rows(logits.contiguous(), 1)
 
-        def gemms_only(x=x, a=a, h=h, counts=counts, xs=xs, ys=ys) -> None:
-            attn.q_proj(x), attn.k_proj(x), attn.v_proj(x), attn.o_proj(a)
-            torch.nn.functional.linear(h, moe.gate.weight)
-            for e, n in enumerate(counts):
-                if n:
-                    moe.linear(xs[n], moe.gate_up_proj[e])  # packed_linear, or F.linear where unpacked
-                    moe.linear(ys[n], moe.down_proj[e])
+    return LOGIT_PASS_BYTES * out.numel() / best_time(passes, 5 if quick else 10)
 
-        total = best_time(whole, samples)
-        glue.append(total - best_time(gemms_only, samples))
-    return glue, total
+
+def _gemm_seconds_of(level: Level) -> Callable:
+    """The HRM's seconds for one layer's q/k/v, o and router GEMMs at `tokens` rows on `level` (what the
+    layer glue probe leaves to the GEMM terms)."""
+    from hrm import costs
+    from hrm import operators as ops
+
+    def seconds(spec, tokens: float) -> float:
+        return float(sum(costs.op_time(op(spec, tokens, 2.0), level, "bfloat16")
+                         for op in (ops.qkv_proj, ops.o_proj, ops.router)))
+
+    return seconds
 
 
 def measure_cpu(quick: bool = False) -> Level:
@@ -262,13 +225,16 @@ def measure_cpu(quick: bool = False) -> Level:
         att_flops["float32"] = measure_attention(torch.float32, quick)[1]
     except (RuntimeError, ImportError):  # no attention kernels: the HRM falls back to the roofs
         pass
-    layer_oh, step_oh = measure_overheads(torch.bfloat16, quick)
+    toy_layer_oh, step_oh = measure_overheads(torch.bfloat16, quick)
     per_sequence = measure_sequence_step(quick)
     experts = measure_expert_curve(quick)
-    return Level(f"cpu-{os.cpu_count()}c-{platform.machine()}", _cpu_memory_bytes(), bw, flops,
-                 gemm_flops=curves, attention_bandwidth=att_bw, attention_flops=att_flops,
-                 layer_overhead_s=layer_oh, step_overhead_s=step_oh, sequence_step_s=per_sequence,
-                 elementwise_bandwidth=measure_elementwise(torch.bfloat16, quick), expert_gemm_flops=experts)
+    level = Level(f"cpu-{os.cpu_count()}c-{platform.machine()}", _cpu_memory_bytes(), bw, flops,
+                  gemm_flops=curves, attention_bandwidth=att_bw, attention_flops=att_flops,
+                  step_overhead_s=step_oh, sequence_step_s=per_sequence, expert_gemm_flops=experts,
+                  logits_bandwidth=measure_logits_passes(quick))
+    # the glue left after the GEMMs this level prices: a fixed cost per layer pass and element-wise bytes
+    layer_oh, elementwise = measure_layer_glue(torch.bfloat16, _gemm_seconds_of(level), quick, toy_layer_oh)
+    return replace(level, layer_overhead_s=layer_oh, elementwise_bandwidth=elementwise)
 
 
 def measure_gpu(quick: bool = False) -> tuple[Level, Link, int] | None:

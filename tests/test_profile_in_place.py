@@ -1,0 +1,62 @@
+"""Profile probes that measure what a decode step pays in place: experts streamed from DRAM layer after
+layer, the layer glue between the kernels, the host's passes over the logits."""
+
+import pytest
+
+from moelight.profiling.layer_glue import glue_line
+
+
+def test_glue_line_through_two_points():
+    # 1 ms fixed + bytes at 2 GB/s: 32 tokens move 2 MB, 256 tokens 16 MB
+    overhead, rate = glue_line((1e-3 + 2e6 / 2e9, 1e-3 + 16e6 / 2e9), (2e6, 16e6), 5e-4)
+    assert overhead == pytest.approx(1e-3) and rate == pytest.approx(2e9)
+
+
+def test_glue_line_on_a_noisy_host_keeps_a_rate():
+    overhead, rate = glue_line((3e-3, 2e-3), (2e6, 16e6), 5e-4)  # the larger count "faster"
+    assert overhead == 5e-4 and rate == pytest.approx(16e6 / 1.5e-3)  # all of it element-wise, never free
+
+
+def test_the_expert_probe_cycles_layer_copies(monkeypatch):
+    """One layer's experts multiplied again and again stay in a large last-level cache; a decode step reads
+    every layer's from DRAM. The probe cycles through copies, each a distinct pack."""
+    pytest.importorskip("torch")
+    import cpu_kernels
+    from cpu_kernels import kernel_backend
+    from moelight.profiling import expert_kernel_curve as ec
+
+    if kernel_backend() == "torch":
+        pytest.skip("no fused expert kernel here")
+    seen: dict[str, set[int]] = {}
+    real = cpu_kernels.expert_mix
+
+    def recording(x, ids, w, packed, *a):
+        seen.setdefault(packed.fmt13, set()).add(packed.w13.data_ptr())
+        return real(x, ids, w, packed, *a)
+
+    monkeypatch.setattr(cpu_kernels, "expert_mix", recording)
+    monkeypatch.setattr(ec, "EXPERT_ROWS_QUICK", (1,))
+    curves = ec.measure_expert_curve(quick=True, stream_bytes=1)  # at least two layers whatever the size
+    assert set(curves) == {"bfloat16", "int8", "uint4"}
+    assert len(seen) == 3 and all(len(ptrs) >= 2 for ptrs in seen.values())  # two distinct packs a format at least
+    packed = ec.layer_copies(type("P", (), {"nbytes": lambda self: 100})(), stream_bytes=1000)
+    assert len(packed) == 10
+
+
+def test_the_logits_passes_are_measured():
+    pytest.importorskip("torch")
+    from moelight.profiling.machine_profile import measure_logits_passes
+
+    assert 1e8 < measure_logits_passes(quick=True) < 1e13
+
+
+def test_the_layer_glue_is_measured_in_place():
+    torch = pytest.importorskip("torch")
+    from moelight.profiling.layer_glue import measure_layer_glue
+    from moelight.runtime.cpu_linear import packing_supported, upcast_bf16_linears
+
+    overhead, rate = measure_layer_glue(torch.bfloat16, lambda spec, tokens: 0.0, quick=True, fallback_overhead=1e-4)
+    if packing_supported(torch.bfloat16) or upcast_bf16_linears():
+        assert 0.0 <= overhead < 0.1 and 1e8 < rate < 1e13
+    else:
+        assert (overhead, rate) == (1e-4, 0.0)
