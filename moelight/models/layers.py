@@ -60,6 +60,8 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 class Attention(nn.Module):
     """Projections of grouped-query attention; the softmax part lives in cpu_kernels."""
 
+    fused_qkv = None  # a runtime's one matmul for q, k and v at a decode step's few rows (runtime/fused_qkv.py)
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.n_heads, self.n_kv, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -71,6 +73,8 @@ class Attention(nn.Module):
 
     def qkv(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """Flat projections [T, Hq*d], [T, Hkv*d], [T, Hkv*d]."""
+        if self.fused_qkv is not None and (fused := self.fused_qkv(h)) is not None:
+            return fused
         return self.q_proj(h), self.k_proj(h), self.v_proj(h)
 
     def heads(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):

@@ -15,6 +15,8 @@ from torch import nn
 from cpu_kernels import dispatch
 from moelight.models.causal_lm import MoECausalLM
 from moelight.runtime.fused_experts import fused_enabled, pack_moe
+from moelight.runtime.fused_qkv import fuse_qkv
+from moelight.runtime.host_memory import huge_copy
 
 _PACK_HINT = 64  # expected rows per matmul; oneDNN picks the blocking from it
 
@@ -90,7 +92,7 @@ class PackedLinear(nn.Module):
         self.packed = pack_weight(w.float() if upcast else w)
         self.bias = None if b is None else (b.float() if upcast else b)
         self.plain_rows = plain_bf16_rows(upcast) if w.dtype == torch.bfloat16 else 0
-        self.weight_bf16 = w.contiguous() if self.plain_rows else None
+        self.weight_bf16 = huge_copy(w.contiguous()) if self.plain_rows else None  # streamed whole per decode step
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight_bf16 is not None and x.numel() <= self.plain_rows * self.in_features:
@@ -137,6 +139,7 @@ def pack_model(model: MoECausalLM, quantize: str = "none", group: int = 128, fus
     for parent, name, child in list(packed_linears(model)):
         setattr(parent, name, PackedLinear(child, upcast))
     for layer in model.layers:
+        fuse_qkv(layer.self_attn)
         moe = layer.mlp
         if fused and hasattr(moe, "gate_up_proj"):
             pack_moe(moe, quantize, group)

@@ -10,6 +10,7 @@ MOELIGHT_EXPERTS=loop keeps bf16 on the loop (to measure one against the other).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -18,6 +19,7 @@ from cpu_kernels import expert_mix
 from cpu_kernels.expert_pack import PackedExperts, QuantMatrix, bf16_matrix, pack_experts
 from cpu_kernels.expert_quant import int4_group_for, quantize
 from cpu_kernels.expert_reference import ActSpec
+from moelight.runtime.host_memory import huge_copy
 
 QUANTIZE_CHOICES = ("none", "int8", "int4")
 
@@ -57,6 +59,13 @@ def _matrix(w, method: str, group: int) -> QuantMatrix:
     return bf16_matrix(w.detach()) if method == "none" else quantize(w.detach(), method, group)
 
 
+def on_huge_pages(packed: PackedExperts) -> PackedExperts:
+    """The packed experts with their codes and scales moved onto huge pages (host_memory.huge_copy): a
+    decode step at few rows streams them whole, ~1.3-1.7x as fast as from 4 KiB pages on the AMX host."""
+    return dataclasses.replace(packed, **{name: huge_copy(getattr(packed, name))
+                                          for name in ("w13", "s13", "z13", "w2", "s2", "z2")})
+
+
 def pack_moe(moe, method: str = "none", group: int = 128) -> FusedExperts:
     """Pack (and quantize with `method`) one MoE block's routed experts; frees the dense copies."""
     gate_up, down = moe.gate_up_proj, moe.down_proj
@@ -66,7 +75,7 @@ def pack_moe(moe, method: str = "none", group: int = 128) -> FusedExperts:
     packed = pack_experts(_matrix(gate_up, method, group), _matrix(down, method, group),
                           None if bias is None else bias.gate_up.detach(),
                           None if bias is None else bias.down.detach())
-    fused = FusedExperts(packed, act_of(moe))
+    fused = FusedExperts(on_huge_pages(packed), act_of(moe))
     del moe.gate_up_proj, moe.down_proj
     moe.gate_up_proj = moe.down_proj = fused
     return fused
