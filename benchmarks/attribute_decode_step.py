@@ -1,7 +1,7 @@
 """Where a `moelight run` decode step's time goes, beside the HRM's term for each part.
 
 Runs the CLI's `run` in this process with timers around the engine's pieces (only inside decode
-steps): the norms, rotary, the packed projections (q/k/v/o and the LM head), KV writes, decode
+steps): the norms, rotary, the packed projections (q/k/v/o, also q/k/v fused, and the LM head), KV writes, decode
 attention, routing, the fused experts, the logits' float32 copy, sampling and the rest of the
 engine's step. CPU ops are synchronous, so a wall-clock timer around a call is its cost; the
 wrappers add ~1 us a call (~100 calls a step). Then the HRM's terms for the same job (the plan's
@@ -38,7 +38,7 @@ def _wrap(owner, name: str, key, totals, active) -> None:
 def instrument(totals: dict, active: list) -> None:
     from moelight.engine import generation
     from moelight.models import causal_lm, layers
-    from moelight.runtime import cpu_linear, fused_experts, kv_cache, plain_executor
+    from moelight.runtime import cpu_linear, fused_experts, fused_qkv, kv_cache, plain_executor
     from moelight.sampling import sampler
 
     def linear_key(args, out):
@@ -47,6 +47,7 @@ def instrument(totals: dict, active: list) -> None:
     _wrap(layers.RMSNorm, "forward", "norms", totals, active)
     _wrap(layers, "apply_rotary", "rotary", totals, active)
     _wrap(cpu_linear.PackedLinear, "forward", linear_key, totals, active)
+    _wrap(fused_qkv.FusedQKV, "__call__", "projections", totals, active)  # q/k/v in one call at few rows
     _wrap(kv_cache.RaggedKVCache, "write", "kv_write", totals, active)
     _wrap(kv_cache.RaggedKVCache, "attend", "attention", totals, active)
     _wrap(layers.SparseMoE, "route", "router", totals, active)
