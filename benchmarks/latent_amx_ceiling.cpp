@@ -9,7 +9,7 @@
 //   flock /tmp/cpu.lock /tmp/latent_amx_ceiling 256 117 kernel    # or 16 2048, and the modes below
 //
 // Modes: kernel (as latent_attend runs it), nonext (no prefetch of the next item), hot (each thread
-// repeats one item: compute with the rows in L2), read (each item's bytes in address order, 64-byte
+// repeats one item: compute with the rows in L2), hotpf (hot, and the real next item prefetched), read (each item's bytes in address order, 64-byte
 // loads), tiles (each item's lines in the scores' tile order: 32-dim steps over three blocks of 16
 // rows, one 8-byte load per line, no compute). Each timed call follows the read-bandwidth probe
 // (stream_read's loop over 512 MiB on 2 threads), which also evicts the rows from the caches.
@@ -85,7 +85,7 @@ uint64_t read_in_tile_order(const char* p, int64_t n) {
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: %s sequences context kernel|nonext|hot|read|tiles [reps]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s sequences context [t]kernel|[t]nonext|[t]hot|[t]hotpf|[t]read|[t]tiles|check [reps]\n", argv[0]);
     return 2;
   }
   const int B = std::atoi(argv[1]), ctx = std::atoi(argv[2]);
@@ -155,7 +155,7 @@ int main(int argc, char** argv) {
         } else if (mode == "tiles") {
           s += tm ? read_in_order(rows, item_bytes(c)) : read_in_tile_order(rows, c.n);
         } else {
-          const Item& src = mode == "hot" ? items[tid] : c;
+          const Item& src = mode == "hot" || mode == "hotpf" ? items[tid] : c;
           LatentArgs a{};
           a.q = q + src.b * kHeads * kDk;
           a.q_dtype = KvDtype::BF16;
@@ -175,7 +175,7 @@ int main(int argc, char** argv) {
             a.m = pml + c.part * 2 * kHeads;
             a.l = a.m + kHeads;
           }
-          if (next < n_items && mode == "kernel") {
+          if (next < n_items && (mode == "kernel" || mode == "hotpf")) {
             const Item& n2 = items[next];
             next_spans.clear();
             if (n2.b != c.b) next_spans.push_back({q + n2.b * kHeads * kDk, kHeads * kDk * 2});
