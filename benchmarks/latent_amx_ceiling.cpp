@@ -9,10 +9,13 @@
 //   flock /tmp/cpu.lock /tmp/latent_amx_ceiling 256 117 kernel    # or 16 2048, and the modes below
 //
 // Modes: kernel (as latent_attend runs it), nonext (no prefetch of the next item), hot (each thread
-// repeats one item: compute with the rows in L2), read (each item's bytes in address order, 64-byte
+// repeats one item: compute with the rows in L2), hotpf (hot, and the real next item prefetched), read (each item's bytes in address order, 64-byte
 // loads), tiles (each item's lines in the scores' tile order: 32-dim steps over three blocks of 16
 // rows, one 8-byte load per line, no compute). Each timed call follows the read-bandwidth probe
 // (stream_read's loop over 512 MiB on 2 threads), which also evicts the rows from the caches.
+// Tile-major (LatentArgs::tile_major): the modes prefixed "t" (tkernel, tnonext, thot, tread, ttiles) run
+// on a copy of the cache stored as tiles (each block of 16 keys as 18 contiguous [16 x 32] tiles; every
+// sequence's region rounded up to whole blocks); `check` compares the two layouts' outputs bit for bit.
 #include <omp.h>
 #include <sys/mman.h>
 
@@ -82,16 +85,26 @@ uint64_t read_in_tile_order(const char* p, int64_t n) {
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: %s sequences context kernel|nonext|hot|read|tiles [reps]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s sequences context [t]kernel|[t]nonext|[t]hot|[t]hotpf|[t]read|[t]tiles|check [reps]\n", argv[0]);
     return 2;
   }
   const int B = std::atoi(argv[1]), ctx = std::atoi(argv[2]);
-  const std::string mode = argv[3];
+  const bool tm = argv[3][0] == 't' && std::string(argv[3]) != "tiles";
+  const std::string mode = tm ? std::string(argv[3] + 1) : std::string(argv[3]);
   const int reps = argc > 4 ? std::atoi(argv[4]) : 30;
-  const int64_t cap = ctx + 64;
+  const int64_t rm_cap = ctx + 64, tm_cap = (ctx + 64 + 15) / 16 * 16;
   srand(1);
-  auto* cache = static_cast<uint16_t*>(huge_alloc(B * cap * kRowBytes));
-  fill_bf16(cache, B * cap * kDk, 1.0f);
+  auto* rm_cache = static_cast<uint16_t*>(huge_alloc(B * rm_cap * kRowBytes));
+  fill_bf16(rm_cache, B * rm_cap * kDk, 1.0f);
+  // the same rows, tile-major, in regions of whole blocks
+  auto* tm_cache = static_cast<uint16_t*>(huge_alloc(B * tm_cap * kRowBytes));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t t = 0; t < tm_cap; ++t)
+      for (int64_t c = 0; c < kDk; ++c)
+        tm_cache[(b * tm_cap + t / 16 * 16) * kDk + latent_tile_major_offset(t % 16, c)] =
+            t < rm_cap ? rm_cache[(b * rm_cap + t) * kDk + c] : 0;
+  const int64_t cap = tm ? tm_cap : rm_cap;
+  uint16_t* cache = tm ? tm_cache : rm_cache;
   auto* q = static_cast<uint16_t*>(huge_alloc(B * kHeads * kDk * 2));
   fill_bf16(q, B * kHeads * kDk, 0.1f);
   auto* out = static_cast<uint16_t*>(huge_alloc(B * kHeads * kDv * 2));
@@ -123,6 +136,8 @@ int main(int argc, char** argv) {
   const int64_t n_items = static_cast<int64_t>(items.size());
   volatile uint64_t sink = 0;
 
+  // an item's bytes: tile-major items span whole blocks
+  auto item_bytes = [&](const Item& c) { return (tm ? (c.n + 15) / 16 * 16 : c.n) * kRowBytes; };
   auto run = [&] {
     std::atomic<int64_t> counter{0};
 #pragma omp parallel num_threads(kThreads)
@@ -136,11 +151,11 @@ int main(int argc, char** argv) {
         const Item& c = items[i];
         const char* rows = reinterpret_cast<const char*>(cache + c.row * kDk);
         if (mode == "read") {
-          s += read_in_order(rows, c.n * kRowBytes);
+          s += read_in_order(rows, item_bytes(c));
         } else if (mode == "tiles") {
-          s += read_in_tile_order(rows, c.n);
+          s += tm ? read_in_order(rows, item_bytes(c)) : read_in_tile_order(rows, c.n);
         } else {
-          const Item& src = mode == "hot" ? items[tid] : c;
+          const Item& src = mode == "hot" || mode == "hotpf" ? items[tid] : c;
           LatentArgs a{};
           a.q = q + src.b * kHeads * kDk;
           a.q_dtype = KvDtype::BF16;
@@ -149,6 +164,7 @@ int main(int argc, char** argv) {
           a.heads = kHeads;
           a.scale = 0.07f;
           a.bf16_p = true;
+          a.tile_major = tm;
           a.scratch = scratch[tid].data();
           if (c.part < 0) {
             a.out = out + c.b * kHeads * kDv;
@@ -159,11 +175,11 @@ int main(int argc, char** argv) {
             a.m = pml + c.part * 2 * kHeads;
             a.l = a.m + kHeads;
           }
-          if (next < n_items && mode == "kernel") {
+          if (next < n_items && (mode == "kernel" || mode == "hotpf")) {
             const Item& n2 = items[next];
             next_spans.clear();
             if (n2.b != c.b) next_spans.push_back({q + n2.b * kHeads * kDk, kHeads * kDk * 2});
-            next_spans.push_back({cache + n2.row * kDk, n2.n * kRowBytes});
+            next_spans.push_back({cache + n2.row * kDk, item_bytes(n2)});
             a.next = next_spans.data();
             a.n_next = static_cast<int>(next_spans.size());
           }
@@ -183,6 +199,41 @@ int main(int argc, char** argv) {
     sink += acc;
   };
 
+  if (mode == "check") {  // both layouts' outputs (and partials), bit for bit
+    const int64_t out_n = B * kHeads * kDv, part_n = std::max<int64_t>(1, n_parts) * kHeads * kDv;
+    std::vector<uint16_t> outs[2];
+    std::vector<float> parts[2];
+    for (int l = 0; l < 2; ++l) {
+      for (int i = 0; i < n_items; ++i) {
+        Item c = items[i];  // its first row at this layout's region offsets
+        c.row = c.b * (l ? tm_cap : rm_cap) + (c.row - c.b * cap);
+        LatentArgs a{};
+        a.q = q + c.b * kHeads * kDk;
+        a.q_dtype = KvDtype::BF16;
+        a.rows = (l ? tm_cache : rm_cache) + c.row * kDk;
+        a.n_keys = c.n;
+        a.heads = kHeads;
+        a.scale = 0.07f;
+        a.bf16_p = true;
+        a.tile_major = l == 1;
+        a.scratch = scratch[0].data();
+        a.out = c.part < 0 ? static_cast<void*>(out + c.b * kHeads * kDv) : pacc + c.part * kHeads * kDv;
+        a.out_dtype = c.part < 0 ? KvDtype::BF16 : KvDtype::F32;
+        if (c.part >= 0) {
+          a.m = pml + c.part * 2 * kHeads;
+          a.l = a.m + kHeads;
+        }
+        fn(a);
+      }
+      outs[l].assign(out, out + out_n);
+      parts[l].assign(pacc, pacc + part_n);
+      std::memset(out, 0, out_n * 2);
+      std::memset(pacc, 0, part_n * 4);
+    }
+    const bool same = outs[0] == outs[1] && std::memcmp(parts[0].data(), parts[1].data(), part_n * 4) == 0;
+    std::printf("%dx%d check: tile-major output %s the row-major one\n", B, ctx, same ? "equals" : "DIFFERS from");
+    return same ? 0 : 1;
+  }
   run();
   std::vector<double> ratios, times;
   for (int r = 0; r < reps; ++r) {
@@ -198,7 +249,7 @@ int main(int argc, char** argv) {
   std::sort(times.begin(), times.end());
   std::sort(ratios.begin(), ratios.end());
   std::printf("%dx%d %-7s median %.3f ms (min %.3f), %.1f GB/s; share of the probe's read rate: median %.2f (%.2f-%.2f)\n",
-              B, ctx, mode.c_str(), times[reps / 2] * 1e3, times[0] * 1e3, total * kRowBytes / times[reps / 2] / 1e9,
+              B, ctx, argv[3], times[reps / 2] * 1e3, times[0] * 1e3, total * kRowBytes / times[reps / 2] / 1e9,
               ratios[reps / 2], ratios[0], ratios.back());
   return 0;
 }

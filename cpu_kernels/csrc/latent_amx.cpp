@@ -135,25 +135,28 @@ class NextItem {
 };
 
 // One 32-dim step of the scores of G blocks: B tile TB the step's queries, A tile 3 + j block j's rows,
-// C tile j its scores. A macro: GCC's tile intrinsics take tile numbers as literals.
-#define LATENT_SCORE_STEP(TB, s)                 \
-  do {                                           \
-    _tile_loadd(TB, qv + (s) * 256, 64);         \
-    _tile_loadd(3, blk[0] + (s) * 32, DK * 2);   \
-    _tile_dpbf16ps(0, 3, TB);                    \
-    if constexpr (G > 1) {                       \
-      _tile_loadd(4, blk[1] + (s) * 32, DK * 2); \
-      _tile_dpbf16ps(1, 4, TB);                  \
-    }                                            \
-    if constexpr (G > 2) {                       \
-      _tile_loadd(5, blk[2] + (s) * 32, DK * 2); \
-      _tile_dpbf16ps(2, 5, TB);                  \
-    }                                            \
+// C tile j its scores. A macro: GCC's tile intrinsics take tile numbers as literals. kOff / kStride: a
+// step's first element in a block and the bytes between its rows (row-major: 32 elements on, a row
+// apart; tile-major: the step's 1 KiB tile, rows 64 bytes apart).
+#define LATENT_SCORE_STEP(TB, s)                       \
+  do {                                                 \
+    _tile_loadd(TB, qv + (s) * 256, 64);               \
+    _tile_loadd(3, blk[0] + (s) * kOff, kStride);      \
+    _tile_dpbf16ps(0, 3, TB);                          \
+    if constexpr (G > 1) {                             \
+      _tile_loadd(4, blk[1] + (s) * kOff, kStride);    \
+      _tile_dpbf16ps(1, 4, TB);                        \
+    }                                                  \
+    if constexpr (G > 2) {                             \
+      _tile_loadd(5, blk[2] + (s) * kOff, kStride);    \
+      _tile_dpbf16ps(2, 5, TB);                        \
+    }                                                  \
   } while (0)
 
 // S^T of G (1-3) consecutive blocks into st (16 x 16 floats a block): a query tile serves G blocks
-template <int DK, int G>
+template <int DK, int G, bool TM>
 void score_blocks(const uint16_t* const* blk, const uint32_t* qv, float* st, NextItem& next) {
+  constexpr int kOff = TM ? 512 : 32, kStride = TM ? 64 : DK * 2;
   _tile_zero(0);
   if constexpr (G > 1) _tile_zero(1);
   if constexpr (G > 2) _tile_zero(2);
@@ -208,7 +211,7 @@ void store_columns(const moelight::LatentArgs& a, const float* ob, const float* 
   }
 }
 
-template <int DK, int DV>
+template <int DK, int DV, bool TM>
 void latent_attend_amx(const moelight::LatentArgs& a) {
   static_assert(DK % 32 == 0 && DV % 64 == 0, "AMX steps of 32 dims and 64 output columns");
   constexpr int kMaxBlocks = static_cast<int>(moelight::kAmxMaxKeys) / kBlock;
@@ -227,8 +230,15 @@ void latent_attend_amx(const moelight::LatentArgs& a) {
     blk[b] = a.blocks != nullptr ? static_cast<const uint16_t*>(a.blocks[b])
                                  : static_cast<const uint16_t*>(a.rows) + static_cast<int64_t>(b) * kBlock * DK;
   if (tail_rows > 0) {  // tiles read 16 whole rows: the last block's, zero-padded (P is 0 there, V must be finite)
-    std::memcpy(tail, blk[nb - 1], static_cast<size_t>(tail_rows) * DK * 2);
-    std::memset(tail + tail_rows * DK, 0, static_cast<size_t>(kBlock - tail_rows) * DK * 2);
+    if constexpr (TM) {  // each tile's first tail_rows rows
+      for (int t = 0; t < DK / 32; ++t) {
+        std::memcpy(tail + t * 512, blk[nb - 1] + t * 512, static_cast<size_t>(tail_rows) * 64);
+        std::memset(tail + t * 512 + tail_rows * 32, 0, static_cast<size_t>(kBlock - tail_rows) * 64);
+      }
+    } else {
+      std::memcpy(tail, blk[nb - 1], static_cast<size_t>(tail_rows) * DK * 2);
+      std::memset(tail + tail_rows * DK, 0, static_cast<size_t>(kBlock - tail_rows) * DK * 2);
+    }
     blk[nb - 1] = tail;
   }
   const bool stream = a.out_dtype != moelight::KvDtype::F32 && reinterpret_cast<uintptr_t>(a.out) % 64 == 0 &&
@@ -251,9 +261,9 @@ void latent_attend_amx(const moelight::LatentArgs& a) {
     // 1. scores, three blocks at a time
     configure(hg, true);
     int b = 0;
-    for (; b + 3 <= nb; b += 3) score_blocks<DK, 3>(blk + b, qv, st + b * 256, next);
-    if (nb - b == 2) score_blocks<DK, 2>(blk + b, qv, st + b * 256, next);
-    if (nb - b == 1) score_blocks<DK, 1>(blk + b, qv, st + b * 256, next);
+    for (; b + 3 <= nb; b += 3) score_blocks<DK, 3, TM>(blk + b, qv, st + b * 256, next);
+    if (nb - b == 2) score_blocks<DK, 2, TM>(blk + b, qv, st + b * 256, next);
+    if (nb - b == 1) score_blocks<DK, 1, TM>(blk + b, qv, st + b * 256, next);
 
     // 2. softmax per head (a lane per head) over the item; P rounded to bf16 (as P.V uses it), each
     //    block transposed to rows per head, as P_o (0, p) and P_e (p, 0) bf16 pairs
@@ -290,18 +300,20 @@ void latent_attend_amx(const moelight::LatentArgs& a) {
     // 3. O = P . V, 64 columns at a time: C tiles 0 / 1 the even / odd columns of the first 32, 2 / 3
     //    of the next 32; A tile 4 P_o, 5 P_e; B tiles 6, 7 the block's rows
     if (hg != 16) configure(hg, false);
+    constexpr int kVStride = TM ? 64 : DK * 2;
     for (int c = 0; c < DV; c += 64) {
+      const int v0 = TM ? c / 32 * 512 : c, v1 = TM ? (c / 32 + 1) * 512 : c + 32;  // columns c, c + 32
       _tile_zero(0);
       _tile_zero(1);
       _tile_zero(2);
       _tile_zero(3);
       for (int k = 0; k < nb; ++k) {
-        _tile_loadd(6, blk[k] + c, DK * 2);
+        _tile_loadd(6, blk[k] + v0, kVStride);
         _tile_loadd(4, pb + k * 512, 64);
         _tile_loadd(5, pb + k * 512 + 256, 64);
         _tile_dpbf16ps(0, 5, 6);
         _tile_dpbf16ps(1, 4, 6);
-        _tile_loadd(7, blk[k] + c + 32, DK * 2);
+        _tile_loadd(7, blk[k] + v1, kVStride);
         _tile_dpbf16ps(2, 5, 7);
         _tile_dpbf16ps(3, 4, 7);
         next.fetch();
@@ -315,6 +327,15 @@ void latent_attend_amx(const moelight::LatentArgs& a) {
   }
   _tile_release();
   if (stream) _mm_sfence();  // the streamed rows are visible before the caller's threads join
+}
+
+template <int DK, int DV>
+void latent_attend_amx_any(const moelight::LatentArgs& a) {
+  if (a.tile_major) {
+    latent_attend_amx<DK, DV, true>(a);
+  } else {
+    latent_attend_amx<DK, DV, false>(a);
+  }
 }
 
 }  // namespace
@@ -335,8 +356,8 @@ bool amx_usable() {
 
 LatentFn amx_latent_fn(KvDtype dtype, int64_t dk, int64_t dv) {
   if (dtype != KvDtype::BF16 || !amx_usable()) return nullptr;
-  if (dk == 576 && dv == 512) return &latent_attend_amx<576, 512>;
-  if (dk == 96 && dv == 64) return &latent_attend_amx<96, 64>;
+  if (dk == 576 && dv == 512) return &latent_attend_amx_any<576, 512>;
+  if (dk == 96 && dv == 64) return &latent_attend_amx_any<96, 64>;
   return nullptr;
 }
 

@@ -33,7 +33,13 @@ struct LatentArgs {
   float* scratch;     // latent_scratch_floats(heads, dk, dv) floats for this call's thread
   const LatentSpan* next = nullptr;  // the rows of this thread's next item (n_next spans), which the
   int n_next = 0;                    // AMX kernel prefetches into L2 while it computes this one
+  bool tile_major = false;  // each block of 16 keys stored as dk / 32 contiguous [16 keys x 32] tiles
+                            // (latent_tile_major_offset) instead of 16 rows: AMX kernel only
 };
+
+// Element offset of (key t, column c) within a tile-major block of 16 keys of width dk: the block is
+// dk / 32 tiles of 16 x 32 elements, each tile one contiguous KiB in bf16.
+constexpr int64_t latent_tile_major_offset(int64_t t, int64_t c) { return (c / 32) * 512 + t * 32 + c % 32; }
 
 using LatentFn = void (*)(const LatentArgs&);
 

@@ -1,0 +1,41 @@
+"""The AMX latent kernel on a tile-major cache (LatentArgs::tile_major) gives the row-major kernel's
+output bit for bit: benchmarks/latent_amx_ceiling.cpp's `check` mode, compiled and run here (no torch
+op takes the tile-major layout yet). Needs g++ and a CPU with AMX."""
+
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _amx_bf16() -> bool:
+    try:
+        return "amx_bf16" in Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+
+
+pytestmark = pytest.mark.skipif(shutil.which("g++") is None or not _amx_bf16(), reason="needs g++ and AMX-BF16")
+
+
+@pytest.fixture(scope="module")
+def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    exe = tmp_path_factory.mktemp("latent_tm") / "latent_amx_ceiling"
+    subprocess.run(
+        ["g++", "-O2", "-fopenmp", "-fno-math-errno", f"-I{ROOT / 'cpu_kernels/csrc'}",
+         str(ROOT / "benchmarks/latent_amx_ceiling.cpp"), str(ROOT / "cpu_kernels/csrc/latent_amx.cpp"),
+         "-o", str(exe)],
+        check=True,
+    )
+    return exe
+
+
+# (sequences, context): a tail block (37), whole blocks (32), split-K partials with a tail (2 x 600)
+@pytest.mark.parametrize("sequences,context", [(3, 37), (2, 32), (2, 600)])
+def test_tile_major_output_equals_row_major(driver: Path, sequences: int, context: int) -> None:
+    run = subprocess.run([str(driver), str(sequences), str(context), "check"], capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "equals" in run.stdout
