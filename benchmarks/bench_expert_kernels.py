@@ -48,6 +48,7 @@ from cpu_kernels.expert_quant import int4_group_for, quantize  # noqa: E402
 from moelight.models.moe import expert_mix  # noqa: E402
 from moelight.profiling.machine_profile import measure_gemm_curve  # noqa: E402
 from moelight.runtime.cpu_linear import pack_weight, packed_linear, packing_supported, upcast_packed_linear  # noqa: E402
+from moelight.runtime.fused_experts import on_huge_pages  # noqa: E402
 
 # name, experts, top-k, hidden, expert width
 SHAPES = [("bench-1b (Mixtral)", 8, 2, 1024, 3584), ("bench-qwen3-moe", 128, 8, 1024, 224),
@@ -71,9 +72,11 @@ def _best(fns: dict, repeat: int, ids: torch.Tensor, experts: int) -> dict[str, 
 
 
 def _copy(p: PackedExperts) -> PackedExperts:
-    """The same packed weights in memory of their own."""
+    """The same packed weights in memory of their own, on huge pages where the engine puts them
+    (fused_experts.on_huge_pages): at T = 1 a call streams them, ~1.2x as fast as from 4 KiB pages."""
     tensors = {f.name: getattr(p, f.name) for f in dataclasses.fields(p)}
-    return dataclasses.replace(p, **{n: t.clone() for n, t in tensors.items() if isinstance(t, torch.Tensor)})
+    return on_huge_pages(dataclasses.replace(
+        p, **{n: t.clone() for n, t in tensors.items() if isinstance(t, torch.Tensor)}))
 
 
 def _read_bandwidth() -> float:
@@ -113,9 +116,9 @@ def main() -> None:
         loop13 = [pack_weight(w.to(torch.bfloat16) if native else w.to(torch.bfloat16).float()) for w in w13]
         loop2 = [pack_weight(w.to(torch.bfloat16) if native else w.to(torch.bfloat16).float()) for w in w2]
         group = int4_group_for(h, f)
-        packs = {"bf16": pack_experts(bf16_matrix(w13), bf16_matrix(w2))}
+        packs = {"bf16": on_huge_pages(pack_experts(bf16_matrix(w13), bf16_matrix(w2)))}
         for fmt in ("int8", "int4"):
-            packs[fmt] = pack_experts(quantize(w13, fmt, group), quantize(w2, fmt, group))
+            packs[fmt] = on_huge_pages(pack_experts(quantize(w13, fmt, group), quantize(w2, fmt, group)))
         copies = {(fmt, isa): _copy(p) for fmt, p in packs.items() for isa in isas[1:]}
         for t in [t for t in a.tokens if t <= 8] if a.quick else a.tokens:
             x = torch.randn(t, h, generator=g).to(torch.bfloat16)

@@ -42,37 +42,61 @@ inline void quad_products(const QuantRows& a, int64_t p, __m512i lo, __m512i hi,
 }
 
 // int8 codes made unsigned (c + 128: the sign bit flipped) for vpdpbusd; the block's sum then
-// holds 128 x the activations' sum too, taken off with QuantRows::sum.
+// holds 128 x the activations' sum too, taken off with QuantRows::sum. At one or two rows the
+// vpdpbusd chains (latency 5) would bound the loop: 64 B-steps alternate between two sets of sums,
+// added at the block's end (int32 adds: the same sums).
 template <int R>
 inline void i8_block(const QuantRows& a, const uint8_t* codes, int64_t blk, __m512i iacc[R][2]) {
   const __m512i flip = _mm512_set1_epi8(static_cast<char>(0x80));
+  constexpr bool kTwo = R <= 2;
+  __m512i jacc[R][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) jacc[r][0] = jacc[r][1] = _mm512_setzero_si512();
+#pragma GCC unroll 8
   for (int64_t p = blk * 16; p < blk * 16 + 16; p += 2) {
     const __m512i x0 = _mm512_xor_si512(_mm512_loadu_si512(codes + p * 64), flip);
     const __m512i x1 = _mm512_xor_si512(_mm512_loadu_si512(codes + (p + 1) * 64), flip);
     const __m512i lo = _mm512_unpacklo_epi16(x0, x1), hi = _mm512_unpackhi_epi16(x0, x1);
-    quad_products<R>(a, p, lo, hi, iacc);
+    if (kTwo && (p & 2)) quad_products<R>(a, p, lo, hi, jacc);
+    else quad_products<R>(a, p, lo, hi, iacc);
   }
 #pragma GCC unroll 8
   for (int r = 0; r < R; ++r) {
     const __m512i off = _mm512_set1_epi32(128 * a.sum[r * (a.k / 32) + blk]);
-    const __m512i lo = _mm512_sub_epi32(iacc[r][0], off), hi = _mm512_sub_epi32(iacc[r][1], off);
+    const __m512i lo = _mm512_sub_epi32(_mm512_add_epi32(iacc[r][0], jacc[r][0]), off);
+    const __m512i hi = _mm512_sub_epi32(_mm512_add_epi32(iacc[r][1], jacc[r][1]), off);
     iacc[r][0] = _mm512_permutex2var_epi32(lo, natural_columns(), hi);
     iacc[r][1] = _mm512_permutex2var_epi32(lo, _mm512_add_epi32(natural_columns(), _mm512_set1_epi32(8)), hi);
   }
 }
 
 // uint4 codes: two pair-rows are 64 contiguous bytes, columns 0..15 in the low nibbles and 16..31
-// in the high ones; a word permutation puts each column's two pairs side by side (natural order).
+// in the high ones; one word permutation of the raw bytes puts each column's two pairs side by side
+// (natural order; it commutes with the per-word nibble masks), then lo / hi are the low / high
+// nibbles. Sums in two sets at one or two rows, as i8_block.
 template <int R>
 inline void u4_block(const QuantRows& a, const uint8_t* codes, int64_t blk, __m512i iacc[R][2]) {
   const __m512i low = _mm512_set1_epi8(0x0F);
   const __m512i pairs = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
                                          21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+  constexpr bool kTwo = R <= 2;
+  __m512i jacc[R][2];
+#pragma GCC unroll 8
+  for (int r = 0; r < R; ++r) jacc[r][0] = jacc[r][1] = _mm512_setzero_si512();
+#pragma GCC unroll 8
   for (int64_t p = blk * 16; p < blk * 16 + 16; p += 2) {
-    const __m512i x = _mm512_loadu_si512(codes + p * 32);
-    const __m512i lo = _mm512_permutexvar_epi16(pairs, _mm512_and_si512(x, low));
-    const __m512i hi = _mm512_permutexvar_epi16(pairs, _mm512_and_si512(_mm512_srli_epi16(x, 4), low));
-    quad_products<R>(a, p, lo, hi, iacc);
+    const __m512i x = _mm512_permutexvar_epi16(pairs, _mm512_loadu_si512(codes + p * 32));
+    const __m512i lo = _mm512_and_si512(x, low);
+    const __m512i hi = _mm512_and_si512(_mm512_srli_epi16(x, 4), low);
+    if (kTwo && (p & 2)) quad_products<R>(a, p, lo, hi, jacc);
+    else quad_products<R>(a, p, lo, hi, iacc);
+  }
+  if constexpr (kTwo) {
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      iacc[r][0] = _mm512_add_epi32(iacc[r][0], jacc[r][0]);
+      iacc[r][1] = _mm512_add_epi32(iacc[r][1], jacc[r][1]);
+    }
   }
 }
 
