@@ -1,0 +1,40 @@
+"""bench-1b's routed experts as the CPU engine holds them, for the one-process A/B scripts
+(ab_weight_pages.py, ab_expert_t1_ceiling.py, ab_expert_quant_cold.py): 8 experts a layer, hidden 1024,
+width 3584, two routed per token, packed (and quantized) as pack_moe does, on huge pages unless asked."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from cpu_kernels.expert_pack import PackedExperts, bf16_matrix, pack_experts
+from cpu_kernels.expert_quant import quantize
+from moelight.runtime.fused_experts import on_huge_pages
+
+LAYERS, EXPERTS, HIDDEN, INTER, TOP_K = 8, 8, 1024, 3584, 2
+
+
+def dense_layer(inter: int = INTER) -> tuple[torch.Tensor, torch.Tensor]:
+    """One layer's random gate_up [E, 2F, H] and down [E, H, F] in bf16."""
+    gu = torch.randn(EXPERTS, 2 * inter, HIDDEN, dtype=torch.bfloat16) * 0.02
+    dn = torch.randn(EXPERTS, HIDDEN, inter, dtype=torch.bfloat16) * 0.02
+    return gu, dn
+
+
+def pack_layer(gate_up: torch.Tensor, down: torch.Tensor, fmt: str, huge: bool = True) -> PackedExperts:
+    """The layer packed in `fmt` (bf16, int8, int4 with groups of 128); a copy on huge pages when `huge`."""
+    mats = (bf16_matrix(gate_up), bf16_matrix(down)) if fmt == "bf16" else (quantize(gate_up, fmt, 128),
+                                                                             quantize(down, fmt, 128))
+    packed = pack_experts(*mats)
+    return huge_pages_copy(packed) if huge else packed
+
+
+def huge_pages_copy(packed: PackedExperts) -> PackedExperts:
+    """The same packed experts copied onto huge pages (on_huge_pages), `packed` left as it is."""
+    return on_huge_pages(dataclasses.replace(packed))
+
+
+def random_routes(tokens: int, count: int) -> list[torch.Tensor]:
+    """`count` routings of `tokens` tokens, each to TOP_K distinct experts ([tokens, TOP_K] int64)."""
+    return [torch.stack([torch.randperm(EXPERTS)[:TOP_K] for _ in range(tokens)]) for _ in range(count)]
