@@ -5,7 +5,7 @@ bench-1b's shapes (8 layers of 8 packed experts on huge pages, hidden 1024, widt
 Each pass: a 256 MiB stream_read (the host's read bandwidth, which evicts the experts), then one decode
 step's 8 layer calls.
 
-    PYTHONPATH=$PWD python benchmarks/ab_expert_quant_cold.py branch 20
+    python benchmarks/ab_expert_quant_cold.py branch 20
 """
 
 from __future__ import annotations
@@ -13,14 +13,15 @@ from __future__ import annotations
 import statistics
 import sys
 import time
+from pathlib import Path
 
 import torch
 
-from cpu_kernels import dispatch
-from cpu_kernels.expert_pack import pack_experts
-from cpu_kernels.expert_quant import quantize
-from moelight.runtime.fused_experts import on_huge_pages
-from moelight.runtime.host_memory import huge_copy
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench1b_experts import EXPERTS, HIDDEN, LAYERS, TOP_K, dense_layer, pack_layer, random_routes  # noqa: E402
+
+from cpu_kernels import dispatch  # noqa: E402
+from moelight.runtime.host_memory import huge_copy  # noqa: E402
 
 
 def main() -> None:
@@ -28,15 +29,14 @@ def main() -> None:
     tag, passes = sys.argv[1], int(sys.argv[2])
     torch.manual_seed(0)
     layers: dict[str, list] = {"int4": [], "int8": []}
-    for _ in range(8):
-        gu = torch.randn(8, 2 * 3584, 1024, dtype=torch.bfloat16) * 0.02
-        dn = torch.randn(8, 1024, 3584, dtype=torch.bfloat16) * 0.02
+    for _ in range(LAYERS):
+        gu, dn = dense_layer()
         for f, packs in layers.items():
-            packs.append(on_huge_pages(pack_experts(quantize(gu, f, 128), quantize(dn, f, 128))))
+            packs.append(pack_layer(gu, dn, f))
     big = huge_copy(torch.ones(64 * 2**20, dtype=torch.float32))
     for t in (1, 8):
-        x, w = torch.randn(t, 1024, dtype=torch.bfloat16), torch.softmax(torch.randn(t, 2), -1)
-        routes = [torch.stack([torch.randperm(8)[:2] for _ in range(t)]) for _ in range(8 * passes)]
+        x, w = torch.randn(t, HIDDEN, dtype=torch.bfloat16), torch.softmax(torch.randn(t, TOP_K), -1)
+        routes = random_routes(t, LAYERS * passes)
         for f in ("int4", "int8"):
             ts, bw = [], []
             for i in range(passes):
@@ -45,9 +45,9 @@ def main() -> None:
                 bw.append(big.numel() * 4 / (time.perf_counter() - t0))
                 t0 = time.perf_counter()
                 for j, p in enumerate(layers[f]):
-                    dispatch.expert_mix(x, routes[i * 8 + j], w, p)
+                    dispatch.expert_mix(x, routes[i * LAYERS + j], w, p)
                 ts.append(time.perf_counter() - t0)
-            nb = sum(len(torch.unique(r)) for r in routes) / passes * layers[f][0].nbytes() / 8
+            nb = sum(len(torch.unique(r)) for r in routes) / passes * layers[f][0].nbytes() / EXPERTS
             med, bwm = statistics.median(ts), statistics.median(bw)
             print(f"{tag} {f} T={t}: ms min {1e3 * min(ts):.2f} med {1e3 * med:.2f} | {nb / 1e6:.1f} MB "
                   f"{nb / med / 1e9:.1f} GB/s | read {bwm / 1e9:.1f} GB/s | share {nb / med / bwm * 100:.0f}%")

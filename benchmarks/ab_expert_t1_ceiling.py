@@ -26,19 +26,16 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench1b_experts import EXPERTS, HIDDEN, INTER, LAYERS, TOP_K, dense_layer, pack_layer, random_routes  # noqa: E402
+
 from cpu_kernels import dispatch  # noqa: E402
-from cpu_kernels.expert_pack import pack_experts  # noqa: E402
-from cpu_kernels.expert_quant import quantize  # noqa: E402
-from moelight.runtime.fused_experts import on_huge_pages  # noqa: E402
 from moelight.runtime.host_memory import huge_copy  # noqa: E402
 
-LAYERS, EXPERTS, HIDDEN, INTER, NARROW = 8, 8, 1024, 3584, 512
+NARROW = 512
 
 
 def _packed(fmt: str, inter: int):
-    gu = torch.randn(EXPERTS, 2 * inter, HIDDEN, dtype=torch.bfloat16) * 0.02
-    dn = torch.randn(EXPERTS, HIDDEN, inter, dtype=torch.bfloat16) * 0.02
-    return on_huge_pages(pack_experts(quantize(gu, fmt, 128), quantize(dn, fmt, 128)))
+    return pack_layer(*dense_layer(inter), fmt)
 
 
 def _expert_tensors(p, e: int) -> list[torch.Tensor]:
@@ -56,9 +53,8 @@ def main() -> None:
     narrow = _packed(a.format, NARROW)
     big = huge_copy(torch.ones(64 * 2**20, dtype=torch.float32))
     x = torch.randn(a.tokens, HIDDEN, dtype=torch.bfloat16)
-    weights = torch.softmax(torch.randn(a.tokens, 2), -1)
-    routes = [torch.stack([torch.randperm(EXPERTS)[:2] for _ in range(a.tokens)])
-              for _ in range(LAYERS * (a.passes + 1))]
+    weights = torch.softmax(torch.randn(a.tokens, TOP_K), -1)
+    routes = random_routes(a.tokens, LAYERS * (a.passes + 1))
     touched = [len(torch.unique(r)) for r in routes]
 
     def cold(i):
