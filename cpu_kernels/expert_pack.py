@@ -10,9 +10,18 @@ up columns, so the kernel's epilogue sees both halves of the activation together
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+
+# (shape, dtype) -> an uninitialised tensor: where pack_experts puts the arrays the kernel keeps (the caller
+# may want them on huge pages, say); the intermediates stay on torch's allocator
+Alloc = Callable[[tuple[int, ...], torch.dtype], torch.Tensor]
+
+
+def torch_alloc(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    return torch.empty(shape, dtype=dtype)
 
 FORMATS = {"bf16": 0, "int8": 1, "fp8": 2, "uint4": 3, "mxfp4": 4}
 NIBBLE_FORMATS = ("uint4", "mxfp4")
@@ -111,7 +120,15 @@ def _pad(t: torch.Tensor | None, n: int, k: int) -> torch.Tensor | None:
     return torch.nn.functional.pad(t, (0, k - t.shape[2], 0, n - t.shape[1]))
 
 
-def _strips(m: QuantMatrix, n_pad: int) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, int]:
+def _into(alloc: Alloc, shape: tuple[int, ...], value: torch.Tensor) -> torch.Tensor:
+    """`value` (any strides) written once into a fresh `alloc` buffer of `shape`."""
+    out = alloc(tuple(shape), value.dtype)
+    out.view(value.shape).copy_(value)
+    return out
+
+
+def _strips(m: QuantMatrix, n_pad: int, alloc: Alloc = torch_alloc
+            ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, int]:
     """[E, N, K] in canonical form -> (codes [E, S, bytes], scales, bias [E, S, K/g, 32], group)."""
     e, n, k = m.shape
     group = m.group if m.fmt != "bf16" else 0
@@ -123,18 +140,21 @@ def _strips(m: QuantMatrix, n_pad: int) -> tuple[torch.Tensor, torch.Tensor | No
         values = torch.stack((codes & 0x0F, codes >> 4), dim=-1).flatten(-2)  # [E, n, k] of 0..15
     else:
         values = codes
-    rows = values.view(e, s, STRIP, k_pad // 2, 2).permute(0, 1, 3, 2, 4).reshape(e, s, k_pad // 2, 2 * STRIP)
+    rows = values.view(e, s, STRIP, k_pad // 2, 2).permute(0, 1, 3, 2, 4)  # [E, S, K/2, 32, 2]
     if nib:  # byte i of a row: element i (low nibble), element i + 32 (high)
-        rows = rows[..., :STRIP] | (rows[..., STRIP:] << 4)
-    packed = rows.reshape(e, s, -1).contiguous()
+        rows = rows.reshape(e, s, k_pad // 2, 2 * STRIP)
+        packed = alloc((e, s, k_pad // 2 * STRIP), torch.uint8)
+        torch.bitwise_or(rows[..., :STRIP], rows[..., STRIP:] << 4, out=packed.view(e, s, k_pad // 2, STRIP))
+    else:
+        packed = _into(alloc, (e, s, k_pad * STRIP), rows)
     if m.fmt == "bf16":
         return packed, None, None, k_pad
 
     def per_strip(t):
         if t is None:
             return None
-        t = _pad(t.float(), n_pad, k_pad // group)
-        return t.view(e, s, STRIP, -1).permute(0, 1, 3, 2).contiguous()
+        t = _pad(t.float(), n_pad, k_pad // group).view(e, s, STRIP, -1).permute(0, 1, 3, 2)
+        return _into(alloc, t.shape, t)
 
     return packed, per_strip(m.scales), per_strip(m.bias), group
 
@@ -151,8 +171,9 @@ def _gate_up_order(t: torch.Tensor | None, f: int, f_pad: int) -> torch.Tensor |
 
 
 def pack_experts(gate_up: QuantMatrix, down: QuantMatrix, gate_up_bias: torch.Tensor | None = None,
-                 down_bias: torch.Tensor | None = None) -> PackedExperts:
-    """gate_up [E, 2f, h] and down [E, h, f] (canonical, any format) -> the kernel's strips."""
+                 down_bias: torch.Tensor | None = None, alloc: Alloc = torch_alloc) -> PackedExperts:
+    """gate_up [E, 2f, h] and down [E, h, f] (canonical, any format) -> the kernel's strips. The codes,
+    scales and additive terms are written straight into buffers from `alloc` (no copy afterwards)."""
     e, two_f, h = gate_up.shape
     f = two_f // 2
     if down.shape != (e, h, f):
@@ -162,14 +183,14 @@ def pack_experts(gate_up: QuantMatrix, down: QuantMatrix, gate_up_bias: torch.Te
     ordered = QuantMatrix(gate_up.fmt, _gate_up_order(gate_up.codes, f, f_pad),
                           _gate_up_order(gate_up.scales, f, f_pad), _gate_up_order(gate_up.bias, f, f_pad),
                           gate_up.group)
-    w13, s13, z13, g13 = _strips(ordered, 2 * f_pad)
+    w13, s13, z13, g13 = _strips(ordered, 2 * f_pad, alloc)
     w13 = w13.view(e, f_pad // 16, -1)  # 32-column strips: f_pad / 16 of them
     if down.shape[2] != f_pad:  # the down matrix's K must be the padded intermediate width
         down = QuantMatrix(down.fmt, _pad(down.codes, h, f_pad // 2 if down.fmt in NIBBLE_FORMATS else f_pad),
                            _pad(down.scales, h, f_pad // down.group) if down.scales is not None else None,
                            _pad(down.bias, h, f_pad // down.group) if down.bias is not None else None, down.group)
     h_pad = _ceil(h, STRIP)
-    w2, s2, z2, g2 = _strips(down, h_pad)
+    w2, s2, z2, g2 = _strips(down, h_pad, alloc)
     b13 = None if gate_up_bias is None else _gate_up_order(gate_up_bias.float().unsqueeze(-1), f, f_pad)
     b2 = None if down_bias is None else torch.nn.functional.pad(down_bias.float(), (0, h_pad - h))
     return PackedExperts(w13, s13, z13, w2, s2, z2, gate_up.fmt, g13, down.fmt, g2, h, f,

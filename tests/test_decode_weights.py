@@ -12,6 +12,7 @@ import torch
 import torch.nn.functional as F
 
 from cpu_kernels import dispatch
+from cpu_kernels.expert_pack import torch_alloc
 from moelight.loading.presets import PRESETS
 from moelight.loading.weights import build_model
 from moelight.models import moe
@@ -78,7 +79,8 @@ def test_packed_model_streams_huge_pages_and_fused_qkv_with_the_same_logits(monk
             assert t.data_ptr() % HUGE_PAGE == 0
     # the layout that was there before: 4 KiB pages, one call per projection
     monkeypatch.setattr(cpu_linear, "huge_copy", lambda t: t)
-    monkeypatch.setattr(fused_experts, "huge_copy", lambda t: t)
+    monkeypatch.setattr(cpu_linear, "pack_moe", lambda moe, method, group: fused_experts.pack_moe(
+        moe, method, group, alloc=torch_alloc))
     monkeypatch.setattr(cpu_linear, "fuse_qkv", lambda attn: False)
     cpu_linear.pack_model(plain)
     assert plain.layers[0].self_attn.fused_qkv is None
