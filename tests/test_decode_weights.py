@@ -12,11 +12,10 @@ import torch
 import torch.nn.functional as F
 
 from cpu_kernels import dispatch
-from cpu_kernels.expert_pack import torch_alloc
 from moelight.loading.presets import PRESETS
 from moelight.loading.weights import build_model
 from moelight.models import moe
-from moelight.runtime import cpu_linear, fused_experts, fused_qkv, host_memory
+from moelight.runtime import cpu_linear, fused_qkv, host_memory
 from moelight.runtime.forward import decode_step, prefill
 from moelight.runtime.host_memory import HUGE_PAGE, huge_copy
 from moelight.runtime.latent_kv_cache import kv_cache_class
@@ -78,11 +77,8 @@ def test_packed_model_streams_huge_pages_and_fused_qkv_with_the_same_logits(monk
         for t in (experts.w13, experts.w2, stacked, attn.o_proj.weight_bf16):
             assert t.data_ptr() % HUGE_PAGE == 0
     # the layout that was there before: 4 KiB pages, one call per projection
-    monkeypatch.setattr(cpu_linear, "huge_copy", lambda t: t)
-    monkeypatch.setattr(cpu_linear, "pack_moe", lambda moe, method, group: fused_experts.pack_moe(
-        moe, method, group, alloc=torch_alloc))
-    monkeypatch.setattr(cpu_linear, "fuse_qkv", lambda attn: False)
-    cpu_linear.pack_model(plain)
+    monkeypatch.setattr(cpu_linear, "fuse_qkv", lambda attn, huge_pages: False)
+    cpu_linear.pack_model(plain, huge_pages=False)
     assert plain.layers[0].self_attn.fused_qkv is None
     prompts = _prompts(WIDE.vocab_size)
     assert torch.equal(_logits(model, prompts), _logits(plain, prompts))

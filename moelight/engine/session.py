@@ -32,7 +32,7 @@ from moelight.planning.hardware_choice import resolve_device
 from moelight.planning.job_plan import JobPlan, plan_job
 from moelight.planning.memory_check import OutOfMemoryPlan, available_bytes, check_fits, held_before_job, weight_bytes
 from moelight.planning.size_overrides import largest_size
-from moelight.runtime.cpu_linear import pack_model
+from moelight.runtime.cpu_linear import pack_model, weights_on_huge_pages
 from moelight.runtime.executor import Executor
 from moelight.sampling.checks import SamplingChecker
 from moelight.sampling.params import SamplingParams
@@ -182,8 +182,9 @@ class EngineSession:
                         "batch_capped": {"planned": plan.batch_size, "ran": batch}}
         return capped
 
-    def load(self) -> None:
-        """Load the weights once (the plain CPU executor runs them pre-packed); with N ranks, start
+    def load(self, batch_size: int | None = None) -> None:
+        """Load the weights once (the plain CPU executor runs them pre-packed, on huge pages where a decode
+        step of `batch_size` rows streams them: cpu_linear.weights_on_huge_pages); with N ranks, start
         them, and let each load its own shard (together the shards hold the model once)."""
         if self.model is not None:
             return
@@ -195,7 +196,8 @@ class EngineSession:
             self._load_shard()
         if self.device == "cpu":
             method, group = self.opts.quantization()
-            pack_model(self.model, method, group)
+            huge = weights_on_huge_pages(batch_size, self.config.top_k, self.config.num_experts)
+            pack_model(self.model, method, group, huge_pages=huge)
         self.load_seconds = time.perf_counter() - t0
 
     def _load_shard(self) -> None:
@@ -211,7 +213,7 @@ class EngineSession:
     def engine(self, plan: JobPlan, prompts: list[list[int]], params: list[SamplingParams], turn: int = 1):
         """The engine for a planned job, on the plan's executor (rank 0 of N: a LockstepEngine
         that replays each call on the other ranks)."""
-        self.load()
+        self.load(plan.batch_size)
         lead = self.group is not None and self.group.rank == 0
         if lead:
             self._send("engine", plan, prompts, params, turn)

@@ -13,10 +13,11 @@ import torch
 from torch import nn
 
 from cpu_kernels import dispatch
+from cpu_kernels.expert_pack import torch_alloc
 from moelight.models.causal_lm import MoECausalLM
 from moelight.runtime.fused_experts import fused_enabled, pack_moe
 from moelight.runtime.fused_qkv import fuse_qkv
-from moelight.runtime.host_memory import huge_copy
+from moelight.runtime.host_memory import empty_huge, huge_copy
 
 _PACK_HINT = 64  # expected rows per matmul; oneDNN picks the blocking from it
 
@@ -84,7 +85,7 @@ class PackedLinear(nn.Module):
     keeps its plain weight too where small_linear reads it faster for a decode step's few rows
     (plain_bf16_rows; memory_check counts both)."""
 
-    def __init__(self, linear: nn.Linear, upcast: bool = False) -> None:
+    def __init__(self, linear: nn.Linear, upcast: bool = False, huge_pages: bool = True) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         w, b = linear.weight.detach(), None if linear.bias is None else linear.bias.detach()
@@ -92,7 +93,8 @@ class PackedLinear(nn.Module):
         self.packed = pack_weight(w.float() if upcast else w)
         self.bias = None if b is None else (b.float() if upcast else b)
         self.plain_rows = plain_bf16_rows(upcast) if w.dtype == torch.bfloat16 else 0
-        self.weight_bf16 = huge_copy(w.contiguous()) if self.plain_rows else None  # streamed whole per decode step
+        plain = w.contiguous() if self.plain_rows else None  # streamed whole per decode step
+        self.weight_bf16 = huge_copy(plain) if huge_pages else plain
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight_bf16 is not None and x.numel() <= self.plain_rows * self.in_features:
@@ -117,12 +119,27 @@ def packed_linears(model: MoECausalLM):
         yield model, "lm_head", model.lm_head
 
 
-def pack_model(model: MoECausalLM, quantize: str = "none", group: int = 128, fused_experts: bool | None = None) -> bool:
+HUGE_PAGE_ROWS_PER_EXPERT = 16
+
+
+def weights_on_huge_pages(batch_size: int | None, top_k: int, num_experts: int) -> bool:
+    """Whether the weights a decode step streams go on huge pages (host_memory) for a job whose decode steps
+    take up to `batch_size` rows (None: unknown, yes). Below ~16 rows per expert a step streams its weights
+    and 2 MiB pages make it faster; at the README job's 64 (bench-1b, batch 256) decode ran no faster on
+    them, while on a VM whose host takes free memory back the fresh 2 MiB pages made loading ~1.7 s longer
+    (benchmarks/results/huge_page_loading.md)."""
+    return batch_size is None or batch_size * top_k <= HUGE_PAGE_ROWS_PER_EXPERT * num_experts
+
+
+def pack_model(model: MoECausalLM, quantize: str = "none", group: int = 128, fused_experts: bool | None = None,
+               huge_pages: bool = True) -> bool:
     """Repack every large matmul weight of `model` in place; False if this torch/CPU cannot. Routed
     experts go to the fused kernel (runtime/fused_experts.py) in bf16, or quantized with `quantize`
     ('int8', 'int4' with `group`), or as loaded when they are quantized already; `fused_experts`
     False keeps dense experts on the per-expert oneDNN loop (None: fused_enabled decides). bf16 on a
-    CPU whose oneDNN packs no bf16: the other matmuls run on packed float32 copies (upcast_bf16_linears)."""
+    CPU whose oneDNN packs no bf16: the other matmuls run on packed float32 copies (upcast_bf16_linears).
+    `huge_pages`: the weights a decode step streams whole on 2 MiB pages (weights_on_huge_pages)."""
+    alloc = empty_huge if huge_pages else torch_alloc
     dtype = model.embed_tokens.weight.dtype
     if dtype != torch.bfloat16 and _has_quantized_experts(model):
         _expand_quantized_experts(model, dtype)
@@ -134,15 +151,15 @@ def pack_model(model: MoECausalLM, quantize: str = "none", group: int = 128, fus
         if fused:
             for layer in model.layers:
                 if hasattr(layer.mlp, "gate_up_proj"):
-                    pack_moe(layer.mlp, quantize, group)
+                    pack_moe(layer.mlp, quantize, group, alloc)
         return False
     for parent, name, child in list(packed_linears(model)):
-        setattr(parent, name, PackedLinear(child, upcast))
+        setattr(parent, name, PackedLinear(child, upcast, huge_pages))
     for layer in model.layers:
-        fuse_qkv(layer.self_attn)
+        fuse_qkv(layer.self_attn, huge_pages)
         moe = layer.mlp
         if fused and hasattr(moe, "gate_up_proj"):
-            pack_moe(moe, quantize, group)
+            pack_moe(moe, quantize, group, alloc)
         elif isinstance(getattr(moe, "gate_up_proj", None), torch.Tensor):
             cast = (lambda w: w.float()) if upcast else (lambda w: w)  # noqa: E731
             gate_up = [pack_weight(cast(w)) for w in moe.gate_up_proj.detach()]

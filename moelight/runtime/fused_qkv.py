@@ -27,9 +27,10 @@ class FusedQKV:
         return tuple(dispatch.small_linear(h, self.weight, self.bias).split(self.sizes, dim=-1))
 
 
-def fuse_qkv(attn) -> bool:
-    """Give `attn` (an Attention whose q/k/v are PackedLinear) a FusedQKV over its plain bf16 weights; False
-    (nothing changed) where they keep none, differ in rows they serve, or only some have a bias."""
+def fuse_qkv(attn, huge_pages: bool = True) -> bool:
+    """Give `attn` (an Attention whose q/k/v are PackedLinear) a FusedQKV over its plain bf16 weights (on
+    huge pages with `huge_pages`); False (nothing changed) where they keep none, differ in rows they serve,
+    or only some have a bias."""
     projs = [getattr(attn, name, None) for name in ("q_proj", "k_proj", "v_proj")]
     if not all(getattr(p, "weight_bf16", None) is not None for p in projs):
         return False
@@ -37,7 +38,8 @@ def fuse_qkv(attn) -> bool:
     biased = {p.bias is not None for p in projs}
     if len(rows) != 1 or len(biased) != 1:
         return False
-    weight = huge_copy(torch.cat([p.weight_bf16 for p in projs]))
+    weight = torch.cat([p.weight_bf16 for p in projs])
+    weight = huge_copy(weight) if huge_pages else weight
     bias = torch.cat([p.bias for p in projs]) if biased == {True} else None
     sizes = [p.weight_bf16.shape[0] for p in projs]
     for p, w in zip(projs, weight.split(sizes), strict=True):
