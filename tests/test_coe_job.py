@@ -136,7 +136,7 @@ def test_a_prompt_one_model_cannot_take_is_refused_before_any_model_loads(tmp_pa
     data = write_jsonl(tmp_path / "req.jsonl", [{"id": f"c{i}", "prompt": "hello"} for i in range(3)]
                        + [{"id": "long", "prompt": "def " + "x " * 5000}])
     monkeypatch.setattr(moelight.engine.session.EngineSession, "load",
-                        lambda self: pytest.fail("a model loaded before every prompt was checked"))
+                        lambda self, *a: pytest.fail("a model loaded before every prompt was checked"))
     res = CliRunner().invoke(app, ["run", "--dataset", str(data), "--model", str(spec), "--output",
                                    str(tmp_path / "o.jsonl"), "--device", "cpu", "--no-progress", "--gen-len", "2",
                                    "--hardware", "cpu-server"])

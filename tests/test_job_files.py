@@ -105,7 +105,7 @@ def test_an_output_under_a_file_is_refused_before_loading(tmp_path, monkeypatch)
     data = dataset(tmp_path / "d.jsonl")
     (tmp_path / "afile").write_text("x")
     loads = []
-    monkeypatch.setattr("moelight.engine.session.EngineSession.load", lambda self: loads.append(1))
+    monkeypatch.setattr("moelight.engine.session.EngineSession.load", lambda self, *a: loads.append(1))
     refused(run("--dataset", data, "--output", tmp_path / "afile" / "x.jsonl", *TINY), "afile is a file")
     refused(run("--dataset", data, "--output", tmp_path, *TINY), "")  # a folder: refused by its extension
     (tmp_path / "o.jsonl.report.json").mkdir()
@@ -125,7 +125,7 @@ def test_a_read_only_folder_is_refused(tmp_path):
 def test_a_folder_that_cannot_be_created_or_written_is_refused_before_loading(tmp_path, monkeypatch):
     data = dataset(tmp_path / "d.jsonl")
     loads = []
-    monkeypatch.setattr("moelight.engine.session.EngineSession.load", lambda self: loads.append(1))
+    monkeypatch.setattr("moelight.engine.session.EngineSession.load", lambda self, *a: loads.append(1))
     refused(run("--dataset", data, "--output", "/proc/moelight-x/o.jsonl", *TINY), "cannot create the folder")
     refused(run("--dataset", data, "--output", "/proc/o.jsonl", *TINY), "the folder /proc is not writable")
     for args in (["--save-policy", "/proc/moelight-x/p.json"], ["--plot", "/proc/moelight-x"]):
@@ -271,7 +271,7 @@ def test_an_interrupted_run_reports_what_it_wrote_and_the_resumed_one_what_was_t
 def test_ctrl_c_while_loading_says_nothing_was_written(tmp_path, monkeypatch):
     data = dataset(tmp_path / "d.jsonl")
 
-    def interrupted(self):
+    def interrupted(self, *args):
         raise KeyboardInterrupt
 
     monkeypatch.setattr("moelight.engine.session.EngineSession.load", interrupted)

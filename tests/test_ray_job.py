@@ -221,8 +221,8 @@ def test_a_replica_runs_torch_on_one_thread_of_its_own(tmp_path, monkeypatch):
 
     seen: dict[str, int] = {}
     load, generate = EngineSession.load, moelight.jobs.serving.generate_prepared
-    monkeypatch.setattr(EngineSession, "load", lambda self: (seen.setdefault("load", threading.get_ident()),
-                                                             load(self))[1])
+    monkeypatch.setattr(EngineSession, "load", lambda self, *a: (seen.setdefault("load", threading.get_ident()),
+                                                             load(self, *a))[1])
     monkeypatch.setattr(moelight.jobs.serving, "generate_prepared", lambda *a, **k: (
         seen.setdefault("generate", threading.get_ident()), generate(*a, **k))[1])
     opts = RunOptions(dataset=tmp_path / "unused.jsonl", output=tmp_path / "o.jsonl", **ENGINE)

@@ -297,7 +297,7 @@ def test_an_automatic_batch_the_check_refuses_is_capped_and_said(monkeypatch):
 def test_a_hardware_file_without_the_dtypes_rate_is_refused_before_loading(tmp_path, monkeypatch):
     """`run --dtype float32` on a file whose CPU level has only a bfloat16 FLOP/s: one error naming the file and
     the keys, exit 2, nothing loaded (the HRM raised a KeyError traceback mid-plan)."""
-    monkeypatch.setattr("moelight.engine.session.EngineSession.load", lambda self: pytest.fail("loaded"))
+    monkeypatch.setattr("moelight.engine.session.EngineSession.load", lambda self, *a: pytest.fail("loaded"))
     hw = HardwareSpec("bf16-only", Level("cpu", 16 * GiB, 20e9, {"bfloat16": 200e9})).save(tmp_path / "hw.json")
     r, _, out = _run(tmp_path, "--hardware", str(hw), "--dtype", "float32", "--device", "cpu")
     assert r.exit_code == 2 and "Traceback" not in r.output and not out.exists(), r.output
