@@ -12,6 +12,8 @@ import torch
 import torch.nn.functional as F
 
 from cpu_kernels import dispatch
+from cpu_kernels.expert_pack import pack_experts
+from cpu_kernels.expert_quant import quantize
 from moelight.loading.presets import PRESETS
 from moelight.loading.weights import build_model
 from moelight.models import moe
@@ -41,6 +43,25 @@ def test_huge_copy_is_the_tensor_itself_without_huge_pages(monkeypatch):
     monkeypatch.setattr(host_memory, "huge_pages_available", lambda: False)
     t = torch.randn(3, HUGE_PAGE // 4)
     assert huge_copy(t) is t
+
+
+@pytest.mark.skipif(not THP, reason="needs transparent huge pages")
+def test_expert_scales_under_a_huge_page_get_a_whole_one():
+    """A layer's int4 scales (bench-1b's: 1.8 and 0.9 MB) are streamed beside its codes: padded onto a
+    2 MiB page of their own, where huge_copy leaves tensors under a huge page alone; tiny ones stay."""
+    t = torch.randn(HUGE_PAGE // 4 // 3)  # a third of a huge page
+    h = fused_experts.whole_huge_pages(t)
+    assert torch.equal(h, t) and h.data_ptr() % HUGE_PAGE == 0 and huge_copy(t) is t
+    tiny = torch.randn(1000)
+    assert fused_experts.whole_huge_pages(tiny) is tiny and fused_experts.whole_huge_pages(None) is None
+    gate_up = torch.randn(4, 2 * 3584, 1024, dtype=torch.bfloat16) * 0.02
+    down = torch.randn(4, 1024, 3584, dtype=torch.bfloat16) * 0.02
+    packed = pack_experts(quantize(gate_up, "int4", 128), quantize(down, "int4", 128))
+    assert HUGE_PAGE // 4 <= packed.s13.numel() * 4 < HUGE_PAGE
+    moved = fused_experts.on_huge_pages(packed)
+    for name in ("w13", "s13", "w2"):
+        assert getattr(moved, name).data_ptr() % HUGE_PAGE == 0, name
+        assert torch.equal(getattr(moved, name), getattr(packed, name)), name
 
 
 def _logits(model, prompts: list[list[int]]) -> torch.Tensor:
@@ -79,6 +100,7 @@ def test_packed_model_streams_huge_pages_and_fused_qkv_with_the_same_logits(monk
     # the layout that was there before: 4 KiB pages, one call per projection
     monkeypatch.setattr(cpu_linear, "huge_copy", lambda t: t)
     monkeypatch.setattr(fused_experts, "huge_copy", lambda t: t)
+    monkeypatch.setattr(fused_experts, "whole_huge_pages", lambda t: t)
     monkeypatch.setattr(cpu_linear, "fuse_qkv", lambda attn: False)
     cpu_linear.pack_model(plain)
     assert plain.layers[0].self_attn.fused_qkv is None
