@@ -3,7 +3,7 @@
 read bandwidth. bench-1b's shapes on huge pages (bench1b_experts.py); each pass per schedule, in
 alternating order: a 256 MiB stream_read (which evicts the experts), then one decode step's 8 layer calls.
 
-    python benchmarks/ab_expert_schedule.py 20
+    python benchmarks/ab_expert_schedule.py 20 [tokens ...]    (SCHEDULES=strips,auto: the rule instead)
 """
 
 from __future__ import annotations
@@ -57,8 +57,9 @@ def main() -> None:
             bwm = statistics.median(bw)
             for s in SCHEDULES:
                 med = statistics.median(ts[s])
-                print(f"{s:8s} {f} T={t}: ms min {1e3 * min(ts[s]):.2f} med {1e3 * med:.2f} max {1e3 * max(ts[s]):.2f} | {nb / 1e6:.1f} MB "
-                      f"{nb / med / 1e9:.1f} GB/s | read {bwm / 1e9:.1f} GB/s | share {nb / med / bwm * 100:.0f}%")
+                ms = f"min {1e3 * min(ts[s]):.2f} med {1e3 * med:.2f} max {1e3 * max(ts[s]):.2f}"
+                print(f"{s:8s} {f} T={t}: ms {ms} | {nb / 1e6:.1f} MB {nb / med / 1e9:.1f} GB/s | "
+                      f"read {bwm / 1e9:.1f} GB/s | share {nb / med / bwm * 100:.0f}%")
 
 
 if __name__ == "__main__":
