@@ -12,13 +12,16 @@ import torch
 import torch.nn.functional as F
 
 from cpu_kernels import dispatch
+from cpu_kernels.expert_pack import pack_experts
+from cpu_kernels.expert_quant import quantize
 from moelight.loading.presets import PRESETS
 from moelight.loading.weights import build_model
 from moelight.models import moe
-from moelight.runtime import cpu_linear, fused_qkv, host_memory
+from moelight.runtime import cpu_linear, fused_experts, fused_qkv, host_memory
 from moelight.runtime.forward import decode_step, prefill
 from moelight.runtime.host_memory import HUGE_PAGE, huge_copy
 from moelight.runtime.latent_kv_cache import kv_cache_class
+from tests.test_host_memory import _mapping_of
 
 THP = host_memory.huge_pages_available()
 KERNELS = dispatch.small_linear_available() and cpu_linear.packing_supported(torch.bfloat16)
@@ -41,6 +44,24 @@ def test_huge_copy_is_the_tensor_itself_without_huge_pages(monkeypatch):
     monkeypatch.setattr(host_memory, "huge_pages_available", lambda: False)
     t = torch.randn(3, HUGE_PAGE // 4)
     assert huge_copy(t) is t
+
+
+@pytest.mark.skipif(not THP, reason="needs transparent huge pages")
+def test_expert_scales_under_a_huge_page_get_a_whole_one():
+    """A layer's int4 scales (bench-1b's: 1.8 and 0.9 MB) are streamed beside its codes: packed onto a
+    2 MiB page of their own, where empty_huge's default leaves arrays under a huge page on 4 KiB pages."""
+    gate_up = torch.randn(4, 2 * 3584, 1024, dtype=torch.bfloat16) * 0.02
+    down = torch.randn(4, 1024, 3584, dtype=torch.bfloat16) * 0.02
+    plain = pack_experts(quantize(gate_up, "int4", 128), quantize(down, "int4", 128))
+    assert HUGE_PAGE // 4 <= plain.s13.numel() * 4 < HUGE_PAGE
+    packed = pack_experts(quantize(gate_up, "int4", 128), quantize(down, "int4", 128),
+                          alloc=fused_experts.expert_alloc)
+    for name in ("w13", "s13", "w2"):  # s2 here is under a quarter of a huge page: left on 4 KiB pages
+        t = getattr(packed, name)
+        assert t.data_ptr() % HUGE_PAGE == 0, name
+        assert torch.equal(t, getattr(plain, name)), name
+        whole_page = _mapping_of(t.data_ptr() + HUGE_PAGE - 1)  # the 2 MiB page from t's start is advised
+        assert whole_page is not None and "hg" in whole_page["VmFlags"].split(), name
 
 
 def _logits(model, prompts: list[list[int]]) -> torch.Tensor:

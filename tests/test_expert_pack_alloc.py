@@ -51,7 +51,7 @@ def test_engine_packs_experts_onto_huge_pages_without_copying(monkeypatch):
     def no_copy(t):
         raise AssertionError("experts copied after packing")
 
-    monkeypatch.setattr(fused_experts, "huge_copy", no_copy)
+    monkeypatch.setattr(host_memory, "huge_copy", no_copy)
     wide = replace(PRESETS["tiny"], hidden_size=1024, intermediate_size=1024, num_layers=1, vocab_size=512,
                    num_heads=16, num_kv_heads=4, head_dim=64, num_experts=2, top_k=2)
     moe = build_model(wide, torch.bfloat16, None, seed=0).layers[0].mlp

@@ -18,6 +18,8 @@
 // The tile GEMM is told the next strip its thread multiplies, and reads its codes ahead (a quantized
 // strip's too: they are then in L2 when it is dequantised); the down pass also reads the head of the
 // next expert's run ahead (prefetch_head) for the other ISAs.
+// At a few rows per expert on int8-activation products, whole experts per thread instead
+// (expert_by_expert.h; set_expert_schedule overrides the rule for tests and benchmarks).
 // Gate/up items are ordered by their expert's row count, largest first, and down items each
 // span all experts; threads take items dynamically (gate/up in short runs of one expert's
 // consecutive strips), so experts with uneven token counts keep every thread busy.
@@ -30,9 +32,12 @@
 #include <cstring>
 #include <memory>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "experts.h"
+#include "expert_by_expert.h"
+#include "expert_mix_parts.h"
 #include "row_quant.h"
 
 namespace moelight {
@@ -40,134 +45,6 @@ namespace {
 
 using row_quant::RowQuant;
 using row_quant::uninitialized;
-
-constexpr int64_t kStrip = 32;
-constexpr int64_t kRowPad = 16;
-
-int64_t strip_bytes(WFormat f, int64_t k) {
-  switch (f) {
-    case WFormat::BF16: return k * kStrip * 2;
-    case WFormat::I8:
-    case WFormat::F8: return k * kStrip;
-    default: return k * kStrip / 2;
-  }
-}
-
-struct Packed {
-  const uint8_t* codes;
-  const float* scales;
-  const float* bias;
-  int64_t strips, k, group;
-  WFormat fmt;
-
-  Strip strip(int64_t e, int64_t j) const {
-    const int64_t s = e * strips + j;
-    const int64_t per_strip = (k / group) * kStrip;
-    return Strip{codes + s * strip_bytes(fmt, k), scales ? scales + s * per_strip : nullptr,
-                 bias ? bias + s * per_strip : nullptr, k, group, fmt};
-  }
-};
-
-Packed packed_of(const at::Tensor& codes, const c10::optional<at::Tensor>& scales,
-                 const c10::optional<at::Tensor>& bias, int64_t fmt, int64_t group, int64_t k, int64_t experts,
-                 const char* what) {
-  TORCH_CHECK(fmt >= 0 && fmt <= 4, "moelight: unknown weight format ", fmt, " of ", what);
-  const WFormat f = static_cast<WFormat>(fmt);
-  TORCH_CHECK(codes.is_contiguous() && codes.dim() == 3 && codes.size(0) == experts,
-              "moelight: ", what, " codes must be contiguous [E, strips, bytes]");
-  TORCH_CHECK(k % 32 == 0 && codes.size(2) * codes.element_size() == strip_bytes(f, k),
-              "moelight: ", what, " strips do not hold K = ", k, " in format ", fmt);
-  Packed p{static_cast<const uint8_t*>(codes.data_ptr()), nullptr, nullptr, codes.size(1), k, k, f};
-  if (f != WFormat::BF16) {
-    TORCH_CHECK(group > 0 && group % 32 == 0 && k % group == 0, "moelight: group ", group, " of ", what,
-                " must be a multiple of 32 dividing K = ", k);
-    p.group = group;
-    TORCH_CHECK(scales.has_value() && scales->scalar_type() == at::kFloat && scales->is_contiguous() &&
-                    scales->numel() == experts * p.strips * (k / group) * kStrip,
-                "moelight: ", what, " needs float32 scales [E, strips, K / group, 32]");
-    p.scales = scales->data_ptr<float>();
-    if (bias.has_value() && bias->defined()) {
-      TORCH_CHECK(bias->sizes() == scales->sizes() && bias->scalar_type() == at::kFloat && bias->is_contiguous(),
-                  "moelight: ", what, " bias must match its scales");
-      p.bias = bias->data_ptr<float>();
-    }
-  }
-  return p;
-}
-
-const float* opt_f32(const c10::optional<at::Tensor>& t, int64_t numel, const char* what) {
-  if (!t.has_value() || !t->defined()) return nullptr;
-  TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->numel() == numel, "moelight: ", what,
-              " must be contiguous float32 of ", numel, " values");
-  return t->data_ptr<float>();
-}
-
-uint16_t to_bf16(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, 4);
-  if ((u & 0x7FFFFFFFu) > 0x7F800000u) return 0x7FC0;
-  return static_cast<uint16_t>((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
-
-// The rows the GEMM runs for an expert with n tokens: n rounded up to the ISA's row step (within
-// the block's 16-row padding, whose extra rows are zero).
-int64_t rows_for(const ExpertIsa* isa, int64_t n) { return (n + isa->row_step - 1) / isa->row_step * isa->row_step; }
-
-// An expert's block of rows of k values: rows of stride k, or the tile GEMM's tiles (experts.h).
-struct Rows {
-  uint16_t* p;
-  int64_t k;
-  bool tiles;
-
-  void put(int64_t r, const uint16_t* src) const {
-    if (!tiles) return static_cast<void>(std::memcpy(p + r * k, src, k * 2));
-    for (int64_t b = 0; b < k; b += 32) std::memcpy(p + tiled_offset(r, b, k), src + b, 64);
-  }
-  // Row r as a contiguous row: in place, or copied into `row`.
-  const uint16_t* get(int64_t r, uint16_t* row) const {
-    if (!tiles) return p + r * k;
-    for (int64_t b = 0; b < k; b += 32) std::memcpy(row + b, p + tiled_offset(r, b, k), 64);
-    return row;
-  }
-};
-
-// Whether an expert with n tokens multiplies `fmt` strips on int8 activations (iqgemm).
-bool int_rows(const ExpertIsa* isa, WFormat fmt, int64_t n) {
-  if (!isa->iqgemm) return false;
-  return (fmt == WFormat::I8 && n <= isa->iqgemm_rows_i8) || (fmt == WFormat::U4 && n <= isa->iqgemm_rows_u4);
-}
-
-// The rows an expert with n tokens runs on `fmt` strips: iqgemm takes exactly its n (a decode token
-// is one row, not an AMX tile's 16); gemm n rounded up to the ISA's row step. Rows past n of the
-// gate/up output (a2) are then unspecified where only the down strips run whole tiles: their
-// products land in rows of c that nothing reads (a tile's row depends on its own A row only).
-int64_t rows_of(const ExpertIsa* isa, WFormat fmt, int64_t n) { return int_rows(isa, fmt, n) ? n : rows_for(isa, n); }
-
-// c[0, m) = a[0, m) x the strip: bf16 strips directly; int8 / uint4 ones for a few rows on the int8
-// activations `qa` (when given); other quantized ones dequantised in registers for a few rows, or
-// once into `scratch` and shared by all of them. `next`: the codes of the strip the thread
-// multiplies next (nullptr: unknown), which the tile GEMM reads ahead.
-void strip_gemm(const ExpertIsa* isa, const Rows& a, int64_t m, const Strip& st, const uint8_t* next,
-                const QuantRows* qa, uint16_t* scratch, float* c) {
-  const uint16_t* b = reinterpret_cast<const uint16_t*>(st.codes);
-  if (st.fmt != WFormat::BF16) {
-    if (qa && int_rows(isa, st.fmt, m)) return isa->iqgemm(*qa, m, st, c, kStrip);
-    if (!a.tiles && isa->qgemm && m <= isa->qgemm_rows) return isa->qgemm(a.p, a.k, m, st, c, kStrip);
-    isa->dequant(st, scratch);
-    b = scratch;
-  }
-  if (a.tiles) return isa->tile_gemm(a.p, m, b, st.k, next, strip_bytes(st.fmt, st.k), c, kStrip);
-  isa->gemm(a.p, a.k, m, b, st.k, c, kStrip);
-}
-
-// The gate/up epilogue of m rows of c into columns [col, col + 16) of `out` (a tiled block: per tile
-// of 16 rows, whose rows are 32 values apart).
-void act_rows(const ExpertIsa* isa, const float* c, int64_t m, const float* bias, Act act, const Rows& out,
-              int64_t col) {
-  if (!out.tiles) return isa->act(c, kStrip, m, bias, act, out.p + col, out.k);
-  for (int64_t r = 0; r < m; r += 16)
-    isa->act(c + r * kStrip, kStrip, std::min<int64_t>(16, m - r), bias, act, out.p + tiled_offset(r, col, out.k), 32);
-}
 
 // Down's epilogue: y[token][0, 32) += (c[r] + bias) * routing weight for an expert's n rows, whose
 // pairs are pair[0, n).
@@ -185,25 +62,20 @@ void add_down(const float* c, int64_t n, const int64_t* pair, int64_t top, const
   }
 }
 
-// Prefetch of a strip's first 4 KB of codes and of its scales and bias (up to 1 KB each), issued
-// while the strip before it runs: the down pass reads one short strip per expert (3.5 KB of int4 at
-// Qwen3-style widths), each a new stream the hardware prefetcher has not seen.
-void prefetch_head(const Strip& st) {
-  const int64_t bytes = std::min<int64_t>(4096, strip_bytes(st.fmt, st.k));
-  const char* codes = reinterpret_cast<const char*>(st.codes);
-  for (int64_t o = 0; o < bytes; o += 64) __builtin_prefetch(codes + o, 0, 3);
-  const int64_t sbytes = std::min<int64_t>(1024, (st.k / st.group) * kStrip * 4);
-  for (const float* v : {st.scales, st.bias}) {
-    if (!v) continue;
-    for (int64_t o = 0; o < sbytes; o += 64) __builtin_prefetch(reinterpret_cast<const char*>(v) + o, 0, 3);
-  }
-}
-
 struct Item {
   int64_t expert, strip;
 };
 
+// The schedule (set_expert_schedule): 0 the rule (by_expert), 1 strips, 2 by expert wherever it can run.
+int g_schedule = 0;
+
 }  // namespace
+
+const char* set_expert_schedule(const char* name) {
+  const std::string s(name);
+  g_schedule = s == "strips" ? 1 : s == "experts" ? 2 : 0;
+  return g_schedule == 1 ? "strips" : g_schedule == 2 ? "experts" : "auto";
+}
 
 at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tensor& weights,
                       const at::Tensor& w13, const c10::optional<at::Tensor>& s13,
@@ -262,6 +134,14 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
     if (count[e]) busy.push_back(e);
   const std::vector<int64_t> ascending = busy;  // down's order
   std::stable_sort(busy.begin(), busy.end(), [&](int64_t a, int64_t b) { return count[a] > count[b]; });
+  const int nt = at::get_num_threads();
+  const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
+  const float* wp = weights.data_ptr<float>();
+  if (g_schedule != 1 && by_expert(isa, p13.fmt, p2.fmt, busy, count, nt, g_schedule == 2)) {
+    mix_by_expert(isa, xp, h, wp, SortedPairs{sorted, first, count, busy, T, top}, p13, p2, b13, b2, act, nt,
+                  reinterpret_cast<uint16_t*>(out.data_ptr()));
+    return out;
+  }
   std::vector<Item> items13;
   for (int64_t e : busy)
     for (int64_t j = 0; j < p13.strips; ++j) items13.push_back({e, j});
@@ -288,9 +168,6 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
   }
   const int64_t ldy = p2.strips * kStrip;
   std::vector<float> y(T * ldy, 0.0f);  // float32 sums of each token's pairs
-  const uint16_t* xp = reinterpret_cast<const uint16_t*>(x.data_ptr());
-  const float* wp = weights.data_ptr<float>();
-  const int nt = at::get_num_threads();
   // Gate/up items go to threads in runs of up to 8 consecutive strips of an expert (contiguous in
   // memory): one run is one stream for the hardware prefetcher, which items taken one by one, the
   // threads' strips interleaved, restarted at every 16 KB int4 strip. At least 8 runs per thread.

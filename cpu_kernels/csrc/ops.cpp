@@ -21,6 +21,7 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
                       const c10::optional<at::Tensor>& bias13, const c10::optional<at::Tensor>& bias2,
                       int64_t fmt13, int64_t group13, int64_t fmt2, int64_t group2, int64_t act_kind, double limit,
                       double alpha, bool int8_activations);
+const char* set_expert_schedule(const char* name);
 std::tuple<at::Tensor, at::Tensor> topk_rows(const at::Tensor& x, int64_t k);
 at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias);
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
@@ -60,6 +61,8 @@ TORCH_LIBRARY(moelight, m) {
   m.def("paged_prefill_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor starts, "
         "Tensor cu_seqlens, int page_size, float scale) -> Tensor");
   m.def("kernel_isa() -> str", []() { return std::string(moelight::active_isa()); });
+  m.def("set_expert_schedule(str name) -> str",
+        [](const std::string& name) { return std::string(moelight::set_expert_schedule(name.c_str())); });
   m.def("set_isa(str name) -> str",
         [](const std::string& name) { return std::string(moelight::set_isa(name.c_str())); });
 }

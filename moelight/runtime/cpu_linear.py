@@ -15,9 +15,9 @@ from torch import nn
 from cpu_kernels import dispatch
 from cpu_kernels.expert_pack import torch_alloc
 from moelight.models.causal_lm import MoECausalLM
-from moelight.runtime.fused_experts import fused_enabled, pack_moe
+from moelight.runtime.fused_experts import expert_alloc, fused_enabled, pack_moe
 from moelight.runtime.fused_qkv import fuse_qkv
-from moelight.runtime.host_memory import empty_huge, huge_copy
+from moelight.runtime.host_memory import huge_copy
 
 _PACK_HINT = 64  # expected rows per matmul; oneDNN picks the blocking from it
 
@@ -139,7 +139,7 @@ def pack_model(model: MoECausalLM, quantize: str = "none", group: int = 128, fus
     False keeps dense experts on the per-expert oneDNN loop (None: fused_enabled decides). bf16 on a
     CPU whose oneDNN packs no bf16: the other matmuls run on packed float32 copies (upcast_bf16_linears).
     `huge_pages`: the weights a decode step streams whole on 2 MiB pages (weights_on_huge_pages)."""
-    alloc = empty_huge if huge_pages else torch_alloc
+    alloc = expert_alloc if huge_pages else torch_alloc
     dtype = model.embed_tokens.weight.dtype
     if dtype != torch.bfloat16 and _has_quantized_experts(model):
         _expand_quantized_experts(model, dtype)

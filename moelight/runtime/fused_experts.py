@@ -10,7 +10,6 @@ MOELIGHT_EXPERTS=loop keeps bf16 on the loop (to measure one against the other).
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import torch
@@ -19,7 +18,7 @@ from cpu_kernels import expert_mix
 from cpu_kernels.expert_pack import Alloc, PackedExperts, QuantMatrix, bf16_matrix, pack_experts
 from cpu_kernels.expert_quant import int4_group_for, quantize
 from cpu_kernels.expert_reference import ActSpec
-from moelight.runtime.host_memory import empty_huge, huge_copy
+from moelight.runtime.host_memory import HUGE_PAGE, empty_huge
 
 QUANTIZE_CHOICES = ("none", "int8", "int4")
 
@@ -59,18 +58,18 @@ def _matrix(w, method: str, group: int) -> QuantMatrix:
     return bf16_matrix(w.detach()) if method == "none" else quantize(w.detach(), method, group)
 
 
-def on_huge_pages(packed: PackedExperts) -> PackedExperts:
-    """The packed experts with their codes and scales moved onto huge pages (host_memory.huge_copy): a
-    decode step at few rows streams them whole, ~1.3-1.7x as fast as from 4 KiB pages on the AMX host."""
-    return dataclasses.replace(packed, **{name: huge_copy(getattr(packed, name))
-                                          for name in ("w13", "s13", "z13", "w2", "s2", "z2")})
+def expert_alloc(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
+    """Where pack_moe puts the arrays the kernel keeps: on huge pages (host_memory.empty_huge), which a decode
+    step at few rows streams whole, ~1.3-1.7x as fast as from 4 KiB pages on the AMX host. Arrays from a
+    quarter of a huge page up get whole ones: a layer's int4 scales (bench-1b's 1.8 and 0.9 MB) are streamed
+    beside its codes (4-8 points of read-bandwidth share at one row, benchmarks/results/expert_int4_t1_amx.md)."""
+    return empty_huge(shape, dtype, min_bytes=HUGE_PAGE // 4)
 
 
-def pack_moe(moe, method: str = "none", group: int = 128, alloc: Alloc = empty_huge) -> FusedExperts:
+def pack_moe(moe, method: str = "none", group: int = 128, alloc: Alloc = expert_alloc) -> FusedExperts:
     """Pack (and quantize with `method`) one MoE block's routed experts; frees the dense copies. The codes
-    and scales are packed straight onto huge pages (`alloc`), where `on_huge_pages` would copy them: a decode
-    step at few rows streams them whole, and packing in place saves the copy and a 4 KiB-page draft of
-    each (README job: loading ~1.1 s shorter, benchmarks/results/huge_page_loading.md)."""
+    and scales are packed straight into `alloc`'s buffers (huge pages by default): no 4 KiB-page draft and
+    no copy (README job: loading ~1.1 s shorter, benchmarks/results/huge_page_loading.md)."""
     gate_up, down = moe.gate_up_proj, moe.down_proj
     if method == "int4" and isinstance(gate_up, torch.Tensor):
         group = int4_group_for(gate_up.shape[2], down.shape[2], preferred=group)

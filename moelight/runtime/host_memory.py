@@ -26,14 +26,15 @@ def huge_pages_available() -> bool:
 
 def empty_huge(shape: tuple[int, ...], dtype: torch.dtype, *, min_bytes: int = HUGE_PAGE) -> torch.Tensor:
     """Uninitialised (zero-filled) CPU tensor like `torch.empty(shape, dtype=dtype)`, backed by
-    a 2 MiB-aligned mapping advised for huge pages when it is at least `min_bytes` long.
+    a 2 MiB-aligned mapping advised for huge pages when it is at least `min_bytes` long (one under a
+    huge page, with a smaller `min_bytes`, still gets a whole one).
 
     The tensor owns the mapping: it is unmapped when the last view of the tensor is freed.
     Pages are still populated on first touch, as with `torch.empty`."""
     nbytes = math.prod(shape) * dtype.itemsize
     if nbytes < max(min_bytes, 1) or not huge_pages_available():
         return torch.empty(shape, dtype=dtype)
-    length = nbytes + HUGE_PAGE  # room to start on a 2 MiB boundary
+    length = max(nbytes, HUGE_PAGE) + HUGE_PAGE  # room to start on a 2 MiB boundary, and a whole page
     mm = mmap.mmap(-1, length, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS,
                    prot=mmap.PROT_READ | mmap.PROT_WRITE)
     raw = torch.frombuffer(mm, dtype=torch.uint8)  # keeps `mm` alive as long as any view lives
