@@ -329,10 +329,18 @@ void latent_attend_amx(const moelight::LatentArgs& a) {
   if (stream) _mm_sfence();  // the streamed rows are visible before the caller's threads join
 }
 
+#include "latent_amx_grouped.h"
+
+// Items longer than this run in groups of 4 blocks (latent_amx_grouped.h); shorter ones in two passes
+// over the whole item (their rows stay in L2 between the passes)
+constexpr int64_t kGroupedMinKeys = 8 * kBlock;
+
 template <int DK, int DV>
 void latent_attend_amx_any(const moelight::LatentArgs& a) {
   if (a.tile_major) {
     latent_attend_amx<DK, DV, true>(a);
+  } else if (a.n_keys > kGroupedMinKeys && a.heads % 16 == 0) {
+    latent_attend_amx_grouped<DK, DV, 4>(a);
   } else {
     latent_attend_amx<DK, DV, false>(a);
   }
