@@ -21,8 +21,11 @@
 // thread's next item (LatentArgs::next) in eight sequential streams (measured: one stream helped
 // little, eight best, more no better), a few lines at every step of all three phases (prefetching in
 // the tile loops alone left DRAM idle during the vector phases), and writes its bf16 output with
-// streaming stores (no read for ownership of the output's lines). Only code between the pragmas is
-// compiled for AMX; it runs after the CPU and the OS (arch_prctl) said AMX may be used.
+// streaming stores (no read for ownership of the output's lines). Items over kGroupedMinKeys keys run
+// latent_amx_grouped.h instead: the same three steps per group of 4 blocks with an online softmax, so
+// P.V re-reads rows the scores read just before (a 512-key item's two passes did not stay in L2).
+// Only code between the pragmas is compiled for AMX; it runs after the CPU and the OS (arch_prctl) said
+// AMX may be used.
 #include <cstdint>
 #include <cstring>
 
