@@ -5,7 +5,7 @@
 // rows prefetched). No torch: it links cpu_kernels/csrc/latent_amx.cpp alone.
 //
 //   g++ -O3 -fopenmp -fno-math-errno -Icpu_kernels/csrc benchmarks/latent_amx_ceiling.cpp
-//       cpu_kernels/csrc/latent_amx.cpp -o /tmp/latent_amx_ceiling   (one line)
+//       benchmarks/latent_amx_onepass.cpp -o /tmp/latent_amx_ceiling   (one line; it includes latent_amx.cpp)
 //   flock /tmp/cpu.lock /tmp/latent_amx_ceiling 256 117 kernel    # or 16 2048, and the modes below
 //
 // Modes: kernel (as latent_attend runs it), nonext (no prefetch of the next item), hot (each thread
@@ -16,10 +16,15 @@
 // Tile-major (LatentArgs::tile_major): the modes prefixed "t" (tkernel, tnonext, thot, tread, ttiles) run
 // on a copy of the cache stored as tiles (each block of 16 keys as 18 contiguous [16 x 32] tiles; every
 // sequence's region rounded up to whole blocks); `check` compares the two layouts' outputs bit for bit.
+// One pass (latent_amx_onepass.cpp): the modes prefixed "o" (okernel, ohot, ohotpf, ...) run that kernel;
+// `ocheck` compares it and the two-pass kernel with a float64 reference (queries 160x larger than the
+// timed modes', so the softmax is peaked and the online rescale matters). LATENT_CHUNK=<keys> overrides
+// the items' length (split-K chunks) in every mode.
 #include <omp.h>
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <cmath>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -32,6 +37,10 @@
 #include "latent_kernels.h"
 
 using namespace moelight;
+
+namespace moelight {
+LatentFn amx_latent_onepass_fn(KvDtype dtype, int64_t dk, int64_t dv);  // latent_amx_onepass.cpp
+}
 
 namespace {
 
@@ -85,12 +94,13 @@ uint64_t read_in_tile_order(const char* p, int64_t n) {
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: %s sequences context [t]kernel|[t]nonext|[t]hot|[t]hotpf|[t]read|[t]tiles|check [reps]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s sequences context [t|o]kernel|[t|o]nonext|[t|o]hot|[t|o]hotpf|[t]read|[t]tiles|check|ocheck [reps]\n", argv[0]);
     return 2;
   }
   const int B = std::atoi(argv[1]), ctx = std::atoi(argv[2]);
   const bool tm = argv[3][0] == 't' && std::string(argv[3]) != "tiles";
-  const std::string mode = tm ? std::string(argv[3] + 1) : std::string(argv[3]);
+  const bool op = argv[3][0] == 'o';  // the one-pass kernel (amx_latent_onepass_fn)
+  const std::string mode = tm || op ? std::string(argv[3] + 1) : std::string(argv[3]);
   const int reps = argc > 4 ? std::atoi(argv[4]) : 30;
   const int64_t rm_cap = ctx + 64, tm_cap = (ctx + 64 + 15) / 16 * 16;
   srand(1);
@@ -113,6 +123,7 @@ int main(int argc, char** argv) {
   const int64_t total = static_cast<int64_t>(B) * ctx;
   int64_t chunk = std::max<int64_t>(256, (total + 4 * kThreads - 1) / (4 * kThreads));
   chunk = std::min((chunk + 15) / 16 * 16, kAmxMaxKeys);
+  if (const char* e = std::getenv("LATENT_CHUNK")) chunk = std::atoi(e);  // experiment
   std::vector<Item> items;
   int64_t n_parts = 0;
   for (int b = 0; b < B; ++b) {
@@ -124,7 +135,7 @@ int main(int argc, char** argv) {
   }
   auto* pacc = static_cast<float*>(huge_alloc(std::max<int64_t>(1, n_parts) * kHeads * kDv * 4));
   auto* pml = static_cast<float*>(huge_alloc(std::max<int64_t>(1, n_parts) * 2 * kHeads * 4));
-  const LatentFn fn = amx_latent_fn(KvDtype::BF16, kDk, kDv);
+  const LatentFn fn = (op ? amx_latent_onepass_fn : amx_latent_fn)(KvDtype::BF16, kDk, kDv);
   if (fn == nullptr) {
     std::fprintf(stderr, "no AMX latent kernel on this CPU\n");
     return 1;
@@ -199,6 +210,63 @@ int main(int argc, char** argv) {
     sink += acc;
   };
 
+  if (op && mode == "check") {  // both kernels against a float64 reference, normalised outputs
+    const LatentFn fns[2] = {amx_latent_fn(KvDtype::BF16, kDk, kDv), fn};
+    fill_bf16(q, B * kHeads * kDk, 16.0f);
+    double err[2] = {0, 0}, big = 0;
+    auto bf = [](uint16_t u) { uint32_t x = uint32_t(u) << 16; float f; std::memcpy(&f, &x, 4); return double(f); };
+    std::vector<double> ref(kHeads * kDv), s(ctx);
+    for (int i = 0; i < n_items; ++i) {
+      const Item& c = items[i];
+      for (int h = 0; h < kHeads; ++h) {
+        double m = -1e300, l = 0;
+        for (int64_t t = 0; t < c.n; ++t) {
+          double d = 0;
+          for (int k = 0; k < kDk; ++k) d += bf(q[(c.b * kHeads + h) * kDk + k]) * bf(cache[(c.row + t) * kDk + k]);
+          s[t] = double(0.07f) * d;
+          m = std::max(m, s[t]);
+        }
+        for (int k = 0; k < kDv; ++k) ref[h * kDv + k] = 0;
+        for (int64_t t = 0; t < c.n; ++t) {
+          const double p = std::exp(s[t] - m);
+          l += p;
+          for (int k = 0; k < kDv; ++k) ref[h * kDv + k] += p * bf(cache[(c.row + t) * kDk + k]);
+        }
+        for (int k = 0; k < kDv; ++k) {
+          ref[h * kDv + k] /= l;
+          big = std::max(big, std::fabs(ref[h * kDv + k]));
+        }
+      }
+      for (int f = 0; f < 2; ++f) {
+        LatentArgs a{};
+        a.q = q + c.b * kHeads * kDk;
+        a.q_dtype = KvDtype::BF16;
+        a.rows = cache + c.row * kDk;
+        a.n_keys = c.n;
+        a.heads = kHeads;
+        a.scale = 0.07f;
+        a.bf16_p = true;
+        a.scratch = scratch[0].data();
+        a.out = c.part < 0 ? static_cast<void*>(out + c.b * kHeads * kDv) : pacc + c.part * kHeads * kDv;
+        a.out_dtype = c.part < 0 ? KvDtype::BF16 : KvDtype::F32;
+        if (c.part >= 0) {
+          a.m = pml + c.part * 2 * kHeads;
+          a.l = a.m + kHeads;
+        }
+        fns[f](a);
+        for (int h = 0; h < kHeads; ++h)
+          for (int k = 0; k < kDv; ++k) {
+            const double o = c.part < 0 ? bf(out[(c.b * kHeads + h) * kDv + k])
+                                        : pacc[(c.part * kHeads + h) * kDv + k] / pml[c.part * 2 * kHeads + kHeads + h];
+            err[f] = std::max(err[f], std::fabs(o - ref[h * kDv + k]));
+          }
+      }
+    }
+    const bool ok = err[1] <= 2 * err[0] + 1e-3 * big;
+    std::printf("%dx%d ocheck: max |out - float64| kernel %.3g, one-pass %.3g (max |ref| %.3g): %s\n", B, ctx, err[0],
+                err[1], big, ok ? "ok" : "WORSE");
+    return ok ? 0 : 1;
+  }
   if (mode == "check") {  // both layouts' outputs (and partials), bit for bit
     const int64_t out_n = B * kHeads * kDv, part_n = std::max<int64_t>(1, n_parts) * kHeads * kDv;
     std::vector<uint16_t> outs[2];

@@ -21,8 +21,11 @@
 // thread's next item (LatentArgs::next) in eight sequential streams (measured: one stream helped
 // little, eight best, more no better), a few lines at every step of all three phases (prefetching in
 // the tile loops alone left DRAM idle during the vector phases), and writes its bf16 output with
-// streaming stores (no read for ownership of the output's lines). Only code between the pragmas is
-// compiled for AMX; it runs after the CPU and the OS (arch_prctl) said AMX may be used.
+// streaming stores (no read for ownership of the output's lines). Items over kGroupedMinKeys keys run
+// latent_amx_grouped.h instead: the same three steps per group of 4 blocks with an online softmax, so
+// P.V re-reads rows the scores read just before (a 512-key item's two passes did not stay in L2).
+// Only code between the pragmas is compiled for AMX; it runs after the CPU and the OS (arch_prctl) said
+// AMX may be used.
 #include <cstdint>
 #include <cstring>
 
@@ -329,10 +332,18 @@ void latent_attend_amx(const moelight::LatentArgs& a) {
   if (stream) _mm_sfence();  // the streamed rows are visible before the caller's threads join
 }
 
+#include "latent_amx_grouped.h"
+
+// Items longer than this run in groups of 4 blocks (latent_amx_grouped.h); shorter ones in two passes
+// over the whole item (their rows stay in L2 between the passes)
+constexpr int64_t kGroupedMinKeys = 8 * kBlock;
+
 template <int DK, int DV>
 void latent_attend_amx_any(const moelight::LatentArgs& a) {
   if (a.tile_major) {
     latent_attend_amx<DK, DV, true>(a);
+  } else if (a.n_keys > kGroupedMinKeys && a.heads % 16 == 0) {
+    latent_attend_amx_grouped<DK, DV, 4>(a);
   } else {
     latent_attend_amx<DK, DV, false>(a);
   }
