@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench1b_experts import EXPERTS, HIDDEN, LAYERS, TOP_K, dense_layer, pack_layer, random_routes  # noqa: E402
+from bench1b_experts import EXPERTS, HIDDEN, LAYERS, TOP_K, quantized_layers, random_routes  # noqa: E402
 
 from cpu_kernels import dispatch  # noqa: E402
 from moelight.runtime.host_memory import huge_copy  # noqa: E402
@@ -28,11 +28,7 @@ def main() -> None:
     dispatch.kernel_backend()
     tag, passes = sys.argv[1], int(sys.argv[2])
     torch.manual_seed(0)
-    layers: dict[str, list] = {"int4": [], "int8": []}
-    for _ in range(LAYERS):
-        gu, dn = dense_layer()
-        for f, packs in layers.items():
-            packs.append(pack_layer(gu, dn, f))
+    layers = quantized_layers()
     big = huge_copy(torch.ones(64 * 2**20, dtype=torch.float32))
     for t in (1, 8):
         x, w = torch.randn(t, HIDDEN, dtype=torch.bfloat16), torch.softmax(torch.randn(t, TOP_K), -1)

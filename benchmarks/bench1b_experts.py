@@ -30,6 +30,16 @@ def pack_layer(gate_up: torch.Tensor, down: torch.Tensor, fmt: str, huge: bool =
     return huge_pages_copy(packed) if huge else packed
 
 
+def quantized_layers(formats: tuple[str, ...] = ("int4", "int8")) -> dict[str, list[PackedExperts]]:
+    """LAYERS random layers packed in each of `formats` (the same dense weights for all), on huge pages."""
+    layers: dict[str, list[PackedExperts]] = {f: [] for f in formats}
+    for _ in range(LAYERS):
+        gu, dn = dense_layer()
+        for f, packs in layers.items():
+            packs.append(pack_layer(gu, dn, f))
+    return layers
+
+
 def huge_pages_copy(packed: PackedExperts) -> PackedExperts:
     """The same packed experts copied onto huge pages (on_huge_pages), `packed` left as it is."""
     return on_huge_pages(dataclasses.replace(packed))

@@ -10,6 +10,7 @@ MOELIGHT_EXPERTS=loop keeps bf16 on the loop (to measure one against the other).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
 import torch
@@ -64,6 +65,16 @@ def expert_alloc(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
     quarter of a huge page up get whole ones: a layer's int4 scales (bench-1b's 1.8 and 0.9 MB) are streamed
     beside its codes (4-8 points of read-bandwidth share at one row, benchmarks/results/expert_int4_t1_amx.md)."""
     return empty_huge(shape, dtype, min_bytes=HUGE_PAGE // 4)
+
+
+def on_huge_pages(packed: PackedExperts) -> PackedExperts:
+    """`packed` copied into expert_alloc's buffers, for benchmarks that compare the layouts (pack_moe packs
+    straight into them)."""
+    def moved(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else expert_alloc(tuple(t.shape), t.dtype).copy_(t)
+
+    return dataclasses.replace(packed, **{name: moved(getattr(packed, name))
+                                          for name in ("w13", "s13", "z13", "w2", "s2", "z2")})
 
 
 def pack_moe(moe, method: str = "none", group: int = 128, alloc: Alloc = expert_alloc) -> FusedExperts:

@@ -1,6 +1,8 @@
-"""The AMX latent kernel on a tile-major cache (LatentArgs::tile_major) gives the row-major two-pass
-kernel's output bit for bit: benchmarks/latent_amx_ceiling.cpp's `check` mode, compiled and run here (no torch
-op takes the tile-major layout yet). Needs g++ and a CPU with AMX."""
+"""The AMX latent kernel's variants that the torch-free driver benchmarks/latent_amx_ceiling.cpp
+(compiled and run here) exercises: on a tile-major cache (LatentArgs::tile_major, no torch op takes that
+layout yet) it gives the row-major two-pass kernel's output bit for bit (`check`); the one-pass grouped
+kernel (latent_amx_grouped.h: scores, online softmax and P.V per group of blocks) is as close to a float64
+reference as the two-pass kernel (`ocheck`). Needs g++ and a CPU with AMX."""
 
 import shutil
 import subprocess
@@ -23,7 +25,7 @@ pytestmark = pytest.mark.skipif(shutil.which("g++") is None or not _amx_bf16(), 
 
 @pytest.fixture(scope="module")
 def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    exe = tmp_path_factory.mktemp("latent_tm") / "latent_amx_ceiling"
+    exe = tmp_path_factory.mktemp("latent_driver") / "latent_amx_ceiling"
     subprocess.run(
         ["g++", "-O2", "-fopenmp", "-fno-math-errno", f"-I{ROOT / 'cpu_kernels/csrc'}",
          str(ROOT / "benchmarks/latent_amx_ceiling.cpp"), str(ROOT / "benchmarks/latent_amx_onepass.cpp"),
@@ -41,3 +43,16 @@ def test_tile_major_output_equals_row_major(driver: Path, sequences: int, contex
                          env={"LATENT_CHUNK": "128", "PATH": "/usr/bin:/bin"})
     assert run.returncode == 0, run.stdout + run.stderr
     assert "equals" in run.stdout
+
+
+# groups of one, two and four (the engine's) blocks per pass; the driver's queries are peaked here, so the
+# online softmax's rescale matters
+@pytest.mark.parametrize("sequences,context", [(3, 37), (2, 32), (2, 600)])
+@pytest.mark.parametrize("group", ["1", "2", "4"])
+def test_one_pass_matches_float64_reference(driver: Path, sequences: int, context: int, group: str) -> None:
+    run = subprocess.run(
+        [str(driver), str(sequences), str(context), "ocheck"],
+        capture_output=True, text=True, env={"LATENT_ONEPASS_G": group, "PATH": "/usr/bin:/bin"},
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.rstrip().endswith("ok")
