@@ -40,7 +40,10 @@ def test_pack_model_places_streamed_weights_by_the_flag(huge):
     model = build_model(wide, torch.bfloat16, None, seed=0)
     cpu_linear.pack_model(model, huge_pages=huge)
     for t in _streamed(model):
-        assert ("hg" in _mapping_of(t.data_ptr())["VmFlags"].split()) == huge
+        # an empty_huge mapping holds a huge page more than its tensor; the VMA's own flag is checked only
+        # where huge pages were asked for (a newer kernel may merge a plain mapping into an advised neighbour)
+        assert (t.untyped_storage().nbytes() >= t.numel() * t.element_size() + host_memory.HUGE_PAGE) == huge
+        assert not huge or "hg" in _mapping_of(t.data_ptr())["VmFlags"].split()
 
 
 @pytest.mark.parametrize(("batch", "huge"), [(1, True), (40, False)])  # tiny: 4 experts, top 2
