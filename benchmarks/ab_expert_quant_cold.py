@@ -12,13 +12,12 @@ from __future__ import annotations
 
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from bench1b_experts import EXPERTS, HIDDEN, LAYERS, TOP_K, quantized_layers, random_routes  # noqa: E402
+from bench1b_experts import EXPERTS, HIDDEN, LAYERS, TOP_K, quantized_layers, random_routes, timed_pass  # noqa: E402
 
 from cpu_kernels import dispatch  # noqa: E402
 from moelight.runtime.host_memory import huge_copy  # noqa: E402
@@ -36,13 +35,9 @@ def main() -> None:
         for f in ("int4", "int8"):
             ts, bw = [], []
             for i in range(passes):
-                t0 = time.perf_counter()
-                torch.ops.moelight.stream_read(big)
-                bw.append(big.numel() * 4 / (time.perf_counter() - t0))
-                t0 = time.perf_counter()
-                for j, p in enumerate(layers[f]):
-                    dispatch.expert_mix(x, routes[i * LAYERS + j], w, p)
-                ts.append(time.perf_counter() - t0)
+                b, t_s = timed_pass(big, layers[f], routes[i * LAYERS:(i + 1) * LAYERS], x, w)
+                bw.append(b)
+                ts.append(t_s)
             nb = sum(len(torch.unique(r)) for r in routes) / passes * layers[f][0].nbytes() / EXPERTS
             med, bwm = statistics.median(ts), statistics.median(bw)
             print(f"{tag} {f} T={t}: ms min {1e3 * min(ts):.2f} med {1e3 * med:.2f} | {nb / 1e6:.1f} MB "

@@ -5,9 +5,11 @@ width 3584, two routed per token, packed (and quantized) as pack_moe does, on hu
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import torch
 
+from cpu_kernels import dispatch
 from cpu_kernels.expert_pack import PackedExperts, bf16_matrix, pack_experts
 from cpu_kernels.expert_quant import quantize
 from moelight.runtime.fused_experts import on_huge_pages
@@ -38,6 +40,19 @@ def quantized_layers(formats: tuple[str, ...] = ("int4", "int8")) -> dict[str, l
         for f, packs in layers.items():
             packs.append(pack_layer(gu, dn, f))
     return layers
+
+
+def timed_pass(big: torch.Tensor, layers: list[PackedExperts], routes: list[torch.Tensor], x: torch.Tensor,
+               w: torch.Tensor) -> tuple[float, float]:
+    """(read bandwidth of `big` in B/s, seconds of one cold decode step: each layer's experts on its route),
+    the read just before the step, so both see the host's same state."""
+    t0 = time.perf_counter()
+    torch.ops.moelight.stream_read(big)
+    bw = big.numel() * big.element_size() / (time.perf_counter() - t0)
+    t0 = time.perf_counter()
+    for p, r in zip(layers, routes, strict=True):
+        dispatch.expert_mix(x, r, w, p)
+    return bw, time.perf_counter() - t0
 
 
 def huge_pages_copy(packed: PackedExperts) -> PackedExperts:

@@ -214,6 +214,26 @@ void store_columns(const moelight::LatentArgs& a, const float* ob, const float* 
   }
 }
 
+// blk[b]: block b's first row (the block table's, or the rows' in order). Tiles read 16 whole rows, so a
+// partial last block is copied into `tail`, zero-padded (P is 0 there, V must be finite), and read from there.
+template <int DK, bool TM>
+void block_rows(const moelight::LatentArgs& a, int nb, int tail_rows, uint16_t* tail, const uint16_t** blk) {
+  for (int b = 0; b < nb; ++b)
+    blk[b] = a.blocks != nullptr ? static_cast<const uint16_t*>(a.blocks[b])
+                                 : static_cast<const uint16_t*>(a.rows) + static_cast<int64_t>(b) * kBlock * DK;
+  if (tail_rows == 0) return;
+  if constexpr (TM) {  // each tile's first tail_rows rows
+    for (int t = 0; t < DK / 32; ++t) {
+      std::memcpy(tail + t * 512, blk[nb - 1] + t * 512, static_cast<size_t>(tail_rows) * 64);
+      std::memset(tail + t * 512 + tail_rows * 32, 0, static_cast<size_t>(kBlock - tail_rows) * 64);
+    }
+  } else {
+    std::memcpy(tail, blk[nb - 1], static_cast<size_t>(tail_rows) * DK * 2);
+    std::memset(tail + tail_rows * DK, 0, static_cast<size_t>(kBlock - tail_rows) * DK * 2);
+  }
+  blk[nb - 1] = tail;
+}
+
 template <int DK, int DV, bool TM>
 void latent_attend_amx(const moelight::LatentArgs& a) {
   static_assert(DK % 32 == 0 && DV % 64 == 0, "AMX steps of 32 dims and 64 output columns");
@@ -229,21 +249,7 @@ void latent_attend_amx(const moelight::LatentArgs& a) {
   float* ob = pb + kMaxBlocks * 512;                  // 4 tiles of 16 x 16
   uint16_t* tail = reinterpret_cast<uint16_t*>(ob + 4 * 256);  // 16 rows of DK
   const uint16_t* blk[kMaxBlocks];                    // each block's first row
-  for (int b = 0; b < nb; ++b)
-    blk[b] = a.blocks != nullptr ? static_cast<const uint16_t*>(a.blocks[b])
-                                 : static_cast<const uint16_t*>(a.rows) + static_cast<int64_t>(b) * kBlock * DK;
-  if (tail_rows > 0) {  // tiles read 16 whole rows: the last block's, zero-padded (P is 0 there, V must be finite)
-    if constexpr (TM) {  // each tile's first tail_rows rows
-      for (int t = 0; t < DK / 32; ++t) {
-        std::memcpy(tail + t * 512, blk[nb - 1] + t * 512, static_cast<size_t>(tail_rows) * 64);
-        std::memset(tail + t * 512 + tail_rows * 32, 0, static_cast<size_t>(kBlock - tail_rows) * 64);
-      }
-    } else {
-      std::memcpy(tail, blk[nb - 1], static_cast<size_t>(tail_rows) * DK * 2);
-      std::memset(tail + tail_rows * DK, 0, static_cast<size_t>(kBlock - tail_rows) * DK * 2);
-    }
-    blk[nb - 1] = tail;
-  }
+  block_rows<DK, TM>(a, nb, tail_rows, tail, blk);
   const bool stream = a.out_dtype != moelight::KvDtype::F32 && reinterpret_cast<uintptr_t>(a.out) % 64 == 0 &&
                       DV * 2 % 64 == 0;
   const uint32_t* q32 = static_cast<const uint32_t*>(a.q);

@@ -27,14 +27,7 @@ void latent_attend_amx_grouped(const moelight::LatentArgs& a) {
   static_assert(G * 512 + DV * 16 <= kMaxBlocks * 512, "the accumulator fits the P region");
   uint16_t* tail = reinterpret_cast<uint16_t*>(pb + kMaxBlocks * 512 + 4 * 256);
   const uint16_t* blk[kMaxBlocks];
-  for (int b = 0; b < nb; ++b)
-    blk[b] = a.blocks != nullptr ? static_cast<const uint16_t*>(a.blocks[b])
-                                 : static_cast<const uint16_t*>(a.rows) + static_cast<int64_t>(b) * kBlock * DK;
-  if (tail_rows > 0) {
-    std::memcpy(tail, blk[nb - 1], static_cast<size_t>(tail_rows) * DK * 2);
-    std::memset(tail + tail_rows * DK, 0, static_cast<size_t>(kBlock - tail_rows) * DK * 2);
-    blk[nb - 1] = tail;
-  }
+  block_rows<DK, false>(a, nb, tail_rows, tail, blk);
   const bool stream = a.out_dtype != moelight::KvDtype::F32 && reinterpret_cast<uintptr_t>(a.out) % 64 == 0 &&
                       DV * 2 % 64 == 0;
   const uint32_t* q32 = static_cast<const uint32_t*>(a.q);
