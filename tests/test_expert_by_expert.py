@@ -73,3 +73,14 @@ def test_rule_leaves_other_calls_to_the_strip_schedule(int_isa):
         x = torch.randn(t, h, generator=torch.Generator().manual_seed(4)).to(torch.bfloat16)
         act = ActSpec(1, 7.0, 1.702) if clamped else ActSpec()
         assert torch.equal(_mix("experts", x, ids, weights, packed, act), _mix("strips", x, ids, weights, packed, act))
+
+
+@pytest.mark.skipif(not HAS_CPP, reason="needs the C++ kernels")
+def test_an_unknown_schedule_is_named_and_changes_nothing():
+    torch.ops.moelight.set_expert_schedule("strips")
+    try:
+        with pytest.raises(RuntimeError, match="'auto', 'strips' or 'experts', got 'expert'"):
+            torch.ops.moelight.set_expert_schedule("expert")
+        assert torch.ops.moelight.set_expert_schedule("strips") == "strips"  # still what it was
+    finally:
+        torch.ops.moelight.set_expert_schedule("auto")

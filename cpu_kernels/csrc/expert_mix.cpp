@@ -73,6 +73,8 @@ int g_schedule = 0;
 
 const char* set_expert_schedule(const char* name) {
   const std::string s(name);
+  TORCH_CHECK(s == "auto" || s == "strips" || s == "experts", "moelight: set_expert_schedule takes 'auto', "
+              "'strips' or 'experts', got '", s, "' (the schedule is unchanged)");
   g_schedule = s == "strips" ? 1 : s == "experts" ? 2 : 0;
   return g_schedule == 1 ? "strips" : g_schedule == 2 ? "experts" : "auto";
 }
