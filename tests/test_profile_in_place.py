@@ -60,3 +60,38 @@ def test_the_layer_glue_is_measured_in_place():
         assert 0.0 <= overhead < 0.1 and 1e8 < rate < 1e13
     else:
         assert (overhead, rate) == (1e-4, 0.0)
+
+
+def test_the_layer_glue_is_the_median_step_less_its_kernels(monkeypatch):
+    """The warm-up step is dropped, the rest is the median (a job pays the typical step, not the best)
+    and the kernels timed in place are subtracted: a fake clock makes each of these able to fail."""
+    torch = pytest.importorskip("torch")
+    import time
+    from dataclasses import replace
+    from types import SimpleNamespace
+
+    import moelight.runtime.forward as forward
+    from moelight.loading.presets import PRESETS
+    from moelight.profiling import layer_glue
+
+    clock = [0.0]
+    kernel_s = 0.5
+    step_rests = iter([100.0, 1.0, 5.0, 2.0, 9.0, 3.0])  # the warm-up, then five samples (median 3)
+
+    class Experts:
+        def fused_mix(self):
+            clock[0] += kernel_s
+
+    experts = Experts()
+    model = SimpleNamespace(layers=[SimpleNamespace(mlp=SimpleNamespace(gate_up_proj=experts))])
+
+    def fake_step(model, cache, ids, offsets, pos):
+        clock[0] += next(step_rests)
+        model.layers[0].mlp.gate_up_proj.fused_mix()
+
+    monkeypatch.setattr(forward, "decode_step", fake_step)
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])
+    cfg = replace(PRESETS["bench-1b"], num_layers=4, vocab_size=256)
+    rest = layer_glue._pass_rest_seconds(model, cfg, torch.bfloat16, tokens=2, samples=5)
+    assert rest == pytest.approx(3.0 / 4)
+    assert "fused_mix" not in vars(experts)  # the timing wrapper is removed afterwards
