@@ -52,6 +52,15 @@ def test_sampling_params_refuse_nan(field):
         SamplingParams(logit_bias={1: float("nan")})
 
 
+@pytest.mark.parametrize("field", ["temperature", "repetition_penalty"])
+def test_sampling_params_refuse_an_infinite_divisor(field):
+    """Logits are divided by these: inf turns a masked token's -inf into NaN, and the draw then picks
+    an arbitrary token (a banned one included), so it is refused with the request, not mid-job."""
+    with pytest.raises(ValueError, match=f"{field} must be .* finite, got inf"):
+        SamplingParams(**{field: float("inf")})
+    SamplingParams(**{field: 1e6})  # large but finite stays valid
+
+
 def test_parquet_meta_columns_are_made_json_before_the_run(tmp_path):
     table = pa.table({"prompt": ["a", "b"],
                       "when": pa.array([datetime.datetime(2024, 5, 1, 12, 30), None], pa.timestamp("us")),

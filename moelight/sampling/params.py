@@ -15,6 +15,7 @@ string unless `include_stop_str_in_output`.
 from __future__ import annotations
 
 import copy
+import math
 import zlib
 from dataclasses import dataclass, field
 
@@ -173,8 +174,8 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be >= 1 (or None: what the context leaves), got {self.max_tokens}")
         if self.n < 1:
             raise ValueError(f"n must be at least 1, got {self.n}")
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 <= self.temperature < math.inf:  # inf: masked logits (-inf / inf) would turn to NaN mid-job
+            raise ValueError(f"temperature must be >= 0 and finite, got {self.temperature}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < -1:
@@ -188,8 +189,8 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if not -2.0 <= getattr(self, name) <= 2.0:
                 raise ValueError(f"{name} must be in [-2, 2], got {getattr(self, name)}")
-        if self.repetition_penalty <= 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+        if not 0 < self.repetition_penalty < math.inf:
+            raise ValueError(f"repetition_penalty must be > 0 and finite, got {self.repetition_penalty}")
         for name in ("logprobs", "prompt_logprobs"):
             k = getattr(self, name)
             if k is not None and not 0 <= k <= MAX_LOGPROBS:
