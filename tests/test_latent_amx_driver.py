@@ -2,7 +2,8 @@
 (compiled and run here) exercises: on a tile-major cache (LatentArgs::tile_major, no torch op takes that
 layout yet) it gives the row-major two-pass kernel's output bit for bit (`check`); the one-pass grouped
 kernel (latent_amx_grouped.h: scores, online softmax and P.V per group of blocks) is as close to a float64
-reference as the two-pass kernel (`ocheck`). Needs g++ and a CPU with AMX."""
+reference as the two-pass kernel (`ocheck`), and so is the staged experiment (latent_amx_staged.h: each item
+run from a buffer the previous call copied its rows into, `scheck`). Needs g++ and a CPU with AMX."""
 
 import shutil
 import subprocess
@@ -53,6 +54,19 @@ def test_one_pass_matches_float64_reference(driver: Path, sequences: int, contex
     run = subprocess.run(
         [str(driver), str(sequences), str(context), "ocheck"],
         capture_output=True, text=True, env={"LATENT_ONEPASS_G": group, "PATH": "/usr/bin:/bin"},
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert run.stdout.rstrip().endswith("ok")
+
+
+# the staged kernel, its buffer row-major and tile-major; each item but the first runs from the copy the
+# previous call made (2 x 600: items of 256, 256 and 88 keys, partials)
+@pytest.mark.parametrize("sequences,context", [(3, 37), (2, 32), (2, 600)])
+@pytest.mark.parametrize("tile_major", ["0", "1"])
+def test_staged_matches_float64_reference(driver: Path, sequences: int, context: int, tile_major: str) -> None:
+    run = subprocess.run(
+        [str(driver), str(sequences), str(context), "scheck"],
+        capture_output=True, text=True, env={"LATENT_STAGE_TM": tile_major, "PATH": "/usr/bin:/bin"},
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.rstrip().endswith("ok")
