@@ -46,6 +46,15 @@ def test_tile_major_output_equals_row_major(driver: Path, sequences: int, contex
     assert "equals" in run.stdout
 
 
+# items of 129-160 keys take the two-pass kernel (kGroupedMinKeys), whose row-major and tile-major runs agree
+# bit for bit; the grouped kernel's would not
+def test_items_up_to_160_keys_take_the_two_pass_kernel(driver: Path) -> None:
+    run = subprocess.run([str(driver), "2", "160", "check"], capture_output=True, text=True,
+                         env={"PATH": "/usr/bin:/bin"})
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert "equals" in run.stdout
+
+
 # groups of one, two and four (the engine's) blocks per pass; the driver's queries are peaked here, so the
 # online softmax's rescale matters
 @pytest.mark.parametrize("sequences,context", [(3, 37), (2, 32), (2, 600)])

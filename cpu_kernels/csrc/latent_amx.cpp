@@ -357,8 +357,9 @@ void latent_attend_amx(const moelight::LatentArgs& a) {
 #include "latent_amx_grouped.h"
 
 // Items longer than this run in groups of 4 blocks (latent_amx_grouped.h); shorter ones in two passes
-// over the whole item (their rows stay in L2 between the passes)
-constexpr int64_t kGroupedMinKeys = 8 * kBlock;
+// over the whole item (their rows stay in L2 between the passes). Measured in the driver
+// (benchmarks/results/latent_attention_staged.md): two passes 3-10% faster at 144-160 keys, even at 168-176.
+constexpr int64_t kGroupedMinKeys = 10 * kBlock;
 
 template <int DK, int DV>
 void latent_attend_amx_any(const moelight::LatentArgs& a) {
