@@ -8,6 +8,9 @@
 // Knobs (environment, read once): LATENT_STAGE_STREAMS=8 (copy cursors over the next item, each in
 // address order), LATENT_STAGE_AHEAD=8 (lines: a T0 prefetch that far ahead of each cursor),
 // LATENT_STAGE_TM=0 (1: the buffer tile-major, each block as DK / 32 contiguous 1 KiB tiles).
+// LATENT_STAGE_BLOCKS=1: instead, the item's OWN rows copied one group of 3 blocks ahead of the scores
+// (group 0 during the query transposes, group g + 1 during group g's scores), nothing staged across
+// calls; LATENT_STAGE_PF=1 adds the next item's prefetch (NextItem) beside it.
 #pragma once
 
 #include <cstdlib>
@@ -15,6 +18,7 @@
 struct StageKnobs {
   int streams = 8, ahead = 8;
   bool tile_major = false;
+  bool block_ahead = false, block_ahead_pf = false;
 };
 
 inline const StageKnobs& stage_knobs() {
@@ -28,6 +32,8 @@ inline const StageKnobs& stage_knobs() {
     s.streams = s.streams < 1 ? 1 : (s.streams > 16 ? 16 : s.streams);
     s.ahead = get("LATENT_STAGE_AHEAD", 8);
     s.tile_major = get("LATENT_STAGE_TM", 0) != 0;
+    s.block_ahead = get("LATENT_STAGE_BLOCKS", 0) != 0;
+    s.block_ahead_pf = get("LATENT_STAGE_PF", 0) != 0;
     return s;
   }();
   return k;
@@ -105,6 +111,49 @@ class StageCopy {
   uint32_t rate_ = 0, acc_ = 0;
 };
 
+// The item's own rows, one group of 3 blocks ahead of the scores: latent_attend_amx_blocks calls fetch()
+// DK / 32 times in the query transposes (group 0 copied there), then DK / 64 times per score group of 3
+// blocks (the next group copied there); all rows are copied before the softmax. Copies `rows` rows.
+template <int DK>
+class BlockAheadCopy {
+ public:
+  BlockAheadCopy(const moelight::LatentArgs& a, int64_t slots, uint16_t* dst, bool tm, bool pf)
+      : pf_(a, pf ? slots : 0), src_(static_cast<const char*>(a.rows)), dst_(dst), tm_(tm),
+        lines_(a.n_keys * (DK / 32)) {}
+
+  void fetch() {
+    pf_.fetch();
+    ++call_;
+    constexpr int64_t kQ = DK / 32, kS = DK / 64, kGroupLines = 3 * kBlock * (DK / 32);
+    int64_t target;
+    if (call_ <= kQ) {
+      target = (call_ * min64(kGroupLines, lines_) + kQ - 1) / kQ;
+    } else {
+      const int64_t g = (call_ - kQ - 1) / kS, k = (call_ - kQ - 1) % kS + 1;  // group g's k-th call
+      target = (g + 1) * kGroupLines + (k * kGroupLines + kS - 1) / kS;
+    }
+    copy_to(min64(target, lines_));
+  }
+
+  void finish() { copy_to(lines_); }
+
+ private:
+  static int64_t min64(int64_t x, int64_t y) { return x < y ? x : y; }
+  void copy_to(int64_t e) {
+    for (; pos_ < e; ++pos_) {
+      const __m512i v = _mm512_loadu_si512(src_ + pos_ * 64);
+      const int64_t off = tm_ ? stage_offset<DK>(pos_ / (DK / 32), pos_ % (DK / 32), true) : pos_ * 32;
+      _mm512_store_si512(dst_ + off, v);
+    }
+  }
+
+  NextItem pf_;
+  const char* src_;
+  uint16_t* dst_;
+  bool tm_;
+  int64_t lines_, pos_ = 0, call_ = 0;
+};
+
 // Two buffers per thread: the current item's rows (staged during the previous call, or copied now) and
 // the next item's, being copied. A buffer is used only for the (rows, n_keys) it was filled from.
 template <int DK>
@@ -133,6 +182,21 @@ void latent_attend_amx_staged(const moelight::LatentArgs& a) {
   thread_local StageBuffers<DK> sb;
   const int64_t n = a.n_keys;
   const int nb = static_cast<int>((n + kBlock - 1) / kBlock);
+  if (k.block_ahead) {
+    uint16_t* rows = sb.buf[0];
+    sb.src[0] = sb.src[1] = nullptr;
+    for (int64_t t = n; t < static_cast<int64_t>(nb) * kBlock; ++t)
+      for (int j = 0; j < DK / 32; ++j) _mm512_store_si512(rows + stage_offset<DK>(t, j, k.tile_major), _mm512_setzero_si512());
+    BlockAheadCopy<DK> next(a, two_pass_fetches<DK, DV>(a.heads, nb), rows, k.tile_major, k.block_ahead_pf);
+    const uint16_t* blk[moelight::kAmxMaxKeys / kBlock];
+    for (int i = 0; i < nb; ++i) blk[i] = rows + static_cast<int64_t>(i) * kBlock * DK;
+    if (k.tile_major) {
+      latent_attend_amx_blocks<DK, DV, true>(a, blk, next);
+    } else {
+      latent_attend_amx_blocks<DK, DV, false>(a, blk, next);
+    }
+    return;
+  }
   int cur = 0;
   if (sb.src[1] == a.rows && sb.n[1] == n && sb.tm[1] == k.tile_major) cur = 1;
   const bool staged = sb.src[cur] == a.rows && sb.n[cur] == n && sb.tm[cur] == k.tile_major;

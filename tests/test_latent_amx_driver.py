@@ -69,13 +69,15 @@ def test_one_pass_matches_float64_reference(driver: Path, sequences: int, contex
 
 
 # the staged kernel, its buffer row-major and tile-major; each item but the first runs from the copy the
-# previous call made (2 x 600: items of 256, 256 and 88 keys, partials)
+# previous call made (2 x 600: items of 256, 256 and 88 keys, partials); or (blocks) each item copies its
+# own rows a group of blocks ahead of its scores
 @pytest.mark.parametrize("sequences,context", [(3, 37), (2, 32), (2, 600)])
-@pytest.mark.parametrize("tile_major", ["0", "1"])
-def test_staged_matches_float64_reference(driver: Path, sequences: int, context: int, tile_major: str) -> None:
+@pytest.mark.parametrize("knobs", [{"LATENT_STAGE_TM": "0"}, {"LATENT_STAGE_TM": "1"}, {"LATENT_STAGE_BLOCKS": "1"}],
+                         ids=["row-major", "tile-major", "blocks"])
+def test_staged_matches_float64_reference(driver: Path, sequences: int, context: int, knobs: dict[str, str]) -> None:
     run = subprocess.run(
         [str(driver), str(sequences), str(context), "scheck"],
-        capture_output=True, text=True, env={"LATENT_STAGE_TM": tile_major, "PATH": "/usr/bin:/bin"},
+        capture_output=True, text=True, env={**knobs, "PATH": "/usr/bin:/bin"},
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert run.stdout.rstrip().endswith("ok")
