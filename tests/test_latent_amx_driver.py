@@ -37,7 +37,7 @@ def driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 # (sequences, context): a tail block (37), whole blocks (32), split-K partials with a tail (2 x 600, in
-# items of 128 keys: longer row-major items take the grouped kernel, which rounds differently)
+# items of 128 keys: row-major items over 160 keys take the grouped kernel, which rounds differently)
 @pytest.mark.parametrize("sequences,context", [(3, 37), (2, 32), (2, 600)])
 def test_tile_major_output_equals_row_major(driver: Path, sequences: int, context: int) -> None:
     run = subprocess.run([str(driver), str(sequences), str(context), "check"], capture_output=True, text=True,
