@@ -20,6 +20,9 @@
 // `ocheck` compares it and the two-pass kernel with a float64 reference (queries 160x larger than the
 // timed modes', so the softmax is peaked and the online rescale matters). LATENT_CHUNK=<keys> overrides
 // the items' length (split-K chunks) in every mode.
+// Staged (latent_amx_staged.h, in latent_amx_onepass.cpp): the modes prefixed "s" (skernel, shot, ...)
+// run the two-pass kernel from a per-thread buffer the previous call copied the rows into; `scheck` as
+// `ocheck` (each item with the next one's rows as LatentArgs::next, so the staged copy is what is used).
 #include <omp.h>
 #include <sys/mman.h>
 
@@ -40,6 +43,7 @@ using namespace moelight;
 
 namespace moelight {
 LatentFn amx_latent_onepass_fn(KvDtype dtype, int64_t dk, int64_t dv);  // latent_amx_onepass.cpp
+LatentFn amx_latent_staged_fn(KvDtype dtype, int64_t dk, int64_t dv);   // latent_amx_staged.h there
 }
 
 namespace {
@@ -94,13 +98,14 @@ uint64_t read_in_tile_order(const char* p, int64_t n) {
 
 int main(int argc, char** argv) {
   if (argc < 4) {
-    std::fprintf(stderr, "usage: %s sequences context [t|o]kernel|[t|o]nonext|[t|o]hot|[t|o]hotpf|[t]read|[t]tiles|check|ocheck [reps]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s sequences context [t|o|s]kernel|[t|o|s]nonext|[t|o|s]hot|[t|o|s]hotpf|[t]read|[t]tiles|check|ocheck|scheck [reps]\n", argv[0]);
     return 2;
   }
   const int B = std::atoi(argv[1]), ctx = std::atoi(argv[2]);
   const bool tm = argv[3][0] == 't' && std::string(argv[3]) != "tiles";
   const bool op = argv[3][0] == 'o';  // the one-pass kernel (amx_latent_onepass_fn)
-  const std::string mode = tm || op ? std::string(argv[3] + 1) : std::string(argv[3]);
+  const bool sp = argv[3][0] == 's';  // the staged kernel (amx_latent_staged_fn)
+  const std::string mode = tm || op || sp ? std::string(argv[3] + 1) : std::string(argv[3]);
   const int reps = argc > 4 ? std::atoi(argv[4]) : 30;
   const int64_t rm_cap = ctx + 64, tm_cap = (ctx + 64 + 15) / 16 * 16;
   srand(1);
@@ -135,7 +140,7 @@ int main(int argc, char** argv) {
   }
   auto* pacc = static_cast<float*>(huge_alloc(std::max<int64_t>(1, n_parts) * kHeads * kDv * 4));
   auto* pml = static_cast<float*>(huge_alloc(std::max<int64_t>(1, n_parts) * 2 * kHeads * 4));
-  const LatentFn fn = (op ? amx_latent_onepass_fn : amx_latent_fn)(KvDtype::BF16, kDk, kDv);
+  const LatentFn fn = (op ? amx_latent_onepass_fn : sp ? amx_latent_staged_fn : amx_latent_fn)(KvDtype::BF16, kDk, kDv);
   if (fn == nullptr) {
     std::fprintf(stderr, "no AMX latent kernel on this CPU\n");
     return 1;
@@ -210,7 +215,7 @@ int main(int argc, char** argv) {
     sink += acc;
   };
 
-  if (op && mode == "check") {  // both kernels against a float64 reference, normalised outputs
+  if ((op || sp) && mode == "check") {  // both kernels against a float64 reference, normalised outputs
     const LatentFn fns[2] = {amx_latent_fn(KvDtype::BF16, kDk, kDv), fn};
     fill_bf16(q, B * kHeads * kDk, 16.0f);
     double err[2] = {0, 0}, big = 0;
@@ -253,6 +258,12 @@ int main(int argc, char** argv) {
           a.m = pml + c.part * 2 * kHeads;
           a.l = a.m + kHeads;
         }
+        LatentSpan next_rows{};  // the staged kernel copies the next item's rows during this call
+        if (i + 1 < n_items) {
+          next_rows = {cache + items[i + 1].row * kDk, items[i + 1].n * kRowBytes};
+          a.next = &next_rows;
+          a.n_next = 1;
+        }
         fns[f](a);
         for (int h = 0; h < kHeads; ++h)
           for (int k = 0; k < kDv; ++k) {
@@ -263,8 +274,8 @@ int main(int argc, char** argv) {
       }
     }
     const bool ok = err[1] <= 2 * err[0] + 1e-3 * big;
-    std::printf("%dx%d ocheck: max |out - float64| kernel %.3g, one-pass %.3g (max |ref| %.3g): %s\n", B, ctx, err[0],
-                err[1], big, ok ? "ok" : "WORSE");
+    std::printf("%dx%d %s: max |out - float64| kernel %.3g, %s %.3g (max |ref| %.3g): %s\n", B, ctx, argv[3], err[0],
+                sp ? "staged" : "one-pass", err[1], big, ok ? "ok" : "WORSE");
     return ok ? 0 : 1;
   }
   if (mode == "check") {  // both layouts' outputs (and partials), bit for bit

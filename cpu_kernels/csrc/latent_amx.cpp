@@ -102,7 +102,9 @@ class NextItem {
     live_ = true;
   }
 
-  void fetch() {
+  // inlined at every call (the kernels call it in their inner loops; GCC outlined it once the staged
+  // experiment's copy also called it, and the driver's kernel lost ~4%)
+  __attribute__((always_inline)) void fetch() {
     if (!live_) return;
     acc_ += rate_;
     const int64_t n = acc_ >> 16;
@@ -157,8 +159,8 @@ class NextItem {
   } while (0)
 
 // S^T of G (1-3) consecutive blocks into st (16 x 16 floats a block): a query tile serves G blocks
-template <int DK, int G, bool TM>
-void score_blocks(const uint16_t* const* blk, const uint32_t* qv, float* st, NextItem& next) {
+template <int DK, int G, bool TM, class Next>
+void score_blocks(const uint16_t* const* blk, const uint32_t* qv, float* st, Next& next) {
   constexpr int kOff = TM ? 512 : 32, kStride = TM ? 64 : DK * 2;
   _tile_zero(0);
   if constexpr (G > 1) _tile_zero(1);
@@ -183,8 +185,9 @@ inline float* align64(void* p) {
 // Columns [c, c + 64) of heads [h0, h0 + hg) from the four P.V tiles in ob (even, odd columns of
 // [c, c + 32), then of [c + 32, c + 64)), scaled by inv (per head), into the output rows. `stream`:
 // bf16 rows with 64-byte alignment, written around the caches.
+template <class Next>
 void store_columns(const moelight::LatentArgs& a, const float* ob, const float* inv, int h0, int hg, int dv, int c,
-                   bool stream, NextItem& next) {
+                   bool stream, Next& next) {
   const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
   // bf16 (even lanes 0-15, odd lanes 16-31) -> natural order: column 2i is even i, 2i + 1 odd i
@@ -234,12 +237,20 @@ void block_rows(const moelight::LatentArgs& a, int nb, int tail_rows, uint16_t* 
   blk[nb - 1] = tail;
 }
 
-template <int DK, int DV, bool TM>
-void latent_attend_amx(const moelight::LatentArgs& a) {
+// Calls of Next::fetch() one item of nb blocks makes in latent_attend_amx_blocks
+template <int DK, int DV>
+int64_t two_pass_fetches(int heads, int nb) {
+  return static_cast<int64_t>((heads + 15) / 16) * (DK / 32 + DK / 64 * ((nb + 2) / 3) + 2 * nb + DV / 64 * (nb + 4));
+}
+
+// The two passes over an item whose blocks start at blk[0..nb) (whole blocks of 16 rows, zero-padded past
+// n_keys); next.fetch() a few times in every step, to bring in the thread's next item.
+template <int DK, int DV, bool TM, class Next>
+void latent_attend_amx_blocks(const moelight::LatentArgs& a, const uint16_t* const* blk, Next& next) {
   static_assert(DK % 32 == 0 && DV % 64 == 0, "AMX steps of 32 dims and 64 output columns");
   constexpr int kMaxBlocks = static_cast<int>(moelight::kAmxMaxKeys) / kBlock;
   const int64_t n = a.n_keys;
-  const int nb = static_cast<int>((n + kBlock - 1) / kBlock), tail_rows = static_cast<int>(n % kBlock);
+  const int nb = static_cast<int>((n + kBlock - 1) / kBlock);
   const int H = a.heads;
   // scratch (latent_amx_scratch_floats): query pairs, scores, P blocks, output tiles, the tail block
   float* base = align64(a.scratch);
@@ -247,14 +258,9 @@ void latent_attend_amx(const moelight::LatentArgs& a) {
   float* st = base + DK / 2 * 16;                     // nb blocks of 16 keys x 16 heads
   float* pb = st + kMaxBlocks * 256;                  // nb blocks of P_o, P_e: 16 heads x 16 keys each
   float* ob = pb + kMaxBlocks * 512;                  // 4 tiles of 16 x 16
-  uint16_t* tail = reinterpret_cast<uint16_t*>(ob + 4 * 256);  // 16 rows of DK
-  const uint16_t* blk[kMaxBlocks];                    // each block's first row
-  block_rows<DK, TM>(a, nb, tail_rows, tail, blk);
   const bool stream = a.out_dtype != moelight::KvDtype::F32 && reinterpret_cast<uintptr_t>(a.out) % 64 == 0 &&
                       DV * 2 % 64 == 0;
   const uint32_t* q32 = static_cast<const uint32_t*>(a.q);
-  const int groups = (H + 15) / 16;
-  NextItem next(a, static_cast<int64_t>(groups) * (DK / 32 + DK / 64 * ((nb + 2) / 3) + 2 * nb + DV / 64 * (nb + 4)));
 
   for (int h0 = 0; h0 < H; h0 += 16) {
     const int hg = H - h0 < 16 ? H - h0 : 16;
@@ -338,11 +344,24 @@ void latent_attend_amx(const moelight::LatentArgs& a) {
   if (stream) _mm_sfence();  // the streamed rows are visible before the caller's threads join
 }
 
+template <int DK, int DV, bool TM>
+void latent_attend_amx(const moelight::LatentArgs& a) {
+  constexpr int kMaxBlocks = static_cast<int>(moelight::kAmxMaxKeys) / kBlock;
+  const int nb = static_cast<int>((a.n_keys + kBlock - 1) / kBlock), tail_rows = static_cast<int>(a.n_keys % kBlock);
+  // the tail block after the query pairs, scores, P blocks and output tiles in scratch
+  uint16_t* tail = reinterpret_cast<uint16_t*>(align64(a.scratch) + DK / 2 * 16 + kMaxBlocks * 768 + 4 * 256);
+  const uint16_t* blk[kMaxBlocks];  // each block's first row
+  block_rows<DK, TM>(a, nb, tail_rows, tail, blk);
+  NextItem next(a, two_pass_fetches<DK, DV>(a.heads, nb));
+  latent_attend_amx_blocks<DK, DV, TM>(a, blk, next);
+}
+
 #include "latent_amx_grouped.h"
 
 // Items longer than this run in groups of 4 blocks (latent_amx_grouped.h); shorter ones in two passes
-// over the whole item (their rows stay in L2 between the passes)
-constexpr int64_t kGroupedMinKeys = 8 * kBlock;
+// over the whole item (their rows stay in L2 between the passes). Measured in the driver
+// (benchmarks/results/latent_attention_staged.md): two passes 3-10% faster at 144-160 keys, even at 168-176.
+constexpr int64_t kGroupedMinKeys = 10 * kBlock;
 
 template <int DK, int DV>
 void latent_attend_amx_any(const moelight::LatentArgs& a) {

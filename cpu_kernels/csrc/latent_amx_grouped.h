@@ -6,7 +6,7 @@
 // Row-major caches and head counts a multiple of 16 (one tile configuration for both steps).
 // Measured (benchmarks/results/latent_attention_one_pass.md): G = 4 beats the item-wide two passes on
 // 512-key items (16 x 2048: the two passes over 590 KB, beside the next item's 590 KB prefetch, do not
-// stay in L2) and loses on items of <= 128 keys (256 x 117: 64 KiB of accumulator traffic per group for
+// stay in L2) and loses on items of <= 160 keys (256 x 117: 64 KiB of accumulator traffic per group for
 // rows that were in L2 anyway), so latent_attend_amx_any takes it for items over kGroupedMinKeys.
 // A fragment of latent_amx.cpp: included inside its namespace, after the pieces it uses (NextItem,
 // configure, score_blocks, store_columns, align64).
