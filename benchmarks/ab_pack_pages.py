@@ -22,7 +22,8 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from cpu_kernels.expert_pack import QuantMatrix, pack_experts  # noqa: E402
+from cpu_kernels import pack_experts  # noqa: E402  (the engine's packer: C++ where the kernels load)
+from cpu_kernels.expert_pack import QuantMatrix  # noqa: E402
 from moelight.runtime.fused_experts import on_huge_pages  # noqa: E402
 from moelight.runtime.host_memory import empty_huge  # noqa: E402
 

@@ -6,7 +6,8 @@ Public API (the engine calls only these functions):
   sequence over a ragged KV cache.
 - ``prefill_attention(q, k, v, cu_seqlens, scale)``: causal attention over packed prompts.
 - ``expert_mix(x, ids, weights, packed, act)``: all routed experts of a layer in one call over weights
-  packed by ``expert_pack.pack_experts`` (bf16, int8, fp8, 4-bit int or MXFP4).
+  packed by ``pack_experts`` (bf16, int8, fp8, 4-bit int or MXFP4; C++, or the torch reference
+  ``expert_pack.pack_experts``).
 - ``topk_rows(x, k)``: top-k (k = 1: argmax) of every row, for the sampler.
 - ``paged_decode_attention`` / ``paged_prefill_attention``: the same over a paged cache, each
   sequence's positions in the pages its block-table row names (prefix sharing; paged_reference.py).
@@ -31,6 +32,7 @@ from cpu_kernels.dispatch import (
     decode_attention,
     expert_mix,
     kernel_backend,
+    pack_experts,
     paged_decode_attention,
     paged_prefill_attention,
     prefill_attention,
@@ -39,4 +41,5 @@ from cpu_kernels.dispatch import (
 from cpu_kernels.latent import latent_decode_attention, paged_latent_decode_attention
 
 __all__ = ["decode_attention", "prefill_attention", "paged_decode_attention", "paged_prefill_attention",
-           "latent_decode_attention", "paged_latent_decode_attention", "expert_mix", "topk_rows", "kernel_backend"]
+           "latent_decode_attention", "paged_latent_decode_attention", "expert_mix", "topk_rows", "kernel_backend",
+           "pack_experts"]

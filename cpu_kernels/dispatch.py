@@ -13,8 +13,10 @@ import warnings
 
 import torch
 
-from cpu_kernels.expert_pack import FORMATS, PackedExperts
+from cpu_kernels import expert_pack
+from cpu_kernels.expert_pack import FORMATS, Alloc, PackedExperts, QuantMatrix, torch_alloc
 from cpu_kernels.expert_reference import ActSpec, expert_mix_torch
+from cpu_kernels.expert_strips import pack_experts_native
 from cpu_kernels.varlen_attention import SCORE_BUDGET, varlen_attention
 
 _lock = threading.Lock()
@@ -184,6 +186,15 @@ def expert_mix(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, packed
         p.w13, p.s13, p.z13, p.w2, p.s2, p.z2, p.bias13, p.bias2, FORMATS[p.fmt13], p.group13, FORMATS[p.fmt2],
         p.group2, act.kind, float(act.limit), float(act.alpha), INT8_ACTIVATIONS)
     return out.to(x.dtype)
+
+
+def pack_experts(gate_up: QuantMatrix, down: QuantMatrix, gate_up_bias: torch.Tensor | None = None,
+                 down_bias: torch.Tensor | None = None, alloc: Alloc = torch_alloc) -> PackedExperts:
+    """A layer's experts in the kernel's strips (expert_pack.pack_experts' bytes): by the C++ packer
+    (expert_strips.py, one pass, no full-size temporaries) where the kernels load, else by the torch reference."""
+    if _cpp_available() and hasattr(torch.ops.moelight, "pack_code_strips"):
+        return pack_experts_native(gate_up, down, gate_up_bias, down_bias, alloc)
+    return expert_pack.pack_experts(gate_up, down, gate_up_bias, down_bias, alloc)
 
 
 SMALL_LINEAR_ROWS = 4  # csrc/small_linear.cpp's kSmallLinearRows

@@ -109,7 +109,7 @@ class PackedExperts:
         return sum(t.numel() * t.element_size() for t in ts if t is not None)
 
 
-def _ceil(x: int, m: int) -> int:
+def ceil_to(x: int, m: int) -> int:
     return (x + m - 1) // m * m
 
 
@@ -132,7 +132,7 @@ def _strips(m: QuantMatrix, n_pad: int, alloc: Alloc = torch_alloc
     """[E, N, K] in canonical form -> (codes [E, S, bytes], scales, bias [E, S, K/g, 32], group)."""
     e, n, k = m.shape
     group = m.group if m.fmt != "bf16" else 0
-    k_pad = _ceil(k, max(group, STRIP))
+    k_pad = ceil_to(k, max(group, STRIP))
     nib = m.fmt in NIBBLE_FORMATS
     codes = _pad(m.codes, n_pad, k_pad // 2 if nib else k_pad)
     s = n_pad // STRIP
@@ -173,13 +173,10 @@ def _gate_up_order(t: torch.Tensor | None, f: int, f_pad: int) -> torch.Tensor |
 def pack_experts(gate_up: QuantMatrix, down: QuantMatrix, gate_up_bias: torch.Tensor | None = None,
                  down_bias: torch.Tensor | None = None, alloc: Alloc = torch_alloc) -> PackedExperts:
     """gate_up [E, 2f, h] and down [E, h, f] (canonical, any format) -> the kernel's strips. The codes,
-    scales and additive terms are written straight into buffers from `alloc` (no copy afterwards)."""
-    e, two_f, h = gate_up.shape
-    f = two_f // 2
-    if down.shape != (e, h, f):
-        raise ValueError(f"down {down.shape} does not match gate_up {gate_up.shape}")
-    f_pad = _ceil(f, STRIP)
-    gate_up, down = _whole_k_group(gate_up, _ceil(h, STRIP)), _whole_k_group(down, f_pad)
+    scales and additive terms are written straight into buffers from `alloc` (no copy afterwards).
+    The pure-torch reference: `cpu_kernels.pack_experts` (dispatch.py) packs the same bytes in C++."""
+    gate_up, down, f_pad, h_pad = experts_layout(gate_up, down)
+    e, f, h = down.shape[0], down.shape[2], down.shape[1]
     ordered = QuantMatrix(gate_up.fmt, _gate_up_order(gate_up.codes, f, f_pad),
                           _gate_up_order(gate_up.scales, f, f_pad), _gate_up_order(gate_up.bias, f, f_pad),
                           gate_up.group)
@@ -189,11 +186,28 @@ def pack_experts(gate_up: QuantMatrix, down: QuantMatrix, gate_up_bias: torch.Te
         down = QuantMatrix(down.fmt, _pad(down.codes, h, f_pad // 2 if down.fmt in NIBBLE_FORMATS else f_pad),
                            _pad(down.scales, h, f_pad // down.group) if down.scales is not None else None,
                            _pad(down.bias, h, f_pad // down.group) if down.bias is not None else None, down.group)
-    h_pad = _ceil(h, STRIP)
     w2, s2, z2, g2 = _strips(down, h_pad, alloc)
+    return finish_packed((w13, s13, z13, g13), (w2, s2, z2, g2), gate_up, down, gate_up_bias, down_bias, f_pad)
+
+
+def experts_layout(gate_up: QuantMatrix, down: QuantMatrix) -> tuple[QuantMatrix, QuantMatrix, int, int]:
+    """Checked shapes -> (gate_up, down with their kernel groups, f and h padded to whole strips)."""
+    e, two_f, h = gate_up.shape
+    f = two_f // 2
+    if down.shape != (e, h, f):
+        raise ValueError(f"down {down.shape} does not match gate_up {gate_up.shape}")
+    f_pad, h_pad = ceil_to(f, STRIP), ceil_to(h, STRIP)
+    return _whole_k_group(gate_up, h_pad), _whole_k_group(down, f_pad), f_pad, h_pad
+
+
+def finish_packed(gu: tuple, dn: tuple, gate_up: QuantMatrix, down: QuantMatrix, gate_up_bias: torch.Tensor | None,
+                  down_bias: torch.Tensor | None, f_pad: int) -> PackedExperts:
+    """PackedExperts from the packed (codes, scales, bias, group) of both matrices, plus the biases (small)."""
+    e, h, f = down.shape[0], down.shape[1], gate_up.shape[1] // 2
+    h_pad = ceil_to(h, STRIP)
     b13 = None if gate_up_bias is None else _gate_up_order(gate_up_bias.float().unsqueeze(-1), f, f_pad)
     b2 = None if down_bias is None else torch.nn.functional.pad(down_bias.float(), (0, h_pad - h))
-    return PackedExperts(w13, s13, z13, w2, s2, z2, gate_up.fmt, g13, down.fmt, g2, h, f,
+    return PackedExperts(gu[0], gu[1], gu[2], dn[0], dn[1], dn[2], gate_up.fmt, gu[3], down.fmt, dn[3], h, f,
                          None if b13 is None else b13.reshape(e, f_pad // 16, 32).contiguous(),
                          None if b2 is None else b2.contiguous())
 

@@ -21,11 +21,17 @@ import torch
 from safetensors import safe_open
 
 from moelight.errors import WeightsError, broken_download_link
+from moelight.loading.dummy_values import uniform_levels_
 from moelight.loading.int_checkpoints import dequantized, quantized_modules, read_module
 from moelight.models import family
 from moelight.models.causal_lm import MoECausalLM
 from moelight.models.config import ModelConfig
-from moelight.models.quantized_experts import QuantizedExperts, hold_experts_quantized, quantized_experts_of
+from moelight.models.quantized_experts import (
+    QuantizedExperts,
+    hold_experts_quantized,
+    quantized_experts_of,
+    routed_expert_param,
+)
 from moelight.models.targets import Target
 
 _FP8 = (torch.float8_e4m3fn, torch.float8_e5m2)  # codes that mean nothing without their scale
@@ -279,6 +285,8 @@ def dummy_fill(name: str, t: torch.Tensor | QuantizedExperts, gen: torch.Generat
         t.fill_(1.0)
     elif name.endswith(".bias"):
         t.zero_()
+    elif routed_expert_param(name) and t.dtype in (torch.bfloat16, torch.float16) and t.is_contiguous():
+        uniform_levels_(t, 0.0346, gen)  # the bulk of a dense MoE's weights: drawn 4 to a draw
     else:
         # uniform with std 0.02 (as HF initialises); uniform is much faster than normal
         t.uniform_(-0.0346, 0.0346, generator=gen)

@@ -91,16 +91,26 @@ class QuantizedExperts(nn.Module):
     def fill_dummy(self, gen: torch.Generator) -> None:
         """Random codes with a scale that gives values of std ~0.02, as dummy dense weights have."""
         fmt = self.form.fmt
-        if fmt == "int8":
-            self.codes.random_(-127, 128, generator=gen)
-        elif fmt == "fp8":  # random e4m3 bytes include NaNs: draw values and convert instead
+        if fmt == "fp8":  # random e4m3 bytes include NaNs: draw values and convert instead
             self.codes.copy_(torch.empty(self.codes.shape).uniform_(-1, 1, generator=gen)
                              .to(torch.float8_e4m3fn).view(torch.uint8))
         else:
-            self.codes.random_(0, 256, generator=gen)
+            random_bytes(self.codes.data, gen)
+            if fmt == "int8":
+                self.codes.clamp_(min=-127)  # the symmetric range round-to-nearest gives
         self.scales.fill_(_DUMMY_SCALE[fmt])
         if self.offsets is not None:
             self.offsets.fill_(-8.0 * _DUMMY_SCALE[fmt] if fmt == "uint4" else 0.0)
+
+
+def random_bytes(t: torch.Tensor, gen: torch.Generator) -> None:
+    """Every byte of 1-byte tensor `t` uniform over its 256 values. Drawn 8 at a time as int64 where `t` allows:
+    one draw per byte (random_(0, 256)) took ~1 s per Qwen3-30B-A3B int4 layer (300 MB) on 2 cores, against
+    ~0.18 s (a 48-layer load: ~45 s against ~9 s)."""
+    if t.is_contiguous() and t.numel() % 8 == 0 and t.data_ptr() % 8 == 0:
+        t.view(torch.int64).random_(-2**63, 2**63 - 1, generator=gen)  # (2**63 - 1 itself never drawn)
+    else:
+        t.random_(-128 if t.dtype == torch.int8 else 0, 128 if t.dtype == torch.int8 else 256, generator=gen)
 
 
 class QuantizedView:

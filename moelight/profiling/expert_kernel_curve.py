@@ -38,8 +38,8 @@ def measure_expert_curve(quick: bool = False, stream_bytes: int = STREAM_BYTES) 
     over `stream_bytes` of layer copies (layer_copies), as a decode step reads its layers' experts."""
     import torch
 
-    from cpu_kernels import expert_mix, kernel_backend
-    from cpu_kernels.expert_pack import bf16_matrix, pack_experts
+    from cpu_kernels import expert_mix, kernel_backend, pack_experts
+    from cpu_kernels.expert_pack import bf16_matrix
     from cpu_kernels.expert_quant import int4_group_for, quantize
 
     if kernel_backend() == "torch":

@@ -83,18 +83,25 @@ class PackedLinear(nn.Module):
     """Drop-in for an nn.Linear whose weight lives in oneDNN's layout; `upcast`: a float32 copy of a
     bf16 weight, the input upcast and the output rounded back to the input's dtype. A bf16 layer
     keeps its plain weight too where small_linear reads it faster for a decode step's few rows
-    (plain_bf16_rows; memory_check counts both)."""
+    (plain_bf16_rows; memory_check counts both). `consume`: the layer is being replaced, so its weight is
+    dropped once the plain copy exists and packed from that copy: two copies alive at once, not three
+    (Qwen3-30B-A3B's LM head: 0.58 GiB less at the load's peak)."""
 
-    def __init__(self, linear: nn.Linear, upcast: bool = False, huge_pages: bool = True) -> None:
+    def __init__(self, linear: nn.Linear, upcast: bool = False, huge_pages: bool = True,
+                 consume: bool = False) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         w, b = linear.weight.detach(), None if linear.bias is None else linear.bias.detach()
         self.upcast = upcast
-        self.packed = pack_weight(w.float() if upcast else w)
         self.bias = None if b is None else (b.float() if upcast else b)
         self.plain_rows = plain_bf16_rows(upcast) if w.dtype == torch.bfloat16 else 0
         plain = w.contiguous() if self.plain_rows else None  # streamed whole per decode step
         self.weight_bf16 = huge_copy(plain) if huge_pages else plain
+        del plain
+        if consume and self.weight_bf16 is not None and self.weight_bf16.data_ptr() != w.data_ptr():
+            linear.weight.data = torch.empty(0, dtype=w.dtype)
+            w = self.weight_bf16
+        self.packed = pack_weight(w.float() if upcast else w)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.weight_bf16 is not None and x.numel() <= self.plain_rows * self.in_features:
@@ -154,7 +161,7 @@ def pack_model(model: MoECausalLM, quantize: str = "none", group: int = 128, fus
                     pack_moe(layer.mlp, quantize, group, alloc)
         return False
     for parent, name, child in list(packed_linears(model)):
-        setattr(parent, name, PackedLinear(child, upcast, huge_pages))
+        setattr(parent, name, PackedLinear(child, upcast, huge_pages, consume=True))
     for layer in model.layers:
         fuse_qkv(layer.self_attn, huge_pages)
         moe = layer.mlp

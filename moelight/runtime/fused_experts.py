@@ -15,8 +15,8 @@ import os
 
 import torch
 
-from cpu_kernels import expert_mix
-from cpu_kernels.expert_pack import Alloc, PackedExperts, QuantMatrix, bf16_matrix, pack_experts
+from cpu_kernels import expert_mix, pack_experts
+from cpu_kernels.expert_pack import Alloc, PackedExperts, QuantMatrix, bf16_matrix
 from cpu_kernels.expert_quant import int4_group_for, quantize
 from cpu_kernels.expert_reference import ActSpec
 from moelight.runtime.host_memory import HUGE_PAGE, empty_huge
