@@ -32,7 +32,7 @@ from moelight.planning.hardware_choice import resolve_device
 from moelight.planning.job_plan import JobPlan, plan_job
 from moelight.planning.memory_check import OutOfMemoryPlan, available_bytes, check_fits, held_before_job, weight_bytes
 from moelight.planning.size_overrides import largest_size
-from moelight.runtime.cpu_linear import pack_model, weights_on_huge_pages
+from moelight.runtime.cpu_linear import keeps_plain_weights, pack_model, weights_on_huge_pages
 from moelight.runtime.executor import Executor
 from moelight.sampling.checks import SamplingChecker
 from moelight.sampling.params import SamplingParams
@@ -69,6 +69,7 @@ class EngineSession:
             self.opts = replace(opts, gpus=self.ranks)
         self.model = None
         self.load_seconds = 0.0
+        self.plain_weights = True  # the loaded model keeps plain bf16 weights (cpu_linear.keeps_plain_weights)
         self._executor: Executor | None = None
         self._executor_size: tuple | None = None  # what a reusable CGOPipe runtime was built for
         self.sampling = SamplingChecker(self.tokenizer, self.config.vocab_size, self.eos)
@@ -128,7 +129,8 @@ class EngineSession:
         """Plan the job and check that weights + the largest batch's KV cache fit, before loading.
         `solved`: a policy already solved for this job's hardware (the Ray driver's), fitted not re-solved."""
         on_cpu = self.device == "cpu"
-        loaded = weight_bytes(self.config, self.source.dtype, on_cpu) if self.model is not None else 0
+        loaded = (weight_bytes(self.config, self.source.dtype, on_cpu, self.plain_weights)
+                  if self.model is not None else 0)
         available = available_bytes() + loaded  # what this job can have: free memory and the model it holds
         held = held_before_job(loaded)  # torch, the runtime, the tokenizer: no HRM term counts them
         plan = plan_job(self.opts, self.config, self.dtype_name, prompts, params, self.device, self.log,
@@ -138,7 +140,7 @@ class EngineSession:
         kv_tokens = largest_batch_tokens(prompts, params, plan.batch_size, turn)
         try:
             check_fits(self.config, self.source.dtype, kv_tokens, available=available, ranks=self.ranks,
-                       on_cpu=on_cpu, hint=self._batch_hint(plan))
+                       on_cpu=on_cpu, hint=self._batch_hint(plan), plain_weights=self._plain_for(plan.batch_size))
         except OutOfMemoryPlan:
             if self.opts.batch_size or plan.info["source"] != "auto":
                 raise
@@ -160,7 +162,7 @@ class EngineSession:
 
         def check(batch: int) -> None:
             check_fits(self.config, self.source.dtype, largest_batch_tokens(prompts, params, batch, turn),
-                       available=available, ranks=self.ranks, on_cpu=on_cpu)
+                       available=available, ranks=self.ranks, on_cpu=on_cpu, plain_weights=self._plain_for(batch))
 
         def fits(batch: int) -> bool:
             try:
@@ -188,7 +190,8 @@ class EngineSession:
         them, and let each load its own shard (together the shards hold the model once)."""
         if self.model is not None:
             return
-        check_fits(self.config, self.source.dtype, 0, on_cpu=self.device == "cpu")
+        plain = self._plain_for(batch_size)
+        check_fits(self.config, self.source.dtype, 0, on_cpu=self.device == "cpu", plain_weights=plain)
         t0 = time.perf_counter()
         if self.ranks == 1:
             self.model = load_model(self.source, self.opts.seed)
@@ -197,8 +200,14 @@ class EngineSession:
         if self.device == "cpu":
             method, group = self.opts.quantization()
             huge = weights_on_huge_pages(batch_size, self.config.top_k, self.config.num_experts)
-            pack_model(self.model, method, group, huge_pages=huge)
+            pack_model(self.model, method, group, huge_pages=huge, plain_weights=plain)
+        self.plain_weights = plain
         self.load_seconds = time.perf_counter() - t0
+
+    def _plain_for(self, batch_size: int | None) -> bool:
+        """Whether a job of `batch_size` keeps the plain bf16 weights (cpu_linear.keeps_plain_weights); a model
+        already loaded keeps what it was loaded with."""
+        return self.plain_weights if self.model is not None else keeps_plain_weights(batch_size)
 
     def _load_shard(self) -> None:
         from moelight.parallel.rank_group import load_together, start_group

@@ -27,12 +27,13 @@ def dtype_bytes(dtype: torch.dtype) -> int:
     return torch.empty((), dtype=dtype).element_size()
 
 
-def weight_bytes(cfg: ModelConfig, dtype: torch.dtype, on_cpu: bool = False) -> int:
+def weight_bytes(cfg: ModelConfig, dtype: torch.dtype, on_cpu: bool = False, plain_weights: bool = True) -> int:
     """Every weight in `dtype`, routed experts in `cfg.expert_format` where the run holds them quantized (on
     the CPU in bf16 only: float32 / float16 expand them to a dense copy);
     `on_cpu`: the CPU engine's packed matmuls, float32 copies of bf16 weights where this CPU packs no bf16,
-    and the plain bf16 weights beside them that the few-row decode matmuls read (extra_linear_bytes)."""
-    extra = extra_linear_bytes(dtype) * packed_linear_count(cfg) if on_cpu else 0
+    and with `plain_weights` the plain bf16 weights beside them that the few-row decode matmuls read
+    (extra_linear_bytes; cpu_linear.keeps_plain_weights says which jobs keep them)."""
+    extra = extra_linear_bytes(dtype, plain_weights) * packed_linear_count(cfg) if on_cpu else 0
     form = cfg.expert_format
     if form is None or (on_cpu and dtype != torch.bfloat16):  # the CPU engine expands them (pack_model)
         return parameter_count(cfg) * dtype_bytes(dtype) + extra
@@ -116,11 +117,13 @@ def process_bytes() -> int:
 
 
 def check_fits(cfg: ModelConfig, dtype: torch.dtype, batch_kv_tokens: int, available: int | None = None,
-               ranks: int = 1, on_cpu: bool = False, hint: str = "use a smaller --batch-size") -> dict:
+               ranks: int = 1, on_cpu: bool = False, hint: str = "use a smaller --batch-size",
+               plain_weights: bool = True) -> dict:
     """Raise OutOfMemoryPlan naming the shortfall if weights + one batch's KV cache do not fit; `hint`: what
-    to do when the weights fit (the batch's source: an option the user set names itself)."""
+    to do when the weights fit (the batch's source: an option the user set names itself); `plain_weights`:
+    as weight_bytes."""
     available = available_bytes() if available is None else available
-    need_w = weight_bytes(cfg, dtype, on_cpu)
+    need_w = weight_bytes(cfg, dtype, on_cpu, plain_weights)
     need_kv = kv_bytes(cfg, batch_kv_tokens, dtype, ranks)
     budget = int(HEADROOM * available)
     if need_w + need_kv > budget:

@@ -62,15 +62,24 @@ def plain_bf16_rows(upcast: bool) -> int:
     return dispatch.SMALL_LINEAR_ROWS if upcast else 1
 
 
-def extra_linear_bytes(dtype: torch.dtype) -> int:
+def keeps_plain_weights(batch_size: int | None) -> bool:
+    """Whether a job's packed bf16 linears keep their plain copy (plain_bf16_rows) beside the packed one: for
+    jobs of up to SMALL_LINEAR_ROWS sequences a step (None: unknown, yes), whose steps it makes faster. A
+    larger batch reaches one row only at its tail, and the copies would cost it memory it may not have
+    (Qwen3-30B-A3B's attention and LM head: 2.27 GiB, what its int4 job lacks on a 24 GiB host)."""
+    return batch_size is None or batch_size <= dispatch.SMALL_LINEAR_ROWS
+
+
+def extra_linear_bytes(dtype: torch.dtype, plain: bool = True) -> int:
     """Bytes a packed linear's weight holds beyond its value in `dtype` (planning.memory_check): an upcast
-    layer's float32 copy, and the plain bf16 weight beside a bf16 layer that keeps one (plain_bf16_rows)."""
+    layer's float32 copy, and with `plain` the plain bf16 weight beside a bf16 layer that keeps one
+    (plain_bf16_rows, keeps_plain_weights)."""
     if dtype != torch.bfloat16:
         return 0
     if packing_supported(dtype):
-        return 2 if plain_bf16_rows(False) else 0
+        return 2 if plain and plain_bf16_rows(False) else 0
     if upcast_bf16_linears():
-        return 2 + (2 if plain_bf16_rows(True) else 0)
+        return 2 + (2 if plain and plain_bf16_rows(True) else 0)
     return 0
 
 
@@ -85,16 +94,17 @@ class PackedLinear(nn.Module):
     keeps its plain weight too where small_linear reads it faster for a decode step's few rows
     (plain_bf16_rows; memory_check counts both). `consume`: the layer is being replaced, so its weight is
     dropped once the plain copy exists and packed from that copy: two copies alive at once, not three
-    (Qwen3-30B-A3B's LM head: 0.58 GiB less at the load's peak)."""
+    (Qwen3-30B-A3B's LM head: 0.58 GiB less at the load's peak). `plain` False: no plain copy (a large
+    batch's job, keeps_plain_weights)."""
 
     def __init__(self, linear: nn.Linear, upcast: bool = False, huge_pages: bool = True,
-                 consume: bool = False) -> None:
+                 consume: bool = False, plain: bool = True) -> None:
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         w, b = linear.weight.detach(), None if linear.bias is None else linear.bias.detach()
         self.upcast = upcast
         self.bias = None if b is None else (b.float() if upcast else b)
-        self.plain_rows = plain_bf16_rows(upcast) if w.dtype == torch.bfloat16 else 0
+        self.plain_rows = plain_bf16_rows(upcast) if plain and w.dtype == torch.bfloat16 else 0
         plain = w.contiguous() if self.plain_rows else None  # streamed whole per decode step
         self.weight_bf16 = huge_copy(plain) if huge_pages else plain
         del plain
@@ -139,13 +149,14 @@ def weights_on_huge_pages(batch_size: int | None, top_k: int, num_experts: int) 
 
 
 def pack_model(model: MoECausalLM, quantize: str = "none", group: int = 128, fused_experts: bool | None = None,
-               huge_pages: bool = True) -> bool:
+               huge_pages: bool = True, plain_weights: bool = True) -> bool:
     """Repack every large matmul weight of `model` in place; False if this torch/CPU cannot. Routed
     experts go to the fused kernel (runtime/fused_experts.py) in bf16, or quantized with `quantize`
     ('int8', 'int4' with `group`), or as loaded when they are quantized already; `fused_experts`
     False keeps dense experts on the per-expert oneDNN loop (None: fused_enabled decides). bf16 on a
     CPU whose oneDNN packs no bf16: the other matmuls run on packed float32 copies (upcast_bf16_linears).
-    `huge_pages`: the weights a decode step streams whole on 2 MiB pages (weights_on_huge_pages)."""
+    `huge_pages`: the weights a decode step streams whole on 2 MiB pages (weights_on_huge_pages);
+    `plain_weights`: bf16 linears keep a plain copy for few-row steps (keeps_plain_weights)."""
     alloc = expert_alloc if huge_pages else torch_alloc
     dtype = model.embed_tokens.weight.dtype
     if dtype != torch.bfloat16 and _has_quantized_experts(model):
@@ -161,7 +172,7 @@ def pack_model(model: MoECausalLM, quantize: str = "none", group: int = 128, fus
                     pack_moe(layer.mlp, quantize, group, alloc)
         return False
     for parent, name, child in list(packed_linears(model)):
-        setattr(parent, name, PackedLinear(child, upcast, huge_pages, consume=True))
+        setattr(parent, name, PackedLinear(child, upcast, huge_pages, consume=True, plain=plain_weights))
     for layer in model.layers:
         fuse_qkv(layer.self_attn, huge_pages)
         moe = layer.mlp
