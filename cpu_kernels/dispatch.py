@@ -204,6 +204,13 @@ def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     return torch.nn.functional.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
 
 
+def route_topk(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int,
+               normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """models.moe.route's steps for a few bf16 rows in one op call (csrc/route.cpp): small_linear's logits, float32
+    softmax, top-k, renormalised with `normalize`; the caller has checked that small_linear takes x."""
+    return torch.ops.moelight.route_topk(x, gate_weight, int(top_k), bool(normalize))
+
+
 def topk_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Values (descending) and indices [B, k] of each row of float32 x [B, V]; k = 1 is argmax with
     torch.argmax's rule for ties (the first index). One read of each row, rows in parallel."""

@@ -12,6 +12,7 @@ import torch
 
 from cpu_kernels import dispatch
 from moelight.loading.presets import PRESETS
+from moelight.models import moe
 from moelight.models.gpt_oss import RMSNormF32Scale
 from moelight.models.layers import RMSNorm, add_and_norm
 from moelight.models.mixtral import DecoderLayer
@@ -138,3 +139,17 @@ def test_row_quant_avx512_is_the_scalar_loop(k):
         pytest.skip("CPU lacks AVX-512BW")
     for got, want in zip(torch.ops.moelight.row_quant_int8(x, True), scalar, strict=True):
         assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("rows,experts,top_k", [(1, 8, 2), (3, 64, 8), (4, 60, 4)])
+@pytest.mark.parametrize("normalize", [True, False])
+def test_route_in_one_call_is_the_python_steps(monkeypatch, rows, experts, top_k, normalize):
+    g = torch.Generator().manual_seed(rows * experts + top_k)
+    x = torch.randn(rows, 256, generator=g).to(torch.bfloat16)
+    gate = (torch.randn(experts, 256, generator=g) * 0.1).to(torch.bfloat16)
+    with torch.inference_mode():
+        fused = moe.route(x, gate, top_k, normalize)
+        monkeypatch.setattr(moe, "few_bf16_rows", lambda *a: False)  # router_logits' small_linear, unfused steps
+        monkeypatch.setattr(moe, "router_logits", lambda x, w: dispatch.small_linear(x, w))
+        plain = moe.route(x, gate, top_k, normalize)
+    assert torch.equal(fused[0], plain[0]) and torch.equal(fused[1], plain[1])
