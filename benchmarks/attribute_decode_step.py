@@ -45,6 +45,8 @@ def instrument(totals: dict, active: list) -> None:
         return "lm_head" if out.shape[-1] > 8192 else "projections"
 
     _wrap(layers.RMSNorm, "forward", "norms", totals, active)
+    if hasattr(layers.RMSNorm, "residual"):  # the residual add fused with the post-attention norm: counted as norms
+        _wrap(layers.RMSNorm, "residual", "norms", totals, active)
     _wrap(layers, "apply_rotary", "rotary", totals, active)
     _wrap(cpu_linear.PackedLinear, "forward", linear_key, totals, active)
     _wrap(fused_qkv.FusedQKV, "__call__", "projections", totals, active)  # q/k/v in one call at few rows

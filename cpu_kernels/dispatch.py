@@ -201,8 +201,10 @@ SMALL_LINEAR_ROWS = 4  # csrc/small_linear.cpp's kSmallLinearRows
 
 
 def small_linear_available() -> bool:
-    """torch.ops.moelight.small_linear can run here (the kernels are built and the CPU has AVX2)."""
-    return _cpp_available() and torch.ops.moelight.kernel_isa() != "none"
+    """torch.ops.moelight.small_linear can run here: the kernels are built (the CPU has AVX2, checked once at load).
+    No per-call ISA query (a router call asked the extension for its ISA every time): under set_isa("none") the
+    op itself computes the same float32 sums through torch."""
+    return _cpp_available()
 
 
 def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -211,6 +213,13 @@ def small_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     if _cpp_available() and x.device.type == "cpu":  # (loaded only where the CPU has AVX2 or newer)
         return torch.ops.moelight.small_linear(x, weight, bias)
     return torch.nn.functional.linear(x.float(), weight.float(), None if bias is None else bias.float()).to(x.dtype)
+
+
+def route_topk(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int,
+               normalize: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """models.moe.route's steps for a few bf16 rows in one op call (csrc/route.cpp): small_linear's logits, float32
+    softmax, top-k, renormalised with `normalize`; the caller has checked that small_linear takes x."""
+    return torch.ops.moelight.route_topk(x, gate_weight, int(top_k), bool(normalize))
 
 
 def topk_rows(x: torch.Tensor, k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -243,3 +252,27 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor 
             and weight.shape == x.shape[-1:] and not x.requires_grad and _cpp_available()):
         return None
     return torch.ops.moelight.rms_norm(x, weight, float(eps))
+
+
+def add_rms_norm(x: torch.Tensor, delta: torch.Tensor, weight: torch.Tensor,
+                 eps: float) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """(x + delta, rms_norm(x + delta)) for 16-bit x, in one call (csrc/norm_rotary.cpp): the sum rounded as torch's
+    add rounds it, the norm as rms_norm's; None where the kernels do not run (the caller's two steps then)."""
+    if not (x.device.type == "cpu" and x.dtype in (torch.bfloat16, torch.float16) and delta.dtype == x.dtype
+            and delta.shape == x.shape and weight.dtype == x.dtype and weight.shape == x.shape[-1:]
+            and not x.requires_grad and not delta.requires_grad and _cpp_available()):
+        return None
+    return torch.ops.moelight.add_rms_norm(x, delta, weight, float(eps))
+
+
+def kv_write(k_cache: torch.Tensor, v_cache: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+             slots: torch.Tensor) -> bool:
+    """cache[:, slots[t]] = k[t] (and v) for caches [H, S, d] and rows [T, H, d] in the cache's dtype, in one call
+    (csrc/norm_rotary.cpp) instead of two index_copy_; False (nothing written) where the kernels do not run."""
+    if not (k_cache.device.type == "cpu" and k.device.type == "cpu" and v.device.type == "cpu"
+            and k.dtype == v.dtype == k_cache.dtype == v_cache.dtype and slots.dtype == torch.int64
+            and k.dim() == 3 and k.stride(2) == 1 and v.stride(2) == 1 and k_cache.stride(2) == 1
+            and v_cache.stride(2) == 1 and not torch.is_grad_enabled() and _cpp_available()):
+        return False
+    torch.ops.moelight.kv_write(k_cache, v_cache, k, v, slots)
+    return True

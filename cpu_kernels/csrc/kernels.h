@@ -49,6 +49,10 @@ void small_linear_rows_avx2(const float* x, int64_t m, const uint16_t* w, int64_
 void small_linear_rows_avx512(const float* x, int64_t m, const uint16_t* w, int64_t n0, int64_t n1, int64_t k,
                               float* out, int64_t ldo);
 
+// Activation rows quantized to int8 per block of 32 k (row_quant.h's RowQuant) on AVX-512: codes q[k], and per
+// block its scale and code sum, bit for bit the scalar loop's (row_quant_avx512.cpp).
+void quantize_row32_avx512(const uint16_t* a, int64_t k, int8_t* q, float* scale, int32_t* sum);
+
 // Active kernel table, chosen from the CPU at first use (see isa.cpp).
 AttnFn attn_fn(KvDtype dtype, int64_t d);
 const char* active_isa();

@@ -4,6 +4,10 @@
 // rotary: x * cos + rotate_half(x) * sin, each product rounded to x's dtype and then the sum, as the
 // three torch ops round them: the same values bit for bit in float32 and bf16 (no FMA contraction;
 // float16 is left to torch).
+// add_rms_norm: a residual add (x + delta, in float32 rounded to x's dtype, as torch's add) and rms_norm of the
+// sum, in one call: a decode step's "h = x + attn_out; norm(h)" without the add's op.
+// kv_write: a decode step's K and V rows copied into their cache slots (index_copy_ along the slot
+// dimension, twice, in one call).
 // rms_norm: transformers' RMSNorm for 16-bit activations: w * bf16(x * rsqrt(mean(x^2) + eps)), the
 // mean in float32. Its sum runs in another order than torch's, so a 16-bit output can differ from
 // torch's by one rounding step where the two means differ in their last bit; float32 models keep
@@ -18,6 +22,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <tuple>
 
 #ifdef __clang__
 #pragma clang fp contract(off)  // GCC: the functions' optimize attribute below
@@ -147,6 +152,69 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
     });
   });
   return out;
+}
+
+// x, delta [..., n] in bf16 / fp16 (the same shape), w [n] in x's dtype -> (x + delta, rms_norm(x + delta)).
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& w,
+                                                double eps) {
+  TORCH_CHECK(x.scalar_type() == at::kBFloat16 || x.scalar_type() == at::kHalf,
+              "moelight: add_rms_norm is for 16-bit activations (float32 keeps torch's)");
+  TORCH_CHECK(delta.sizes() == x.sizes() && delta.scalar_type() == x.scalar_type(),
+              "moelight: add_rms_norm wants delta of x's shape and dtype");
+  TORCH_CHECK(w.dim() == 1 && w.size(0) == x.size(-1) && w.scalar_type() == x.scalar_type(),
+              "moelight: add_rms_norm wants a weight [n] in x's dtype for x [..., n]");
+  const at::Tensor xc = x.contiguous(), dc = delta.contiguous(), wc = w.contiguous();
+  const int64_t n = x.size(-1), rows = n ? xc.numel() / n : 0;
+  at::Tensor sum = at::empty_like(xc), out = at::empty_like(xc);
+  AT_DISPATCH_REDUCED_FLOATING_TYPES(x.scalar_type(), "moelight_add_rms_norm", [&] {
+    const scalar_t* xp = xc.data_ptr<scalar_t>();
+    const scalar_t* dp = dc.data_ptr<scalar_t>();
+    const scalar_t* wp = wc.data_ptr<scalar_t>();
+    scalar_t* sp = sum.data_ptr<scalar_t>();
+    scalar_t* op = out.data_ptr<scalar_t>();
+    const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(1, n));
+    at::parallel_for(0, rows, grain, [&](int64_t r0, int64_t r1) {
+      for (int64_t r = r0; r < r1; ++r) {
+        for (int64_t j = 0; j < n; ++j) store(sp[r * n + j], to_float(xp[r * n + j]) + to_float(dp[r * n + j]));
+        rms_norm_row<scalar_t>(sp + r * n, wp, op + r * n, n, static_cast<float>(eps));
+      }
+    });
+  });
+  return {sum, out};
+}
+
+// k_cache / v_cache [H, S, d], k / v [T, H, d] (d contiguous, any row and head strides), slots [T] int64:
+// cache[:, slots[t]] = k[t], as index_copy_(1, slots, k.transpose(0, 1)) does.
+void kv_write(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
+              const at::Tensor& slots) {
+  TORCH_CHECK(k_cache.dim() == 3 && k.dim() == 3 && k.size(1) == k_cache.size(0) && k.size(2) == k_cache.size(2),
+              "moelight: kv_write wants k [T, H, d] for a cache [H, S, d]");
+  TORCH_CHECK(v_cache.sizes() == k_cache.sizes() && v.sizes() == k.sizes(), "moelight: kv_write: K and V differ");
+  TORCH_CHECK(k.scalar_type() == k_cache.scalar_type() && v.scalar_type() == k_cache.scalar_type() &&
+                  v_cache.scalar_type() == k_cache.scalar_type(),
+              "moelight: kv_write wants the rows in the cache's dtype");
+  TORCH_CHECK(k.stride(2) == 1 && v.stride(2) == 1 && k_cache.stride(2) == 1 && v_cache.stride(2) == 1,
+              "moelight: kv_write wants d contiguous");
+  TORCH_CHECK(slots.dim() == 1 && slots.size(0) == k.size(0) && slots.scalar_type() == at::kLong,
+              "moelight: kv_write wants int64 slots [T]");
+  const at::Tensor sc = slots.contiguous();
+  const int64_t* sp = sc.data_ptr<int64_t>();
+  const int64_t T = k.size(0), H = k.size(1), d = k.size(2), S = k_cache.size(1), elem = k.element_size();
+  for (int64_t t = 0; t < T; ++t)
+    TORCH_CHECK(sp[t] >= 0 && sp[t] < S, "moelight: kv_write slot ", sp[t], " out of range [0, ", S, ")");
+  const auto copy = [&](at::Tensor& cache, const at::Tensor& rows, int64_t t0, int64_t t1) {
+    char* cp = static_cast<char*>(cache.data_ptr());
+    const char* rp = static_cast<const char*>(rows.data_ptr());
+    for (int64_t t = t0; t < t1; ++t)
+      for (int64_t h = 0; h < H; ++h)
+        std::memcpy(cp + (h * cache.stride(0) + sp[t] * cache.stride(1)) * elem,
+                    rp + (t * rows.stride(0) + h * rows.stride(1)) * elem, d * elem);
+  };
+  // a decode step's few rows in this thread; a prompt's many in parallel, as index_copy_ would
+  at::parallel_for(0, T, 64, [&](int64_t t0, int64_t t1) {
+    copy(k_cache, k, t0, t1);
+    copy(v_cache, v, t0, t1);
+  });
 }
 
 }  // namespace moelight

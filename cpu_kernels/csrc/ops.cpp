@@ -26,6 +26,13 @@ std::tuple<at::Tensor, at::Tensor> topk_rows(const at::Tensor& x, int64_t k);
 at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias);
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps);
+std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& w,
+                                                double eps);
+void kv_write(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
+              const at::Tensor& slots);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> row_quant_int8(const at::Tensor& x, bool wide);
+std::tuple<at::Tensor, at::Tensor> route_topk(const at::Tensor& x, const at::Tensor& gate_weight, int64_t k,
+                                              bool normalize);
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
                                   const at::Tensor& block_table, const at::Tensor& lengths, int64_t page_size,
                                   double scale);
@@ -56,6 +63,10 @@ TORCH_LIBRARY(moelight, m) {
   m.def("small_linear(Tensor x, Tensor w, Tensor? bias) -> Tensor");
   m.def("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
+  m.def("add_rms_norm(Tensor x, Tensor delta, Tensor w, float eps) -> (Tensor, Tensor)");
+  m.def("kv_write(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor slots) -> ()");
+  m.def("row_quant_int8(Tensor x, bool wide) -> (Tensor, Tensor, Tensor)");
+  m.def("route_topk(Tensor x, Tensor gate_weight, int k, bool normalize) -> (Tensor, Tensor)");
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor lengths, "
         "int page_size, float scale) -> Tensor");
   m.def("paged_prefill_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor starts, "
@@ -76,6 +87,10 @@ TORCH_LIBRARY_IMPL(moelight, CPU, m) {
   m.impl("small_linear", &moelight::small_linear);
   m.impl("rotary", &moelight::rotary);
   m.impl("rms_norm", &moelight::rms_norm);
+  m.impl("add_rms_norm", &moelight::add_rms_norm);
+  m.impl("kv_write", &moelight::kv_write);
+  m.impl("row_quant_int8", &moelight::row_quant_int8);
+  m.impl("route_topk", &moelight::route_topk);
   m.impl("paged_decode_attention", &moelight::paged_decode_attention);
   m.impl("paged_prefill_attention", &moelight::paged_prefill_attention);
 }

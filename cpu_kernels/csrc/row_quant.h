@@ -9,6 +9,7 @@
 #include <memory>
 
 #include "experts.h"
+#include "kernels.h"
 
 namespace moelight {
 namespace row_quant {
@@ -35,6 +36,44 @@ inline float round_even(float x) {
   return (x + kBig) - kBig;
 }
 
+// One row's blocks of 32, scalar: codes q[k], scale and code sum per block.
+inline void quantize_row_scalar(const uint16_t* a, int64_t k, int8_t* q, float* scale, int32_t* sum) {
+  for (int64_t b = 0; b < k / 32; ++b) {
+    float v[32], amax = 0.0f;
+    for (int i = 0; i < 32; ++i) {
+      v[i] = bf16_float(a[b * 32 + i]);
+      amax = std::max(amax, std::fabs(v[i]));
+    }
+    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    int32_t total = 0;
+    for (int i = 0; i < 32; ++i) {
+      const int32_t qi = std::min(127, std::max(-127, static_cast<int32_t>(round_even(v[i] * inv))));
+      q[b * 32 + i] = static_cast<int8_t>(qi);
+      total += qi;
+    }
+    scale[b] = amax / 127.0f;
+    sum[b] = total;
+  }
+}
+
+// Whether the CPU runs row_quant_avx512.cpp's quantize (the same numbers, ~10x faster).
+inline bool wide_quantize() {
+#if defined(__x86_64__) || defined(_M_X64)
+  static const bool ok = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+  return ok;
+#else
+  return false;
+#endif
+}
+
+inline void quantize_row(const uint16_t* a, int64_t k, int8_t* q, float* scale, int32_t* sum, bool wide) {
+  if (wide) {
+    quantize_row32_avx512(a, k, q, scale, sum);
+  } else {
+    quantize_row_scalar(a, k, q, scale, sum);
+  }
+}
+
 // bf16 activation rows quantized to int8 per block of 32 k (symmetric, round to nearest even):
 // the operand of iqgemm. Filled only for the rows of experts that take that path.
 struct RowQuant {
@@ -48,22 +87,7 @@ struct RowQuant {
         sum(uninitialized<int32_t>(rows * k_ / 32)), k(k_) {}
 
   void quantize(const uint16_t* a, int64_t row) {
-    for (int64_t b = 0; b < k / 32; ++b) {
-      float v[32], amax = 0.0f;
-      for (int i = 0; i < 32; ++i) {
-        v[i] = bf16_float(a[b * 32 + i]);
-        amax = std::max(amax, std::fabs(v[i]));
-      }
-      const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-      int32_t total = 0;
-      for (int i = 0; i < 32; ++i) {
-        const int32_t qi = std::min(127, std::max(-127, static_cast<int32_t>(round_even(v[i] * inv))));
-        q[row * k + b * 32 + i] = static_cast<int8_t>(qi);
-        total += qi;
-      }
-      scale[row * (k / 32) + b] = amax / 127.0f;
-      sum[row * (k / 32) + b] = total;
-    }
+    quantize_row(a, k, q.get() + row * k, scale.get() + row * (k / 32), sum.get() + row * (k / 32), wide_quantize());
   }
 
   // Row `row` of this = row `from` of src (the same k).

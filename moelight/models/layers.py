@@ -29,6 +29,15 @@ class RMSNorm(nn.Module):
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
         return self.weight * xf.to(x.dtype)
 
+    def residual(self, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x + delta, self(x + delta)): a residual add and this norm, one pass on the CPU for 16-bit activations
+        (where forward is this class's: a subclass that norms otherwise keeps its own)."""
+        if type(self).forward is RMSNorm.forward and (
+                fused := dispatch.add_rms_norm(x, delta, self.weight, self.eps)) is not None:
+            return fused
+        x = x + delta
+        return x, self(x)
+
 
 class LayerNorm(nn.Module):
     """LayerNorm without bias (DBRX), in the activation dtype as torch's nn.LayerNorm runs it."""
@@ -40,6 +49,14 @@ class LayerNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.layer_norm(x, (x.shape[-1],), self.weight, None, self.eps)
+
+
+def add_and_norm(norm: nn.Module, x: torch.Tensor, delta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(x + delta, norm(x + delta)): the norm's fused residual where it has one (RMSNorm.residual)."""
+    if (residual := getattr(norm, "residual", None)) is not None:
+        return residual(x, delta)
+    x = x + delta
+    return x, norm(x)
 
 
 def make_norm(cfg: ModelConfig, dim: int | None = None) -> nn.Module:
@@ -170,5 +187,5 @@ class DecoderLayerBase(nn.Module):
 
         `moe` lets a runtime pass the FFN (e.g. over paged weights); default: this layer's.
         """
-        x = x + self.tp_reduce(self.self_attn.o_proj(attn))
-        return x + self.tp_reduce((moe or self.mlp)(self.post_attention_layernorm(x)))
+        x, h = add_and_norm(self.post_attention_layernorm, x, self.tp_reduce(self.self_attn.o_proj(attn)))
+        return x + self.tp_reduce((moe or self.mlp)(h))

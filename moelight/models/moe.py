@@ -10,20 +10,28 @@ from cpu_kernels import dispatch
 from moelight.models.grouped_experts import GroupedExperts, grouped_expert_mix, use_grouped_path
 
 
+def few_bf16_rows(x: torch.Tensor, gate_weight: torch.Tensor) -> bool:
+    """A bf16 decode step's few rows on the CPU, which small_linear takes."""
+    return (x.dtype == gate_weight.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[0] <= dispatch.SMALL_LINEAR_ROWS
+            and x.device.type == "cpu" and gate_weight.is_contiguous() and not torch.is_grad_enabled()
+            and dispatch.small_linear_available())
+
+
 def router_logits(x: torch.Tensor, gate_weight: torch.Tensor) -> torch.Tensor:
     """x @ gate_weight^T in x's dtype. A bf16 decode step's few rows go to small_linear (one read of the
     weight, float32 sums): F.linear sends a 1-row bf16 matmul through oneDNN, ~30 us alone and ~200 us a
     call inside a decode step on the AMX host (8 a step on bench-1b)."""
-    if (x.dtype == gate_weight.dtype == torch.bfloat16 and x.dim() == 2 and x.shape[0] <= dispatch.SMALL_LINEAR_ROWS
-            and x.device.type == "cpu" and gate_weight.is_contiguous() and not torch.is_grad_enabled()
-            and dispatch.small_linear_available()):
+    if few_bf16_rows(x, gate_weight):
         return dispatch.small_linear(x, gate_weight)
     return F.linear(x, gate_weight)
 
 
 def route(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, normalize: bool = True):
     """Softmax over all experts in float32, keep top-k, renormalise them to sum 1 (Mixtral, DBRX,
-    Qwen with norm_topk_prob) or not (OLMoE, Qwen without it)."""
+    Qwen with norm_topk_prob) or not (OLMoE, Qwen without it). A decode step's few bf16 rows: the same
+    steps in one op call (csrc/route.cpp)."""
+    if few_bf16_rows(x, gate_weight):
+        return dispatch.route_topk(x, gate_weight, top_k, normalize)
     probs = torch.softmax(router_logits(x, gate_weight).float(), dim=-1)
     weights, experts = torch.topk(probs, top_k, dim=-1)
     if normalize:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
-from cpu_kernels import decode_attention, paged_decode_attention, paged_prefill_attention
+from cpu_kernels import decode_attention, dispatch, paged_decode_attention, paged_prefill_attention
 from moelight.models.config import ModelConfig
 from moelight.runtime.host_memory import empty_huge
 from moelight.runtime.paged_layout import PagedLayout
@@ -52,7 +52,9 @@ class RaggedKVCache:
         return 2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * total_tokens * elem
 
     def write(self, layer: int, k: torch.Tensor, v: torch.Tensor, slots: torch.Tensor) -> None:
-        """Store k/v [T, H_kv, d] of T tokens at absolute cache slots [T]."""
+        """Store k/v [T, H_kv, d] of T tokens at absolute cache slots [T] (on the CPU one call of cpu_kernels)."""
+        if dispatch.kv_write(self.k[layer], self.v[layer], k, v, slots):
+            return
         self.k[layer].index_copy_(1, slots, k.transpose(0, 1))
         self.v[layer].index_copy_(1, slots, v.transpose(0, 1))
 
