@@ -74,12 +74,14 @@ struct BlockFill {
 };
 
 // c[r][0, 32) for r < m rounded up to 16, a in tiles (experts.h, tiled_offset); fill: b's k-blocks
-// written during the first row pass (BlockFill).
+// written during the first row pass (BlockFill; Fill false: b is given, and the loop is the one
+// without a fill at all).
+template <bool Fill>
 void tile_gemm_core(const uint16_t* a, int64_t m, const uint16_t* b, int64_t k, const uint8_t* next,
                     int64_t next_bytes, float* c, int64_t ldc, BlockFill fill) {
   const int64_t kb = k / 32, sc = ldc * 4, rows = (m + 15) / 16 * 16;
   NextStrip ahead(next, next_bytes, (rows + 31) / 32 * kb);
-  fill.block(0, kb);
+  if (Fill) fill.block(0, kb);
   int64_t r = 0;
   for (; r + 32 <= rows; r += 32) {
     const uint16_t* a0 = a + r * k;
@@ -90,7 +92,7 @@ void tile_gemm_core(const uint16_t* a, int64_t m, const uint16_t* b, int64_t k, 
     _tile_zero(3);
     for (int64_t i = 0; i < kb; ++i) {
       ahead.step();
-      if (r == 0) fill.block(i + 1, kb);
+      if (Fill && r == 0) fill.block(i + 1, kb);
       _tile_loadd(4, a0 + i * 512, 64);
       _tile_loadd(6, b + i * 1024, 128);
       _tile_loadd(7, b + i * 1024 + 32, 128);
@@ -112,7 +114,7 @@ void tile_gemm_core(const uint16_t* a, int64_t m, const uint16_t* b, int64_t k, 
     _tile_zero(1);
     for (int64_t i = 0; i < kb; ++i) {
       ahead.step();
-      if (r == 0) fill.block(i + 1, kb);
+      if (Fill && r == 0) fill.block(i + 1, kb);
       _tile_loadd(4, a0 + i * 512, 64);
       _tile_loadd(6, b + i * 1024, 128);
       _tile_loadd(7, b + i * 1024 + 32, 128);
@@ -126,12 +128,12 @@ void tile_gemm_core(const uint16_t* a, int64_t m, const uint16_t* b, int64_t k, 
 
 void tile_gemm(const uint16_t* a, int64_t m, const uint16_t* b, int64_t k, const uint8_t* next, int64_t next_bytes,
                float* c, int64_t ldc) {
-  tile_gemm_core(a, m, b, k, next, next_bytes, c, ldc, BlockFill{nullptr, nullptr, nullptr});
+  tile_gemm_core<false>(a, m, b, k, next, next_bytes, c, ldc, BlockFill{nullptr, nullptr, nullptr});
 }
 
 void tile_qgemm(const uint16_t* a, int64_t m, const moelight::Strip& st, uint16_t* scratch, const uint8_t* next,
                 int64_t next_bytes, float* c, int64_t ldc) {
-  tile_gemm_core(a, m, scratch, st.k, next, next_bytes, c, ldc,
+  tile_gemm_core<true>(a, m, scratch, st.k, next, next_bytes, c, ldc,
                  BlockFill{&st, scratch, moelight::avx512bf16_expert_isa()->dequant_rows});
 }
 
