@@ -59,11 +59,29 @@ struct NextStrip {
   }
 };
 
-// c[r][0, 32) for r < m rounded up to 16, a in tiles (experts.h, tiled_offset).
-void tile_gemm(const uint16_t* a, int64_t m, const uint16_t* b, int64_t k, const uint8_t* next, int64_t next_bytes,
-               float* c, int64_t ldc) {
+// Dequantises a quantized strip into the bf16 scratch the tile loads read, one k-block (16 pair
+// rows, 2 KB) ahead of them during the first row pass: the AVX-512 dequantisation then runs between
+// the tile products instead of in a pass of its own before them, and each block is still in L1
+// when its tiles load it. For bf16 strips (st nullptr) it does nothing.
+struct BlockFill {
+  const moelight::Strip* st;
+  uint16_t* out;
+  void (*rows)(const moelight::Strip&, int64_t, int64_t, uint16_t*);
+
+  void block(int64_t i, int64_t kb) const {
+    if (st && i < kb) rows(*st, 16 * i, 16 * (i + 1), out);
+  }
+};
+
+// c[r][0, 32) for r < m rounded up to 16, a in tiles (experts.h, tiled_offset); fill: b's k-blocks
+// written during the first row pass (BlockFill; Fill false: b is given, and the loop is the one
+// without a fill at all).
+template <bool Fill>
+void tile_gemm_core(const uint16_t* a, int64_t m, const uint16_t* b, int64_t k, const uint8_t* next,
+                    int64_t next_bytes, float* c, int64_t ldc, BlockFill fill) {
   const int64_t kb = k / 32, sc = ldc * 4, rows = (m + 15) / 16 * 16;
   NextStrip ahead(next, next_bytes, (rows + 31) / 32 * kb);
+  if (Fill) fill.block(0, kb);
   int64_t r = 0;
   for (; r + 32 <= rows; r += 32) {
     const uint16_t* a0 = a + r * k;
@@ -74,6 +92,7 @@ void tile_gemm(const uint16_t* a, int64_t m, const uint16_t* b, int64_t k, const
     _tile_zero(3);
     for (int64_t i = 0; i < kb; ++i) {
       ahead.step();
+      if (Fill && r == 0) fill.block(i + 1, kb);
       _tile_loadd(4, a0 + i * 512, 64);
       _tile_loadd(6, b + i * 1024, 128);
       _tile_loadd(7, b + i * 1024 + 32, 128);
@@ -95,6 +114,7 @@ void tile_gemm(const uint16_t* a, int64_t m, const uint16_t* b, int64_t k, const
     _tile_zero(1);
     for (int64_t i = 0; i < kb; ++i) {
       ahead.step();
+      if (Fill && r == 0) fill.block(i + 1, kb);
       _tile_loadd(4, a0 + i * 512, 64);
       _tile_loadd(6, b + i * 1024, 128);
       _tile_loadd(7, b + i * 1024 + 32, 128);
@@ -104,6 +124,17 @@ void tile_gemm(const uint16_t* a, int64_t m, const uint16_t* b, int64_t k, const
     _tile_stored(0, c + r * ldc, sc);
     _tile_stored(1, c + r * ldc + 16, sc);
   }
+}
+
+void tile_gemm(const uint16_t* a, int64_t m, const uint16_t* b, int64_t k, const uint8_t* next, int64_t next_bytes,
+               float* c, int64_t ldc) {
+  tile_gemm_core<false>(a, m, b, k, next, next_bytes, c, ldc, BlockFill{nullptr, nullptr, nullptr});
+}
+
+void tile_qgemm(const uint16_t* a, int64_t m, const moelight::Strip& st, uint16_t* scratch, const uint8_t* next,
+                int64_t next_bytes, float* c, int64_t ldc) {
+  tile_gemm_core<true>(a, m, scratch, st.k, next, next_bytes, c, ldc,
+                 BlockFill{&st, scratch, moelight::avx512bf16_expert_isa()->dequant_rows});
 }
 
 }  // namespace
@@ -122,6 +153,7 @@ const moelight::ExpertIsa* moelight::amx_expert_isa() {
   static const ExpertIsa isa = [] {
     ExpertIsa t = *avx512bf16_expert_isa();
     t.tile_gemm = tile_gemm;  // in place of its gemm and qgemm
+    t.tile_qgemm = tile_qgemm;  // in place of dequant + tile_gemm
     t.begin = begin;
     t.end = end;
     t.row_step = 16;  // whole tiles

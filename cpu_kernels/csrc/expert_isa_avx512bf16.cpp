@@ -96,17 +96,21 @@ inline void decode_row(const Strip& st, int64_t r, __m512 lut, __m512 v[4]) {
 
 inline __m512 lut_of(const Strip& st) { return _mm512_loadu_ps(st.fmt == WFormat::FP4 ? kE2M1 : kU4); }
 
-void dequant(const Strip& st, uint16_t* out) {
-  const int64_t rows = st.k / 2, rows_per_group = st.group / 2;
+// Pair rows [r0, r1) of the strip into out + r * 64 (the AMX tile GEMM dequantises a k-block of
+// 16 rows at a time, between its tile products).
+void dequant_rows(const Strip& st, int64_t r0, int64_t r1, uint16_t* out) {
+  const int64_t rows_per_group = st.group / 2;
   const __m512 lut = lut_of(st);
   GroupScales gs;
-  for (int64_t r = 0; r < rows; ++r) {
-    if (r % rows_per_group == 0) load_group(st, r / rows_per_group, gs);
+  for (int64_t r = r0; r < r1; ++r) {
+    if (r == r0 || r % rows_per_group == 0) load_group(st, r / rows_per_group, gs);
     __m512 v[4];
     decode_row(st, r, lut, v);
     store_row(v, gs, out + r * 64);
   }
 }
+
+void dequant(const Strip& st, uint16_t* out) { dequant_rows(st, 0, st.k / 2, out); }
 
 template <int R>
 inline void gemm_rows(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t k, float* c, int64_t ldc) {
@@ -212,6 +216,7 @@ void act(const float* c, int64_t ldc, int64_t m, const float* bias, moelight::Ac
 // qgemm for up to 2 rows per expert; VNNI's integer products where the CPU has them.
 moelight::ExpertIsa make_isa() {
   moelight::ExpertIsa t{dequant, gemm, act, qgemm, 2, nullptr, 0, 0, nullptr, nullptr, 1};
+  t.dequant_rows = dequant_rows;
   moelight::with_vnni_products(t);
   return t;
 }

@@ -130,6 +130,8 @@ void strip_gemm(const ExpertIsa* isa, const Rows& a, int64_t m, const Strip& st,
   if (st.fmt != WFormat::BF16) {
     if (qa && int_rows(isa, st.fmt, m)) return isa->iqgemm(*qa, m, st, c, kStrip);
     if (!a.tiles && isa->qgemm && m <= isa->qgemm_rows) return isa->qgemm(a.p, a.k, m, st, c, kStrip);
+    if (a.tiles && isa->tile_qgemm)
+      return isa->tile_qgemm(a.p, m, st, scratch, next, strip_bytes(st.fmt, st.k), c, kStrip);
     isa->dequant(st, scratch);
     b = scratch;
   }

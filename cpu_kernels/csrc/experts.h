@@ -75,6 +75,12 @@ struct ExpertIsa {
   // ahead while this one runs.
   void (*tile_gemm)(const uint16_t* a, int64_t m, const uint16_t* b, int64_t k, const uint8_t* next, int64_t next_bytes,
                     float* c, int64_t ldc);
+  // Optional: dequant's pair rows [r0, r1) only, into out + r * 64.
+  void (*dequant_rows)(const Strip& s, int64_t r0, int64_t r1, uint16_t* out) = nullptr;
+  // Optional (AMX): tile_gemm on a quantized strip, dequantised into scratch (as dequant would) a
+  // k-block at a time between the tile products, in place of dequant then tile_gemm.
+  void (*tile_qgemm)(const uint16_t* a, int64_t m, const Strip& b, uint16_t* scratch, const uint8_t* next,
+                     int64_t next_bytes, float* c, int64_t ldc) = nullptr;
 };
 
 // tile_gemm's A layout, rows of K values in groups of 16: group g's k-block b (16 rows x 32 k, an
