@@ -1,5 +1,6 @@
 """Plain bf16 copies of the packed linears only for small-batch jobs (cpu_linear.keeps_plain_weights): a
-large batch's job does not pay their memory, and the check before loading counts what the load keeps."""
+large batch's job does not pay their memory, and the check before loading counts what the load keeps (a job's
+batch reaching the loader: tests/test_weight_pages_policy.py)."""
 
 from __future__ import annotations
 
@@ -9,12 +10,10 @@ import pytest
 import torch
 
 from cpu_kernels import dispatch
-from moelight.engine import session
 from moelight.loading.presets import PRESETS
 from moelight.loading.weights import build_model
 from moelight.planning import memory_check
 from moelight.runtime import cpu_linear
-from tests.test_run_policy import _hardware, _run
 
 PLAIN = cpu_linear.extra_linear_bytes(torch.bfloat16) > cpu_linear.extra_linear_bytes(torch.bfloat16, plain=False)
 
@@ -43,12 +42,3 @@ def test_pack_model_without_them_gives_the_same_outputs():
     x = torch.randn(1, cfg.hidden_size).to(torch.bfloat16)  # one row: small_linear against oneDNN's packed
     torch.testing.assert_close(kept.lm_head(x).float(), dropped.lm_head(x).float(), rtol=1e-2, atol=1e-2)
 
-
-@pytest.mark.parametrize(("batch", "plain"), [(1, True), (40, False)])
-def test_a_job_loads_them_by_its_batch(tmp_path, monkeypatch, batch, plain):
-    seen = []
-    real = session.pack_model
-    monkeypatch.setattr(session, "pack_model", lambda *a, **k: seen.append(k.get("plain_weights")) or real(*a, **k))
-    r, rep, _ = _run(tmp_path, "--hardware", _hardware(tmp_path), "--batch-size", str(batch), n=batch)
-    assert r.exit_code == 0, r.output
-    assert rep["batch_size"] == batch and seen == [plain]

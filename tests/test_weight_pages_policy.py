@@ -48,9 +48,15 @@ def test_pack_model_places_streamed_weights_by_the_flag(huge):
 
 @pytest.mark.parametrize(("batch", "huge"), [(1, True), (40, False)])  # tiny: 4 experts, top 2
 def test_a_job_loads_for_its_batch(tmp_path, monkeypatch, batch, huge):
+    """Its huge pages (weights_on_huge_pages) and its plain bf16 copies (keeps_plain_weights: batch <= 4)."""
     seen = []
     real = session.pack_model
-    monkeypatch.setattr(session, "pack_model", lambda *a, **k: seen.append(k.get("huge_pages")) or real(*a, **k))
+
+    def spy(*a, **k):
+        seen.append((k.get("huge_pages"), k.get("plain_weights")))
+        return real(*a, **k)
+
+    monkeypatch.setattr(session, "pack_model", spy)
     r, rep, _ = _run(tmp_path, "--hardware", _hardware(tmp_path), "--batch-size", str(batch), n=batch)
     assert r.exit_code == 0, r.output
-    assert rep["batch_size"] == batch and seen == [huge]
+    assert rep["batch_size"] == batch and seen == [(huge, batch == 1)]
