@@ -75,6 +75,20 @@ struct Item {
   int64_t b, row, n, part;  // sequence, first cache row, keys, partial index (-1: whole sequence)
 };
 
+// the call's fixed arguments for item `c` of queries `q` over the rows at `cache` (the modes set the rest)
+LatentArgs item_args(const uint16_t* q, const uint16_t* cache, const Item& c, float* scratch) {
+  LatentArgs a{};
+  a.q = q + c.b * kHeads * kDk;
+  a.q_dtype = KvDtype::BF16;
+  a.rows = cache + c.row * kDk;
+  a.n_keys = c.n;
+  a.heads = kHeads;
+  a.scale = 0.07f;
+  a.bf16_p = true;
+  a.scratch = scratch;
+  return a;
+}
+
 __attribute__((target("avx512f"))) uint64_t read_in_order(const char* p, int64_t bytes) {
   __m512i acc = _mm512_setzero_si512();
   for (int64_t i = 0; i < bytes; i += 64) acc = _mm512_xor_si512(acc, _mm512_loadu_si512(p + i));
@@ -172,16 +186,8 @@ int main(int argc, char** argv) {
           s += tm ? read_in_order(rows, item_bytes(c)) : read_in_tile_order(rows, c.n);
         } else {
           const Item& src = mode == "hot" || mode == "hotpf" ? items[tid] : c;
-          LatentArgs a{};
-          a.q = q + src.b * kHeads * kDk;
-          a.q_dtype = KvDtype::BF16;
-          a.rows = cache + src.row * kDk;
-          a.n_keys = src.n;
-          a.heads = kHeads;
-          a.scale = 0.07f;
-          a.bf16_p = true;
+          LatentArgs a = item_args(q, cache, src, scratch[tid].data());
           a.tile_major = tm;
-          a.scratch = scratch[tid].data();
           if (c.part < 0) {
             a.out = out + c.b * kHeads * kDv;
             a.out_dtype = KvDtype::BF16;
@@ -243,15 +249,7 @@ int main(int argc, char** argv) {
         }
       }
       for (int f = 0; f < 2; ++f) {
-        LatentArgs a{};
-        a.q = q + c.b * kHeads * kDk;
-        a.q_dtype = KvDtype::BF16;
-        a.rows = cache + c.row * kDk;
-        a.n_keys = c.n;
-        a.heads = kHeads;
-        a.scale = 0.07f;
-        a.bf16_p = true;
-        a.scratch = scratch[0].data();
+        LatentArgs a = item_args(q, cache, c, scratch[0].data());
         a.out = c.part < 0 ? static_cast<void*>(out + c.b * kHeads * kDv) : pacc + c.part * kHeads * kDv;
         a.out_dtype = c.part < 0 ? KvDtype::BF16 : KvDtype::F32;
         if (c.part >= 0) {
@@ -286,16 +284,8 @@ int main(int argc, char** argv) {
       for (int i = 0; i < n_items; ++i) {
         Item c = items[i];  // its first row at this layout's region offsets
         c.row = c.b * (l ? tm_cap : rm_cap) + (c.row - c.b * cap);
-        LatentArgs a{};
-        a.q = q + c.b * kHeads * kDk;
-        a.q_dtype = KvDtype::BF16;
-        a.rows = (l ? tm_cache : rm_cache) + c.row * kDk;
-        a.n_keys = c.n;
-        a.heads = kHeads;
-        a.scale = 0.07f;
-        a.bf16_p = true;
+        LatentArgs a = item_args(q, l ? tm_cache : rm_cache, c, scratch[0].data());
         a.tile_major = l == 1;
-        a.scratch = scratch[0].data();
         a.out = c.part < 0 ? static_cast<void*>(out + c.b * kHeads * kDv) : pacc + c.part * kHeads * kDv;
         a.out_dtype = c.part < 0 ? KvDtype::BF16 : KvDtype::F32;
         if (c.part >= 0) {

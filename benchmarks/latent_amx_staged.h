@@ -172,6 +172,25 @@ struct StageBuffers {
   }
 };
 
+// zero the staged rows from key n to the end of its last block (the tiles read whole blocks)
+template <int DK>
+inline void zero_stage_tail(uint16_t* rows, int64_t n, int nb, bool tm) {
+  for (int64_t t = n; t < static_cast<int64_t>(nb) * kBlock; ++t)
+    for (int j = 0; j < DK / 32; ++j) _mm512_store_si512(rows + stage_offset<DK>(t, j, tm), _mm512_setzero_si512());
+}
+
+// the two-pass kernel over nb staged blocks, in the buffer's layout, beside `next`'s copy
+template <int DK, int DV, class Next>
+inline void attend_staged_blocks(const moelight::LatentArgs& a, const uint16_t* rows, int nb, bool tm, Next& next) {
+  const uint16_t* blk[moelight::kAmxMaxKeys / kBlock];
+  for (int i = 0; i < nb; ++i) blk[i] = rows + static_cast<int64_t>(i) * kBlock * DK;
+  if (tm) {
+    latent_attend_amx_blocks<DK, DV, true>(a, blk, next);
+  } else {
+    latent_attend_amx_blocks<DK, DV, false>(a, blk, next);
+  }
+}
+
 template <int DK, int DV>
 void latent_attend_amx_staged(const moelight::LatentArgs& a) {
   const StageKnobs& k = stage_knobs();
@@ -185,16 +204,9 @@ void latent_attend_amx_staged(const moelight::LatentArgs& a) {
   if (k.block_ahead) {
     uint16_t* rows = sb.buf[0];
     sb.src[0] = sb.src[1] = nullptr;
-    for (int64_t t = n; t < static_cast<int64_t>(nb) * kBlock; ++t)
-      for (int j = 0; j < DK / 32; ++j) _mm512_store_si512(rows + stage_offset<DK>(t, j, k.tile_major), _mm512_setzero_si512());
+    zero_stage_tail<DK>(rows, n, nb, k.tile_major);
     BlockAheadCopy<DK> next(a, two_pass_fetches<DK, DV>(a.heads, nb), rows, k.tile_major, k.block_ahead_pf);
-    const uint16_t* blk[moelight::kAmxMaxKeys / kBlock];
-    for (int i = 0; i < nb; ++i) blk[i] = rows + static_cast<int64_t>(i) * kBlock * DK;
-    if (k.tile_major) {
-      latent_attend_amx_blocks<DK, DV, true>(a, blk, next);
-    } else {
-      latent_attend_amx_blocks<DK, DV, false>(a, blk, next);
-    }
+    attend_staged_blocks<DK, DV>(a, rows, nb, k.tile_major, next);
     return;
   }
   int cur = 0;
@@ -208,8 +220,7 @@ void latent_attend_amx_staged(const moelight::LatentArgs& a) {
       _mm512_store_si512(rows + stage_offset<DK>(i / (DK / 32), i % (DK / 32), k.tile_major), v);
     }
   }
-  for (int64_t t = n; t < static_cast<int64_t>(nb) * kBlock; ++t)  // zero rows past the end
-    for (int j = 0; j < DK / 32; ++j) _mm512_store_si512(rows + stage_offset<DK>(t, j, k.tile_major), _mm512_setzero_si512());
+  zero_stage_tail<DK>(rows, n, nb, k.tile_major);
   sb.src[cur] = nullptr;  // consumed: a later call re-stages
   const int other = 1 - cur;
   const bool has_rows = a.n_next > 0 && a.next[a.n_next - 1].bytes % (DK * 2) == 0;
@@ -219,12 +230,6 @@ void latent_attend_amx_staged(const moelight::LatentArgs& a) {
   moelight::LatentArgs b = a;
   if (!has_rows) b.n_next = 0;
   StageCopy<DK> next(b, two_pass_fetches<DK, DV>(a.heads, nb), sb.buf[other], k);
-  const uint16_t* blk[moelight::kAmxMaxKeys / kBlock];
-  for (int i = 0; i < nb; ++i) blk[i] = rows + static_cast<int64_t>(i) * kBlock * DK;
-  if (k.tile_major) {
-    latent_attend_amx_blocks<DK, DV, true>(a, blk, next);
-  } else {
-    latent_attend_amx_blocks<DK, DV, false>(a, blk, next);
-  }
+  attend_staged_blocks<DK, DV>(a, rows, nb, k.tile_major, next);
   next.finish();
 }
