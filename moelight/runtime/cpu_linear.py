@@ -17,7 +17,7 @@ from cpu_kernels.expert_pack import torch_alloc
 from moelight.models.causal_lm import MoECausalLM
 from moelight.runtime.fused_experts import expert_alloc, fused_enabled, pack_moe
 from moelight.runtime.fused_qkv import fuse_qkv
-from moelight.runtime.host_memory import huge_copy
+from moelight.runtime.host_memory import huge_copy, release_free_heap
 
 _PACK_HINT = 64  # expected rows per matmul; oneDNN picks the blocking from it
 
@@ -173,6 +173,9 @@ def pack_model(model: MoECausalLM, quantize: str = "none", group: int = 128, fus
         return False
     for parent, name, child in list(packed_linears(model)):
         setattr(parent, name, PackedLinear(child, upcast, huge_pages, consume=True, plain=plain_weights))
+        # the list holds the replaced layer: drop its weight now, not after the loop (all of them at once)
+        child.weight.data = torch.empty(0, dtype=child.weight.dtype)
+        release_free_heap()  # and the heap hole it leaves, which glibc would keep resident (host_memory)
     for layer in model.layers:
         fuse_qkv(layer.self_attn, huge_pages)
         moe = layer.mlp
@@ -185,6 +188,7 @@ def pack_model(model: MoECausalLM, quantize: str = "none", group: int = 128, fus
             del moe.gate_up_proj, moe.down_proj
             moe.gate_up_proj, moe.down_proj = gate_up, down
             moe.linear = upcast_packed_linear if upcast else packed_linear
+        release_free_heap()
     return True
 
 

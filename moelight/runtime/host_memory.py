@@ -11,6 +11,7 @@ Elsewhere (no THP, not Linux, small tensors) this is plain `torch.empty`.
 
 from __future__ import annotations
 
+import ctypes
 import math
 import mmap
 
@@ -57,3 +58,23 @@ def huge_copy(t: torch.Tensor | None, *, min_bytes: int = HUGE_PAGE) -> torch.Te
     out = empty_huge(tuple(t.shape), t.dtype, min_bytes=min_bytes)
     out.copy_(t)
     return out
+
+
+def release_free_heap() -> bool:
+    """Hand the pages glibc's allocator holds free back to the OS (malloc_trim(0)); False where there is no
+    glibc. Why: a weight of a few to 32 MiB freed while packing (the loader's bf16 copy once packed) is a hole in
+    the heap that glibc keeps resident, and packing frees one per matmul: Qwen3-30B-A3B's 48 layers left ~3.4
+    GiB of them, more than the run's activations ever reuse (benchmarks/results/memory_check.md)."""
+    global _trim
+    if _trim is None:
+        try:
+            _trim = ctypes.CDLL("libc.so.6").malloc_trim
+        except (OSError, AttributeError):
+            _trim = False
+    if not _trim:
+        return False
+    _trim(0)
+    return True
+
+
+_trim = None  # glibc's malloc_trim, looked up once (False where there is none)
