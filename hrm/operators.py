@@ -212,6 +212,17 @@ def expert_activation_bytes_per_token(m: ModelSpec, b: float) -> float:
     return max(gemm, k * h * (4 * b + 4))
 
 
+# host bytes a sampled row's logits hold per vocabulary entry at once on the CPU engine: the LM head's output
+# in bf16 (2), its float32 copy (4), the sampler's float32 probabilities and their cumulative sums (8), and a
+# full sort of the row (float32 values, int64 indices: 12) where a nucleus reaches past the top candidates
+LOGIT_ENTRY_BYTES = 26
+
+
+def sampled_logits_bytes(m: ModelSpec, rows):
+    """The logits of `rows` sequences sampled at once on the host, with the sampler's working copies."""
+    return np.asarray(rows, float) * m.vocab_size * LOGIT_ENTRY_BYTES
+
+
 def pass_activation_bytes(m: ModelSpec, b: float, tokens):
     """A layer pass of `tokens` tokens: every token's own tensors, and the routed rows of at most one
     chunk of EXPERT_CHUNK_TOKENS tokens (the runtime runs a longer pass's experts chunk by chunk)."""

@@ -300,7 +300,9 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
         gpu_mem["kv_prefetch_buffers"] = _aff(2 * kv_mb_layer, 0.0, -2 * kv_mb_layer, shape)
     if not f_g:
         cpu_mem["non_expert_weights"] = _aff(non_exp, shape=shape)
-        cpu_mem["activations"] = _aff(act, shape=shape)
+        # all on the CPU: the batch's logits beside the sampler's working copies, as the memory check counts them
+        host_logits = ops.sampled_logits_bytes(m, big_n) if not a_g else mu * m.vocab_size * 4.0
+        cpu_mem["activations"] = _aff(act - mu * m.vocab_size * 4.0 + host_logits, shape=shape)
     cpu_mem["experts"] = _aff(w_e, -f_g * w_e, 0.0, shape)
     cpu_mem["kv_cache"] = _aff(kv_total, 0.0, -a_g * kv_total, shape)
     if f_g:

@@ -15,11 +15,13 @@ engine/tp_follower.py); front ends open a session with engine/session_start.py.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
+from cpu_kernels.dispatch import SMALL_LINEAR_ROWS
 from moelight.engine import executor_factory
 from moelight.engine.generation import Engine
 from moelight.engine.options import EngineOptions, OptionError
@@ -140,12 +142,23 @@ class EngineSession:
         kv_tokens = largest_batch_tokens(prompts, params, plan.batch_size, turn)
         try:
             check_fits(self.config, self.source.dtype, kv_tokens, available=available, ranks=self.ranks,
-                       on_cpu=on_cpu, hint=self._batch_hint(plan), plain_weights=self._plain_for(plan.batch_size))
+                       on_cpu=on_cpu, hint=self._batch_hint(plan), plain_weights=self._plain_for(plan.batch_size),
+                       **self._pass_sizes(prompts, plan.batch_size))
         except OutOfMemoryPlan:
             if self.opts.batch_size or plan.info["source"] != "auto":
                 raise
             plan = self._capped(plan, prompts, params, turn, solved, available, held)
         return plan
+
+    def _pass_sizes(self, prompts: list[list[int]], batch: int) -> dict:
+        """check_fits's `batch` and `prefill_tokens`: the batch's sequences, and the prompt tokens of its largest
+        prefill pass as the planner counts them (hrm WorkloadSpec.prefill_pass_tokens: a batch of mixed lengths
+        holds about the mean each plus one longest prompt, at most --max-prefill-tokens or one longest)."""
+        batch = min(batch, len(prompts))
+        peak = max((len(p) for p in prompts), default=0)
+        mean = sum(len(p) for p in prompts) / max(1, len(prompts))
+        tokens = min(batch * peak, batch * mean + peak, max(self.opts.max_prefill_tokens, peak))
+        return {"batch": batch, "prefill_tokens": math.ceil(tokens)}
 
     def _batch_hint(self, plan: JobPlan) -> str:
         """What to lower when the batch's KV cache does not fit: the option or file that set its size."""
@@ -162,7 +175,8 @@ class EngineSession:
 
         def check(batch: int) -> None:
             check_fits(self.config, self.source.dtype, largest_batch_tokens(prompts, params, batch, turn),
-                       available=available, ranks=self.ranks, on_cpu=on_cpu, plain_weights=self._plain_for(batch))
+                       available=available, ranks=self.ranks, on_cpu=on_cpu, plain_weights=self._plain_for(batch),
+                       **self._pass_sizes(prompts, batch))
 
         def fits(batch: int) -> bool:
             try:
@@ -171,9 +185,13 @@ class EngineSession:
                 return False
             return True
 
-        batch = largest_size(fits, plan.batch_size - 1)
-        if not batch:  # not even one sequence beside the weights: the check says why
-            check(1)
+        # a batch of up to SMALL_LINEAR_ROWS keeps plain bf16 copies (keeps_plain_weights), so memory grows with
+        # the batch on each side of that size but not across it: the larger batches are searched first
+        high, small = plan.batch_size - 1, SMALL_LINEAR_ROWS
+        above = largest_size(lambda b: fits(small + b), high - small) if high > small else 0
+        batch = small + above if above else largest_size(fits, min(high, small))
+        if not batch:  # not even one sequence beside the weights: the check says why (for the lighter weights)
+            check(min(high, small + 1))
         if self.log:
             self.log(f"the automatic batch of {plan.batch_size} does not fit the host memory available now "
                      f"({size_text(available)}) by the check before loading: capped at {batch}")

@@ -10,7 +10,7 @@ import torch
 
 from moelight.errors import MoelightError
 from moelight.models.config import ModelConfig
-from moelight.runtime.cpu_linear import extra_linear_bytes, packed_linears
+from moelight.runtime.cpu_linear import extra_linear_bytes, packed_linears, packing_supported, upcast_bf16_linears
 
 HEADROOM = 0.9  # leave 10% of available memory for activations, allocator slack and the OS
 # what a process grows by between its first plan and its peak beyond the HRM's terms (weights, KV cache,
@@ -66,6 +66,48 @@ def parameter_count(cfg: ModelConfig) -> int:
                if not (cfg.tie_word_embeddings and name == "lm_head.weight"))
 
 
+def load_transient_bytes(cfg: ModelConfig, dtype: torch.dtype, on_cpu: bool = False) -> int:
+    """The load's peak above the loaded weights: the CPU engine packs one weight at a time with the old and
+    the new copy alive together (runtime/cpu_linear.pack_model), so its largest packed matmul (Qwen3-30B-A3B's
+    LM head, 0.58 GiB in bf16) or one MoE layer's routed experts (new packed arrays beside the loaded ones),
+    whichever is larger. An upcast layer first makes a float32 copy, then packs it in float32. 0 off the CPU."""
+    if not on_cpu:
+        return 0
+    upcast = dtype == torch.bfloat16 and upcast_bf16_linears()
+    per_param = 8 if upcast else dtype_bytes(dtype) if packing_supported(dtype) else 0
+    return max(largest_packed_linear(cfg) * per_param, layer_expert_bytes(cfg, dtype))
+
+
+def run_activation_bytes(cfg: ModelConfig, dtype: torch.dtype, batch: int, prefill_tokens: int) -> int:
+    """The largest pass's live tensors beyond the weights and the KV cache on the CPU engine: a prefill chunk
+    of `prefill_tokens` tokens as the HRM counts a layer pass (hrm/operators.pass_activation_bytes: the
+    tokens' own tensors and their routed rows; a decode step of `batch` rows is no larger), and the logits
+    of `batch` sequences sampled at once (hrm/operators.sampled_logits_bytes); the planner's CPU-only policies
+    count the same (optimizer/cost_model.py)."""
+    from hrm.operators import pass_activation_bytes, sampled_logits_bytes
+    from moelight.planning.held_model import held_model_spec
+
+    m = held_model_spec(cfg)
+    passes = pass_activation_bytes(m, dtype_bytes(dtype), max(prefill_tokens, batch))
+    return int(passes + sampled_logits_bytes(m, batch))
+
+
+def layer_expert_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """One sparse layer's routed experts as the run holds them (quantized, or in `dtype`)."""
+    e, h, f, form = cfg.num_experts, cfg.hidden_size, cfg.intermediate_size, cfg.expert_format
+    if not any(cfg.is_sparse(i) for i in range(cfg.num_layers)):
+        return 0
+    if form is None or dtype != torch.bfloat16:
+        return e * 3 * h * f * dtype_bytes(dtype)
+    return e * (form.matrix_bytes(2 * f, h) + form.matrix_bytes(h, f))
+
+
+@functools.lru_cache(maxsize=32)
+def largest_packed_linear(cfg: ModelConfig) -> int:
+    """Parameters of the largest weight the CPU engine packs (runtime/cpu_linear.packed_linears)."""
+    return max((lin.weight.numel() for _, _, lin in packed_linears(_meta_model(cfg))), default=0)
+
+
 def kv_bytes(cfg: ModelConfig, tokens: int, dtype: torch.dtype, ranks: int = 1) -> int:
     """The host KV cache of `tokens` token slots. Tensor-parallel ranks split GQA's KV heads (the cache
     once in all), and each keep a whole copy of MLA's latent (moelight/parallel/__init__.py)."""
@@ -118,22 +160,33 @@ def process_bytes() -> int:
 
 def check_fits(cfg: ModelConfig, dtype: torch.dtype, batch_kv_tokens: int, available: int | None = None,
                ranks: int = 1, on_cpu: bool = False, hint: str = "use a smaller --batch-size",
-               plain_weights: bool = True) -> dict:
-    """Raise OutOfMemoryPlan naming the shortfall if weights + one batch's KV cache do not fit; `hint`: what
-    to do when the weights fit (the batch's source: an option the user set names itself); `plain_weights`:
-    as weight_bytes."""
+               plain_weights: bool = True, batch: int = 0, prefill_tokens: int = 0) -> dict:
+    """Raise OutOfMemoryPlan naming the shortfall if the job's peak does not fit: the weights, and on the CPU
+    engine the larger of the load's transient (load_transient_bytes) and what the run adds, one batch's KV
+    cache and its largest pass's activations (`batch` sequences, prefill chunks of `prefill_tokens`:
+    run_activation_bytes); elsewhere weights + KV cache. `hint`: what to do when the weights fit (the batch's
+    source: an option the user set names itself); `plain_weights`: as weight_bytes."""
     available = available_bytes() if available is None else available
     need_w = weight_bytes(cfg, dtype, on_cpu, plain_weights)
     need_kv = kv_bytes(cfg, batch_kv_tokens, dtype, ranks)
+    need_act = run_activation_bytes(cfg, dtype, batch, prefill_tokens) if on_cpu and (batch or prefill_tokens) else 0
+    need_load = load_transient_bytes(cfg, dtype, on_cpu)
+    need = need_w + max(need_load, need_kv + need_act)
     budget = int(HEADROOM * available)
-    if need_w + need_kv > budget:
+    if need > budget:
         gib = 2**30
-        if need_w >= budget:
+        if need_w + need_load >= budget:
             hint = "use a machine with more memory, a smaller model or a lower-precision --dtype"
+        terms = (f"weights {need_w / gib:.2f} GiB + KV cache {need_kv / gib:.2f} GiB "
+                 f"(batch of {batch_kv_tokens} token slots)")
+        if need_act:
+            terms += f" + activations {need_act / gib:.2f} GiB"
+        if need_load > need_kv + need_act:
+            terms = f"weights {need_w / gib:.2f} GiB + packing's transient {need_load / gib:.2f} GiB"
         raise OutOfMemoryPlan(
-            f"does not fit in CPU memory: weights {need_w / gib:.2f} GiB + KV cache {need_kv / gib:.2f} GiB "
-            f"(batch of {batch_kv_tokens} token slots) > {budget / gib:.2f} GiB usable "
+            f"does not fit in CPU memory: {terms} > {budget / gib:.2f} GiB usable "
             f"({HEADROOM:.0%} of {available / gib:.2f} GiB available), short by "
-            f"{(need_w + need_kv - budget) / gib:.2f} GiB; {hint}"
+            f"{(need - budget) / gib:.2f} GiB; {hint}"
         )
-    return {"weights_bytes": need_w, "kv_cache_bytes": need_kv, "budget_bytes": budget}
+    return {"weights_bytes": need_w, "kv_cache_bytes": need_kv, "activation_bytes": need_act,
+            "load_transient_bytes": need_load, "peak_bytes": need, "budget_bytes": budget}

@@ -1,0 +1,55 @@
+"""Run in a fresh interpreter by tests/test_memory_estimate.py: resident-memory rises of a small Qwen3-MoE-shaped
+model's packing and of one generation on it, printed as JSON. Each phase's peak is its own: /proc/self/clear_refs
+"5" resets VmHWM to the current RSS before the phase."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import torch
+
+from moelight.engine.generation import Engine
+from moelight.loading.hf_config import config_from_hf_dict
+from moelight.loading.weights import build_model
+from moelight.runtime.cpu_linear import pack_model
+from moelight.sampling.params import SamplingParams
+
+# attention weights of 8 MiB each (the size glibc keeps in its heap once its mmap threshold has risen), few small
+# experts: packing's memory is the attention's and the LM head's
+SHAPE = {"model_type": "qwen3_moe", "vocab_size": 32000, "hidden_size": 2048, "intermediate_size": 4096,
+         "moe_intermediate_size": 128, "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 16,
+         "head_dim": 128, "num_experts": 16, "num_experts_per_tok": 4, "norm_topk_prob": True, "rope_theta": 1e6,
+         "max_position_embeddings": 4096, "bos_token_id": 1, "eos_token_id": 2}
+
+
+def _status(field: str) -> int:
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
+
+
+def _reset_peak() -> int:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return _status("VmRSS")
+
+
+def main() -> None:
+    batch, prompt_len = int(sys.argv[1]), int(sys.argv[2])
+    cfg = config_from_hf_dict(SHAPE)
+    model = build_model(cfg, torch.bfloat16, None, seed=0)
+    before = _reset_peak()
+    pack_model(model, huge_pages=False, plain_weights=False)
+    pack = {"peak": _status("VmHWM") - before, "after": _status("VmRSS") - before}
+    gen = torch.Generator().manual_seed(0)
+    prompts = [torch.randint(3, cfg.vocab_size, (prompt_len,), generator=gen).tolist() for _ in range(batch)]
+    params = [SamplingParams(max_tokens=2, temperature=1.0, top_p=0.9, ignore_eos=True)] * batch
+    engine = Engine(model, (cfg.eos_token_ids[0],), max_prefill_tokens=4096, prefix_sharing=False)
+    before = _reset_peak()
+    engine.generate(prompts, params, list(range(batch)), batch, batch)
+    run = {"peak": _status("VmHWM") - before}
+    print(json.dumps({"pack": pack, "run": run}))
+
+
+if __name__ == "__main__":
+    main()
