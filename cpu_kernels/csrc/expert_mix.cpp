@@ -22,7 +22,8 @@
 // (expert_by_expert.h; set_expert_schedule overrides the rule for tests and benchmarks).
 // Gate/up items are ordered by their expert's row count, largest first, and down items each
 // span all experts; threads take items dynamically (gate/up in short runs of one expert's
-// consecutive strips), so experts with uneven token counts keep every thread busy.
+// consecutive strips; RunQueue, so each strip knows the thread's next one), so experts with uneven
+// token counts keep every thread busy.
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -177,6 +178,8 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
   const int64_t run13 = std::max<int64_t>(1, std::min<int64_t>(8, static_cast<int64_t>(items13.size()) / (8 * nt)));
   // Down items: runs of consecutive strips, two per thread.
   const int64_t run2 = std::max<int64_t>(1, p2.strips / (2 * nt));
+  const int64_t n13 = static_cast<int64_t>(items13.size()), runs2 = (p2.strips + run2 - 1) / run2;
+  RunQueue queue13(n13, run13), queue2(runs2, 1);
   const bool tiles = isa->tile_gemm != nullptr;
   const auto block13 = [&](int64_t e) { return Rows{a13.get() + row0[e] * hp, hp, tiles}; };
   const auto block2 = [&](int64_t e) { return Rows{a2.get() + row0[e] * fp, fp, tiles}; };
@@ -214,14 +217,14 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
       }
     }
     if (isa->begin) isa->begin();
-#pragma omp for schedule(dynamic, run13)
-    for (size_t i = 0; i < items13.size(); ++i) {
+    queue13.each([&](int64_t i, int64_t after) {
       const int64_t e = items13[i].expert, j = items13[i].strip, m = rows_of(isa, p13.fmt, count[e]);
       const QuantRows qa = any13 ? q13.at(row0[e]) : QuantRows{};
-      const uint8_t* next = j + 1 < p13.strips ? p13.strip(e, j + 1).codes : nullptr;
+      const uint8_t* next = after < n13 ? p13.strip(items13[after].expert, items13[after].strip).codes : nullptr;
       strip_gemm(isa, block13(e), m, p13.strip(e, j), next, any13 ? &qa : nullptr, bscratch.get(), c.get());
       act_rows(isa, c.get(), m, b13 ? b13 + e * 2 * fp + j * 32 : nullptr, act, block2(e), j * 16);
-    }
+    });
+#pragma omp barrier
     if (any2) {
 #pragma omp for schedule(static)
       for (int64_t e = 0; e < E; ++e) {
@@ -229,9 +232,8 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
         for (int64_t r = 0; r < count[e]; ++r) q2.quantize(block2(e).get(r, row.get()), row0[e] + r);
       }
     }
-#pragma omp for schedule(dynamic, 1)
-    for (int64_t j0 = 0; j0 < p2.strips; j0 += run2) {  // a run of output strips: every expert, ascending
-      const int64_t j1 = std::min(p2.strips, j0 + run2);
+    queue2.each([&](int64_t run, int64_t after) {  // a run of output strips: every expert, ascending
+      const int64_t j0 = run * run2, j1 = std::min(p2.strips, j0 + run2);
       for (size_t u = 0; u < ascending.size(); ++u) {
         const int64_t e = ascending[u], m = rows_of(isa, p2.fmt, count[e]);
         if (u + 1 < ascending.size()) prefetch_head(p2.strip(ascending[u + 1], j0));
@@ -239,13 +241,15 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
         for (int64_t j = j0; j < j1; ++j) {
           const uint8_t* next = j + 1 < j1                   ? p2.strip(e, j + 1).codes
                                 : u + 1 < ascending.size() ? p2.strip(ascending[u + 1], j0).codes
+                                : after < runs2            ? p2.strip(ascending[0], after * run2).codes
                                                            : nullptr;
           strip_gemm(isa, block2(e), m, p2.strip(e, j), next, any2 ? &qa : nullptr, bscratch.get(), c.get());
           add_down(c.get(), count[e], sorted.data() + first[e], top, wp, b2 ? b2 + e * ldy + j * kStrip : nullptr,
                    y.data() + j * kStrip, ldy);
         }
       }
-    }
+    });
+#pragma omp barrier
     if (isa->end) isa->end();
     uint16_t* op = reinterpret_cast<uint16_t*>(out.data_ptr());
 #pragma omp for schedule(static)

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 
@@ -147,6 +148,29 @@ void act_rows(const ExpertIsa* isa, const float* c, int64_t m, const float* bias
   for (int64_t r = 0; r < m; r += 16)
     isa->act(c + r * kStrip, kStrip, std::min<int64_t>(16, m - r), bias, act, out.p + tiled_offset(r, col, out.k), 32);
 }
+
+// Runs of `run` consecutive items [0, n) handed out to threads as they ask, each thread claiming
+// its next run when it starts one: the last item of a run then knows the item its thread runs
+// after it, whose strip the tile GEMM reads ahead. (With omp's dynamic schedule it read strip j + 1
+// of the expert, at a run's end the other thread's strip: 1/8 of the weights read twice, and each
+// run then started on cold weights; bench-1b T = 256 bf16, results/expert_amx_bf16_t256.md.)
+struct RunQueue {
+  std::atomic<int64_t> taken{0};
+  int64_t n, run;
+
+  RunQueue(int64_t items, int64_t run_length) : n(items), run(run_length) {}
+  int64_t claim() { return taken.fetch_add(run, std::memory_order_relaxed); }
+
+  // f(item, after) for each item this thread claims, `after` the item it runs next (>= n: none).
+  template <class F>
+  void each(F f) {
+    for (int64_t cur = claim(), nxt; cur < n; cur = nxt) {
+      nxt = claim();
+      const int64_t end = std::min(n, cur + run);
+      for (int64_t i = cur; i < end; ++i) f(i, i + 1 < end ? i + 1 : nxt);
+    }
+  }
+};
 
 // Prefetch of a strip's first 4 KB of codes and of its scales and bias (up to 1 KB each), issued
 // while the strip before it runs: the down pass reads one short strip per expert (3.5 KB of int4 at
