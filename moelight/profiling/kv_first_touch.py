@@ -3,7 +3,7 @@
 The engine allocates a job's KV pool untouched and the kernel maps and zeroes each page when the first
 K/V row lands on it. Prefill's first pass writes pages spread over the whole pool (every sequence owns its
 own pages), so it pays for nearly all of it at once. In the README job on a 2-core AMX guest the prefill
-pass's KV writes took 219-284 ms (9 runs) for a 327 MB pool (~1.4 GB/s); with the pool touched beforehand
+pass's KV writes took 219-284 ms (10 runs) for a 327 MB pool (~1.4 GB/s); with the pool touched beforehand
 they took 2-30 ms. This probe, on ordinary 4 KiB pages, measured 4.2-5.9 GB/s there; on huge pages
 (host_memory.empty_huge, as the engine asks) 6-11 GB/s, while free huge pages were plentiful. The job's pool
 faults slower than either (not established why: a guess is the kernel compacting memory for huge pages
