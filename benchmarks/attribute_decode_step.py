@@ -21,18 +21,24 @@ import time
 
 
 def _wrap(owner, name: str, key, totals, active) -> None:
-    """Time owner.name into totals[key(args)] while active[0]."""
+    """Time owner.name into active[0][key(args)] (the decode totals, or the prefill ones) while active[0]."""
     fn = getattr(owner, name)
 
     def timed(*args, **kwargs):
-        if not active[0]:
+        if active[0] is None:
             return fn(*args, **kwargs)
         t0 = time.perf_counter()
         out = fn(*args, **kwargs)
-        totals[key(args, out) if callable(key) else key] += time.perf_counter() - t0
+        active[0][key(args, out) if callable(key) else key] += time.perf_counter() - t0
         return out
 
     setattr(owner, name, timed)
+
+
+POOL_BYTES: list[int] = []  # bytes of every KV pool the job allocated
+PREFILL_TOTALS: dict = collections.defaultdict(float)  # the same parts' seconds inside prefill passes
+PREFILL_PASSES: list[tuple[int, int, float]] = []  # (tokens, sequences, seconds) of every prefill pass
+ROWS_SEEN: list[list[int]] = []  # rows per expert of every fused-expert call inside decode steps
 
 
 def instrument(totals: dict, active: list) -> None:
@@ -57,31 +63,57 @@ def instrument(totals: dict, active: list) -> None:
     mix = fused_experts.FusedExperts.fused_mix
 
     def counted(self, x, weights, experts):  # rows per expert: the router's balance on these weights
-        if active[0]:
+        if active[0] is totals:
             import torch
 
             counts = torch.bincount(experts.reshape(-1), minlength=len(self)).tolist()
             totals["rows_max"] += max(counts)
             totals["rows_min"] += min(counts)
             totals["expert_calls"] += 1
+            ROWS_SEEN.append(counts)
         return mix(self, x, weights, experts)
 
     fused_experts.FusedExperts.fused_mix = counted
     _wrap(causal_lm.MoECausalLM, "logits", "logits_total", totals, active)
     _wrap(sampler.Sampler, "__call__", "sampling", totals, active)
     _wrap(plain_executor.PlainExecutor, "decode", "executor_decode", totals, active)
+    _wrap(generation._Run, "_accept", "accept", totals, active)  # the check, sampling, per-sequence appends
+    from moelight.engine import block_manager
+
+    _wrap(block_manager.BlockManager, "copy_on_write", "kv_bookkeeping", totals, active)
+    _wrap(block_manager.BlockManager, "layout", "kv_bookkeeping", totals, active)
     run_cls = generation._Run
     step = run_cls._decode_step
+    prefill = plain_executor.PlainExecutor.prefill
+
+    def timed_prefill(self, cache, tokens, seq_lens, *args, **kwargs):  # each prefill pass: tokens, sequences, s
+        t0 = time.perf_counter()
+        active[0] = PREFILL_TOTALS
+        try:
+            out = prefill(self, cache, tokens, seq_lens, *args, **kwargs)
+        finally:
+            active[0] = None
+        PREFILL_PASSES.append((int(tokens.numel()), int(seq_lens.numel()), time.perf_counter() - t0))
+        return out
+
+    plain_executor.PlainExecutor.prefill = timed_prefill
+    pool = kv_cache.RaggedKVCache.pool.__func__
+
+    def sized_pool(cls, cfg, total_tokens, dtype):  # the job's KV pool: what its first writes fault in
+        POOL_BYTES.append(cls.bytes_needed(cfg, total_tokens, dtype))
+        return pool(cls, cfg, total_tokens, dtype)
+
+    kv_cache.RaggedKVCache.pool = classmethod(sized_pool)
 
     def decode_step(self, batches):
-        active[0] = True
+        active[0] = totals
         t0 = time.perf_counter()
         try:
             return step(self, batches)
         finally:
             totals["step"] += time.perf_counter() - t0
             totals["steps"] += 1
-            active[0] = False
+            active[0] = None
 
     run_cls._decode_step = decode_step
 
@@ -120,6 +152,10 @@ def hrm_terms(report: dict, hardware: str, quantize: str | None) -> dict[str, fl
         "step_overhead": costs.step_overhead_time(hw, 1.0, "cpu"),
         "sequence_step": costs.sequence_step_time(hw, report["batch_size"]),
     }
+    if ROWS_SEEN:  # the same kernel rate at the rows each expert actually got (the router's balance)
+        steps = max(1, len(ROWS_SEEN) // L)
+        terms["experts_at_measured_rows"] = sum(
+            float(costs.expert_time(m, r, cpu, dt)) for counts in ROWS_SEEN for r in counts if r) / steps
     if hasattr(costs, "logits_passes_time"):  # absent before the HRM charged them
         terms["logits_passes"] = costs.logits_passes_time(hw, m, report["batch_size"])
     return terms
@@ -133,7 +169,7 @@ def main() -> None:
     ap.add_argument("rest", nargs="*")
     a = ap.parse_args()
     totals: dict = collections.defaultdict(float)
-    active = [False]
+    active: list = [None]
     instrument(totals, active)
     argv = ["moelight", "run", "--dataset", "workloads/examples/prompts.jsonl", "--model", "bench-1b",
             "--load-format", "dummy", "--num-requests", "256", "--gen-len", "64", "--ignore-eos",
@@ -160,14 +196,24 @@ def main() -> None:
     per["layer_rest"] = per.get("executor_decode", 0) - per.get("logits_total", 0) - inside
     per["engine_rest"] = per["step"] - per.get("executor_decode", 0) - per.get("sampling", 0)
     hrm = hrm_terms(report, a.hardware, a.quantize)
+    print("prefill passes (tokens, sequences, ms):", [(t, q, round(1e3 * d, 1)) for t, q, d in PREFILL_PASSES],
+          f"prefill {report['prefill_seconds']:.3f} s; KV pool(s) {[round(b / 1e6) for b in POOL_BYTES]} MB")
+    print("  inside prefill, ms:", {k: round(1e3 * v, 1) for k, v in PREFILL_TOTALS.items()})
     print(f"\n{n:.0f} decode steps, ms per step (measured | HRM)")
     for k in ("step", "executor_decode", "experts", "attention", "projections", "lm_head", "norms", "rotary",
-              "kv_write", "router", "logits_float_and_norm", "layer_rest", "sampling", "engine_rest"):
+              "kv_write", "router", "logits_float_and_norm", "layer_rest", "sampling", "engine_rest", "accept",
+              "kv_bookkeeping"):
         print(f"  {k:24s} {1e3 * per.get(k, 0):8.2f}")
     print("  HRM:")
     for k, v in hrm.items():
         print(f"  {k:24s} {1e3 * v:8.2f}")
-    print(f"  {'HRM sum':24s} {1e3 * sum(hrm.values()):8.2f}")
+    print(f"  {'HRM sum':24s} {1e3 * (sum(hrm.values()) - hrm.get('experts_at_measured_rows', 0)):8.2f}")
+    if ROWS_SEEN:
+        import numpy as np
+
+        rows = np.sort(np.array(ROWS_SEEN), axis=1).mean(axis=0)
+        print("mean rows per expert, sorted:", " ".join(f"{r:.1f}" for r in rows))
+        json.dump(ROWS_SEEN, open(a.output + ".rows.json", "w"))
 
 
 if __name__ == "__main__":

@@ -189,6 +189,16 @@ def logits_passes_time(hw: HardwareSpec, m: ModelSpec, tokens):
     return _t(n / rate if rate else 0.0 * n)
 
 
+def kv_first_touch_time(hw: HardwareSpec, nbytes):
+    """Seconds the host spends faulting in `nbytes` of a fresh KV cache pool the first time the job writes
+    them (page faults and zeroing, at the CPU's measured rate for the engine's pool; 0 where unmeasured).
+    Paid once per pool, by the first pass, whose writes spread over all of it: on a 2-core AMX guest ~0.22 s
+    of the README job's ~0.7 s prefill (a 327 MB pool), which no kernel term counts."""
+    rate = hw.cpu.kv_first_touch_bandwidth
+    n = np.asarray(nbytes, float)
+    return _t(n / rate if rate else 0.0 * n)
+
+
 def logits_to_host_time(hw: HardwareSpec, m: ModelSpec, tokens, copies=1):
     """Seconds to bring `tokens` rows of float32 logits from the GPU that computed them (one GPU's
     link, rank 0's under tensor parallelism) to the host sampler, in `copies` copies. At a large

@@ -69,6 +69,9 @@ class Level:
     # bytes/s of the host's passes over a decode step's float32 logits (widen, finiteness check, greedy
     # argmax: hrm.costs.LOGIT_PASS_BYTES a logit); 0: not measured, free
     logits_bandwidth: float = 0.0
+    # bytes/s a fresh KV cache pool is faulted in at by the engine's first writes into its pages (the kernel
+    # maps and zeroes every page the job's KV lands on, once); 0: not measured, free
+    kv_first_touch_bandwidth: float = 0.0
 
     def gemm_peak(self, dtype: str, rows=None):
         """FLOP/s of a GEMM with `rows` rows (M): the measured curve interpolated in log M,
@@ -110,6 +113,7 @@ class Level:
             elementwise_bandwidth=self.elementwise_bandwidth * t,
             gemm_bandwidth=self.gemm_bandwidth * t,
             logits_bandwidth=self.logits_bandwidth * t,
+            kv_first_touch_bandwidth=self.kv_first_touch_bandwidth * t,
         )
 
     def weight_stream_bandwidth(self) -> float:

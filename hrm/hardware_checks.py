@@ -103,7 +103,8 @@ def check_level(bad: list[str], name: str, lvl) -> None:
         dtype_keys(bad, f"{name}.attention_flops", attn, DTYPE_KEYS)
         for dtype, v in attn.items():
             number(bad, f"{name}.attention_flops.{dtype}", v, rate=True)
-    for f in ("attention_bandwidth", "elementwise_bandwidth", "gemm_bandwidth", "logits_bandwidth"):
+    for f in ("attention_bandwidth", "elementwise_bandwidth", "gemm_bandwidth", "logits_bandwidth",
+              "kv_first_touch_bandwidth"):
         number(bad, f"{name}.{f}", getattr(lvl, f), rate=True)
     for f in ("layer_overhead_s", "runtime_layer_s", "step_overhead_s", "sequence_step_s"):
         number(bad, f"{name}.{f}", getattr(lvl, f))

@@ -277,6 +277,11 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
         + costs.logits_passes_time(hw, m, big_n) + zeros
     if has_gpu and f_g:  # the head ran on the GPU: every micro-batch's logits cross to the host sampler
         head = head + costs.logits_to_host_time(hw, m, big_n, copies=n_mb)
+    # prefill faults in the batch's fresh KV pool on the host as its first writes land on its pages, spread over
+    # all of it: the pool the engine reserves, every sequence's prompt and generation (with the cache on a GPU,
+    # a_g, the host pool is not the one written: not charged)
+    pool = costs.kv_cache_bytes(m, big_n, wl.max_context, dtype, layers=L, copies=copies)
+    first_touch = (1 - a_g) * costs.kv_first_touch_time(hw, pool)
 
     # ---- memory (bytes) ----
     act = ops.pass_activation_bytes(m, b, wl.prefill_pass_tokens(mu)) + mu * m.vocab_size * 4.0  # + fp32 logits
@@ -320,7 +325,8 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
         mu=mu, n_mb=n_mb, a_g=a_g, f_g=f_g, num_layers=L, gen_len=g, prompt=p,
         x_max=1.0 if f_g else 0.0, y_max=1.0 if a_g else 0.0,
         t_gpu=t_gpu, t_cpu=t_cpu, h2d=h2d, d2h=d2h, host=host, stage=stage, pre_comp=pre_comp,
-        pre_h2d=pre_h2d, pre_d2h=pre_d2h, pre_host=pre_host, pre_stage=pre_stage, head_pre=head, head_dec=head,
+        pre_h2d=pre_h2d, pre_d2h=pre_d2h, pre_host=pre_host, pre_stage=pre_stage,
+        head_pre=head + first_touch, head_dec=head,
         gpu_mem=gpu_mem, cpu_mem=cpu_mem,
         gpu_cap=alpha * gpu.memory_bytes if gpu is not None else 0.0,
         cpu_cap=alpha * hw.cpu.memory_bytes, fill=fill,

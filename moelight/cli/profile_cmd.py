@@ -33,6 +33,9 @@ def _describe(hw) -> str:
         lines.append(f"     host work per sequence: {c.sequence_step_s * 1e6:.1f} us per decode step")
     if c.logits_bandwidth:
         lines.append(f"     passes over a step's logits (widen, check, argmax): {c.logits_bandwidth / 1e9:.1f} GB/s")
+    if c.kv_first_touch_bandwidth:
+        lines.append("     first writes into a fresh KV cache pool (page faults): "
+                     f"{c.kv_first_touch_bandwidth / 1e9:.2f} GB/s")
     if hw.staging_bandwidth:
         lines.append(f"     pageable -> pinned copy (the first paging hop): {hw.staging_bandwidth / 1e9:.1f} GB/s")
     if hw.has_gpu:

@@ -13,7 +13,8 @@ the engine runs, so the HRM predicts the engine rather than an ideal machine:
 - the fixed cost per layer pass and the rate of the element-wise work between the GEMMs (norms,
   rotary, KV writes, routing), from real decoder layers decoding in place, less their expert and
   attention kernels and the HRM's GEMM terms, at two token counts (layer_glue.py),
-- the rate of the host's passes over a decode step's logits (cast, check, argmax).
+- the rate of the host's passes over a decode step's logits (cast, check, argmax),
+- the rate a fresh KV cache pool is faulted in at by its first writes (kv_first_touch.py).
 The pageable -> pinned copy rate (the first paging hop) is measured on any host; with CUDA
 moelight/profiling/gpu_profile.py measures the GPU terms and the link, and runtime_pass.py the cost of
 a layer pass through the CGOPipe runtime itself.
@@ -30,6 +31,7 @@ from dataclasses import replace
 
 from hrm.hardware import HardwareSpec, Level, Link
 from moelight.profiling.expert_kernel_curve import measure_expert_curve
+from moelight.profiling.kv_first_touch import measure_kv_first_touch
 from moelight.profiling.layer_glue import measure_layer_glue
 from moelight.profiling.runtime_pass import measure_runtime_layer_pass
 from moelight.profiling.sequence_step import measure_sequence_step
@@ -231,7 +233,8 @@ def measure_cpu(quick: bool = False) -> Level:
     level = Level(f"cpu-{os.cpu_count()}c-{platform.machine()}", _cpu_memory_bytes(), bw, flops,
                   gemm_flops=curves, attention_bandwidth=att_bw, attention_flops=att_flops,
                   step_overhead_s=step_oh, sequence_step_s=per_sequence, expert_gemm_flops=experts,
-                  logits_bandwidth=measure_logits_passes(quick))
+                  logits_bandwidth=measure_logits_passes(quick),
+                  kv_first_touch_bandwidth=measure_kv_first_touch(quick))
     # the glue left after the GEMMs this level prices: a fixed cost per layer pass and element-wise bytes
     layer_oh, elementwise = measure_layer_glue(torch.bfloat16, _gemm_seconds_of(level), quick, toy_layer_oh)
     return replace(level, layer_overhead_s=layer_oh, elementwise_bandwidth=elementwise)
