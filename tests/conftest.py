@@ -77,3 +77,22 @@ def cpp_backend(request, monkeypatch):
     """The C++ ISAs only: for tests against the torch fallback (cpu_kernels/reference.py), which its
     own tests check against attention written from its definition."""
     yield from _select(request.param, monkeypatch)
+
+
+@pytest.fixture(scope="session")
+def quick_expert_curve():
+    """A function measuring the fused expert kernel's quick FLOP/s curve once a session (~10 s): the
+    curve's own test and `moelight profile --quick` take the same measurement."""
+    import copy
+
+    from moelight.profiling.expert_kernel_curve import measure_expert_curve
+
+    measured: list = []
+
+    def curve(quick: bool = False):
+        assert quick, "the suite measures the quick curve only"
+        if not measured:
+            measured.append(measure_expert_curve(quick=True))
+        return copy.deepcopy(measured[0])
+
+    return curve

@@ -136,12 +136,11 @@ def test_quantized_experts_run_at_their_formats_rate_where_one_is_measured():
         float(ops.expert_ffn(held, 256, 2.0).flops) / 1536e9)
 
 
-def test_profile_measures_the_fused_expert_kernel():
+def test_profile_measures_the_fused_expert_kernel(quick_expert_curve):
     pytest.importorskip("torch")
     from cpu_kernels import kernel_backend
-    from moelight.profiling.expert_kernel_curve import measure_expert_curve
 
-    curve = measure_expert_curve(quick=True)
+    curve = quick_expert_curve(quick=True)  # measure_expert_curve(quick=True), shared with the profile test
     if kernel_backend() == "torch":
         assert curve == {}
         return

@@ -107,8 +107,13 @@ def test_the_plain_engine_shares_deepseeks_latent_prefixes(budget, monkeypatch):
     assert stats.prefill_computed_tokens + stats.prefix_reused_tokens == sum(map(len, prompts))
 
 
-@pytest.mark.parametrize("family", ["mixtral", "gpt_oss-window-sinks", "deepseek"])
-@pytest.mark.parametrize("schedule", SCHEDULES)
+# every schedule on Mixtral; GPT-OSS's windows and sinks and DeepSeek's latent rows on both attention
+# placements: the CPU (cgopipe; flexgen-cpu and overlap-unpaged place it there too) and the device (flexgen)
+PIPELINE_CASES = [(s, "mixtral") for s in SCHEDULES] + [
+    (s, f) for f in ("gpt_oss-window-sinks", "deepseek") for s in ("cgopipe", "flexgen")]
+
+
+@pytest.mark.parametrize("schedule,family", PIPELINE_CASES, ids=[f"{s}-{f}" for s, f in PIPELINE_CASES])
 def test_the_pipeline_runtime_shares_prefixes_with_the_plain_engines_results(schedule, family):
     model = _structured_model(_family_config(family))
     ex = PipelineExecutor(model, schedule, "emulated", r_w=0.5, **EXEC_KW)

@@ -29,12 +29,14 @@ from workloads import DatasetError, load_dataset  # noqa: E402
 
 ENGINE = dict(model="tiny", load_format="dummy", dtype="float32", hardware="cpu-server", gen_len=12,
               progress=False)
+LONG = dict(ENGINE, gen_len=24)
 
 
 @pytest.fixture(scope="module")
 def cluster():
+    """The module's cluster; its address lets a job in another process join it instead of starting one."""
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
-    yield
+    yield ray.get_runtime_context().gcs_address
     ray.shutdown()
 
 
@@ -52,6 +54,15 @@ def _tokens(path: Path) -> dict[str, list[int]]:
 
 def _ids(path: Path) -> list[str]:
     return [json.loads(line)["id"] for line in path.read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def long_job(tmp_path_factory):
+    """32 requests of 24 tokens (a job long enough to stop in its middle) and the local run's output."""
+    d = tmp_path_factory.mktemp("ray_long_job")
+    data = _prompts(d / "prompts.jsonl", 32)
+    run_job(RunOptions(dataset=data, output=d / "local.jsonl", **LONG))
+    return data, _tokens(d / "local.jsonl")
 
 
 @pytest.fixture(scope="module")
@@ -112,10 +123,9 @@ def _replica_pids() -> list[int]:
 
 
 @pytest.mark.skipif(not Path("/proc").is_dir(), reason="finds the replica's process in /proc")
-def test_a_replica_killed_mid_job_leaves_every_id_once(cluster, tmp_path):
-    data = _prompts(tmp_path / "prompts.jsonl", 32)
-    opts = dict(ENGINE, gen_len=24)
-    run_job(RunOptions(dataset=data, output=tmp_path / "local.jsonl", **opts))
+def test_a_replica_killed_mid_job_leaves_every_id_once(cluster, long_job, tmp_path):
+    data, local = long_job
+    opts = LONG
     out = tmp_path / "out.jsonl"
     done: dict = {}
     worker = threading.Thread(target=lambda: done.update(report=run_job(RunOptions(
@@ -132,18 +142,18 @@ def test_a_replica_killed_mid_job_leaves_every_id_once(cluster, tmp_path):
     assert killed is not None, "the job ended before a replica could be killed"
     assert not worker.is_alive()
     assert sorted(Counter(_ids(out)).values()) == [1] * 32
-    assert _tokens(out) == _tokens(tmp_path / "local.jsonl")
+    assert _tokens(out) == local
     assert len(done["report"].replicas) >= 2
 
 
-def test_resume_after_an_interrupted_job(cluster, tmp_path):
-    data = _prompts(tmp_path / "prompts.jsonl", 32)
-    opts = dict(ENGINE, gen_len=24)
-    run_job(RunOptions(dataset=data, output=tmp_path / "local.jsonl", **opts))
+def test_resume_after_an_interrupted_job(cluster, long_job, tmp_path):
+    data, local = long_job
+    opts = LONG
     out = tmp_path / "out.jsonl"
+    # the interrupted job joins the module's cluster (the first Ctrl-C is the driver's, whichever cluster it is on)
     cmd = [sys.executable, "-m", "moelight", "run", "--dataset", str(data), "--output", str(out), "--model", "tiny",
            "--load-format", "dummy", "--dtype", "float32", "--hardware", "cpu-server", "--gen-len", "24",
-           "--batch-size", "2", "--no-progress", "--ray"]
+           "--batch-size", "2", "--no-progress", "--ray", cluster]
     proc = subprocess.Popen(cmd, cwd=tmp_path, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
     while time.time() < deadline and proc.poll() is None:
@@ -159,7 +169,7 @@ def test_resume_after_an_interrupted_job(cluster, tmp_path):
     report = run_job(RunOptions(dataset=data, output=out, ray="local", resume=True, **opts))
     assert report.requests == 32 - len(first)  # the finished ids were read back and skipped
     assert sorted(Counter(_ids(out)).values()) == [1] * 32
-    assert _tokens(out) == _tokens(tmp_path / "local.jsonl")
+    assert _tokens(out) == local
 
 
 def test_bad_records_are_reported_as_locally_before_any_model_loads(cluster, tmp_path):
