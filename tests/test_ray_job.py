@@ -56,22 +56,24 @@ def _ids(path: Path) -> list[str]:
     return [json.loads(line)["id"] for line in path.read_text().splitlines()]
 
 
+def _local_run(factory, name: str, n: int, opts: dict) -> tuple[Path, dict[str, list[int]]]:
+    """`n` prompts and the local run's output for them."""
+    d = factory.mktemp(name)
+    data = _prompts(d / "prompts.jsonl", n)
+    run_job(RunOptions(dataset=data, output=d / "local.jsonl", **opts))
+    return data, _tokens(d / "local.jsonl")
+
+
 @pytest.fixture(scope="module")
 def long_job(tmp_path_factory):
     """32 requests of 24 tokens (a job long enough to stop in its middle) and the local run's output."""
-    d = tmp_path_factory.mktemp("ray_long_job")
-    data = _prompts(d / "prompts.jsonl", 32)
-    run_job(RunOptions(dataset=data, output=d / "local.jsonl", **LONG))
-    return data, _tokens(d / "local.jsonl")
+    return _local_run(tmp_path_factory, "ray_long_job", 32, LONG)
 
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory):
     """24 requests and the local run's output for them."""
-    d = tmp_path_factory.mktemp("ray_job")
-    data = _prompts(d / "prompts.jsonl", 24)
-    run_job(RunOptions(dataset=data, output=d / "local.jsonl", **ENGINE))
-    return data, _tokens(d / "local.jsonl")
+    return _local_run(tmp_path_factory, "ray_job", 24, ENGINE)
 
 
 def test_one_replica_gives_the_local_runs_results(cluster, job, tmp_path):
