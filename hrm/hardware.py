@@ -164,6 +164,9 @@ class HardwareSpec:
     # bytes/s the runtime copies pageable weights into its pinned staging buffers at, with the threads it
     # gives that copy (0: half the host memory bandwidth, a copy reads and writes every byte)
     staging_bandwidth: float = 0.0
+    # when `moelight profile` measured it (ISO 8601, UTC; "" for presets): a host whose speed drifts makes an
+    # old profile's predictions miss, so a job's report says how old the profile behind its prediction is
+    measured_at: str = ""
 
     def __post_init__(self) -> None:
         if self.gpu is None and self.gpu_count:
@@ -266,6 +269,7 @@ class HardwareSpec:
                 interconnect_latency_s=d.get("interconnect_latency_s", 5e-6),
                 host_bandwidth=d.get("host_bandwidth", 0.0),
                 staging_bandwidth=d.get("staging_bandwidth", 0.0),
+                measured_at=d.get("measured_at", ""),
             )._checked()
         except (KeyError, TypeError) as e:
             raise ValueError(f"malformed hardware spec: {e}") from e

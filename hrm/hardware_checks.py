@@ -132,6 +132,8 @@ def spec_problems(hw) -> list[str]:
     for f in ("interconnect", "host_bandwidth", "staging_bandwidth"):
         number(bad, f, getattr(hw, f), rate=True)
     number(bad, "interconnect_latency_s", hw.interconnect_latency_s)
+    if not isinstance(hw.measured_at, str):
+        bad.append(f"measured_at must be a date and time (ISO 8601) or empty, got {hw.measured_at!r}")
     return bad
 
 

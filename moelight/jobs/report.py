@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
 from pathlib import Path
 
 from cpu_kernels import kernel_backend
@@ -193,7 +194,8 @@ class RunReport:
                          f"{c['fetched_bytes'] / 2**20:.1f} MiB moved" + _offcache(c))
         if self.prediction:
             p = self.prediction
-            lines.append(f"predicted     {p.get('end_to_end_tokens_per_s', 0):10.1f} tok/s end-to-end (HRM)")
+            lines.append(f"predicted     {p.get('end_to_end_tokens_per_s', 0):10.1f} tok/s end-to-end (HRM"
+                         f"{profile_age_text(self.policy.get('hardware_measured_at', ''))})")
         lines += [f"warning       {line}" for line in JobWarnings(**self.warnings).lines()] if self.warnings else []
         lines += self._skipped_lines()
         lines += [f"note          {note}" for note in self.notes]
@@ -226,3 +228,21 @@ def _joined(mine: str, theirs: str) -> str:
 
 def rate(tokens: int, seconds: float) -> float:
     return tokens / seconds if seconds > 0 else 0.0
+
+
+def profile_age_text(measured_at: str, now: datetime | None = None) -> str:
+    """", from a profile measured 3.2 h ago": a prediction misses by as much as the host's speed drifted
+    since its profile (on a shared 2-core guest, ~1.3x within an hour), so the reader can weigh it; "" for a
+    preset or a profile without its time."""
+    try:
+        when = datetime.fromisoformat(measured_at)
+    except (TypeError, ValueError):
+        return ""
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    age = ((now or datetime.now(timezone.utc)) - when).total_seconds()
+    for unit, seconds in (("d", 86400), ("h", 3600), ("min", 60)):
+        if age >= seconds:
+            return f", from a profile measured {age / seconds:.1f} {unit} ago"
+    return ", from a profile measured just before the job"
+

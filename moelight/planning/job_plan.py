@@ -123,6 +123,8 @@ def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
                   "batching": "refill" if opts.refill else "static"}
     if device != "cpu":
         info["schedule"] = opts.schedule
+    if hw.measured_at:  # the report says how old the profile behind the prediction is (a host's speed drifts)
+        info["hardware_measured_at"] = hw.measured_at
     if no_throughput:
         info["no_throughput"] = no_throughput  # apply_mode: latency mode or nothing
     if solved is not None:

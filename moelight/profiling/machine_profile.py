@@ -28,6 +28,7 @@ import os
 import platform
 from collections.abc import Callable
 from dataclasses import replace
+from datetime import datetime, timezone
 
 from hrm.hardware import HardwareSpec, Level, Link
 from moelight.profiling.expert_kernel_curve import measure_expert_curve
@@ -295,7 +296,9 @@ def profile_machine(quick: bool = False) -> HardwareSpec:
     source = ("measured by moelight profile (no CUDA)" if gpu is None
               else "measured by moelight profile; GPU numbers from cuda:0, assumed identical")
     notes = "; ".join(filter(None, (source, other.note())))
+    when = datetime.now(timezone.utc).isoformat(timespec="seconds")
     if gpu is None:
-        return HardwareSpec("profiled", cpu, notes=notes, staging_bandwidth=staging)
+        return HardwareSpec("profiled", cpu, notes=notes, staging_bandwidth=staging, measured_at=when)
     level, link, count = gpu
-    return HardwareSpec("profiled", cpu, level, count, link, staging_bandwidth=staging, notes=notes)
+    return HardwareSpec("profiled", cpu, level, count, link, staging_bandwidth=staging, notes=notes,
+                        measured_at=when)
