@@ -31,7 +31,7 @@ from moelight.loading.resolved_model import ResolvedModel, resolve
 from moelight.parallel import shard_config
 from moelight.parallel.rank_group import tensor_parallel_degree
 from moelight.planning.hardware_choice import resolve_device
-from moelight.planning.job_plan import JobPlan, plan_job
+from moelight.planning.job_plan import JobPlan, plan_job, workload_of
 from moelight.planning.memory_check import OutOfMemoryPlan, available_bytes, check_fits, held_before_job, weight_bytes
 from moelight.planning.size_overrides import largest_size
 from moelight.runtime.cpu_linear import keeps_plain_weights, pack_model, weights_on_huge_pages
@@ -152,12 +152,9 @@ class EngineSession:
 
     def _pass_sizes(self, prompts: list[list[int]], batch: int) -> dict:
         """check_fits's `batch` and `prefill_tokens`: the batch's sequences, and the prompt tokens of its largest
-        prefill pass as the planner counts them (hrm WorkloadSpec.prefill_pass_tokens: a batch of mixed lengths
-        holds about the mean each plus one longest prompt, at most --max-prefill-tokens or one longest)."""
+        prefill pass as the planner counts them (hrm WorkloadSpec.prefill_pass_tokens)."""
         batch = min(batch, len(prompts))
-        peak = max((len(p) for p in prompts), default=0)
-        mean = sum(len(p) for p in prompts) / max(1, len(prompts))
-        tokens = min(batch * peak, batch * mean + peak, max(self.opts.max_prefill_tokens, peak))
+        tokens = workload_of(prompts, [], self.opts.max_prefill_tokens).prefill_pass_tokens(batch)
         return {"batch": batch, "prefill_tokens": math.ceil(tokens)}
 
     def _batch_hint(self, plan: JobPlan) -> str:

@@ -177,12 +177,12 @@ def check_fits(cfg: ModelConfig, dtype: torch.dtype, batch_kv_tokens: int, avail
         gib = 2**30
         if need_w + need_load >= budget:
             hint = "use a machine with more memory, a smaller model or a lower-precision --dtype"
-        terms = (f"weights {need_w / gib:.2f} GiB + KV cache {need_kv / gib:.2f} GiB "
-                 f"(batch of {batch_kv_tokens} token slots)")
-        if need_act:
-            terms += f" + activations {need_act / gib:.2f} GiB"
         if need_load > need_kv + need_act:
             terms = f"weights {need_w / gib:.2f} GiB + packing's transient {need_load / gib:.2f} GiB"
+        else:
+            terms = (f"weights {need_w / gib:.2f} GiB + KV cache {need_kv / gib:.2f} GiB "
+                     f"(batch of {batch_kv_tokens} token slots)"
+                     + (f" + activations {need_act / gib:.2f} GiB" if need_act else ""))
         raise OutOfMemoryPlan(
             f"does not fit in CPU memory: {terms} > {budget / gib:.2f} GiB usable "
             f"({HEADROOM:.0%} of {available / gib:.2f} GiB available), short by "
