@@ -34,10 +34,11 @@ def test_a_cached_gpu_profile_without_the_runtime_s_cost_is_retaken(tmp_path):
 
     path = tmp_path / "hardware.json"
     cpu = Level("c", 1e10, 1e10, {"bfloat16": 1e11}, gemm_flops={"bfloat16": [[1, 1e9]]},
-                elementwise_bandwidth=2e10, sequence_step_s=4e-5, logits_bandwidth=1e10)
+                elementwise_bandwidth=2e10, sequence_step_s=4e-5, logits_bandwidth=1e10,
+                kv_first_touch_bandwidth=2e9)
     gpu = Level("g", 1e10, 1e11, {"bfloat16": 1e13}, gemm_bandwidth=5e10, layer_overhead_s=5e-4,
                 runtime_layer_s=4e-3)
-    HardwareSpec("profiled", cpu, gpu, 1, Link(h2d=1e10, d2h=1e10)).save(path)
+    HardwareSpec("profiled", cpu, gpu, 1, Link(h2d=1e10, d2h=1e10), measured_at="2026-11-30T00:00:00+00:00").save(path)
     assert not _profile_is_stale(path)
     d = json.loads(path.read_text())
     del d["gpu"]["runtime_layer_s"]  # written before moelight profile measured it

@@ -110,7 +110,9 @@ def _profile_is_stale(path) -> bool:
     rate (written before the HRM charged element-wise work: plans ~25% optimistic) or without the host's work per
     sequence (large batches on a GPU host: several times optimistic) or without the rate of its passes over
     the logits (written before the layer glue and the expert probes were measured in place: the README job
-    on an AMX host ~40% optimistic), or a measured GPU without its
+    on an AMX host ~40% optimistic) or without the KV pool's first-touch rate and the time it was measured
+    (written before prefill paid a fresh pool's page faults, and before a job's report could print the
+    profile's age), or a measured GPU without its
     expert-GEMM rate (written before the HRM used achieved GPU rates: plans 2-3x optimistic) or
     without the runtime's cost per layer pass (small models on fast GPUs: ~10x optimistic)."""
     import json
@@ -124,7 +126,8 @@ def _profile_is_stale(path) -> bool:
         return False  # let the normal load report what is wrong with it
     measured_cpu = bool(cpu.get("gemm_flops"))
     return (measured_cpu and (not cpu.get("elementwise_bandwidth") or not cpu.get("sequence_step_s")
-                              or not cpu.get("logits_bandwidth"))) or (
+                              or not cpu.get("logits_bandwidth") or not cpu.get("kv_first_touch_bandwidth")
+                              or not d.get("measured_at"))) or (
         bool(gpu) and (not gpu.get("gemm_bandwidth") or not gpu.get("runtime_layer_s")))
 
 
