@@ -230,3 +230,11 @@ def pass_activation_bytes(m: ModelSpec, b: float, tokens):
     return (tokens * activation_bytes_outside_experts(m, b)
             + np.minimum(tokens, EXPERT_CHUNK_TOKENS) * expert_activation_bytes_per_token(m, b))
 
+
+def host_run_activation_bytes(m: ModelSpec, b: float, pass_tokens, rows):
+    """What a job run all on the CPU holds beside its weights and KV pool at its largest: a layer pass of
+    `pass_tokens` prompt tokens (a prefill pass; a decode step of `rows` rows where that is larger) and the
+    logits of `rows` sequences sampled at once. The planner's all-CPU placements and the memory check before
+    loading (moelight/planning/memory_check.py) both count this."""
+    rows = np.asarray(rows, float)
+    return pass_activation_bytes(m, b, np.maximum(np.asarray(pass_tokens, float), rows)) + sampled_logits_bytes(m, rows)

@@ -79,17 +79,13 @@ def load_transient_bytes(cfg: ModelConfig, dtype: torch.dtype, on_cpu: bool = Fa
 
 
 def run_activation_bytes(cfg: ModelConfig, dtype: torch.dtype, batch: int, prefill_tokens: int) -> int:
-    """The largest pass's live tensors beyond the weights and the KV cache on the CPU engine: a prefill chunk
-    of `prefill_tokens` tokens as the HRM counts a layer pass (hrm/operators.pass_activation_bytes: the
-    tokens' own tensors and their routed rows; a decode step of `batch` rows is no larger), and the logits
-    of `batch` sequences sampled at once (hrm/operators.sampled_logits_bytes); the planner's CPU-only policies
-    count the same (optimizer/cost_model.py)."""
-    from hrm.operators import pass_activation_bytes, sampled_logits_bytes
+    """What the CPU engine holds beside the weights and the KV pool at its largest: a prefill pass of
+    `prefill_tokens` tokens (or a decode step of `batch` rows) and `batch` sequences' logits sampled at once,
+    by the function the planner's CPU-only placements count them with (hrm/operators.host_run_activation_bytes)."""
+    from hrm.operators import host_run_activation_bytes
     from moelight.planning.held_model import held_model_spec
 
-    m = held_model_spec(cfg)
-    passes = pass_activation_bytes(m, dtype_bytes(dtype), max(prefill_tokens, batch))
-    return int(passes + sampled_logits_bytes(m, batch))
+    return int(host_run_activation_bytes(held_model_spec(cfg), dtype_bytes(dtype), prefill_tokens, batch))
 
 
 def layer_expert_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
