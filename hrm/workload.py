@@ -25,6 +25,8 @@ class WorkloadSpec:
     kv_pool: the token slots of the KV pool the engine reserves for a batch of 1, 2, ... sequences
     (the rooms of the largest ones, whole pages: moelight/runtime/paged_layout.pool_slots); None:
     every sequence max_context slots.
+    argmax_only: every request greedy, without logits processors or logprobs: the host sampler takes
+    each row's argmax and makes no working copies of the logits (hrm/operators.sampled_logits_bytes).
     """
 
     prompt_len: float
@@ -34,6 +36,7 @@ class WorkloadSpec:
     prefill_chunk: int | None = None
     shared_prefix: float = 0.0
     kv_pool: tuple[int, ...] | None = field(default=None, repr=False)
+    argmax_only: bool = False
 
     def __post_init__(self) -> None:
         if self.prompt_len <= 0 or self.gen_len < 1:

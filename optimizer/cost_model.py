@@ -309,8 +309,8 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
         if a_g:  # attention on the GPU: its micro-batch's float32 logits come back to the host
             cpu_mem["activations"] = _aff(act, shape=shape)
         else:  # all on the CPU: its largest pass and the batch's sampled logits, as the memory check counts them
-            cpu_mem["activations"] = _aff(ops.host_run_activation_bytes(m, b, wl.prefill_pass_tokens(mu), big_n),
-                                          shape=shape)
+            run_act = ops.host_run_activation_bytes(m, b, wl.prefill_pass_tokens(mu), big_n, wl.argmax_only)
+            cpu_mem["activations"] = _aff(run_act, shape=shape)
     cpu_mem["experts"] = _aff(w_e, -f_g * w_e, 0.0, shape)
     cpu_mem["kv_cache"] = _aff(kv_total, 0.0, -a_g * kv_total, shape)
     if f_g:

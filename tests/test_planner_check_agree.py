@@ -43,12 +43,13 @@ def _session(sharing: bool, hardware: str) -> EngineSession:
     return s
 
 
-@pytest.mark.parametrize("sharing, distinct", [(True, 16), (False, 640)])
+@pytest.mark.parametrize("sharing, distinct, sampling", [(True, 16, {"temperature": 0.0}),
+                                                         (False, 640, {"temperature": 1.0, "top_p": 0.9})])
 @pytest.mark.parametrize("available_gib", [21.5, 22.9])
-def test_the_planners_batch_is_the_checks_on_the_same_host(tmp_path, monkeypatch, sharing, distinct,
+def test_the_planners_batch_is_the_checks_on_the_same_host(tmp_path, monkeypatch, sharing, distinct, sampling,
                                                            available_gib):
-    """640 requests of 8 new tokens: a replicated dataset with prefix sharing (most prompt tokens shared), and
-    distinct prompts without it. The host declares `available_gib` and the process holds nothing beside the
+    """640 requests of 8 new tokens: a replicated dataset with prefix sharing (most prompt tokens shared) and
+    greedy sampling, and distinct prompts without sharing, sampled with top-p. The host declares `available_gib` and the process holds nothing beside the
     model, so the planner and the check have the same memory: the plan is not capped, its batch passes the
     check and a batch a tenth larger does not (the planner leaves nothing on the table)."""
     available = int(available_gib * GIB)
@@ -58,8 +59,9 @@ def test_the_planners_batch_is_the_checks_on_the_same_host(tmp_path, monkeypatch
     monkeypatch.setattr(session_module, "held_before_job", lambda loaded: 0)
     s = _session(sharing, str(path))
     prompts = _prompts(distinct, 640)
-    params = [SamplingParams(max_tokens=8)] * len(prompts)
+    params = [SamplingParams(max_tokens=8, **sampling)] * len(prompts)
     plan = s.plan(prompts, params)
+    assert plan.workload.argmax_only == (sampling["temperature"] == 0)
     assert "batch_capped" not in plan.info
     assert 8 < plan.batch_size < len(prompts)  # memory bounds it
 

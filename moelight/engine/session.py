@@ -154,11 +154,12 @@ class EngineSession:
     def _run_sizes(workload, requests: int, batch: int, micro: int) -> dict:
         """check_fits's sizes for a batch as the planner counts them, from the plan's workload (hrm
         WorkloadSpec): the KV pool the engine reserves (pool_tokens), the batch's sequences and the prompt tokens
-        of its largest prefill pass (prefill_pass_tokens: a pass never holds more than one micro-batch)."""
+        of its largest prefill pass (prefill_pass_tokens: a pass never holds more than one micro-batch), and
+        whether every row takes its argmax (argmax_only: the sampler copies no logits)."""
         batch = min(batch, requests)
         micro = min(micro, batch)
         return {"batch_kv_tokens": math.ceil(workload.pool_tokens(batch)), "batch": batch,
-                "prefill_tokens": math.ceil(workload.prefill_pass_tokens(micro))}
+                "prefill_tokens": math.ceil(workload.prefill_pass_tokens(micro)), "argmax_only": workload.argmax_only}
 
     def _batch_hint(self, plan: JobPlan) -> str:
         """What to lower when the batch's KV cache does not fit: the option or file that set its size."""

@@ -42,8 +42,9 @@ def workload_of(prompts: list[list[int]], params: list[SamplingParams], prefill_
                 prefix_sharing: bool = False, turn: int = 1):
     """The HRM workload of a tokenized job: mean / max prompt length, mean generation length, the
     engine's prefill passes (at most prefill_chunk tokens each, every one streaming the weights),
-    with prefix sharing the mean prompt tokens a shared prefix serves, and the KV pool the engine
-    reserves for each batch size (kv_pool_table)."""
+    with prefix sharing the mean prompt tokens a shared prefix serves, the KV pool the engine
+    reserves for each batch size (kv_pool_table), and whether every request takes its argmax (greedy,
+    nothing else asked of its logits: the sampler then copies none)."""
     from hrm import WorkloadSpec
 
     lens = [len(p) for p in prompts] or [1]
@@ -52,8 +53,11 @@ def workload_of(prompts: list[list[int]], params: list[SamplingParams], prefill_
     if prefix_sharing and prompts:
         share = [q.prompt_logprobs is None for q in params] if params else [True] * len(prompts)
         shared = sum(shared_prefix_tokens(prompts, share)) / len(prompts)
+    argmax_only = bool(params) and all(q.greedy and not q.has_processors and q.logprobs is None
+                                       and q.prompt_logprobs is None for q in params)
     return WorkloadSpec(sum(lens) / len(lens), max(1, gen), max(lens), prefill_chunk=prefill_chunk,
-                        shared_prefix=shared, kv_pool=kv_pool_table(prompts, params, prefix_sharing, turn))
+                        shared_prefix=shared, kv_pool=kv_pool_table(prompts, params, prefix_sharing, turn),
+                        argmax_only=argmax_only)
 
 
 def kv_pool_table(prompts: list[list[int]], params: list[SamplingParams], paged: bool,
