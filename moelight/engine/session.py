@@ -129,8 +129,9 @@ class EngineSession:
     # ---- plan -> memory check -> load -> generate ----
     def plan(self, prompts: list[list[int]], params: list[SamplingParams], turn: int = 1,
              solved=None) -> JobPlan:
-        """Plan the job and check that weights + the largest batch's KV cache fit, before loading.
-        `solved`: a policy already solved for this job's hardware (the Ray driver's), fitted not re-solved."""
+        """Plan the job and check, before loading, that its weights, KV pool and activations fit (the planner
+        counts the same bytes: plan.workload). `solved`: a policy already solved for this job's hardware (the Ray
+        driver's), fitted not re-solved."""
         on_cpu = self.device == "cpu"
         loaded = (weight_bytes(self.config, self.source.dtype, on_cpu, self.plain_weights)
                   if self.model is not None else 0)
@@ -168,8 +169,10 @@ class EngineSession:
         return f"lower the batch size of --policy {plan.info['source']} or set a smaller --batch-size"
 
     def _capped(self, plan: JobPlan, prompts, params, turn: int, solved, available: int, held: int) -> JobPlan:
-        """The automatic plan with its batch capped to what the memory check accepts (where the HRM's memory
-        model and the check still differ), said in the log and the report; the check's error if none fits."""
+        """The automatic plan with its batch capped to what the memory check accepts, said in the log and the
+        report; the check's error if none fits. The planner counts the check's bytes, so this happens where they
+        see different memory: a --hardware file or preset declaring more than is available now, or a policy
+        solved on another host (`solved`)."""
         from optimizer.policy import size_text
 
         on_cpu = self.device == "cpu"
