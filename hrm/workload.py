@@ -81,8 +81,9 @@ class WorkloadSpec:
     def pool_tokens(self, seqs):
         """Token slots of the KV pool a batch of `seqs` sequences reserves (the memory its KV cache may fill):
         kv_pool's entry for that batch (its last for a larger one), else seqs * max_context. Unshared: the
-        engine reserves every sequence's room, and first-fit pages left to a finished sequence's named prefix
-        fill the rest of it over a long job (benchmarks/results/memory_planner_check.md)."""
+        engine reserves every sequence's room, and the pool was found resident in full with or without a shared
+        prefix (2 MiB huge pages a few MiB of each head's slots; first-fit pages moving past the prefixes that
+        finished sequences leave named: benchmarks/results/memory_planner_check.md)."""
         seqs = np.asarray(seqs, float)
         if not self.kv_pool:
             return seqs * self.max_context
