@@ -49,9 +49,10 @@ def _session(sharing: bool, hardware: str) -> EngineSession:
 def test_the_planners_batch_is_the_checks_on_the_same_host(tmp_path, monkeypatch, sharing, distinct, sampling,
                                                            available_gib):
     """640 requests of 8 new tokens: a replicated dataset with prefix sharing (most prompt tokens shared) and
-    greedy sampling, and distinct prompts without sharing, sampled with top-p. The host declares `available_gib` and the process holds nothing beside the
-    model, so the planner and the check have the same memory: the plan is not capped, its batch passes the
-    check and a batch a tenth larger does not (the planner leaves nothing on the table)."""
+    greedy sampling, and distinct prompts without sharing, sampled with top-p. The host declares
+    `available_gib` and the process holds nothing beside the model, so the planner and the check have the same
+    memory: the plan is not capped, its batch passes the check and a batch a tenth larger does not (the planner
+    leaves nothing on the table)."""
     available = int(available_gib * GIB)
     hw = hardware_presets.get_hardware("cpu-server")
     path = replace(hw, cpu=replace(hw.cpu, memory_bytes=available)).save(tmp_path / "host.json")
