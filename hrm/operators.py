@@ -213,14 +213,20 @@ def expert_activation_bytes_per_token(m: ModelSpec, b: float) -> float:
 
 
 # host bytes a sampled row's logits hold per vocabulary entry at once on the CPU engine: the LM head's output
-# in bf16 (2), its float32 copy (4), the sampler's float32 probabilities and their cumulative sums (8), and a
-# full sort of the row (float32 values, int64 indices: 12) where a nucleus reaches past the top candidates
-LOGIT_ENTRY_BYTES = 26
+# in bf16 (2), its float32 copy (4), the sampler's float32 probabilities and their cumulative sums (8), a full
+# sort of the row (float32 values, int64 indices: 12) where a nucleus reaches past the top candidates, and the
+# sampler's other float32 passes (temperature, softmax); measured 35-38 at top-p 0.9 (what a decode step held
+# more at 128 rows than at 64, vocabulary 151,936: benchmarks/kv_pool_memory.py, results/memory_planner_check.md)
+LOGIT_ENTRY_BYTES = 40
+# the same where every row is greedy (argmax, no processors, no logprobs): the LM head's output and its float32
+# copy (the finite check and the argmax read them in place); measured 6 (the same benchmark, greedy)
+ARGMAX_LOGIT_ENTRY_BYTES = 8
 
 
-def sampled_logits_bytes(m: ModelSpec, rows):
-    """The logits of `rows` sequences sampled at once on the host, with the sampler's working copies."""
-    return np.asarray(rows, float) * m.vocab_size * LOGIT_ENTRY_BYTES
+def sampled_logits_bytes(m: ModelSpec, rows, argmax_only: bool = False):
+    """The logits of `rows` sequences sampled at once on the host, with the sampler's working copies (none
+    where every row takes its argmax)."""
+    return np.asarray(rows, float) * m.vocab_size * (ARGMAX_LOGIT_ENTRY_BYTES if argmax_only else LOGIT_ENTRY_BYTES)
 
 
 def pass_activation_bytes(m: ModelSpec, b: float, tokens):
@@ -230,3 +236,16 @@ def pass_activation_bytes(m: ModelSpec, b: float, tokens):
     return (tokens * activation_bytes_outside_experts(m, b)
             + np.minimum(tokens, EXPERT_CHUNK_TOKENS) * expert_activation_bytes_per_token(m, b))
 
+
+def host_run_activation_bytes(m: ModelSpec, b: float, pass_tokens, rows, argmax_only: bool = False):
+    """What a job run all on the CPU holds beside its weights and KV pool at its largest: a layer pass of
+    `pass_tokens` prompt tokens (a prefill pass; a decode step of `rows` rows where that is larger) and the
+    logits of `rows` sequences sampled at once (`argmax_only`: WorkloadSpec.argmax_only). The planner's all-CPU
+    placements and the memory check before loading (moelight/planning/memory_check.py) both count this. A
+    Qwen3-shaped CPU engine held 384-488 MiB beside its pool in a ~4,096-token prefill pass (its rows' logits
+    included) against 507 MiB counted for the pass alone; the count adds every row's logits to the largest pass,
+    which never run together (a prefill pass samples its own rows only): 1.3-2.1x what was measured
+    (benchmarks/results/memory_planner_check.md)."""
+    rows = np.asarray(rows, float)
+    tokens = np.maximum(np.asarray(pass_tokens, float), rows)
+    return pass_activation_bytes(m, b, tokens) + sampled_logits_bytes(m, rows, argmax_only)

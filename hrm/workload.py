@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
@@ -19,7 +19,14 @@ class WorkloadSpec:
     layer-major and the weights stream once per batch (the paper's system and FlexGen).
     shared_prefix: prompt tokens per sequence (a mean) whose KV a shared prefix serves (prefix
     sharing: a system prompt, few-shot examples, the n samples of one prompt): prefill does not
-    compute them and the KV cache does not store them again; decode attention still reads them.
+    compute them again; decode attention still reads them. The KV pool is still reserved for
+    every sequence unshared (the engine's scheduler: sharing only leaves pages free), so they
+    save no memory (pool_tokens).
+    kv_pool: the token slots of the KV pool the engine reserves for a batch of 1, 2, ... sequences
+    (the rooms of the largest ones, whole pages: moelight/runtime/paged_layout.pool_slots); None:
+    every sequence max_context slots.
+    argmax_only: every request greedy, without logits processors or logprobs: the host sampler takes
+    each row's argmax and makes no working copies of the logits (hrm/operators.sampled_logits_bytes).
     """
 
     prompt_len: float
@@ -28,6 +35,8 @@ class WorkloadSpec:
     padded: bool = False
     prefill_chunk: int | None = None
     shared_prefix: float = 0.0
+    kv_pool: tuple[int, ...] | None = field(default=None, repr=False)
+    argmax_only: bool = False
 
     def __post_init__(self) -> None:
         if self.prompt_len <= 0 or self.gen_len < 1:
@@ -69,10 +78,17 @@ class WorkloadSpec:
         prefix is computed and stored once for all the sequences that share it)."""
         return max(0.0, self.effective_prompt - self.shared_prefix)
 
-    @property
-    def stored_context(self) -> float:
-        """KV-cache tokens a sequence adds at its last step (its shared prefix is stored once)."""
-        return self.max_context - self.shared_prefix
+    def pool_tokens(self, seqs):
+        """Token slots of the KV pool a batch of `seqs` sequences reserves (the memory its KV cache may fill):
+        kv_pool's entry for that batch (its last for a larger one), else seqs * max_context. Unshared: the
+        engine reserves every sequence's room, and the pool was found resident in full with or without a shared
+        prefix (2 MiB huge pages a few MiB of each head's slots; first-fit pages moving past the prefixes that
+        finished sequences leave named: benchmarks/results/memory_planner_check.md)."""
+        seqs = np.asarray(seqs, float)
+        if not self.kv_pool:
+            return seqs * self.max_context
+        table = np.concatenate([[0.0], np.asarray(self.kv_pool, float)])
+        return np.interp(seqs, np.arange(len(table), dtype=float), table)
 
     @property
     def peak_prompt(self) -> float:
@@ -104,4 +120,7 @@ class WorkloadSpec:
         return self.effective_prompt + self.gen_len
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """The spec's figures (kv_pool, a table as long as the job, as its largest entry)."""
+        d = asdict(self)
+        d["kv_pool"] = self.kv_pool[-1] if self.kv_pool else None
+        return d

@@ -212,7 +212,9 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
     non_exp = float(m.non_expert_params() * b)
     copies = costs.kv_copies(hw, m)  # MLA under TP: every rank keeps (and reads) its own latent
     kv_mean_layer = costs.kv_cache_bytes(m, big_n, c_mean, dtype, copies=copies)
-    kv_total = costs.kv_cache_bytes(m, big_n, wl.stored_context, dtype, layers=L, copies=copies)
+    # the pool the engine reserves for N sequences at once, as the memory check counts it (a shared prefix
+    # saves no memory: every sequence's room is reserved)
+    kv_total = costs.kv_cache_bytes(m, 1.0, wl.pool_tokens(big_n), dtype, layers=L, copies=copies)
     kv_mb_layer = costs.kv_cache_bytes(m, mu, c_max, dtype)
     new_kv = costs.kv_cache_bytes(m, big_n, 1, dtype, copies=copies)
     qkv_n, out_n = costs.qkv_bytes(m, big_n, dtype), costs.attention_output_bytes(m, big_n, dtype)
@@ -280,8 +282,7 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
     # prefill faults in the batch's fresh KV pool on the host as its first writes land on its pages, spread over
     # all of it: the pool the engine reserves, every sequence's prompt and generation (with the cache on a GPU,
     # a_g, the host pool is not the one written: not charged)
-    pool = costs.kv_cache_bytes(m, big_n, wl.max_context, dtype, layers=L, copies=copies)
-    first_touch = (1 - a_g) * costs.kv_first_touch_time(hw, pool)
+    first_touch = (1 - a_g) * costs.kv_first_touch_time(hw, kv_total)
 
     # ---- memory (bytes) ----
     act = ops.pass_activation_bytes(m, b, wl.prefill_pass_tokens(mu)) + mu * m.vocab_size * 4.0  # + fp32 logits
@@ -305,9 +306,11 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
         gpu_mem["kv_prefetch_buffers"] = _aff(2 * kv_mb_layer, 0.0, -2 * kv_mb_layer, shape)
     if not f_g:
         cpu_mem["non_expert_weights"] = _aff(non_exp, shape=shape)
-        # all on the CPU: the batch's logits beside the sampler's working copies, as the memory check counts them
-        host_logits = ops.sampled_logits_bytes(m, big_n) if not a_g else mu * m.vocab_size * 4.0
-        cpu_mem["activations"] = _aff(act - mu * m.vocab_size * 4.0 + host_logits, shape=shape)
+        if a_g:  # attention on the GPU: its micro-batch's float32 logits come back to the host
+            cpu_mem["activations"] = _aff(act, shape=shape)
+        else:  # all on the CPU: its largest pass and the batch's sampled logits, as the memory check counts them
+            run_act = ops.host_run_activation_bytes(m, b, wl.prefill_pass_tokens(mu), big_n, wl.argmax_only)
+            cpu_mem["activations"] = _aff(run_act, shape=shape)
     cpu_mem["experts"] = _aff(w_e, -f_g * w_e, 0.0, shape)
     cpu_mem["kv_cache"] = _aff(kv_total, 0.0, -a_g * kv_total, shape)
     if f_g:

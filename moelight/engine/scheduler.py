@@ -17,9 +17,10 @@ import math
 from collections import deque
 
 from moelight.engine.batching import balance_microbatches
-from moelight.engine.block_manager import PAGE_SIZE, BlockManager, pages_for
+from moelight.engine.block_manager import PAGE_SIZE, BlockManager
 from moelight.engine.kv_regions import RegionKV
 from moelight.engine.sequence import Sequence
+from moelight.runtime.paged_layout import pool_slots
 
 
 class Scheduler:
@@ -30,12 +31,12 @@ class Scheduler:
         self.sizes = [s.kv_slots for s in seqs]
         self.n = max(1, min(batch_size, len(seqs)))
         self.mu = max(1, micro_batch_size)
+        slots = pool_slots(self.sizes, self.n, paged=prompts is not None)  # any n of them at once, unshared
         if prompts is None:
-            self.kv = RegionKV(self.sizes, sum(sorted(self.sizes, reverse=True)[: self.n]))  # any n at once
+            self.kv = RegionKV(self.sizes, slots)
         else:  # as many pages as any n of them would fill unshared: sharing only leaves pages free
-            pages = sum(sorted((pages_for(n) for n in self.sizes), reverse=True)[: self.n])
             share = [s.params.prompt_logprobs is None for s in seqs]
-            self.kv = BlockManager(prompts, self.sizes, pages, share, PAGE_SIZE)
+            self.kv = BlockManager(prompts, self.sizes, slots // PAGE_SIZE, share, PAGE_SIZE)
         self.micro_batches: list[list[int]] = [[] for _ in range(math.ceil(self.n / self.mu))]
         self.waiting = deque(range(len(seqs)))
         self.refill_at = max(1, self.n // 8)

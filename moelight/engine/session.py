@@ -31,11 +31,12 @@ from moelight.loading.resolved_model import ResolvedModel, resolve
 from moelight.parallel import shard_config
 from moelight.parallel.rank_group import tensor_parallel_degree
 from moelight.planning.hardware_choice import resolve_device
-from moelight.planning.job_plan import JobPlan, plan_job, workload_of
+from moelight.planning.job_plan import JobPlan, plan_job
 from moelight.planning.memory_check import OutOfMemoryPlan, available_bytes, check_fits, held_before_job, weight_bytes
 from moelight.planning.size_overrides import largest_size
 from moelight.runtime.cpu_linear import keeps_plain_weights, pack_model, weights_on_huge_pages
 from moelight.runtime.executor import Executor
+from moelight.runtime.paged_layout import pool_slots
 from moelight.sampling.checks import SamplingChecker
 from moelight.sampling.params import SamplingParams
 
@@ -128,34 +129,38 @@ class EngineSession:
     # ---- plan -> memory check -> load -> generate ----
     def plan(self, prompts: list[list[int]], params: list[SamplingParams], turn: int = 1,
              solved=None) -> JobPlan:
-        """Plan the job and check that weights + the largest batch's KV cache fit, before loading.
-        `solved`: a policy already solved for this job's hardware (the Ray driver's), fitted not re-solved."""
+        """Plan the job and check, before loading, that its weights, KV pool and activations fit (the planner
+        counts the same bytes: plan.workload). `solved`: a policy already solved for this job's hardware (the Ray
+        driver's), fitted not re-solved."""
         on_cpu = self.device == "cpu"
         loaded = (weight_bytes(self.config, self.source.dtype, on_cpu, self.plain_weights)
                   if self.model is not None else 0)
         available = available_bytes() + loaded  # what this job can have: free memory and the model it holds
         held = held_before_job(loaded)  # torch, the runtime, the tokenizer: no HRM term counts them
         plan = plan_job(self.opts, self.config, self.dtype_name, prompts, params, self.device, self.log,
-                        self.ranks, solved=solved, host_available=available, host_in_use=held)
+                        self.ranks, solved=solved, host_available=available, host_in_use=held, turn=turn)
         plan.info["host_in_use"] = held
         plan.info["tensor_parallel"] = self.ranks
-        kv_tokens = largest_batch_tokens(prompts, params, plan.batch_size, turn)
         try:
-            check_fits(self.config, self.source.dtype, kv_tokens, available=available, ranks=self.ranks,
-                       on_cpu=on_cpu, hint=self._batch_hint(plan), plain_weights=self._plain_for(plan.batch_size),
-                       **self._pass_sizes(prompts, plan.batch_size))
+            check_fits(self.config, self.source.dtype, available=available, ranks=self.ranks, on_cpu=on_cpu,
+                       hint=self._batch_hint(plan), plain_weights=self._plain_for(plan.batch_size),
+                       **self._run_sizes(plan.workload, len(prompts), plan.batch_size, plan.micro_batch_size))
         except OutOfMemoryPlan:
             if self.opts.batch_size or plan.info["source"] != "auto":
                 raise
             plan = self._capped(plan, prompts, params, turn, solved, available, held)
         return plan
 
-    def _pass_sizes(self, prompts: list[list[int]], batch: int) -> dict:
-        """check_fits's `batch` and `prefill_tokens`: the batch's sequences, and the prompt tokens of its largest
-        prefill pass as the planner counts them (hrm WorkloadSpec.prefill_pass_tokens)."""
-        batch = min(batch, len(prompts))
-        tokens = workload_of(prompts, [], self.opts.max_prefill_tokens).prefill_pass_tokens(batch)
-        return {"batch": batch, "prefill_tokens": math.ceil(tokens)}
+    @staticmethod
+    def _run_sizes(workload, requests: int, batch: int, micro: int) -> dict:
+        """check_fits's sizes for a batch as the planner counts them, from the plan's workload (hrm
+        WorkloadSpec): the KV pool the engine reserves (pool_tokens), the batch's sequences and the prompt tokens
+        of its largest prefill pass (prefill_pass_tokens: a pass never holds more than one micro-batch), and
+        whether every row takes its argmax (argmax_only: the sampler copies no logits)."""
+        batch = min(batch, requests)
+        micro = min(micro, batch)
+        return {"batch_kv_tokens": math.ceil(workload.pool_tokens(batch)), "batch": batch,
+                "prefill_tokens": math.ceil(workload.prefill_pass_tokens(micro)), "argmax_only": workload.argmax_only}
 
     def _batch_hint(self, plan: JobPlan) -> str:
         """What to lower when the batch's KV cache does not fit: the option or file that set its size."""
@@ -164,16 +169,18 @@ class EngineSession:
         return f"lower the batch size of --policy {plan.info['source']} or set a smaller --batch-size"
 
     def _capped(self, plan: JobPlan, prompts, params, turn: int, solved, available: int, held: int) -> JobPlan:
-        """The automatic plan with its batch capped to what the memory check accepts (where the HRM's memory
-        model and the check still differ), said in the log and the report; the check's error if none fits."""
+        """The automatic plan with its batch capped to what the memory check accepts, said in the log and the
+        report; the check's error if none fits. The planner counts the check's bytes, so this happens where they
+        see different memory: a --hardware file or preset declaring more than is available now, or a policy
+        solved on another host (`solved`)."""
         from optimizer.policy import size_text
 
         on_cpu = self.device == "cpu"
 
         def check(batch: int) -> None:
-            check_fits(self.config, self.source.dtype, largest_batch_tokens(prompts, params, batch, turn),
-                       available=available, ranks=self.ranks, on_cpu=on_cpu, plain_weights=self._plain_for(batch),
-                       **self._pass_sizes(prompts, batch))
+            check_fits(self.config, self.source.dtype, available=available, ranks=self.ranks, on_cpu=on_cpu,
+                       plain_weights=self._plain_for(batch),
+                       **self._run_sizes(plan.workload, len(prompts), batch, plan.micro_batch_size))
 
         def fits(batch: int) -> bool:
             try:
@@ -194,7 +201,7 @@ class EngineSession:
                      f"({size_text(available)}) by the check before loading: capped at {batch}")
         capped = plan_job(replace(self.opts, batch_size=batch), self.config, self.dtype_name, prompts, params,
                           self.device, None, self.ranks, solved=solved, host_available=available,
-                          host_in_use=held)
+                          host_in_use=held, turn=turn)
         capped.info |= {"tensor_parallel": self.ranks, "host_in_use": held,
                         "batch_capped": {"planned": plan.batch_size, "ran": batch}}
         return capped
@@ -307,7 +314,7 @@ class EngineSession:
 
 
 def largest_batch_tokens(prompts, params, batch_size: int, turn: int = 1) -> int:
-    """KV slots of the largest batch (prompt + max new tokens per sequence), with room for turn 2."""
+    """KV slots of the largest batch (prompt + max new tokens per sequence, unpaged), with room for turn 2: a
+    device executor's buffers (the memory check counts the pool the engine allocates: plan.workload)."""
     sizes = [len(p) + q.max_tokens for p, q in zip(prompts, params, strict=True)]
-    worst = sum(sorted(sizes, reverse=True)[:batch_size])
-    return worst * (2 if turn > 1 else 1)
+    return pool_slots(sizes, batch_size, paged=False) * (2 if turn > 1 else 1)

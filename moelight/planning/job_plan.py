@@ -6,6 +6,7 @@ same batch, micro-batch, placement and HRM prediction whichever way it was start
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable
@@ -16,7 +17,7 @@ from moelight.planning.hardware_choice import PlanError, hardware_for_device
 from moelight.planning.held_model import held_model_spec
 from moelight.planning.mode_choice import ModeError, apply_mode
 from moelight.planning.size_overrides import check_sizes_fit
-from moelight.runtime.paged_layout import shared_prefix_tokens
+from moelight.runtime.paged_layout import reserved_rooms, shared_prefix_tokens
 from moelight.sampling.params import SamplingParams
 
 if TYPE_CHECKING:  # the engine's options type the argument; planning runs below the engine
@@ -34,13 +35,16 @@ class JobPlan:
     info: dict  # report.policy
     prediction: dict  # report.prediction
     solved: object = None  # the policy as solved for the job's hardware, before it was fitted to the job
+    workload: object = None  # hrm.WorkloadSpec the plan was made for (the memory check counts its pool too)
 
 
 def workload_of(prompts: list[list[int]], params: list[SamplingParams], prefill_chunk: int | None = None,
-                prefix_sharing: bool = False):
+                prefix_sharing: bool = False, turn: int = 1):
     """The HRM workload of a tokenized job: mean / max prompt length, mean generation length, the
-    engine's prefill passes (at most prefill_chunk tokens each, every one streaming the weights) and,
-    with prefix sharing, the mean prompt tokens a shared prefix serves."""
+    engine's prefill passes (at most prefill_chunk tokens each, every one streaming the weights),
+    with prefix sharing the mean prompt tokens a shared prefix serves, the KV pool the engine
+    reserves for each batch size (kv_pool_table), and whether every request takes its argmax (greedy,
+    nothing else asked of its logits: the sampler then copies none)."""
     from hrm import WorkloadSpec
 
     lens = [len(p) for p in prompts] or [1]
@@ -49,19 +53,35 @@ def workload_of(prompts: list[list[int]], params: list[SamplingParams], prefill_
     if prefix_sharing and prompts:
         share = [q.prompt_logprobs is None for q in params] if params else [True] * len(prompts)
         shared = sum(shared_prefix_tokens(prompts, share)) / len(prompts)
+    argmax_only = bool(params) and all(q.greedy and not q.has_processors and q.logprobs is None
+                                       and q.prompt_logprobs is None for q in params)
     return WorkloadSpec(sum(lens) / len(lens), max(1, gen), max(lens), prefill_chunk=prefill_chunk,
-                        shared_prefix=shared)
+                        shared_prefix=shared, kv_pool=kv_pool_table(prompts, params, prefix_sharing, turn),
+                        argmax_only=argmax_only)
+
+
+def kv_pool_table(prompts: list[list[int]], params: list[SamplingParams], paged: bool,
+                  turn: int = 1) -> tuple[int, ...] | None:
+    """Token slots of the KV pool the engine allocates for a batch of 1, 2, ... len(prompts) sequences
+    (engine/scheduler.py: runtime/paged_layout.pool_slots, unshared, whole pages where it pages), doubled
+    from turn 2 on (room for the next turn, as the checks before loading have counted it); None without
+    params (no generation length to size it by)."""
+    if not prompts or len(params) != len(prompts):
+        return None
+    rooms = reserved_rooms([len(p) + q.max_tokens for p, q in zip(prompts, params, strict=True)], paged)
+    return tuple(n * (2 if turn > 1 else 1) for n in itertools.accumulate(rooms))
 
 
 def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
              log: Callable[[str], None] | None = None, ranks: int = 1, solved=None,
-             host_available: int | None = None, host_in_use: int = 0) -> JobPlan:
+             host_available: int | None = None, host_in_use: int = 0, turn: int = 1) -> JobPlan:
     """The policy for this job: planned (auto), read from a file, or `solved` already for the same
     model, hardware and workload (a Ray replica reuses its driver's), capped to the number of
     requests; explicit batch / micro-batch sizes win; then the mode (throughput or latency,
     planning/mode_choice.py); the prediction is for what runs. `host_available`: the host memory free for
     the job now, which a plan for this machine (`--hardware profile`, the default) plans against;
-    `host_in_use`: what this process needs beside the model, off the host memory a file or preset declares."""
+    `host_in_use`: what this process needs beside the model, off the host memory a file or preset declares;
+    `turn`: the conversation turn the job generates (from 2 on its KV pool keeps room for the next)."""
     from optimizer import InfeasibleError, Policy, fit_policy, plan, predict_job
 
     n_req = len(prompts)
@@ -75,7 +95,7 @@ def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
     _check_dtype_rates(hw, dtype, opts.hardware)
     mspec = held_model_spec(cfg, opts.model)  # experts held quantized: the bytes they read, page and hold
     sharing = opts.enable_prefix_caching  # every executor pages K and V caches and MLA's latent alike
-    workload = workload_of(prompts, params, opts.max_prefill_tokens, sharing)
+    workload = workload_of(prompts, params, opts.max_prefill_tokens, sharing, turn)
     t0 = time.perf_counter()
     if solved is not None:
         planned, source = replace(solved, dtype=dtype), "auto"  # solved once for the job (a Ray driver)
@@ -133,8 +153,8 @@ def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
         info["planned"] = planned.to_dict()
     pred = predict_job(hw, mspec, workload, policy, n_req, batch, micro)
     try:
-        plan = apply_mode(JobPlan(batch, micro, policy, hw, info, pred, planned), opts, mspec, workload, n_req,
-                          device, ranks)
+        plan = apply_mode(JobPlan(batch, micro, policy, hw, info, pred, planned, workload), opts, mspec, workload,
+                          n_req, device, ranks)
     except ModeError as e:
         raise PlanError(str(e)) from None
     if log:

@@ -78,18 +78,17 @@ def load_transient_bytes(cfg: ModelConfig, dtype: torch.dtype, on_cpu: bool = Fa
     return max(largest_packed_linear(cfg) * per_param, layer_expert_bytes(cfg, dtype))
 
 
-def run_activation_bytes(cfg: ModelConfig, dtype: torch.dtype, batch: int, prefill_tokens: int) -> int:
-    """The largest pass's live tensors beyond the weights and the KV cache on the CPU engine: a prefill chunk
-    of `prefill_tokens` tokens as the HRM counts a layer pass (hrm/operators.pass_activation_bytes: the
-    tokens' own tensors and their routed rows; a decode step of `batch` rows is no larger), and the logits
-    of `batch` sequences sampled at once (hrm/operators.sampled_logits_bytes); the planner's CPU-only policies
-    count the same (optimizer/cost_model.py)."""
-    from hrm.operators import pass_activation_bytes, sampled_logits_bytes
+def run_activation_bytes(cfg: ModelConfig, dtype: torch.dtype, batch: int, prefill_tokens: int,
+                         argmax_only: bool = False) -> int:
+    """What the CPU engine holds beside the weights and the KV pool at its largest: a prefill pass of
+    `prefill_tokens` tokens (or a decode step of `batch` rows) and `batch` sequences' logits sampled at once
+    (`argmax_only`: every row greedy), by the function the planner's CPU-only placements count them with
+    (hrm/operators.host_run_activation_bytes)."""
+    from hrm.operators import host_run_activation_bytes
     from moelight.planning.held_model import held_model_spec
 
     m = held_model_spec(cfg)
-    passes = pass_activation_bytes(m, dtype_bytes(dtype), max(prefill_tokens, batch))
-    return int(passes + sampled_logits_bytes(m, batch))
+    return int(host_run_activation_bytes(m, dtype_bytes(dtype), prefill_tokens, batch, argmax_only))
 
 
 def layer_expert_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
@@ -160,16 +159,18 @@ def process_bytes() -> int:
 
 def check_fits(cfg: ModelConfig, dtype: torch.dtype, batch_kv_tokens: int, available: int | None = None,
                ranks: int = 1, on_cpu: bool = False, hint: str = "use a smaller --batch-size",
-               plain_weights: bool = True, batch: int = 0, prefill_tokens: int = 0) -> dict:
+               plain_weights: bool = True, batch: int = 0, prefill_tokens: int = 0, argmax_only: bool = False) -> dict:
     """Raise OutOfMemoryPlan naming the shortfall if the job's peak does not fit: the weights, and on the CPU
     engine the larger of the load's transient (load_transient_bytes) and what the run adds, one batch's KV
-    cache and its largest pass's activations (`batch` sequences, prefill chunks of `prefill_tokens`:
-    run_activation_bytes); elsewhere weights + KV cache. `hint`: what to do when the weights fit (the batch's
-    source: an option the user set names itself); `plain_weights`: as weight_bytes."""
+    pool (`batch_kv_tokens` slots) and its largest pass's activations (`batch` sequences, prefill chunks of
+    `prefill_tokens`, `argmax_only`: every row greedy: run_activation_bytes); elsewhere weights + KV cache.
+    `hint`: what to do when the weights fit (the batch's source: an option the user set names itself);
+    `plain_weights`: as weight_bytes."""
     available = available_bytes() if available is None else available
     need_w = weight_bytes(cfg, dtype, on_cpu, plain_weights)
     need_kv = kv_bytes(cfg, batch_kv_tokens, dtype, ranks)
-    need_act = run_activation_bytes(cfg, dtype, batch, prefill_tokens) if on_cpu and (batch or prefill_tokens) else 0
+    need_act = (run_activation_bytes(cfg, dtype, batch, prefill_tokens, argmax_only)
+                if on_cpu and (batch or prefill_tokens) else 0)
     need_load = load_transient_bytes(cfg, dtype, on_cpu)
     need = need_w + max(need_load, need_kv + need_act)
     budget = int(HEADROOM * available)

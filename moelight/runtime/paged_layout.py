@@ -20,6 +20,19 @@ def pages_for(tokens: int, page_size: int = PAGE_SIZE) -> int:
     return -(-tokens // page_size)
 
 
+def reserved_rooms(rooms: list[int], paged: bool, page_size: int = PAGE_SIZE) -> list[int]:
+    """Token slots each sequence reserves when it is admitted, largest first: its room (prompt + max new tokens),
+    in whole pages where the cache is paged (engine/scheduler.py)."""
+    return sorted((pages_for(n, page_size) * page_size if paged else n for n in rooms), reverse=True)
+
+
+def pool_slots(rooms: list[int], batch: int, paged: bool, page_size: int = PAGE_SIZE) -> int:
+    """Token slots of the KV pool a run of at most `batch` sequences at once allocates: the rooms of its `batch`
+    largest, any of which may run together. Prefix sharing does not shrink it (sharing only leaves pages
+    free), and the planner and the memory check count the same pool (planning/job_plan.workload_of)."""
+    return sum(reserved_rooms(rooms, paged, page_size)[:max(1, batch)])
+
+
 def block_hashes(prompt: list[int], page_size: int = PAGE_SIZE) -> list[bytes]:
     """Chained hashes of the prompt's full pages: hash i names tokens [0, (i + 1) * page_size)."""
     out, parent = [], b""
