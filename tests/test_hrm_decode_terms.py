@@ -39,11 +39,9 @@ def test_the_logits_rate_roundtrips_scales_and_is_checked(tmp_path):
 
 def test_a_cached_cpu_profile_without_the_logits_rate_is_retaken(tmp_path):
     from moelight.planning.hardware_choice import _profile_is_stale
+    from tests.current_profile import save_current_profile
 
-    path = tmp_path / "hardware.json"
-    cpu = _level(gemm_flops={"bfloat16": [[1, 1e9]]}, elementwise_bandwidth=2e10, sequence_step_s=4e-6,
-                 logits_bandwidth=1e10, kv_first_touch_bandwidth=2e9)
-    HardwareSpec("profiled", cpu, measured_at="2026-11-30T00:00:00+00:00").save(path)
+    path = save_current_profile(tmp_path / "hardware.json")
     assert not _profile_is_stale(path)
     d = json.loads(path.read_text())
     del d["cpu"]["logits_bandwidth"]  # written before the profile measured the in-place terms

@@ -9,10 +9,11 @@ from datetime import datetime, timedelta, timezone
 import pytest
 
 from hrm import hardware_presets
-from hrm.hardware import HardwareSpec, Level
+from hrm.hardware import HardwareSpec
 from moelight.jobs.report import RunReport, profile_age_text
 from moelight.planning.hardware_choice import _profile_is_stale, resolve_hardware
 from moelight.profiling import machine_profile
+from tests.current_profile import save_current_profile
 from tests.test_profile_host_load import _fake_measurements
 
 NOW = datetime(2026, 11, 30, 3, 12, tzinfo=timezone.utc)
@@ -75,11 +76,7 @@ def test_a_cached_profile_from_before_its_time_and_first_touch_rate_is_retaken(t
     """Without them the report cannot say the profile's age and prefill pays no page faults: taken again."""
     import json
 
-    path = tmp_path / "hardware.json"
-    cpu = Level("c", 1e10, 1e10, {"bfloat16": 1e11}, gemm_flops={"bfloat16": [[1, 1e9]]},
-                elementwise_bandwidth=2e10, sequence_step_s=4e-5, logits_bandwidth=1e10,
-                kv_first_touch_bandwidth=2e9)
-    HardwareSpec("profiled", cpu, measured_at="2026-11-30T00:00:00+00:00").save(path)
+    path = save_current_profile(tmp_path / "hardware.json")
     assert not _profile_is_stale(path)
     d = json.loads(path.read_text())
     del (d["cpu"] if older in d["cpu"] else d)[older]

@@ -244,14 +244,12 @@ def test_cached_profile_from_an_older_version_is_retaken(tmp_path, monkeypatch):
     from hrm import HardwareSpec, Level, hardware_presets
     from moelight.planning import hardware_choice
     from moelight.profiling import machine_profile as hardware_profile
+    from tests.current_profile import current_profile
 
     cached = tmp_path / "hardware.json"
     old = Level("c", 1e10, 1e10, {"bfloat16": 1e11}, gemm_flops={"bfloat16": [[1, 1e9], [64, 5e10]]})
     HardwareSpec("profiled", old).save(cached)
-    fresh = HardwareSpec("profiled", Level("c", 1e10, 1e10, {"bfloat16": 1e11}, elementwise_bandwidth=2e10,
-                                           sequence_step_s=5e-6, logits_bandwidth=2e10,
-                                           kv_first_touch_bandwidth=2e9, gemm_flops={"bfloat16": [[1, 1e9]]}),
-                         measured_at="2026-11-30T00:00:00+00:00")
+    fresh = current_profile()
     monkeypatch.setattr(hardware_presets, "DEFAULT_PROFILE_PATH", cached)
     monkeypatch.setattr(hardware_profile, "profile_machine", lambda quick: fresh)
     notes = []

@@ -29,16 +29,13 @@ def test_the_probe_runs_the_runtime_and_measures_its_cost_per_layer_pass(monkeyp
 def test_a_cached_gpu_profile_without_the_runtime_s_cost_is_retaken(tmp_path):
     import json
 
-    from hrm import HardwareSpec, Level, Link
+    from hrm import Level, Link
     from moelight.planning.hardware_choice import _profile_is_stale
+    from tests.current_profile import save_current_profile
 
-    path = tmp_path / "hardware.json"
-    cpu = Level("c", 1e10, 1e10, {"bfloat16": 1e11}, gemm_flops={"bfloat16": [[1, 1e9]]},
-                elementwise_bandwidth=2e10, sequence_step_s=4e-5, logits_bandwidth=1e10,
-                kv_first_touch_bandwidth=2e9)
     gpu = Level("g", 1e10, 1e11, {"bfloat16": 1e13}, gemm_bandwidth=5e10, layer_overhead_s=5e-4,
                 runtime_layer_s=4e-3)
-    HardwareSpec("profiled", cpu, gpu, 1, Link(h2d=1e10, d2h=1e10), measured_at="2026-11-30T00:00:00+00:00").save(path)
+    path = save_current_profile(tmp_path / "hardware.json", gpu=gpu, gpu_count=1, link=Link(h2d=1e10, d2h=1e10))
     assert not _profile_is_stale(path)
     d = json.loads(path.read_text())
     del d["gpu"]["runtime_layer_s"]  # written before moelight profile measured it

@@ -52,14 +52,10 @@ def test_the_profile_measures_a_positive_cost_per_sequence():
 
 
 def test_a_cached_profile_without_it_is_retaken(tmp_path):
-    from hrm import HardwareSpec, Level
     from moelight.planning.hardware_choice import _profile_is_stale
+    from tests.current_profile import save_current_profile
 
-    path = tmp_path / "hardware.json"
-    measured = Level("c", 1e10, 1e10, {"bfloat16": 1e11}, gemm_flops={"bfloat16": [[1, 1e9]]},
-                     elementwise_bandwidth=2e10, sequence_step_s=4e-5, logits_bandwidth=2e10,
-                     kv_first_touch_bandwidth=2e9)
-    HardwareSpec("profiled", measured, measured_at="2026-11-30T00:00:00+00:00").save(path)
+    path = save_current_profile(tmp_path / "hardware.json")
     assert not _profile_is_stale(path)
     d = json.loads(path.read_text())
     for old in (None, 0.0):  # written before the HRM charged it, or by a profile run without the engine
