@@ -41,32 +41,35 @@ struct NextStrip {
   }
 };
 
+// one pass of the op's loop over 32 rows (2 x 2 C tiles) and over 16 (its 1 x 2 tail), at rows r..
+static inline void pass32(const uint16_t* a0, const uint16_t* b, int64_t k, int64_t kb, NextStrip& ahead, float* c0, int64_t ldc) {
+  const uint16_t* a1 = a0 + 16 * k; const int64_t sc = ldc * 4;
+  _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
+  for (int64_t i = 0; i < kb; ++i) {
+    ahead.step();
+    _tile_loadd(4, a0 + i * 512, 64); _tile_loadd(6, b + i * 1024, 128); _tile_loadd(7, b + i * 1024 + 32, 128); _tile_loadd(5, a1 + i * 512, 64);
+    _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
+  }
+  _tile_stored(0, c0, sc); _tile_stored(1, c0 + 16, sc); _tile_stored(2, c0 + 16 * ldc, sc); _tile_stored(3, c0 + 16 * ldc + 16, sc);
+}
+
+static inline void pass16(const uint16_t* a0, const uint16_t* b, int64_t kb, NextStrip& ahead, float* c0, int64_t ldc) {
+  _tile_zero(0); _tile_zero(1);
+  for (int64_t i = 0; i < kb; ++i) {
+    ahead.step();
+    _tile_loadd(4, a0 + i * 512, 64); _tile_loadd(6, b + i * 1024, 128); _tile_loadd(7, b + i * 1024 + 32, 128);
+    _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
+  }
+  _tile_stored(0, c0, ldc * 4); _tile_stored(1, c0 + 16, ldc * 4);
+}
+
 // variant 0: the op's loop (2x2 then a 1x2 tail)
 static void gemm0(const uint16_t* a, int64_t m, const uint16_t* b, int64_t k, const uint8_t* next, int64_t nb, float* c, int64_t ldc) {
-  const int64_t kb = k / 32, sc = ldc * 4, rows = (m + 15) / 16 * 16;
+  const int64_t kb = k / 32, rows = (m + 15) / 16 * 16;
   NextStrip ahead(next, nb, (rows + 31) / 32 * kb);
   int64_t r = 0;
-  for (; r + 32 <= rows; r += 32) {
-    const uint16_t* a0 = a + r * k; const uint16_t* a1 = a0 + 16 * k;
-    _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-    for (int64_t i = 0; i < kb; ++i) {
-      ahead.step();
-      _tile_loadd(4, a0 + i * 512, 64); _tile_loadd(6, b + i * 1024, 128); _tile_loadd(7, b + i * 1024 + 32, 128); _tile_loadd(5, a1 + i * 512, 64);
-      _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
-    }
-    float* c0 = c + r * ldc;
-    _tile_stored(0, c0, sc); _tile_stored(1, c0 + 16, sc); _tile_stored(2, c0 + 16 * ldc, sc); _tile_stored(3, c0 + 16 * ldc + 16, sc);
-  }
-  if (r < rows) {
-    const uint16_t* a0 = a + r * k;
-    _tile_zero(0); _tile_zero(1);
-    for (int64_t i = 0; i < kb; ++i) {
-      ahead.step();
-      _tile_loadd(4, a0 + i * 512, 64); _tile_loadd(6, b + i * 1024, 128); _tile_loadd(7, b + i * 1024 + 32, 128);
-      _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
-    }
-    _tile_stored(0, c + r * ldc, sc); _tile_stored(1, c + r * ldc + 16, sc);
-  }
+  for (; r + 32 <= rows; r += 32) pass32(a + r * k, b, k, kb, ahead, c + r * ldc, ldc);
+  if (r < rows) pass16(a + r * k, b, kb, ahead, c + r * ldc, ldc);
 }
 
 // variant 1: 48-row passes (3x2 C tiles: 0-5, A in 6, B in 7, B reloaded) where >= 48 rows remain
@@ -97,25 +100,10 @@ static void gemm1(const uint16_t* a, int64_t m, const uint16_t* b, int64_t k, co
       _tile_stored(4, c0 + 32 * ldc, sc); _tile_stored(5, c0 + 32 * ldc + 16, sc);
       r += 48;
     } else if (left >= 32) {
-      const uint16_t* a0 = a + r * k; const uint16_t* a1 = a0 + 16 * k;
-      _tile_zero(0); _tile_zero(1); _tile_zero(2); _tile_zero(3);
-      for (int64_t i = 0; i < kb; ++i) {
-        ahead.step();
-        _tile_loadd(4, a0 + i * 512, 64); _tile_loadd(6, b + i * 1024, 128); _tile_loadd(7, b + i * 1024 + 32, 128); _tile_loadd(5, a1 + i * 512, 64);
-        _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7); _tile_dpbf16ps(2, 5, 6); _tile_dpbf16ps(3, 5, 7);
-      }
-      float* c0 = c + r * ldc;
-      _tile_stored(0, c0, sc); _tile_stored(1, c0 + 16, sc); _tile_stored(2, c0 + 16 * ldc, sc); _tile_stored(3, c0 + 16 * ldc + 16, sc);
+      pass32(a + r * k, b, k, kb, ahead, c + r * ldc, ldc);
       r += 32;
     } else {
-      const uint16_t* a0 = a + r * k;
-      _tile_zero(0); _tile_zero(1);
-      for (int64_t i = 0; i < kb; ++i) {
-        ahead.step();
-        _tile_loadd(4, a0 + i * 512, 64); _tile_loadd(6, b + i * 1024, 128); _tile_loadd(7, b + i * 1024 + 32, 128);
-        _tile_dpbf16ps(0, 4, 6); _tile_dpbf16ps(1, 4, 7);
-      }
-      _tile_stored(0, c + r * ldc, sc); _tile_stored(1, c + r * ldc + 16, sc);
+      pass16(a + r * k, b, kb, ahead, c + r * ldc, ldc);
       r += 16;
     }
   }
