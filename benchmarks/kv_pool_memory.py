@@ -27,6 +27,7 @@ from moelight.engine.generation import Engine
 from moelight.loading.expert_storage import with_expert_format
 from moelight.loading.hf_config import config_from_hf_dict
 from moelight.loading.weights import build_model
+from moelight.planning.memory_check import peak_rss_bytes, reset_peak_rss
 from moelight.runtime.cpu_linear import pack_model
 from moelight.sampling.params import SamplingParams
 
@@ -36,17 +37,6 @@ QWEN3_LAYER = {"model_type": "qwen3_moe", "vocab_size": 151936, "hidden_size": 2
                "num_key_value_heads": 4, "head_dim": 128, "num_experts": 128, "num_experts_per_tok": 8,
                "norm_topk_prob": True, "rope_theta": 1e6, "max_position_embeddings": 4096, "bos_token_id": 1,
                "eos_token_id": 2}
-
-
-def status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
-
-
-def reset_peak() -> int:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    return status("VmRSS")
 
 
 def resident(tensors: list[torch.Tensor]) -> int:
@@ -102,15 +92,15 @@ def run_job(model, cfg, kind: str, batch: int, requests: int, sharing: bool, gre
         """The phase's peak (VmHWM reset at its start) less the pool resident at its end and the process before
         the job: what the phase held beside the pool."""
         cache = pools[-1]
-        phases[name] = max(phases[name], status("VmHWM") - start["rss"] - resident([*cache.k, *cache.v]))
+        phases[name] = max(phases[name], peak_rss_bytes() - start["rss"] - resident([*cache.k, *cache.v]))
 
     def prefill(self, new):
-        reset_peak()
+        reset_peak_rss()
         orig_prefill(self, new)
         held("prefill")
 
     def decode(self, batches):
-        reset_peak()
+        reset_peak_rss()
         orig_decode(self, batches)
         held("decode")
 
@@ -118,7 +108,7 @@ def run_job(model, cfg, kind: str, batch: int, requests: int, sharing: bool, gre
     cls.pool, generation._Run._prefill, generation._Run._decode_step = pool, prefill, decode
     try:
         engine = Engine(model, (cfg.eos_token_ids[0],), max_prefill_tokens=4096, prefix_sharing=sharing)
-        start["rss"] = reset_peak()
+        start["rss"] = reset_peak_rss()
         engine.generate(prompts, params, list(range(requests)), batch, batch)
         peak = max(phases.values())  # beside the pool
     finally:

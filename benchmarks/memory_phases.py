@@ -55,8 +55,9 @@ class Phases:
         self.rows.append({"phase": self.name, "rss_start": self.start, "peak": s["VmHWM"], "rss_end": s["VmRSS"],
                           "anon_end": s["RssAnon"], "malloc_free_end": _malloc_free(),
                           "seconds": time.perf_counter() - self.t0})
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # VmHWM := VmRSS: the next phase's peak is its own
+        from moelight.planning.memory_check import reset_peak_rss  # imported by the job already
+
+        reset_peak_rss()  # VmHWM := VmRSS: the next phase's peak is its own
         self.name, self.t0, self.start = name, time.perf_counter(), s["VmRSS"]
 
     def table(self) -> str:

@@ -1,6 +1,6 @@
 """Run in a fresh interpreter by tests/test_memory_estimate.py: resident-memory rises of a small Qwen3-MoE-shaped
-model's packing and of one generation on it, printed as JSON. Each phase's peak is its own: /proc/self/clear_refs
-"5" resets VmHWM to the current RSS before the phase."""
+model's packing and of one generation on it, printed as JSON. Each phase's peak is its own: reset_peak_rss() before
+the phase."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import torch
 from moelight.engine.generation import Engine
 from moelight.loading.hf_config import config_from_hf_dict
 from moelight.loading.weights import build_model
+from moelight.planning.memory_check import peak_rss_bytes, process_bytes, reset_peak_rss
 from moelight.runtime.cpu_linear import pack_model
 from moelight.sampling.params import SamplingParams
 
@@ -23,31 +24,20 @@ SHAPE = {"model_type": "qwen3_moe", "vocab_size": 32000, "hidden_size": 2048, "i
          "max_position_embeddings": 4096, "bos_token_id": 1, "eos_token_id": 2}
 
 
-def _status(field: str) -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) * 1024 for line in f if line.startswith(field + ":"))
-
-
-def _reset_peak() -> int:
-    with open("/proc/self/clear_refs", "w") as f:
-        f.write("5")
-    return _status("VmRSS")
-
-
 def main() -> None:
     batch, prompt_len = int(sys.argv[1]), int(sys.argv[2])
     cfg = config_from_hf_dict(SHAPE)
     model = build_model(cfg, torch.bfloat16, None, seed=0)
-    before = _reset_peak()
+    before = reset_peak_rss()
     pack_model(model, huge_pages=False, plain_weights=False)
-    pack = {"peak": _status("VmHWM") - before, "after": _status("VmRSS") - before}
+    pack = {"peak": peak_rss_bytes() - before, "after": process_bytes() - before}
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, cfg.vocab_size, (prompt_len,), generator=gen).tolist() for _ in range(batch)]
     params = [SamplingParams(max_tokens=2, temperature=1.0, top_p=0.9, ignore_eos=True)] * batch
     engine = Engine(model, (cfg.eos_token_ids[0],), max_prefill_tokens=4096, prefix_sharing=False)
-    before = _reset_peak()
+    before = reset_peak_rss()
     engine.generate(prompts, params, list(range(batch)), batch, batch)
-    run = {"peak": _status("VmHWM") - before}
+    run = {"peak": peak_rss_bytes() - before}
     print(json.dumps({"pack": pack, "run": run}))
 
 

@@ -142,6 +142,14 @@ def peak_rss_bytes() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
 
 
+def reset_peak_rss() -> int:
+    """Reset this process's peak (VmHWM) to its resident memory now (Linux's /proc/self/clear_refs "5"), so a
+    phase measured after it has a peak of its own (the memory benchmarks and probes); the resident bytes now."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+    return process_bytes()
+
+
 def held_before_job(loaded: int) -> int:
     """Host memory this process holds or will hold that no HRM term counts: resident memory now less the model
     it holds (`loaded` bytes), and before its first load, what the engine adds (RUNTIME_GROWTH)."""
