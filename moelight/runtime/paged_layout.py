@@ -35,16 +35,21 @@ def pool_table(rooms: list[int], paged: bool, prompts: list[list[int]] | None = 
     Unpaged, or paged without `prompts`: the rooms of the b largest sequences, any of which may run together.
     Paged with the prompts (prefix sharing; `share[j]`: j may reuse others' pages): every page a prompt may reuse
     is counted once per distinct prefix live at once, the rest of each room per sequence -- the b largest private
-    parts plus the pages of the b longest distinct prefixes (prefix_pages). That bounds every set of b sequences
-    engine/block_manager.py can hold at once, and the first entry holds any one sequence's room, so admission,
-    which waits for pages, can always admit into an empty pool."""
+    parts plus the pages of the b longest distinct prefixes (prefix_pages), or the unshared pool where that is
+    less (b sequences of distinct prompts: each repeated prompt's last page is counted in its prefix and by each
+    copy). That bounds the sets of b sequences engine/block_manager.py holds at once (all but one: a twin whose
+    owner ended holds the owner's partial page and its own copy until its first write, one page above its room
+    while it lasts, so admission may wait for it), and the first entry holds any one sequence's room, so
+    admission, which waits for pages, can always admit into an empty pool."""
+    unshared = list(itertools.accumulate(reserved_rooms(rooms, paged, page_size)))
     if not paged or prompts is None:
-        return list(itertools.accumulate(reserved_rooms(rooms, paged, page_size)))
+        return unshared
     share = share if share is not None else [True] * len(prompts)
     private, chains = prefix_pages(prompts, share, page_size)
     private = sorted((pages_for(n, page_size) - s for n, s in zip(rooms, private, strict=True)), reverse=True)
     shared = list(itertools.accumulate(chains)) or [0]
-    return [(p + shared[min(b, len(shared) - 1)]) * page_size for b, p in enumerate(itertools.accumulate(private))]
+    return [min(u, (p + shared[min(b, len(shared) - 1)]) * page_size)
+            for b, (u, p) in enumerate(zip(unshared, itertools.accumulate(private), strict=True))]
 
 
 def pool_slots(rooms: list[int], batch: int, paged: bool, prompts: list[list[int]] | None = None,
