@@ -10,11 +10,12 @@ import random
 
 import pytest
 
+from moelight.engine.batching import split_batches
 from moelight.engine.block_manager import PAGE_SIZE, BlockManager, block_hashes, pages_for
 from moelight.engine.scheduler import Scheduler
 from moelight.engine.sequence import Sequence
 from moelight.planning.job_plan import kv_pool_table
-from moelight.runtime.paged_layout import pool_table, prefix_pages, reserved_rooms
+from moelight.runtime.paged_layout import pool_slots, pool_table, prefix_pages, reserved_rooms
 from moelight.sampling.params import SamplingParams
 
 P = PAGE_SIZE
@@ -132,3 +133,20 @@ def test_a_pool_smaller_than_the_largest_sequence_is_refused_when_sized(monkeypa
     monkeypatch.setattr(scheduler, "pool_slots", lambda rooms, *a, **k: pages_for(max(rooms)) * P - P)
     with pytest.raises(RuntimeError, match="largest sequence"):
         _scheduler([[5] * 40, [6] * 20], [SamplingParams(max_tokens=8)] * 2, 2)
+
+
+def test_a_static_batchs_pool_is_no_larger_than_the_jobs_at_that_batch():
+    """refill=False runs the job in batches of `batch`, each with the pool of its own prompts; the planner and
+    the check count the job's pool at `batch`, which must hold each of them (a batch may share less)."""
+    for seed in range(500):
+        rng = random.Random(seed)
+        systems = [[rng.randrange(3, 50) for _ in range(rng.choice([P, 2 * P, 3 * P, 5 * P]))] for _ in range(3)]
+        base = [rng.choice(systems + [[]]) for _ in range(rng.randrange(2, 8))]
+        base = [s[:rng.randrange(0, len(s) + 1)] + [rng.randrange(3, 50) for _ in range(rng.randrange(1, 40))]
+                for s in base]
+        prompts = [rng.choice(base) for _ in range(rng.randrange(3, 16))]
+        rooms = [len(p) + rng.randrange(1, 60) for p in prompts]
+        batch = rng.randrange(1, 6)
+        job = pool_slots(rooms, batch, True, prompts)
+        for run in map(list, split_batches(len(prompts), batch)):
+            assert pool_slots([rooms[i] for i in run], batch, True, [prompts[i] for i in run]) <= job, seed
