@@ -37,10 +37,10 @@ def pool_table(rooms: list[int], paged: bool, prompts: list[list[int]] | None = 
     is counted once per distinct prefix live at once, the rest of each room per sequence -- the b largest private
     parts plus the pages of the b longest distinct prefixes (prefix_pages), or the unshared pool where that is
     less (b sequences of distinct prompts: each repeated prompt's last page is counted in its prefix and by each
-    copy). That bounds the sets of b sequences engine/block_manager.py holds at once (all but one: a twin whose
-    owner ended holds the owner's partial page and its own copy until its first write, one page above its room
-    while it lasts, so admission may wait for it), and the first entry holds any one sequence's room, so
-    admission, which waits for pages, can always admit into an empty pool."""
+    copy). That bounds what any b sequences engine/block_manager.py holds at once need, but for one transient
+    where the unshared pool is the smaller: a twin whose owner ended holds the owner's partial page and its own
+    copy until its first write, one page above its room, and admission may wait for that write. The first entry
+    holds any one sequence's room, so admission, which waits for pages, can always admit into an empty pool."""
     unshared = list(itertools.accumulate(reserved_rooms(rooms, paged, page_size)))
     if not paged or prompts is None:
         return unshared
