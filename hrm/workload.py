@@ -19,12 +19,11 @@ class WorkloadSpec:
     layer-major and the weights stream once per batch (the paper's system and FlexGen).
     shared_prefix: prompt tokens per sequence (a mean) whose KV a shared prefix serves (prefix
     sharing: a system prompt, few-shot examples, the n samples of one prompt): prefill does not
-    compute them again; decode attention still reads them. The KV pool is still reserved for
-    every sequence unshared (the engine's scheduler: sharing only leaves pages free), so they
-    save no memory (pool_tokens).
+    compute them again; decode attention still reads them. The memory they save is in kv_pool (pool_tokens).
     kv_pool: the token slots of the KV pool the engine reserves for a batch of 1, 2, ... sequences
-    (the rooms of the largest ones, whole pages: moelight/runtime/paged_layout.pool_slots); None:
-    every sequence max_context slots.
+    (moelight/runtime/paged_layout.pool_table: the rooms of the largest ones in whole pages, each
+    shared prefix counted once per distinct prefix live at once); None: every sequence max_context
+    slots, unshared (a shared_prefix alone does not say how many distinct prefixes are live).
     argmax_only: every request greedy, without logits processors or logprobs: the host sampler takes
     each row's argmax and makes no working copies of the logits (hrm/operators.sampled_logits_bytes).
     """
@@ -80,10 +79,10 @@ class WorkloadSpec:
 
     def pool_tokens(self, seqs):
         """Token slots of the KV pool a batch of `seqs` sequences reserves (the memory its KV cache may fill):
-        kv_pool's entry for that batch (its last for a larger one), else seqs * max_context. Unshared: the
-        engine reserves every sequence's room, and the pool was found resident in full with or without a shared
-        prefix (2 MiB huge pages a few MiB of each head's slots; first-fit pages moving past the prefixes that
-        finished sequences leave named: benchmarks/results/memory_planner_check.md)."""
+        kv_pool's entry for that batch (its last for a larger one), else seqs * max_context. The pool as the
+        engine allocates it, not what its sequences fill: it was found resident in full (2 MiB huge pages a few
+        MiB of each head's slots; first-fit pages moving past the prefixes that finished sequences leave named:
+        benchmarks/results/memory_planner_check.md)."""
         seqs = np.asarray(seqs, float)
         if not self.kv_pool:
             return seqs * self.max_context

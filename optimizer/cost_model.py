@@ -212,8 +212,8 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
     non_exp = float(m.non_expert_params() * b)
     copies = costs.kv_copies(hw, m)  # MLA under TP: every rank keeps (and reads) its own latent
     kv_mean_layer = costs.kv_cache_bytes(m, big_n, c_mean, dtype, copies=copies)
-    # the pool the engine reserves for N sequences at once, as the memory check counts it (a shared prefix
-    # saves no memory: every sequence's room is reserved)
+    # the pool the engine reserves for N sequences at once, as the memory check counts it (a job's shared
+    # prefixes once per distinct prefix live at once: WorkloadSpec.kv_pool)
     kv_total = costs.kv_cache_bytes(m, 1.0, wl.pool_tokens(big_n), dtype, layers=L, copies=copies)
     kv_mb_layer = costs.kv_cache_bytes(m, mu, c_max, dtype)
     new_kv = costs.kv_cache_bytes(m, big_n, 1, dtype, copies=copies)

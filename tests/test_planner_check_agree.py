@@ -1,8 +1,9 @@
 """The planner and the memory check before loading count a CPU job's memory alike, so the batch the planner
 picks is one the check accepts on the same host figures, and the largest such (benchmarks/results/
 memory_planner_check.md). The planner once counted the KV cache as every sequence's mean context less its
-shared prefix, the check the pool the engine reserves (the largest sequences, unshared): on Qwen3-30B-A3B int4
-with 640 requests the planner picked 444 and the session capped it to 139."""
+shared prefix, the check the pool the engine reserves (then the largest sequences, unshared): on Qwen3-30B-A3B
+int4 with 640 requests the planner picked 444 and the session capped it to 139. Both now read the pool from
+runtime/paged_layout.pool_table, which counts each shared prefix once per distinct prefix live at once."""
 
 from __future__ import annotations
 
@@ -77,10 +78,12 @@ def test_the_planners_batch_is_the_checks_on_the_same_host(tmp_path, monkeypatch
 
 @pytest.mark.parametrize("sharing", [True, False])
 @pytest.mark.parametrize("batch", [3, 8, 20])
-def test_the_kv_term_is_the_pool_the_engine_allocates(monkeypatch, sharing, batch):
+@pytest.mark.parametrize("workload", ["prefix", "samples"])
+def test_the_kv_term_is_the_pool_the_engine_allocates(monkeypatch, sharing, batch, workload):
     """The pool a generation allocates (its token slots and bytes) is the one the plan's workload and the
-    check count for that batch: the largest sequences' rooms, in whole pages where it pages, however much of
-    their prompts a shared prefix serves."""
+    check count for that batch: the largest sequences' rooms, in whole pages where it pages, and with prefix
+    sharing each shared prefix once per distinct prefix live at once (24 prompts behind a 40-token prefix, or
+    6 prompts of 4 samples each), smaller than the unshared pool where the batch must share."""
     import math
 
     from moelight.engine import generation
@@ -88,12 +91,15 @@ def test_the_kv_term_is_the_pool_the_engine_allocates(monkeypatch, sharing, batc
     from moelight.loading.weights import build_model
     from moelight.planning.job_plan import workload_of
     from moelight.planning.memory_check import kv_bytes
+    from moelight.runtime.paged_layout import reserved_rooms
 
     cfg = PRESETS["tiny"]
     model = build_model(cfg, torch.float32, None, seed=0)
     g = torch.Generator().manual_seed(batch)
     prefix = torch.randint(3, cfg.vocab_size, (40,), generator=g).tolist()
     prompts = [prefix + torch.randint(3, cfg.vocab_size, (1 + 7 * i % 23,), generator=g).tolist() for i in range(24)]
+    if workload == "samples":
+        prompts = [prompts[i // 4][len(prefix) - 8 * (i // 4):] for i in range(24)]  # distinct prompts, 4 each
     params = [SamplingParams(max_tokens=1 + i % 5, ignore_eos=True) for i in range(24)]
     pools = []
     cls = generation.kv_cache_class(cfg)
@@ -111,3 +117,9 @@ def test_the_kv_term_is_the_pool_the_engine_allocates(monkeypatch, sharing, batc
     assert slots == counted
     held = sum(t.nbytes for t in (*pools[0].k, *pools[0].v))
     assert held == kv_bytes(cfg, counted, torch.float32)
+    rooms = [len(p) + q.max_tokens for p, q in zip(prompts, params, strict=True)]
+    unshared = sum(reserved_rooms(rooms, True)[:batch])
+    if sharing and (workload == "prefix" or batch > 6):  # 3 of 6 distinct prompts' samples may share nothing
+        assert slots < unshared
+    else:
+        assert slots == (unshared if sharing else sum(sorted(rooms, reverse=True)[:batch]))

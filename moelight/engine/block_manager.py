@@ -18,9 +18,10 @@ of sharing, both decided when a sequence is admitted:
   reserved for the twin before the twin's first write into it (`copy_on_write`).
 
 Every admitted sequence reserves every page it may fill (prompt + max new tokens), so a running
-sequence never waits for a page; fresh pages are taken as one consecutive run where the pool
-has one, so an unshared sequence is one contiguous block for the attention kernels, as in the
-ragged cache.
+sequence never waits for a page; `admit` says False when the free (or evictable) pages do not
+suffice, and the scheduler waits (the pool counts shared prefixes once: runtime/paged_layout.
+pool_table). Fresh pages are taken as one consecutive run where the pool has one, so an unshared
+sequence is one contiguous block for the attention kernels, as in the ragged cache.
 """
 
 from __future__ import annotations

@@ -4,7 +4,11 @@ The scheduler owns the waiting queue, the KV placement and the micro-batches; it
 model (engine/generation.py does, through an executor), as nano-vllm's Scheduler hands work to its
 ModelRunner. The placement is either ragged regions (engine/kv_regions.py: one contiguous region of
 prompt + max new tokens slots per sequence) or pages with prefix sharing (engine/block_manager.py);
-either way a sequence reserves all the room it may fill when it is admitted.
+either way a sequence reserves all the room it may fill when it is admitted, so a running sequence never
+waits. The paged pool counts each shared prefix once (runtime/paged_layout.pool_table), not once per
+sequence: a sequence is admitted only when the block manager can reserve its pages, and where sharing
+turns out smaller than counted (its prefix's pages were recycled) it waits for running ones to finish;
+an empty pool holds any one sequence, so it never waits on nothing.
 
 refill=True: when at least N/8 of the N slots are free, waiting sequences are admitted into the
 freed regions and placed into the least-filled micro-batches. The first admission (and every
@@ -17,7 +21,7 @@ import math
 from collections import deque
 
 from moelight.engine.batching import balance_microbatches
-from moelight.engine.block_manager import PAGE_SIZE, BlockManager
+from moelight.engine.block_manager import PAGE_SIZE, BlockManager, pages_for
 from moelight.engine.kv_regions import RegionKV
 from moelight.engine.sequence import Sequence
 from moelight.runtime.paged_layout import pool_slots
@@ -31,11 +35,13 @@ class Scheduler:
         self.sizes = [s.kv_slots for s in seqs]
         self.n = max(1, min(batch_size, len(seqs)))
         self.mu = max(1, micro_batch_size)
-        slots = pool_slots(self.sizes, self.n, paged=prompts is not None)  # any n of them at once, unshared
         if prompts is None:
-            self.kv = RegionKV(self.sizes, slots)
-        else:  # as many pages as any n of them would fill unshared: sharing only leaves pages free
+            self.kv = RegionKV(self.sizes, pool_slots(self.sizes, self.n, paged=False))
+        else:  # shared prefixes counted once per distinct prefix live at once: admission waits for pages
             share = [s.params.prompt_logprobs is None for s in seqs]
+            slots = pool_slots(self.sizes, self.n, True, prompts, share)
+            if slots < pages_for(max(self.sizes, default=0)) * PAGE_SIZE:  # an empty pool must admit anything
+                raise RuntimeError(f"KV pool of {slots} slots cannot hold the largest sequence (engine bug)")
             self.kv = BlockManager(prompts, self.sizes, slots // PAGE_SIZE, share, PAGE_SIZE)
         self.micro_batches: list[list[int]] = [[] for _ in range(math.ceil(self.n / self.mu))]
         self.waiting = deque(range(len(seqs)))

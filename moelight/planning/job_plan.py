@@ -6,7 +6,6 @@ same batch, micro-batch, placement and HRM prediction whichever way it was start
 
 from __future__ import annotations
 
-import itertools
 import math
 import time
 from collections.abc import Callable
@@ -17,7 +16,7 @@ from moelight.planning.hardware_choice import PlanError, hardware_for_device
 from moelight.planning.held_model import held_model_spec
 from moelight.planning.mode_choice import ModeError, apply_mode
 from moelight.planning.size_overrides import check_sizes_fit
-from moelight.runtime.paged_layout import reserved_rooms, shared_prefix_tokens
+from moelight.runtime.paged_layout import pool_table, shared_prefix_tokens
 from moelight.sampling.params import SamplingParams
 
 if TYPE_CHECKING:  # the engine's options type the argument; planning runs below the engine
@@ -63,13 +62,15 @@ def workload_of(prompts: list[list[int]], params: list[SamplingParams], prefill_
 def kv_pool_table(prompts: list[list[int]], params: list[SamplingParams], paged: bool,
                   turn: int = 1) -> tuple[int, ...] | None:
     """Token slots of the KV pool the engine allocates for a batch of 1, 2, ... len(prompts) sequences
-    (engine/scheduler.py: runtime/paged_layout.pool_slots, unshared, whole pages where it pages), doubled
-    from turn 2 on (room for the next turn, as the checks before loading have counted it); None without
-    params (no generation length to size it by)."""
+    (engine/scheduler.py: runtime/paged_layout.pool_table; paged, each shared prefix once per distinct prefix
+    live at once), doubled from turn 2 on (room for the next turn, as the checks before loading have counted
+    it); None without params (no generation length to size it by)."""
     if not prompts or len(params) != len(prompts):
         return None
-    rooms = reserved_rooms([len(p) + q.max_tokens for p, q in zip(prompts, params, strict=True)], paged)
-    return tuple(n * (2 if turn > 1 else 1) for n in itertools.accumulate(rooms))
+    rooms = [len(p) + q.max_tokens for p, q in zip(prompts, params, strict=True)]
+    share = [q.prompt_logprobs is None for q in params]
+    table = pool_table(rooms, paged, prompts if paged else None, share)
+    return tuple(n * (2 if turn > 1 else 1) for n in table)
 
 
 def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,

@@ -9,6 +9,8 @@ pages; prefix sharing points several rows at the same ones).
 from __future__ import annotations
 
 import hashlib
+import itertools
+from collections import Counter
 from dataclasses import dataclass
 
 import torch
@@ -26,11 +28,74 @@ def reserved_rooms(rooms: list[int], paged: bool, page_size: int = PAGE_SIZE) ->
     return sorted((pages_for(n, page_size) * page_size if paged else n for n in rooms), reverse=True)
 
 
-def pool_slots(rooms: list[int], batch: int, paged: bool, page_size: int = PAGE_SIZE) -> int:
-    """Token slots of the KV pool a run of at most `batch` sequences at once allocates: the rooms of its `batch`
-    largest, any of which may run together. Prefix sharing does not shrink it (sharing only leaves pages
-    free), and the planner and the memory check count the same pool (planning/job_plan.workload_of)."""
-    return sum(reserved_rooms(rooms, paged, page_size)[:max(1, batch)])
+def pool_table(rooms: list[int], paged: bool, prompts: list[list[int]] | None = None,
+               share: list[bool] | None = None, page_size: int = PAGE_SIZE) -> list[int]:
+    """Token slots of the KV pool for a run of at most 1, 2, ... len(rooms) sequences at once (entry b - 1: batch b).
+
+    Unpaged, or paged without `prompts`: the rooms of the b largest sequences, any of which may run together.
+    Paged with the prompts (prefix sharing; `share[j]`: j may reuse others' pages): every page a prompt may reuse
+    is counted once per distinct prefix live at once, the rest of each room per sequence -- the b largest private
+    parts plus the pages of the b longest distinct prefixes (prefix_pages), or the unshared pool where that is
+    less (b sequences of distinct prompts: each repeated prompt's last page is counted in its prefix and by each
+    copy). That bounds what any b sequences engine/block_manager.py holds at once need, but for one transient
+    where the unshared pool is the smaller: a twin whose owner ended holds the owner's partial page and its own
+    copy until its first write, one page above its room, and admission may wait for that write. The first entry
+    holds any one sequence's room, so admission, which waits for pages, can always admit into an empty pool."""
+    unshared = list(itertools.accumulate(reserved_rooms(rooms, paged, page_size)))
+    if not paged or prompts is None:
+        return unshared
+    share = share if share is not None else [True] * len(prompts)
+    private, chains = prefix_pages(prompts, share, page_size)
+    private = sorted((pages_for(n, page_size) - s for n, s in zip(rooms, private, strict=True)), reverse=True)
+    shared = list(itertools.accumulate(chains)) or [0]
+    return [min(u, (p + shared[min(b, len(shared) - 1)]) * page_size)
+            for b, (u, p) in enumerate(zip(unshared, itertools.accumulate(private), strict=True))]
+
+
+def pool_slots(rooms: list[int], batch: int, paged: bool, prompts: list[list[int]] | None = None,
+               share: list[bool] | None = None, page_size: int = PAGE_SIZE) -> int:
+    """Token slots of the KV pool a run of at most `batch` sequences at once allocates (pool_table's entry); the
+    planner and the memory check count the same pool (planning/job_plan.kv_pool_table)."""
+    if not rooms:
+        return 0
+    return pool_table(rooms, paged, prompts, share, page_size)[min(max(1, batch), len(rooms)) - 1]
+
+
+def prefix_pages(prompts: list[list[int]], share: list[bool],
+                 page_size: int = PAGE_SIZE) -> tuple[list[int], list[int]]:
+    """How prefix sharing may split the prompts' pages -> (the leading pages each prompt may reuse, the page
+    counts of the distinct shared prefixes, longest first).
+
+    A prompt may reuse its leading full pages (never the one holding its last position) that another sharing
+    prompt also has; a prompt that occurs more than once (the n samples of one prompt: twins) also shares its
+    last page, which a twin holds after its owner finished, so that page is counted in the prefix while each
+    copy still counts it as its own. The prefixes form a tree of pages; the most pages b of its root paths cover
+    are the b longest paths of its long-path decomposition (the child with the deepest subtree continues its
+    parent's path, every other child starts one)."""
+    repeats = Counter(tuple(p) for p, ok in zip(prompts, share, strict=True) if ok)
+    chains: list[list] = []
+    for p, ok in zip(prompts, share, strict=True):
+        chain: list = block_hashes(p, page_size)[: (len(p) - 1) // page_size] if ok else []
+        if ok and repeats[tuple(p)] > 1:
+            chain.append(tuple(p))  # its last page, full or partial
+        chains.append(chain)
+    holders = Counter(node for chain in chains for node in chain)
+    height: dict = {}  # shared node -> pages on the longest shared path down from it, itself included
+    parent: dict = {}
+    reused = []
+    for chain in chains:
+        n = next((i for i, node in enumerate(chain) if holders[node] < 2), len(chain))
+        for i in range(n):
+            height[chain[i]] = max(height.get(chain[i], 0), n - i)
+            parent[chain[i]] = chain[i - 1] if i else None
+        reused.append(min(n, len(chain) - isinstance(chain[-1], tuple)) if chain else 0)
+    heavy: dict = {}  # node -> its child with the deepest subtree
+    for node, h in height.items():
+        up = parent[node]
+        if up is not None and (up not in heavy or h > height[heavy[up]]):
+            heavy[up] = node
+    heads = [node for node in height if parent[node] is None or heavy[parent[node]] != node]
+    return reused, sorted((height[node] for node in heads), reverse=True)
 
 
 def block_hashes(prompt: list[int], page_size: int = PAGE_SIZE) -> list[bytes]:
