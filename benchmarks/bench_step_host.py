@@ -86,7 +86,8 @@ def prompts(n: int) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", choices=("cuda", "emulated", "cpu"), default="cuda")
-    ap.add_argument("--model", default="bench-1b")
+    ap.add_argument("--model", default="bench-1b", help="a preset or a model folder (its config.json)")
+    ap.add_argument("--tokenizer", help="e.g. byte, for a config-only folder with dummy weights")
     ap.add_argument("--mode", default="throughput", choices=("throughput", "latency"))
     ap.add_argument("--requests", type=int, default=256)
     ap.add_argument("--gen-len", type=int, default=64)
@@ -106,6 +107,8 @@ def main() -> None:
         options["batch_size"] = args.batch_size
     if args.quantize:
         options["quantize"] = args.quantize
+    if args.tokenizer:
+        options["tokenizer"] = args.tokenizer
     llm = LLM(args.model, **options)
     params = SamplingParams(max_tokens=args.gen_len, temperature=0.0, ignore_eos=True)
     try:

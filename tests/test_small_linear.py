@@ -28,6 +28,16 @@ def test_small_linear_matches_float64(cpp_backend, rows, k, n, bias):
     assert torch.allclose(got.double(), ref, rtol=2 ** -8, atol=1e-4 * ref.abs().max().item())
 
 
+@pytest.mark.parametrize("k,n", [(4096, 131), (1024, 3000), (200, 77), (40, 5), (64, 1)])
+def test_one_row_sums_as_that_row_of_a_two_row_call(cpp_backend, k, n):
+    """At one row the AVX-512 loop runs output rows in pairs (two weight streams, the row left over alone);
+    each output row still sums its products in the multi-row loop's order: the same float32 sums."""
+    g = torch.Generator().manual_seed(k + n)
+    x = torch.randn(2, k, generator=g)
+    w = (torch.randn(n, k, generator=g) * 0.05).to(torch.bfloat16)
+    assert torch.equal(dispatch.small_linear(x[:1], w), dispatch.small_linear(x, w)[:1])
+
+
 def test_small_linear_keeps_leading_dims_and_refuses_many_rows():
     w = torch.randn(64, 96).to(torch.bfloat16)
     x = torch.randn(1, 3, 96).to(torch.bfloat16)
