@@ -100,20 +100,21 @@ inline void u4_block(const QuantRows& a, const uint8_t* codes, int64_t blk, __m5
   }
 }
 
-// Prefetch of the codes kAhead bytes past block blk's: at a token or two per expert the strip is
-// read once, front to back, faster than the hardware prefetcher brings it (it stops at every 4 KB
-// page); none at all is slower. 3 KB ahead: with the by-expert schedule (a thread streams whole
-// experts) it timed 1.10-1.13x faster than 6 KB for int4 at 1 and 8 rows, 1.06x for int8 at 8 rows,
-// the same for int8 at 1 row (AMX host, cold experts, distances alternated in one process; 1-2 KB
-// close to 3, 4 KB and 6 KB slower). Likely why: a prefetch that far ahead holds one of the few L1 fill
-// buffers for a whole DRAM latency, where nearer ones mostly find lines the L2 streamer brought.
+// Prefetch of the codes kAhead bytes past block blk's, into L2 (prefetcht2): at a token or two per
+// expert the strip is read once, front to back, faster than the hardware prefetcher brings it (it
+// stops at every 4 KB page); none at all is slower. 3 KB ahead: with the by-expert schedule (a thread
+// streams whole experts) it timed 1.10-1.13x faster than 6 KB for int4 at 1 and 8 rows (AMX host,
+// cold experts, distances alternated in one process; 1-2 KB close to 3, 4 KB and 6 KB slower). Into
+// L2 rather than L1 (T0): 0.94-0.96x the time for int4 at 1 and 8 rows, 0.98x for int8 (the same
+// A/B; 2.5-4 KB as good for int4, 1 KB worse). Likely why (not measured with counters): a T0
+// prefetch holds one of the core's few L1 fill buffers until its line arrives from DRAM.
 // Past the strip's end they are the next strip's in gate/up, where a thread takes runs of an
 // expert's strips.
 template <WFormat F>
 inline void prefetch_block(const uint8_t* codes, int64_t blk) {
   constexpr int64_t kAhead = 3072, kBytes = F == WFormat::I8 ? 1024 : 512;  // a block's codes
   const char* p = reinterpret_cast<const char*>(codes + blk * kBytes + kAhead);
-  for (int64_t o = 0; o < kBytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T0);
+  for (int64_t o = 0; o < kBytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T2);
 }
 
 // R rows of c = a x the strip (`ahead`: prefetching it, on the first pass over it). Per block: the
