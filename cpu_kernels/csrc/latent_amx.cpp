@@ -143,24 +143,37 @@ class NextItem {
 // C tile j its scores. A macro: GCC's tile intrinsics take tile numbers as literals. kOff / kStride: a
 // step's first element in a block and the bytes between its rows (row-major: 32 elements on, a row
 // apart; tile-major: the step's 1 KiB tile, rows 64 bytes apart).
+// A block's rows: TILELOADDT1 (the "no reuse" hint) where the rows are not read again from L1 before they
+// leave it (the two-pass kernel: an item's rows are ~2.5x L1, so P.V re-reads them from L2 either way)
+#define LATENT_ROW_LOAD(T, p)                 \
+  do {                                        \
+    if constexpr (kStreamRows) {              \
+      _tile_stream_loadd(T, p, kStride);      \
+    } else {                                  \
+      _tile_loadd(T, p, kStride);             \
+    }                                         \
+  } while (0)
 #define LATENT_SCORE_STEP(TB, s)                       \
   do {                                                 \
     _tile_loadd(TB, qv + (s) * 256, 64);               \
-    _tile_loadd(3, blk[0] + (s) * kOff, kStride);      \
+    LATENT_ROW_LOAD(3, blk[0] + (s) * kOff);           \
     _tile_dpbf16ps(0, 3, TB);                          \
     if constexpr (G > 1) {                             \
-      _tile_loadd(4, blk[1] + (s) * kOff, kStride);    \
+      LATENT_ROW_LOAD(4, blk[1] + (s) * kOff);         \
       _tile_dpbf16ps(1, 4, TB);                        \
     }                                                  \
     if constexpr (G > 2) {                             \
-      _tile_loadd(5, blk[2] + (s) * kOff, kStride);    \
+      LATENT_ROW_LOAD(5, blk[2] + (s) * kOff);         \
       _tile_dpbf16ps(2, 5, TB);                        \
     }                                                  \
   } while (0)
 
-// S^T of G (1-3) consecutive blocks into st (16 x 16 floats a block): a query tile serves G blocks
-template <int DK, int G, bool TM, class Next>
-void score_blocks(const uint16_t* const* blk, const uint32_t* qv, float* st, Next& next) {
+// S^T of G (1-3) consecutive blocks into st (16 x 16 floats a block): a query tile serves G blocks.
+// kStreamRows: the rows loaded with the no-reuse hint (LATENT_ROW_LOAD).
+// Not inlined (nor store_columns): with one caller per instantiation GCC inlined them into the grouped
+// kernel, whose code then differed from the measured one.
+template <int DK, int G, bool TM, bool kStreamRows, class Next>
+__attribute__((noinline)) void score_blocks(const uint16_t* const* blk, const uint32_t* qv, float* st, Next& next) {
   constexpr int kOff = TM ? 512 : 32, kStride = TM ? 64 : DK * 2;
   _tile_zero(0);
   if constexpr (G > 1) _tile_zero(1);
@@ -177,6 +190,7 @@ void score_blocks(const uint16_t* const* blk, const uint32_t* qv, float* st, Nex
   if constexpr (G > 2) _tile_stored(2, st + 512, 64);
 }
 #undef LATENT_SCORE_STEP
+#undef LATENT_ROW_LOAD
 
 inline float* align64(void* p) {
   return reinterpret_cast<float*>((reinterpret_cast<uintptr_t>(p) + 63) & ~static_cast<uintptr_t>(63));
@@ -184,10 +198,10 @@ inline float* align64(void* p) {
 
 // Columns [c, c + 64) of heads [h0, h0 + hg) from the four P.V tiles in ob (even, odd columns of
 // [c, c + 32), then of [c + 32, c + 64)), scaled by inv (per head), into the output rows. `stream`:
-// bf16 rows with 64-byte alignment, written around the caches.
+// bf16 rows with 64-byte alignment, written around the caches. Not inlined (see score_blocks).
 template <class Next>
-void store_columns(const moelight::LatentArgs& a, const float* ob, const float* inv, int h0, int hg, int dv, int c,
-                   bool stream, Next& next) {
+__attribute__((noinline)) void store_columns(const moelight::LatentArgs& a, const float* ob, const float* inv, int h0,
+                                             int hg, int dv, int c, bool stream, Next& next) {
   const __m512i lo = _mm512_set_epi32(23, 7, 22, 6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
   const __m512i hi = _mm512_set_epi32(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8);
   // bf16 (even lanes 0-15, odd lanes 16-31) -> natural order: column 2i is even i, 2i + 1 odd i
@@ -276,9 +290,9 @@ void latent_attend_amx_blocks(const moelight::LatentArgs& a, const uint16_t* con
     // 1. scores, three blocks at a time
     configure(hg, true);
     int b = 0;
-    for (; b + 3 <= nb; b += 3) score_blocks<DK, 3, TM>(blk + b, qv, st + b * 256, next);
-    if (nb - b == 2) score_blocks<DK, 2, TM>(blk + b, qv, st + b * 256, next);
-    if (nb - b == 1) score_blocks<DK, 1, TM>(blk + b, qv, st + b * 256, next);
+    for (; b + 3 <= nb; b += 3) score_blocks<DK, 3, TM, true>(blk + b, qv, st + b * 256, next);
+    if (nb - b == 2) score_blocks<DK, 2, TM, true>(blk + b, qv, st + b * 256, next);
+    if (nb - b == 1) score_blocks<DK, 1, TM, true>(blk + b, qv, st + b * 256, next);
 
     // 2. softmax per head (a lane per head) over the item; P rounded to bf16 (as P.V uses it), each
     //    block transposed to rows per head, as P_o (0, p) and P_e (p, 0) bf16 pairs
@@ -313,7 +327,8 @@ void latent_attend_amx_blocks(const moelight::LatentArgs& a, const uint16_t* con
     }
 
     // 3. O = P . V, 64 columns at a time: C tiles 0 / 1 the even / odd columns of the first 32, 2 / 3
-    //    of the next 32; A tile 4 P_o, 5 P_e; B tiles 6, 7 the block's rows
+    //    of the next 32; A tile 4 P_o, 5 P_e; B tiles 6, 7 the block's rows, with the no-reuse hint as in
+    //    the scores (benchmarks/results/latent_attention_amx_stream_loads.md: 256 x 117 5-10% faster)
     if (hg != 16) configure(hg, false);
     constexpr int kVStride = TM ? 64 : DK * 2;
     for (int c = 0; c < DV; c += 64) {
@@ -323,12 +338,12 @@ void latent_attend_amx_blocks(const moelight::LatentArgs& a, const uint16_t* con
       _tile_zero(2);
       _tile_zero(3);
       for (int k = 0; k < nb; ++k) {
-        _tile_loadd(6, blk[k] + v0, kVStride);
+        _tile_stream_loadd(6, blk[k] + v0, kVStride);
         _tile_loadd(4, pb + k * 512, 64);
         _tile_loadd(5, pb + k * 512 + 256, 64);
         _tile_dpbf16ps(0, 5, 6);
         _tile_dpbf16ps(1, 4, 6);
-        _tile_loadd(7, blk[k] + v1, kVStride);
+        _tile_stream_loadd(7, blk[k] + v1, kVStride);
         _tile_dpbf16ps(2, 5, 7);
         _tile_dpbf16ps(3, 4, 7);
         next.fetch();

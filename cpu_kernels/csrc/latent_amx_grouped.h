@@ -50,11 +50,11 @@ void latent_attend_amx_grouped(const moelight::LatentArgs& a) {
       for (int s0 = 0; s0 < gb; s0 += 3) {  // score_blocks shares a query tile among up to 3 blocks
         const int sb = gb - s0 < 3 ? gb - s0 : 3;
         if (sb == 3) {
-          score_blocks<DK, 3, false>(blk + b + s0, qv, st + s0 * 256, next);
+          score_blocks<DK, 3, false, false>(blk + b + s0, qv, st + s0 * 256, next);
         } else if (sb == 2) {
-          score_blocks<DK, 2, false>(blk + b + s0, qv, st + s0 * 256, next);
+          score_blocks<DK, 2, false, false>(blk + b + s0, qv, st + s0 * 256, next);
         } else {
-          score_blocks<DK, 1, false>(blk + b + s0, qv, st + s0 * 256, next);
+          score_blocks<DK, 1, false, false>(blk + b + s0, qv, st + s0 * 256, next);
         }
       }
       // online softmax over the group's keys
