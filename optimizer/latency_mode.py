@@ -44,11 +44,12 @@ class LatencyPrediction:
 
 
 def held_bytes(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, batch: int, dtype: str) -> float:
-    """What one GPU holds besides its expert slots: the non-expert weights, the batch's KV cache at its
-    longest context and the larger of a prefill's activations (its attention's temporaries too) and a
-    decode step's attention temporaries (both grow with the batch), and the logits in float32."""
+    """What one GPU holds besides its expert slots: the non-expert weights, the batch's KV cache (the pool the
+    engine allocates and the device copies: wl.pool_tokens, each shared prefix once), the larger of a
+    prefill's activations (its attention's temporaries too) and a decode step's attention temporaries (both
+    grow with the batch), and the logits in float32."""
     b = dtype_bytes(dtype)
-    kv = costs.kv_cache_bytes(m, batch, wl.max_context, dtype, layers=m.num_layers)
+    kv = costs.kv_cache_bytes(m, 1.0, wl.pool_tokens(batch), dtype, layers=m.num_layers)
     pass_tokens = wl.prefill_pass_tokens(batch)
     prefill = ops.pass_activation_bytes(m, b, pass_tokens) + attention_memory.prefill_attention_scratch_bytes(
         m, pass_tokens / max(1.0, wl.peak_prompt), wl.peak_prompt, hw.gpu.memory_bytes)

@@ -169,3 +169,16 @@ def test_buffers_hold_a_whole_moe_layer_in_a_model_with_dense_layers():
     q = replace(m, expert_bits=4.5)
     res = evaluate_policy(get_hardware("t4"), q, WorkloadSpec(77, 128), pol)
     assert res.gpu_memory["dequantized_layer"] == pytest.approx(moe_layer * 2)
+
+
+def test_latency_mode_counts_the_kv_pool_the_engine_allocates():
+    """Latency mode's GPU holds a copy of the engine's KV pool (expert_cache/cache_executor._kv_of), so
+    held_bytes counts wl.pool_tokens (each shared prefix once), not batch x max_context."""
+    import dataclasses
+
+    from optimizer.latency_mode import held_bytes
+
+    per_token = costs.kv_cache_bytes(TINY, 1, 1, "bfloat16", layers=TINY.num_layers)
+    pooled = dataclasses.replace(WL, kv_pool=(16, 24, 32, 40))  # 4 sequences share 8 of their 16 slots
+    unshared = held_bytes(HW, TINY, WL, 4, "bfloat16")
+    assert unshared - held_bytes(HW, TINY, pooled, 4, "bfloat16") == pytest.approx((4 * 16 - 40) * per_token)
