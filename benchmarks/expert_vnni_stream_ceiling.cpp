@@ -16,16 +16,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <vector>
+#include "driver_buffers.h"
 #include "experts.h"
 using namespace moelight;
-static void* huge(size_t n) {
-  void* p = mmap(nullptr, n + (2 << 20), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  p = (void*)(((uintptr_t)p + (2 << 20) - 1) & ~((uintptr_t)(2 << 20) - 1));
-  madvise(p, n, MADV_HUGEPAGE);
-  memset(p, 1, n);
-  return p;
-}
-static double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 int main(int argc, char** argv) {
   const int fmt = atoi(argv[1]), passes = atoi(argv[2]);
   ExpertIsa t{};

@@ -27,17 +27,10 @@
 #include <string>
 #include <vector>
 
+#include "driver_buffers.h"
 #include "experts.h"
 using namespace moelight;
 
-static void* huge(size_t n) {
-  void* p = mmap(nullptr, n + (2 << 20), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  p = (void*)(((uintptr_t)p + (2 << 20) - 1) & ~((uintptr_t)(2 << 20) - 1));
-  madvise(p, n, MADV_HUGEPAGE);
-  memset(p, 1, n);
-  return p;
-}
-static double now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // One strip at one row (PF: prefetch distance in bytes, HINT its level, PF0 a second T0 distance;
 // PERM: the packed layout's vpermw; RO: loads only). Layout of one strip: codes (K/2*32 B for U4, K*32 for I8), then separately scales / bias [G][32];
