@@ -34,7 +34,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_peers import PROMPTS, ROOT, job_prompts, machine  # noqa: E402
-from decode_ceiling import ceiling, model_config, shape_config, token_bytes  # noqa: E402
+from decode_ceiling import PRESET_CONFIGS, ceiling, model_config, shape_config, token_bytes  # noqa: E402
 from gguf_from_moelight import DEFAULT_LLAMA, write_gguf  # noqa: E402
 
 FORMATS = [("bf16", None, "BF16"), ("int8", "int8", "Q8_0"), ("int4", "int4", "Q4_K_M")]
@@ -106,6 +106,9 @@ def main() -> None:
     use_llama = not args.no_llama
     if use_llama and (args.layers is not None or args.model != "bench-1b"):
         raise SystemExit("--model / --layers run moelight only: pass --no-llama")
+    if args.layers is not None and (args.layers < 1 or args.model not in PRESET_CONFIGS):
+        raise SystemExit(f"--layers {args.layers} --model {args.model}: --layers takes a count >= 1 and a preset "
+                         f"({', '.join(sorted(PRESET_CONFIGS))})")
     formats = [next(f for f in FORMATS if f[0] == name) for name in args.formats]
     if use_llama and not (binary.is_file() and (args.llama_dir / "build/bin/llama-quantize").is_file()):
         raise SystemExit(f"{args.llama_dir}/build/bin: llama-batched-bench and llama-quantize not built "
