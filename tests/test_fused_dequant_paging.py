@@ -30,3 +30,31 @@ def test_fused_runtime_takes_the_expand_path_s_tokens(job, monkeypatch, method, 
     assert fused.tokens == expand.tokens
     # the dense layer (E x 3hf values of the run's dtype) and the expansion's scratch are gone from both
     assert peak <= planned < expand_planned and peak < expand_peak
+
+
+def test_the_planner_counts_the_path_the_gpu_takes():
+    """A GPU profile that says fused_dequant: no dequantize pass in the layer's time, no dense layer in the
+    GPU memory map, so the plan predicts at least the expand path's tok/s; the default is the expand path."""
+    from dataclasses import replace
+
+    from hrm import WorkloadSpec, costs, get_hardware, get_model
+    from hrm.hardware import HardwareSpec
+    from moelight.models.expert_format import quantize_format
+    from optimizer import evaluate_policy, plan
+
+    m = get_model("mixtral-8x7b")
+    q = replace(m, expert_bits=quantize_format("int4", (m.hidden_size, m.intermediate_size)).expert_bits(
+        m.hidden_size, m.intermediate_size))
+    wl = WorkloadSpec(77, 128)
+    for name in ("s1", "s2"):
+        hw = get_hardware(name)
+        assert not hw.gpu.fused_dequant
+        fused_hw = replace(hw, gpu=replace(hw.gpu, fused_dequant=True))
+        assert HardwareSpec.from_dict(fused_hw.to_dict()).gpu.fused_dequant
+        dequant = [costs.expert_dequantize_time(h, q, "float16") for h in (hw, fused_hw)]
+        assert dequant[0] > 0 == dequant[1]
+        expand, fused = plan(hw, q, wl, "float16"), plan(fused_hw, q, wl, "float16")
+        assert fused.e2e_tok_s >= expand.e2e_tok_s
+        same = evaluate_policy(fused_hw, q, wl, expand.policy)
+        assert expand.gpu_memory["dequantized_layer"] > 0 and "dequantized_layer" not in same.gpu_memory
+        assert same.e2e_tok_s >= expand.e2e_tok_s
