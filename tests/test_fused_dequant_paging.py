@@ -58,3 +58,28 @@ def test_the_planner_counts_the_path_the_gpu_takes():
         same = evaluate_policy(fused_hw, q, wl, expand.policy)
         assert expand.gpu_memory["dequantized_layer"] > 0 and "dequantized_layer" not in same.gpu_memory
         assert same.e2e_tok_s >= expand.e2e_tok_s
+
+
+@pytest.mark.parametrize("policy", ["lru", "combined"])
+def test_latency_mode_multiplies_the_slots_codes(job, monkeypatch, policy):  # noqa: F811
+    """Latency mode's slots, fused: the per-expert loop's F.linear takes the slot's codes (no expanded
+    expert buffer); the same tokens and logits as the expand path (float32)."""
+    from moelight.expert_cache.cache_executor import ExpertCacheExecutor
+    from moelight.expert_cache.policy_registry import make_policy
+    from tests.runtime_check import run_job
+    from tests.test_pipeline_executor import CFG
+
+    prompts, params = job
+    held, _ = _quantized_pair("int4", torch.float32)
+    runs, expanded = {}, {}
+    for mode in ("expand", "fused"):
+        monkeypatch.setenv(fused_dequant.MODE_ENV, mode)
+        ex = ExpertCacheExecutor(held, 5, make_policy(policy, CFG.num_layers, CFG.num_experts), "emulated",
+                                 cpu_max_tokens=2)
+        try:
+            runs[mode] = run_job(held, ex, prompts, params, 9, 2, max_prefill_tokens=32)
+            expanded[mode] = ex.slots.gu is not None
+        finally:
+            ex.close()
+    assert expanded == {"expand": True, "fused": False}
+    assert_same_run(runs["fused"], runs["expand"], rtol=1e-4, atol=1e-4, what=f"latency mode, {policy}, fused")

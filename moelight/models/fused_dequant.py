@@ -65,6 +65,16 @@ class QuantizedStack:
         n, rows, width = self.codes.shape
         return n, rows, width * (2 if self.fmt in NIBBLE_FORMATS else 1)
 
+    @classmethod
+    def __torch_function__(cls, func, types, args=(), kwargs=None):
+        """`F.linear(x, stack)` of a one-expert stack (an expert cache's slot, which the per-expert loop
+        multiplies): the fused kernel over x's rows. Nothing else takes a stack."""
+        x, w, *rest = args
+        if func is not torch.nn.functional.linear or kwargs or rest or not isinstance(w, cls) or w.shape[0] != 1:
+            return NotImplemented
+        zero = torch.zeros(1, dtype=torch.int64, device=x.device)  # on the device: no copy, no sync
+        return fused_linear(x, w, 0, zero, zero + x.shape[0])
+
     def __getitem__(self, e: int) -> torch.Tensor:
         """Expert e expanded [N, K] in the run's dtype (the per-expert loop's fallback)."""
         v = code_values(self.fmt, self.codes[e])

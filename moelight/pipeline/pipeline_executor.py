@@ -82,8 +82,7 @@ class PipelineExecutor(Executor):
         build_decode(schedule, self._shape([1], [1.0], 0))  # validates the name early
         n_res = max(0, min(self.cfg.num_experts, round(r_w * self.cfg.num_experts)))
         # quantized experts: multiplied as codes by the fused dequant-GEMM, or expanded into a dense layer first
-        fused = runs_fused(model, device.torch_device if not isinstance(device, str)
-                           else torch.device("cpu" if device == "emulated" else device))
+        fused = runs_fused(model, device)
         self.plan = MemoryPlan.for_model(
             model,
             n_res,

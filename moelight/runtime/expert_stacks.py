@@ -137,11 +137,16 @@ def dequantize_stacks(layout: StackLayout, views: dict[str, torch.Tensor], gate_
                 out[e, sl].copy_(g.view(values.shape))
 
 
-def runs_fused(model, device: torch.device) -> bool:
-    """Whether a runtime on `device` multiplies the model's quantized experts with the fused dequant-GEMM
-    (no dense buffer, no expansion pass) rather than expanding them; False for 16-bit experts."""
+def runs_fused(model, device) -> bool:
+    """Whether a runtime on `device` (a Device, a torch.device or a kind: 'emulated', 'cuda') multiplies the
+    model's quantized experts with the fused dequant-GEMM (no dense buffer, no expansion pass) rather
+    than expanding them; False for 16-bit experts."""
     held = held_quantized(model)
     if held is None:
         return False
+    if isinstance(device, str):
+        device = torch.device("cpu" if device == "emulated" else device)
+    elif not isinstance(device, torch.device):
+        device = device.torch_device
     gu, dn = held
     return use_fused(device, model.embed_tokens.weight.dtype, gu.form.fmt, (gu.k, dn.k), (gu.group, dn.group))
