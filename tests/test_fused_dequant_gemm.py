@@ -118,3 +118,33 @@ def test_the_switch(monkeypatch):
     monkeypatch.setenv(fused_dequant.MODE_ENV, "fast")
     with pytest.raises(ValueError, match="auto, fused or expand"):
         fused_dequant.mode()
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
+@pytest.mark.parametrize("fmt,group,E,h,f,T,k,resident", CASES)
+def test_on_a_gpu_the_compiled_kernel_equals_the_expand_path(dtype, fmt, group, E, h, f, T, k, resident):
+    """CUDA: the compiled kernel (not the interpreter) against the expand path, both on the GPU; a dtype
+    whose dot this GPU's Triton cannot compile (bf16 before sm80) must be refused by the probe."""
+    dev = torch.device("cuda")
+    if not fused_dequant.fused_supported(dev, dtype, fmt):
+        assert dtype == torch.bfloat16 and torch.cuda.get_device_capability() < (8, 0), (dtype, fmt)
+        pytest.skip(f"{dtype} is not fused on this GPU: the expand path runs")
+    gu, dn = _experts(fmt, group, E, h, f)
+    x, w, e = _routing(T, E, k, h, dtype, idle=E - 2)
+    dense_gu = torch.empty(E, 2 * f, h, dtype=dtype, device=dev)
+    dense_dn = torch.empty(E, h, f, dtype=dtype, device=dev)
+    dense, fused = [], []
+    for first, n in ((0, resident), (resident, E - resident)):
+        layout, views, _ = _stacks(gu, dn, dtype, first, n)
+        views = {name: v.to(dev) for name, v in views.items()}
+        if n:
+            dequantize_stacks(layout, views, dense_gu[first:first + n], dense_dn[first:first + n])
+        dense.append(ExpertGroup(first, dense_gu[first:first + n], dense_dn[first:first + n]))
+        fused.append(ExpertGroup(first, *layout.quantized_stacks(views, dtype)))
+    x, w, e = x.to(dev), w.to(dev), e.to(dev)
+    ref = grouped_expert_mix(x, w, e, GroupedExperts(tuple(dense), E), swiglu)
+    got = grouped_expert_mix(x, w, e, GroupedExperts(tuple(fused), E), swiglu)
+    rtol, atol = TOLERANCE[dtype] if dtype != torch.float32 else (1e-4, 1e-4)  # cuBLAS may use TF32 elsewhere
+    torch.testing.assert_close(got.float(), ref.float(), rtol=rtol, atol=atol * float(ref.abs().max()))
