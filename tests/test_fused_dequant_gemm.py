@@ -64,6 +64,7 @@ CASES = [  # fmt, group, E, h, f, T, k, resident
     ("int8", 0, 6, 48, 80, 23, 2, 2),  # a whole row per scale, K not a multiple of the K tile
     ("fp8", 32, 4, 64, 64, 9, 2, 2),
     ("mxfp4", 32, 4, 64, 32, 11, 2, 4),
+    ("uint4", 32, 8, 64, 64, 150, 2, 3),  # 300 rows: the taller M tiles of a prefill
 ]
 
 
