@@ -89,6 +89,30 @@ def test_fused_mix_equals_the_expand_path(monkeypatch, dtype, fmt, group, E, h, 
     torch.testing.assert_close(got.float(), ref.float(), rtol=rtol, atol=atol * float(ref.abs().max()))
 
 
+def _clamped(gate_up):
+    gate, up = gate_up.chunk(2, dim=-1)
+    gate, up = gate.clamp(max=0.7), up.clamp(-0.7, 0.7)
+    return (up + 1) * (gate * torch.sigmoid(gate * 1.702))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_another_activation_and_biases_take_two_launches(dtype):
+    """GPT-OSS's clamped SwiGLU with expert biases: not the kernel's epilogue (plain SwiGLU only), so gate_up,
+    the biases and the activation in torch, then down; the same as the expand path."""
+    E, h, f = 4, 64, 64
+    gu, dn = _experts("mxfp4", 32, E, h, f)
+    x, w, e = _routing(13, E, 2, h, dtype, idle=1)
+    gen = torch.Generator().manual_seed(2)
+    gb, db = torch.randn(E, 2 * f, generator=gen).to(dtype), torch.randn(E, h, generator=gen).to(dtype)
+    layout, views, stacks = _stacks(gu, dn, dtype, 0, E)
+    dense_gu, dense_dn = torch.empty(E, 2 * f, h, dtype=dtype), torch.empty(E, h, f, dtype=dtype)
+    dequantize_stacks(layout, views, dense_gu, dense_dn)
+    ref = grouped_expert_mix(x, w, e, GroupedExperts((ExpertGroup(0, dense_gu, dense_dn),), E), _clamped, gb, db)
+    got = grouped_expert_mix(x, w, e, GroupedExperts((ExpertGroup(0, *stacks),), E), _clamped, gb, db)
+    rtol, atol = TOLERANCE[dtype]
+    torch.testing.assert_close(got.float(), ref.float(), rtol=rtol, atol=atol * float(ref.abs().max()))
+
+
 @pytest.mark.parametrize("fmt,group", [("uint4", 32), ("int8", 0), ("mxfp4", 32), ("fp8", 64)])
 def test_fused_linear_writes_only_its_experts_rows(fmt, group):
     """One stack of experts 2..4 over rows sorted by expert 0..5: exactly their rows, each through its
@@ -149,3 +173,11 @@ def test_on_a_gpu_the_compiled_kernel_equals_the_expand_path(dtype, fmt, group, 
     got = grouped_expert_mix(x, w, e, GroupedExperts(tuple(fused), E), swiglu)
     rtol, atol = TOLERANCE[dtype] if dtype != torch.float32 else (1e-4, 1e-4)  # cuBLAS may use TF32 elsewhere
     torch.testing.assert_close(got.float(), ref.float(), rtol=rtol, atol=atol * float(ref.abs().max()))
+
+
+@pytest.mark.parametrize("fmt", ["int8", "uint4", "fp8", "mxfp4"])
+def test_the_gpu_probe_s_check_passes_in_the_interpreter(fmt):
+    """The probe CUDA runs once per device, dtype and format (both kernel specialisations against torch)
+    holds for a correct kernel: run here on the CPU through the interpreter."""
+    for dtype in (torch.float32, torch.bfloat16, torch.float16):
+        assert fused_dequant._probe(torch.device("cpu"), dtype, fmt), dtype

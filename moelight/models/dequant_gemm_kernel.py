@@ -8,7 +8,8 @@ and fed to `tl.dot` with float32 accumulation; no dense copy of the weights exis
 
 Rows are the expert-sorted token rows of grouped_experts.py; `tile_expert` / `tile_row` / `tile_end`
 (built on the device, no host sync) say which expert, first row and end row each M tile covers
-(expert -1: a spare tile of the grid's upper bound, which exits at once).
+(expert -1: a spare tile of the grid's upper bound, which exits at once). With GLU the matrix is a
+gate_up [2N, K] and the epilogue writes silu(gate) * up [.., N]: one launch, no [rows, 2N] output.
 
 This module imports triton: import it only where triton is installed (fused_dequant.py does so
 lazily). `kernel(interpret)` gives the compiled kernel for CUDA tensors, or Triton's interpreter
@@ -29,7 +30,8 @@ def _dequant_gemm(x_ptr, codes_ptr, scales_ptr, offsets_ptr, lut_ptr, out_ptr,
                   tile_expert_ptr, tile_row_ptr, tile_end_ptr,
                   N, K, group, stride_xm, stride_om, stride_ce, stride_cn, stride_se, stride_sn,
                   FMT: tl.constexpr, HAS_OFFSETS: tl.constexpr, IEEE: tl.constexpr, UPCAST: tl.constexpr,
-                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+                  GLU: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_W: tl.constexpr,
+                  BLOCK_K: tl.constexpr):
     t = tl.program_id(0)
     pid_n = tl.program_id(1)
     e = tl.load(tile_expert_ptr + t)
@@ -38,13 +40,19 @@ def _dequant_gemm(x_ptr, codes_ptr, scales_ptr, offsets_ptr, lut_ptr, out_ptr,
         row_end = tl.load(tile_end_ptr + t)
         rows = row0 + tl.arange(0, BLOCK_M)
         rmask = rows < row_end
-        cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+        j = tl.arange(0, BLOCK_W)
+        if GLU:  # output column c needs weight rows c (gate) and N + c (up): tile column 2c and 2c + 1
+            cols = pid_n * BLOCK_N + j // 2
+            wrows = cols + (j % 2) * N
+        else:
+            cols = pid_n * BLOCK_N + j
+            wrows = cols
         cmask = cols < N
         e64 = e.to(tl.int64)
-        code_cols = codes_ptr + e64 * stride_ce + cols.to(tl.int64) * stride_cn  # [BLOCK_N]
-        scale_cols = e64 * stride_se + cols.to(tl.int64) * stride_sn
+        code_cols = codes_ptr + e64 * stride_ce + wrows.to(tl.int64) * stride_cn  # [BLOCK_W]
+        scale_cols = e64 * stride_se + wrows.to(tl.int64) * stride_sn
         x_rows = x_ptr + rows.to(tl.int64) * stride_xm
-        acc = tl.full((BLOCK_M, BLOCK_N), 0.0, tl.float32)  # (tl.zeros is a jit function: not in the interpreter)
+        acc = tl.full((BLOCK_M, BLOCK_W), 0.0, tl.float32)  # (tl.zeros is a jit function: not in the interpreter)
         for k0 in range(0, K, BLOCK_K):
             ks = k0 + tl.arange(0, BLOCK_K)
             kmask = ks < K
@@ -70,8 +78,18 @@ def _dequant_gemm(x_ptr, codes_ptr, scales_ptr, offsets_ptr, lut_ptr, out_ptr,
                 acc += tl.dot(a, w, input_precision="ieee")
             else:
                 acc += tl.dot(a, w)
-        out = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
-        tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=rmask[:, None] & cmask[None, :])
+        dtype = out_ptr.dtype.element_ty
+        if GLU:  # silu(gate) * up, each step rounded to the run's dtype as the unfused ops round it
+            gate, up = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
+            gate = gate.to(dtype).to(tl.float32)
+            act = (gate / (1.0 + tl.exp(-gate))).to(dtype).to(tl.float32)
+            y = act * up.to(dtype).to(tl.float32)
+            ocols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            out = out_ptr + rows.to(tl.int64)[:, None] * stride_om + ocols[None, :]
+            tl.store(out, y.to(dtype), mask=rmask[:, None] & (ocols < N)[None, :])
+        else:
+            out = out_ptr + rows.to(tl.int64)[:, None] * stride_om + cols[None, :]
+            tl.store(out, acc.to(dtype), mask=rmask[:, None] & cmask[None, :])
 
 
 @functools.cache

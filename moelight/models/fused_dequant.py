@@ -140,9 +140,13 @@ def _probe(device: torch.device, dtype: torch.dtype, fmt: str) -> bool:
     x = torch.randn(13, K, generator=gen).to(device, dtype)
     starts = torch.tensor([0, 5, 5], device=device)  # an expert without rows, a short tail
     ends = torch.tensor([5, 5, 11], device=device)
-    got = fused_linear(x, stack, 0, starts, ends)[:11].float()
-    ref = torch.cat([x[:5] @ stack[0].T, x[5:11] @ stack[2].T]).float()
-    return bool(torch.allclose(got, ref, rtol=2e-2, atol=2e-2 * float(ref.abs().max())))
+    ref = torch.cat([x[:5] @ stack[0].T, x[5:11] @ stack[2].T])
+    gate, up = ref.chunk(2, dim=-1)
+    ok = True
+    for glu, want in ((False, ref), (True, torch.nn.functional.silu(gate) * up)):  # both specialisations
+        got = fused_linear(x, stack, 0, starts, ends, glu=glu)[:11].float()
+        ok &= bool(torch.allclose(got, want.float(), rtol=2e-2, atol=2e-2 * float(want.abs().max())))
+    return ok
 
 
 def tile_map(starts: torch.Tensor, ends: torch.Tensor, first: int, n: int, rows: int) -> Tiles:
@@ -162,12 +166,15 @@ def tile_map(starts: torch.Tensor, ends: torch.Tensor, first: int, n: int, rows:
 
 
 def fused_linear(xs: torch.Tensor, w: QuantizedStack, first: int, starts: torch.Tensor, ends: torch.Tensor,
-                 out: torch.Tensor | None = None, tiles: Tiles | None = None) -> torch.Tensor:
+                 out: torch.Tensor | None = None, tiles: Tiles | None = None, glu: bool = False) -> torch.Tensor:
     """Rows of xs [P, K], sorted by expert (expert e's rows starts[e] .. ends[e]), through their expert's
-    matrix w[e - first] -> out [P, N] in xs' dtype; only the rows of this stack's experts are written."""
+    matrix w[e - first] -> out [P, N] in xs' dtype; only the rows of this stack's experts are written.
+    glu: w is a gate_up [2f, K] and out [P, f] gets silu(gate) * up (models/moe.swiglu), computed in the
+    kernel's epilogue."""
     from moelight.models.dequant_gemm_kernel import kernel
 
     n, N, K = w.shape
+    N = N // 2 if glu else N
     P = xs.shape[0]
     if out is None:
         out = xs.new_empty(P, N)
@@ -183,7 +190,8 @@ def fused_linear(xs: torch.Tensor, w: QuantizedStack, first: int, starts: torch.
         xs, codes, scales, offsets, lut, out, tile_expert, tile_row, tile_end,
         N, K, w.group, xs.stride(0), out.stride(0), codes.stride(0), codes.stride(1), scales.stride(0),
         scales.stride(1), FMT=FORMAT_CODES[w.fmt], HAS_OFFSETS=w.offsets is not None,
-        IEEE=xs.dtype == torch.float32, UPCAST=interpret, BLOCK_M=block_m, BLOCK_N=BLOCK_N, BLOCK_K=block_k(K, w.group))
+        IEEE=xs.dtype == torch.float32, UPCAST=interpret, GLU=glu, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
+        BLOCK_W=2 * BLOCK_N if glu else BLOCK_N, BLOCK_K=block_k(K, w.group))
     return out
 
 

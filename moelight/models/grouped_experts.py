@@ -24,6 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from hrm.operators import EXPERT_CHUNK_TOKENS
 from moelight.models.fused_dequant import QuantizedStack, fused_linear, tile_map
@@ -64,6 +65,13 @@ class GroupedExperts:
     @property
     def down_side(self) -> GroupedExperts:
         return GroupedExperts(self.groups, self.num_experts, gate_up_side=False)
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up, gate and up the two halves of one gate_up matmul (here, not in moe.py, so the
+    fused dequant-GEMM can recognise it and compute it in its epilogue)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 def grouped_mm_supported(device: torch.device, dtype: torch.dtype) -> bool:
@@ -183,17 +191,18 @@ def _fused_groups(xs: torch.Tensor, table: GroupedExperts, starts: torch.Tensor,
                   sorted_e: torch.Tensor, activation, gate_up_bias, down_bias) -> torch.Tensor:
     """The experts' outputs [P, h] for the sorted rows xs, quantized groups through the fused
     dequant-GEMM: each group writes its own experts' rows of one buffer (the groups cover every expert,
-    so every row), gate_up then the activation then down."""
+    so every row), gate_up then the activation (plain SwiGLU: in gate_up's epilogue) then down."""
     groups = [g for g in table.groups if g.gate_up.shape[0]]
     if not all(isinstance(g.gate_up, QuantizedStack) and isinstance(g.down, QuantizedStack) for g in groups):
         raise TypeError("a table mixes quantized and dense expert groups")
     tiles = [tile_map(starts, ends, g.first, g.gate_up.shape[0], xs.shape[0]) for g in groups]
+    glu = activation is swiglu and gate_up_bias is None  # the kernel's epilogue applies it: one launch
     h = None
     for g, t in zip(groups, tiles, strict=True):
-        h = fused_linear(xs, g.gate_up, g.first, starts, ends, h, t)
+        h = fused_linear(xs, g.gate_up, g.first, starts, ends, h, t, glu)
     if gate_up_bias is not None:
         h = h + gate_up_bias.index_select(0, sorted_e)
-    a, y = activation(h), None
+    a, y = h if glu else activation(h), None
     for g, t in zip(groups, tiles, strict=True):
         y = fused_linear(a, g.down, g.first, starts, ends, y, t)
     if down_bias is not None:
