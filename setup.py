@@ -77,7 +77,9 @@ setup(
     extras_require={
         "test": ["pytest", "transformers", "matplotlib", "ruff", "import-linter", "xgrammar>=0.2", "lm-eval>=0.4.9",
                  "compressed-tensors",
-                 "accelerate"],
+                 "accelerate",
+                 # the fused dequant-GEMM's tests run its Triton kernel in Triton's interpreter on the CPU
+                 'triton; platform_machine == "x86_64" and sys_platform == "linux"'],
         "plot": ["matplotlib"],
         "ray": ["ray[data]>=2.50"],
         "structured": ["xgrammar>=0.2"],

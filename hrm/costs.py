@@ -137,8 +137,9 @@ def prefill_layer_time(hw: HardwareSpec, m: ModelSpec, seqs, prompt, where: str 
 
 
 def expert_dequantize_time(hw: HardwareSpec, m: ModelSpec, dtype: str = DEFAULT_DTYPE):
-    """Seconds a GPU spends dequantizing one layer's quantized experts per layer pass (0 for 16-bit)."""
-    if not m.expert_bits or not hw.has_gpu:
+    """Seconds a GPU spends dequantizing one layer's quantized experts per layer pass (0 for 16-bit, and
+    on a GPU that multiplies them as they are: hw.gpu.fused_dequant)."""
+    if not m.expert_bits or not hw.has_gpu or hw.gpu.fused_dequant:
         return 0.0
     return float(op_time(ops.expert_dequantize(m, dtype_bytes(dtype)), level_of(hw, "gpu"), dtype))
 

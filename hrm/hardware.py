@@ -72,6 +72,9 @@ class Level:
     # bytes/s a fresh KV cache pool is faulted in at by the engine's first writes into its pages (the kernel
     # maps and zeroes every page the job's KV lands on, once); 0: not measured, free
     kv_first_touch_bandwidth: float = 0.0
+    # a GPU that multiplies quantized experts as they are (moelight's fused dequant-GEMM, Triton): no
+    # dequantize pass per layer, no dense layer buffer; False: it expands a layer's experts first
+    fused_dequant: bool = False
 
     def gemm_peak(self, dtype: str, rows=None):
         """FLOP/s of a GEMM with `rows` rows (M): the measured curve interpolated in log M,

@@ -106,6 +106,8 @@ def check_level(bad: list[str], name: str, lvl) -> None:
     for f in ("attention_bandwidth", "elementwise_bandwidth", "gemm_bandwidth", "logits_bandwidth",
               "kv_first_touch_bandwidth"):
         number(bad, f"{name}.{f}", getattr(lvl, f), rate=True)
+    if not isinstance(lvl.fused_dequant, bool):
+        bad.append(f"{name}.fused_dequant must be true or false, got {lvl.fused_dequant!r}")
     for f in ("layer_overhead_s", "runtime_layer_s", "step_overhead_s", "sequence_step_s"):
         number(bad, f"{name}.{f}", getattr(lvl, f))
 

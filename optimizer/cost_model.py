@@ -229,6 +229,7 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
     # tensor parallelism: the layer's two all-reduces hold the GPU stream (zero on one GPU)
     reduce = costs.layer_allreduce_time(hw, m, mu, dtype) if f_g else 0.0
     # quantized experts: the GPU dequantizes the layer's experts once per layer pass before its GEMMs
+    # (none where it multiplies them as they are: hw.gpu.fused_dequant)
     dequant = costs.expert_dequantize_time(hw, m, dtype) if f_g else 0.0
     t_gpu = n_mb * (f_g * (pre_post + reduce) + a_g * att) + dequant + zeros
     t_cpu = n_mb * ((1 - f_g) * pre_post + (1 - a_g) * att) + zeros
@@ -293,7 +294,7 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
         gpu_mem["non_expert_weights"] = _aff(non_exp + (t - 1) * m.replicated_params() * b, shape=shape)
         gpu_mem["resident_experts"] = _aff(0.0, w_e, 0.0, shape)
         gpu_mem["paged_weight_buffers"] = _aff(2 * w_moe, -2 * w_moe, 0.0, shape)
-        if m.expert_bits:  # quantized experts: one MoE layer expanded into the dtype for its GEMMs
+        if m.expert_bits and not hw.gpu.fused_dequant:  # quantized: one MoE layer expanded for its GEMMs
             gpu_mem["dequantized_layer"] = _aff(float(m.moe_layer_expert_params() * b), shape=shape)
     if f_g or a_g:
         gpu_mem["activations"] = _aff(t * act, shape=shape)

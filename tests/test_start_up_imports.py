@@ -1,6 +1,7 @@
 """A job's start does not import torch's compiler stack: sizing the model on the meta device, allocating
 it and starting the emulated device once pulled in torch._dynamo and sympy (~3-6 s of every
-`moelight run`, spawned tensor-parallel rank and Ray replica). Checked in a fresh interpreter."""
+`moelight run`, spawned tensor-parallel rank and Ray replica); nor triton (the fused dequant-GEMM imports
+it on first use, on CUDA). Checked in a fresh interpreter."""
 
 from __future__ import annotations
 
@@ -29,7 +30,7 @@ model = build_model(cfg, torch.float32, None, 0)
 ex = PipelineExecutor(model, "cgopipe", "emulated", r_w=0.5, max_batch=4, max_context=64, max_prompt_len=32,
                       max_prefill_tokens=64)
 ex.close()
-print(sorted(m for m in ("torch._dynamo", "sympy") if m in sys.modules))
+print(sorted(m for m in ("torch._dynamo", "sympy", "triton") if m in sys.modules))
 """
 
 

@@ -88,7 +88,7 @@ class ExpertCacheExecutor(Executor):
         self.stream_slots = [slots, slots + 1] if policy.stream_prefill else []  # DuoServe's prefill buffers
         slots += len(self.stream_slots)
         if isinstance(device, str):
-            per_slot, once = slot_bytes(model)
+            per_slot, once = slot_bytes(model, device)
             need = non_expert_bytes(model) + slots * per_slot + once + kv_bytes(model, max_tokens)
             capacity = device_memory or (2 * need if device == "emulated" else None)  # activations: < need
             device = create_device(device, capacity_bytes=capacity, **device_kwargs)

@@ -4,9 +4,11 @@ filled from, as 16-bit matrices or, with `--quantize`, as quantized bytes.
 `DenseSlots`: a slot is one expert's gate_up [2f, h] and down [h, f] in the run's dtype, copied from
 the model's (pinned) parameters. `QuantizedSlots`: a slot is one expert's codes and scales in one
 byte row (runtime/expert_stacks.StackLayout), copied from a pinned host row per expert, so a fetch
-moves a quarter (int4) or half (int8) of the bytes; the expert is expanded into the run's dtype in
-a one-expert buffer on the device when the layer uses it (an expert's gate_up is asked for first,
-then its down: the per-expert loop of `moe.expert_mix`). An expert run on the CPU is expanded there.
+moves a quarter (int4) or half (int8) of the bytes; where the fused dequant-GEMM runs (runs_fused)
+the slot's codes are what the per-expert loop multiplies (`F.linear` of a QuantizedStack), else the
+expert is expanded into the run's dtype in a one-expert buffer on the device when the layer uses it
+(an expert's gate_up is asked for first, then its down: the per-expert loop of `moe.expert_mix`).
+An expert run on the CPU is expanded there.
 """
 
 from __future__ import annotations
@@ -15,18 +17,21 @@ import torch
 
 from moelight.devices.device_base import Device
 from moelight.models.causal_lm import MoECausalLM
+from moelight.models.fused_dequant import QuantizedStack
 from moelight.models.quantized_experts import held_quantized
-from moelight.runtime.expert_stacks import DEQUANTIZE_SCRATCH, StackLayout, dequantize_stacks
+from moelight.runtime.expert_stacks import DEQUANTIZE_SCRATCH, StackLayout, dequantize_stacks, runs_fused
 
 
-def slot_bytes(model: MoECausalLM) -> tuple[int, int]:
+def slot_bytes(model: MoECausalLM, device: Device | str = "emulated") -> tuple[int, int]:
     """(device bytes per expert slot, device bytes needed once beside the slots): quantized, a slot is
-    the expert's byte row and the once-only part its expansion buffer and temporaries."""
+    the expert's byte row and the once-only part its expansion buffer and temporaries (none where the
+    fused dequant-GEMM multiplies the codes)."""
     cfg, held = model.config, held_quantized(model)
     if held is None:
         return 3 * cfg.hidden_size * cfg.intermediate_size * model.embed_tokens.weight.element_size(), 0
     dense = StackLayout.dense(1, cfg.hidden_size, cfg.intermediate_size, model.embed_tokens.weight.dtype)
-    return StackLayout.quantized(1, *held).nbytes, dense.nbytes + DEQUANTIZE_SCRATCH
+    once = 0 if runs_fused(model, device) else dense.nbytes + DEQUANTIZE_SCRATCH
+    return StackLayout.quantized(1, *held).nbytes, once
 
 
 class DenseSlots:
@@ -79,15 +84,20 @@ class QuantizedSlots:
             self.host[j] = device.pin(rows) if pin else rows
         self.rows = device.empty((slots, self.layout.nbytes), torch.uint8, "expert-slots", lane="h2d")
         device.record_stream(self.rows, "gpu")
-        self.gu = device.empty((1, 2 * f, h), dtype, "expanded-expert")
-        self.dn = device.empty((1, h, f), dtype, "expanded-expert")
+        self.dtype, self.fused = dtype, runs_fused(model, device)
+        self.gu = self.dn = None  # the one-expert expansion buffer: none where the fused kernel runs
+        if not self.fused:
+            self.gu = device.empty((1, 2 * f, h), dtype, "expanded-expert")
+            self.dn = device.empty((1, h, f), dtype, "expanded-expert")
         self.host_gu, self.host_dn = torch.empty(1, 2 * f, h, dtype=dtype), torch.empty(1, h, f, dtype=dtype)
 
     def chunks(self, layer: int, e: int, slot: int, pieces: int) -> list[list[tuple[torch.Tensor, torch.Tensor]]]:
         """One copy of the expert's byte row (ProMoE's three pieces do not apply to quantized rows)."""
         return [[(self.rows[slot], self.host[layer][e])]]
 
-    def on_device(self, slot: int, gate_up: bool) -> torch.Tensor:
+    def on_device(self, slot: int, gate_up: bool) -> torch.Tensor | QuantizedStack:
+        if self.fused:  # the codes as they are, for the fused kernel
+            return self.layout.quantized_stacks(self.layout.views(self.rows[slot]), self.dtype)[0 if gate_up else 1]
         if gate_up:  # an expert's first use: expand it (its down follows)
             dequantize_stacks(self.layout, self.layout.views(self.rows[slot]), self.gu, self.dn)
         return self.gu[0] if gate_up else self.dn[0]

@@ -11,6 +11,9 @@ padded to [experts, tokens, hidden] for a `bmm` (every expert has room for every
 experts per token that is E/k times the rows, acceptable for decode micro-batches; a larger
 batch, e.g. a prefill, falls back to the per-expert loop of `moe.expert_mix`).
 
+Groups may hold their experts quantized (`QuantizedStack`, models/fused_dequant.py): a runtime on a
+GPU that multiplies the codes directly runs the fused dequant-GEMM kernel there, at any token count.
+
 The expert outputs of a token are summed in ascending expert order, as `expert_mix` and the
 reference implementations sum them.
 """
@@ -21,8 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from hrm.operators import EXPERT_CHUNK_TOKENS
+from moelight.models.fused_dequant import QuantizedStack, fused_linear, tile_map
 
 PADDED_MAX_TOKENS = 512  # above this many tokens the padded bmm wastes too much: the per-expert loop runs
 _grouped_mm_works: dict[tuple[str, torch.dtype], bool] = {}
@@ -31,8 +36,8 @@ _grouped_mm_works: dict[tuple[str, torch.dtype], bool] = {}
 @dataclass(frozen=True)
 class ExpertGroup:
     first: int  # expert id of gate_up[0]
-    gate_up: torch.Tensor  # [n, 2f, h]
-    down: torch.Tensor  # [n, h, f]
+    gate_up: torch.Tensor | QuantizedStack  # [n, 2f, h]
+    down: torch.Tensor | QuantizedStack  # [n, h, f]
 
 
 @dataclass(frozen=True)
@@ -53,8 +58,20 @@ class GroupedExperts:
         raise IndexError(f"expert {e} is in no group")
 
     @property
+    def quantized(self) -> bool:
+        """Whether the groups hold their experts quantized (all of them do, or none)."""
+        return any(isinstance(g.gate_up, QuantizedStack) for g in self.groups)
+
+    @property
     def down_side(self) -> GroupedExperts:
         return GroupedExperts(self.groups, self.num_experts, gate_up_side=False)
+
+
+def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
+    """silu(gate) * up, gate and up the two halves of one gate_up matmul (here, not in moe.py, so the
+    fused dequant-GEMM can recognise it and compute it in its epilogue)."""
+    gate, up = gate_up.chunk(2, dim=-1)
+    return F.silu(gate) * up
 
 
 def grouped_mm_supported(device: torch.device, dtype: torch.dtype) -> bool:
@@ -89,7 +106,8 @@ def _use_grouped_mm(x: torch.Tensor, table: GroupedExperts) -> bool:
 
 
 def use_grouped_path(x: torch.Tensor, table) -> bool:
-    return isinstance(table, GroupedExperts) and (_use_grouped_mm(x, table) or x.shape[0] <= PADDED_MAX_TOKENS)
+    return isinstance(table, GroupedExperts) and (table.quantized or _use_grouped_mm(x, table)
+                                                  or x.shape[0] <= PADDED_MAX_TOKENS)
 
 
 def _group_linear(xs: torch.Tensor, w: torch.Tensor, first: int, sorted_e: torch.Tensor, starts: torch.Tensor,
@@ -134,9 +152,27 @@ def grouped_expert_mix(x: torch.Tensor, weights: torch.Tensor, experts: torch.Te
     ends = counts.cumsum(0)
     starts = ends - counts
     xs = x.index_select(0, order // k)
-    grouped_mm = _use_grouped_mm(x, gate_up)
+    if gate_up.quantized:
+        y = _fused_groups(xs, gate_up, starts, ends, sorted_e, activation, gate_up_bias, down_bias)
+    else:
+        y = _dense_groups(xs, gate_up, sorted_e, starts, ends, T, activation, gate_up_bias, down_bias)
+    # scale in float32 and round once, as expert_mix does; then each token's k outputs in expert order
+    scaled = (y * weights.reshape(-1, 1).index_select(0, order)).to(x.dtype)
+    by_token = scaled.index_select(0, torch.argsort(order)).view(T, k, -1)
+    by_token = by_token.gather(1, experts.argsort(dim=1).unsqueeze(-1).expand(-1, -1, by_token.shape[-1]))
+    out = by_token[:, 0]
+    for j in range(1, k):
+        out = out + by_token[:, j]
+    return out
+
+
+def _dense_groups(xs: torch.Tensor, table: GroupedExperts, sorted_e: torch.Tensor, starts: torch.Tensor,
+                  ends: torch.Tensor, T: int, activation, gate_up_bias, down_bias) -> torch.Tensor:
+    """The experts' outputs [P, h] for the sorted rows xs, group by group: grouped_mm or the padded bmm
+    (T tokens: the padded bmm's rows per expert)."""
+    grouped_mm = _use_grouped_mm(xs, table)
     y = None
-    for g in gate_up.groups:
+    for g in table.groups:
         n = g.gate_up.shape[0]
         if n == 0:
             continue
@@ -148,11 +184,27 @@ def grouped_expert_mix(x: torch.Tensor, weights: torch.Tensor, experts: torch.Te
             h = h + down_bias.index_select(0, sorted_e)
         inside = ((sorted_e >= g.first) & (sorted_e < g.first + n)).unsqueeze(1)
         y = h if y is None else torch.where(inside, h, y)
-    # scale in float32 and round once, as expert_mix does; then each token's k outputs in expert order
-    scaled = (y * weights.reshape(-1, 1).index_select(0, order)).to(x.dtype)
-    by_token = scaled.index_select(0, torch.argsort(order)).view(T, k, -1)
-    by_token = by_token.gather(1, experts.argsort(dim=1).unsqueeze(-1).expand(-1, -1, by_token.shape[-1]))
-    out = by_token[:, 0]
-    for j in range(1, k):
-        out = out + by_token[:, j]
-    return out
+    return y
+
+
+def _fused_groups(xs: torch.Tensor, table: GroupedExperts, starts: torch.Tensor, ends: torch.Tensor,
+                  sorted_e: torch.Tensor, activation, gate_up_bias, down_bias) -> torch.Tensor:
+    """The experts' outputs [P, h] for the sorted rows xs, quantized groups through the fused
+    dequant-GEMM: each group writes its own experts' rows of one buffer (the groups cover every expert,
+    so every row), gate_up then the activation (plain SwiGLU: in gate_up's epilogue) then down."""
+    groups = [g for g in table.groups if g.gate_up.shape[0]]
+    if not all(isinstance(g.gate_up, QuantizedStack) and isinstance(g.down, QuantizedStack) for g in groups):
+        raise TypeError("a table mixes quantized and dense expert groups")
+    tiles = [tile_map(starts, ends, g.first, g.gate_up.shape[0], xs.shape[0]) for g in groups]
+    glu = activation is swiglu and gate_up_bias is None  # the kernel's epilogue applies it: one launch
+    h = None
+    for g, t in zip(groups, tiles, strict=True):
+        h = fused_linear(xs, g.gate_up, g.first, starts, ends, h, t, glu)
+    if gate_up_bias is not None:
+        h = h + gate_up_bias.index_select(0, sorted_e)
+    a, y = h if glu else activation(h), None
+    for g, t in zip(groups, tiles, strict=True):
+        y = fused_linear(a, g.down, g.first, starts, ends, y, t)
+    if down_bias is not None:
+        y = y + down_bias.index_select(0, sorted_e)
+    return y

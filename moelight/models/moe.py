@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 
 from cpu_kernels import dispatch
-from moelight.models.grouped_experts import GroupedExperts, grouped_expert_mix, use_grouped_path
+from moelight.models.grouped_experts import GroupedExperts, grouped_expert_mix, swiglu, use_grouped_path
 
 
 def few_bf16_rows(x: torch.Tensor, gate_weight: torch.Tensor) -> bool:
@@ -37,12 +37,6 @@ def route(x: torch.Tensor, gate_weight: torch.Tensor, top_k: int, normalize: boo
     if normalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
     return weights, experts
-
-
-def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
-    """silu(gate) * up, gate and up the two halves of one gate_up matmul."""
-    gate, up = gate_up.chunk(2, dim=-1)
-    return F.silu(gate) * up
 
 
 def expert_output(x_rows: torch.Tensor, pair_weight: torch.Tensor, gate_up: torch.Tensor, down: torch.Tensor,

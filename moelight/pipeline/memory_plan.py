@@ -118,14 +118,15 @@ class MemoryPlan:
 
     @classmethod
     def for_model(cls, model: MoECausalLM, n_resident: int, max_prefill_tokens: int, max_prompt_len: int,
-                  max_batch: int, max_context: int, gpu_attention: bool, max_sequences: int | None = None
-                  ) -> MemoryPlan:
-        """max_batch: the largest micro-batch; max_sequences: the most sequences of a decode pass."""
+                  max_batch: int, max_context: int, gpu_attention: bool, max_sequences: int | None = None,
+                  fused_dequant: bool = False) -> MemoryPlan:
+        """max_batch: the largest micro-batch; max_sequences: the most sequences of a decode pass;
+        fused_dequant: the device multiplies quantized experts as they are (no dequantized layer)."""
         cfg = model.config
         dtype = model.embed_tokens.weight.dtype
         non_expert = sum(p.numel() * p.element_size() for n, p in model.named_parameters()
                          if not routed_expert_param(n))
-        resident, paged, dequantized = expert_stack_bytes(model, n_resident)
+        resident, paged, dequantized = expert_stack_bytes(model, n_resident, fused_dequant)
         groups = 2 if 0 < n_resident < cfg.num_experts else 1
         layer = layer_pass_bytes_per_token(cfg, dtype, groups)
         held = held_bytes_per_token(cfg, dtype)
@@ -140,10 +141,10 @@ class MemoryPlan:
         return cls(non_expert, sparse * resident + dequantized, 2 * paged, max(decode, prefill), kv, prefix_tokens)
 
 
-def expert_stack_bytes(model: MoECausalLM, n_resident: int) -> tuple[int, int, int]:
+def expert_stack_bytes(model: MoECausalLM, n_resident: int, fused_dequant: bool = False) -> tuple[int, int, int]:
     """(one layer's resident stacks, one paged slot, the dequantized layer and the temporaries of
     dequantizing it) in device bytes, laid out as the weight pager lays them (runtime/expert_stacks.py);
-    the last is 0 for 16-bit experts."""
+    the last is 0 for 16-bit experts and where the fused dequant-GEMM multiplies the codes as they are."""
     from moelight.runtime.expert_stacks import DEQUANTIZE_SCRATCH, StackLayout
 
     cfg = model.config
@@ -153,6 +154,7 @@ def expert_stack_bytes(model: MoECausalLM, n_resident: int) -> tuple[int, int, i
         layouts = [StackLayout.quantized(n, *held) for n in (n_resident, n_paged)]
         dense = StackLayout.dense(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size,
                                   model.embed_tokens.weight.dtype).nbytes + DEQUANTIZE_SCRATCH
+        dense = 0 if fused_dequant else dense
     else:
         dtype = model.embed_tokens.weight.dtype
         layouts = [StackLayout.dense(n, cfg.hidden_size, cfg.intermediate_size, dtype) for n in (n_resident, n_paged)]

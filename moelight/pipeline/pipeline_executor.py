@@ -40,6 +40,7 @@ from moelight.pipeline.schedule import (
 )
 from moelight.pipeline.weight_pager import WeightPager
 from moelight.runtime.executor import Executor, MicroBatch
+from moelight.runtime.expert_stacks import runs_fused
 from moelight.runtime.forward import attention_extras
 from moelight.runtime.kv_cache import RaggedKVCache
 from moelight.runtime.latent_kv_cache import LatentKVCache
@@ -80,6 +81,8 @@ class PipelineExecutor(Executor):
         self.first_loaded = False  # layer 0's paged experts already sit in slot_base
         build_decode(schedule, self._shape([1], [1.0], 0))  # validates the name early
         n_res = max(0, min(self.cfg.num_experts, round(r_w * self.cfg.num_experts)))
+        # quantized experts: multiplied as codes by the fused dequant-GEMM, or expanded into a dense layer first
+        fused = runs_fused(model, device)
         self.plan = MemoryPlan.for_model(
             model,
             n_res,
@@ -89,6 +92,7 @@ class PipelineExecutor(Executor):
             max_context,
             attention_on_gpu(schedule),
             max_sequences or max_batch,
+            fused,
         )
         # per layer: window and sinks for the CPU's attention, read while the model is still on the host
         # (read back after the pager moved them, the copy would race their upload on another stream)
@@ -101,7 +105,7 @@ class PipelineExecutor(Executor):
         self.device = device
         self.score_budget = score_budget(device)  # prefill attention's share
         try:
-            self.pager = WeightPager(model, device, r_w)
+            self.pager = WeightPager(model, device, r_w, fused)
         except BaseException:
             if owned:
                 device.close()

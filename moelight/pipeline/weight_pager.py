@@ -25,14 +25,15 @@ from moelight.devices.device_base import Device
 from moelight.models.causal_lm import MoECausalLM
 from moelight.models.grouped_experts import ExpertGroup, GroupedExperts
 from moelight.models.quantized_experts import QuantizedExperts, held_quantized
-from moelight.runtime.expert_stacks import StackLayout, dequantize_stacks, gather
+from moelight.runtime.expert_stacks import StackLayout, dequantize_stacks, gather, runs_fused
 
 
 class WeightPager:
     """Owns the device copies of the weights and moves the paged experts (as bytes: 16-bit stacks, or
-    quantized ones that the device dequantizes before the layer's GEMMs, runtime/expert_stacks.py)."""
+    quantized ones that the device dequantizes before the layer's GEMMs, or that the fused dequant-GEMM
+    multiplies as they are: `fused`, default runtime/expert_stacks.runs_fused)."""
 
-    def __init__(self, model: MoECausalLM, device: Device, r_w: float) -> None:
+    def __init__(self, model: MoECausalLM, device: Device, r_w: float, fused: bool | None = None) -> None:
         cfg = model.config
         self.model, self.device = model, device
         self.n_layers, self.n_experts = cfg.num_layers, cfg.num_experts
@@ -44,6 +45,7 @@ class WeightPager:
         self.sparse = [cfg.is_sparse(j) for j in range(cfg.num_layers)]  # a dense layer pages nothing
         held = held_quantized(model)
         self.quantized = held is not None
+        self.fused = runs_fused(model, device.torch_device) if fused is None else fused and self.quantized
         if held is not None:
             self.resident_layout = StackLayout.quantized(self.n_resident, *held)
             self.paged_layout = StackLayout.quantized(self.n_paged, *held)
@@ -85,7 +87,7 @@ class WeightPager:
         self.pinned: list[torch.Tensor] = []
         self.dense: tuple[torch.Tensor, torch.Tensor] | None = None  # quantized: one layer's experts expanded
         self.dense_layer: int | None = None
-        if self.quantized:
+        if self.quantized and not self.fused:
             e = cfg.num_experts
             self.dense = (device.empty((e, *self.gu_shape), self.dtype, "dequantized-experts"),
                           device.empty((e, *self.dn_shape), self.dtype, "dequantized-experts"))
@@ -124,16 +126,20 @@ class WeightPager:
         self.device.copy(self.slots[slot][s:e], self.pinned[pin_slot][: e - s])
 
     def table(self, layer: int, slot: int) -> GroupedExperts:
-        """A layer's experts on the device: its resident stack and the stacks in `slot` (quantized: both
-        expanded into the dense buffer by the layer's first micro-batch, on the compute lane after the
-        slot's upload; a layer's experts are the same every pass, so the buffer is reused until the
-        next layer needs it)."""
+        """A layer's experts on the device: its resident stack and the stacks in `slot` (quantized and
+        fused: the same, as codes; else both expanded into the dense buffer by the layer's first
+        micro-batch, on the compute lane after the slot's upload; a layer's experts are the same every
+        pass, so the buffer is reused until the next layer needs it)."""
         layer %= self.n_layers
         views = self.slot_views[slot]
         if not self.quantized:
             res = self.resident[layer]
             return GroupedExperts((ExpertGroup(0, res["gate_up"], res["down"]),
                                    ExpertGroup(self.n_resident, views["gate_up"], views["down"])), self.n_experts)
+        if self.fused:  # the fused dequant-GEMM reads the codes where they are
+            res = self.resident_layout.quantized_stacks(self.resident[layer], self.dtype)
+            paged = self.paged_layout.quantized_stacks(views, self.dtype)
+            return GroupedExperts((ExpertGroup(0, *res), ExpertGroup(self.n_resident, *paged)), self.n_experts)
         gu, dn = self.dense
         if self.dense_layer != layer:
             r = self.n_resident

@@ -279,8 +279,16 @@ def measure_gpu(quick: bool = False) -> tuple[Level, Link, int] | None:
                   attention_bandwidth=att_bw, attention_flops={fast: att_flops},
                   layer_overhead_s=gp.KERNELS_PER_LAYER * gp.measure_launch_overhead(quick),
                   runtime_layer_s=measure_runtime_layer_pass("cuda", quick),
-                  gemm_bandwidth=gemm_bw)
+                  gemm_bandwidth=gemm_bw, fused_dequant=_fused_dequant(dev, dt))
     return level, gp.measure_link(quick), torch.cuda.device_count()
+
+
+def _fused_dequant(dev, dtype) -> bool:
+    """Whether runs here multiply quantized experts with the fused dequant-GEMM (int4 at group 128, the
+    --quantize default; MOELIGHT_DEQUANT_GEMM as the profile ran)."""
+    from moelight.models.fused_dequant import use_fused
+
+    return use_fused(dev, dtype, "uint4", (128, 128), (128, 128))
 
 
 def profile_machine(quick: bool = False) -> HardwareSpec:

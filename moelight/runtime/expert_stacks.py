@@ -6,9 +6,11 @@ layout (`segments`, `gather`), are cut into pages, copied to a device slot of th
 16-bit experts are two stacks (gate_up [n, 2f, h], down [n, h, f]); quantized experts
 (`--quantize int8|int4`, models/quantized_experts.py) are their codes, scales and offsets, so the
 link carries a quarter (int4) or half (int8) of the 16-bit bytes. A GPU runs its GEMMs in the
-run's dtype: `dequantize_stacks` expands quantized stacks into dense ones on the device (torch
-ops, chunked so the float32 temporaries stay small), computing what `cpu_kernels.expert_pack.dequantize`
-computes, so a device run matches a dense model holding the dequantized weights.
+run's dtype: either the fused dequant-GEMM multiplies the quantized stacks directly (models/fused_dequant.py:
+CUDA with triton; `runs_fused` says whether a run does), or `dequantize_stacks` expands them into dense
+ones on the device first (torch ops, chunked so the float32 temporaries stay small), computing what
+`cpu_kernels.expert_pack.dequantize` computes, so a device run matches a dense model holding the
+dequantized weights. The fused kernel rounds each weight the same way, in registers.
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ from dataclasses import dataclass
 import torch
 
 from moelight.models.expert_format import ExpertFormat
-from moelight.models.quantized_experts import QuantizedExperts
+from moelight.models.fused_dequant import QuantizedStack, code_values, use_fused
+from moelight.models.quantized_experts import QuantizedExperts, held_quantized
 
 _ALIGN = 64  # bytes: every stack starts aligned for any element type
-E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
 CHUNK_ELEMENTS = 1 << 20  # weights dequantized at once
 DEQUANTIZE_SCRATCH = 40 * CHUNK_ELEMENTS  # device bytes of its temporaries (nibbles as int64, float32 values)
 
@@ -63,6 +65,12 @@ class StackLayout:
         for side, q in (("gate_up", gate_up), ("down", down)):
             parts += [(f"{side}.{k}", t.dtype, tuple(t.shape[1:])) for k, t in _parts(q).items()]
         return cls(n, parts, gate_up.form, (gate_up.group, down.group))
+
+    def quantized_stacks(self, views: dict[str, torch.Tensor], dtype: torch.dtype
+                         ) -> tuple[QuantizedStack, QuantizedStack]:
+        """(gate_up, down) of a quantized layout's views, as the fused dequant-GEMM takes them."""
+        return tuple(QuantizedStack.of(views, side, self.form.fmt, group, dtype)
+                     for side, group in zip(("gate_up", "down"), self.group, strict=True))
 
     def views(self, flat: torch.Tensor) -> dict[str, torch.Tensor]:
         """Each stack of a flat uint8 buffer of `nbytes`, viewed as its [n, *shape] tensor."""
@@ -122,20 +130,23 @@ def dequantize_stacks(layout: StackLayout, views: dict[str, torch.Tensor], gate_
         for e in range(layout.n):
             for r in range(0, out.shape[1], rows):
                 sl = slice(r, r + rows)
-                values = _code_values(layout.form.fmt, codes[e, sl])  # [rows, K] float32
+                values = code_values(layout.form.fmt, codes[e, sl])  # [rows, K] float32
                 g = values.view(values.shape[0], -1, group) * scales[e, sl].unsqueeze(-1)
                 if offsets is not None:
                     g = g + offsets[e, sl].unsqueeze(-1)
                 out[e, sl].copy_(g.view(values.shape))
 
 
-def _code_values(fmt: str, codes: torch.Tensor) -> torch.Tensor:
-    if fmt == "int8":
-        return codes.float()
-    if fmt == "fp8":
-        return codes.view(torch.float8_e4m3fn).float()
-    low, high = (codes & 0x0F).long(), (codes >> 4).long()
-    if fmt == "mxfp4":
-        lut = torch.tensor(E2M1, dtype=torch.float32, device=codes.device)
-        low, high = lut[low], lut[high]
-    return torch.stack((low.float(), high.float()), dim=-1).flatten(-2)
+def runs_fused(model, device) -> bool:
+    """Whether a runtime on `device` (a Device, a torch.device or a kind: 'emulated', 'cuda') multiplies the
+    model's quantized experts with the fused dequant-GEMM (no dense buffer, no expansion pass) rather
+    than expanding them; False for 16-bit experts."""
+    held = held_quantized(model)
+    if held is None:
+        return False
+    if isinstance(device, str):
+        device = torch.device("cpu" if device == "emulated" else device)
+    elif not isinstance(device, torch.device):
+        device = device.torch_device
+    gu, dn = held
+    return use_fused(device, model.embed_tokens.weight.dtype, gu.form.fmt, (gu.k, dn.k), (gu.group, dn.group))
