@@ -20,7 +20,8 @@ from dataclasses import dataclass
 
 import torch
 
-E2M1 = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0)
+from moelight.models.mxfp4 import E2M1
+
 FORMAT_CODES = {"int8": 0, "uint4": 1, "fp8": 2, "mxfp4": 3}  # dequant_gemm_kernel.FMT_*
 NIBBLE_FORMATS = ("uint4", "mxfp4")
 MODE_ENV = "MOELIGHT_DEQUANT_GEMM"
