@@ -3,9 +3,9 @@ device, every tensor its kernels allocate, which then counts against the device'
 
 A `TorchDispatchMode` sees every aten op the compute thread runs (each non-view op is one kernel
 launch on a GPU; ops whose output size depends on the data, such as nonzero or bincount, make the
-host wait for the GPU); a `TorchFunctionMode` sees the Python calls that read a device tensor on
-the host (tolist, item, numpy, cpu, bool()). Both are thread-local: only the thread they are
-entered on is counted.
+host wait for the GPU, and so does torch._grouped_mm where it runs its fallback); a
+`TorchFunctionMode` sees the Python calls that read a device tensor on the host (tolist, item,
+numpy, cpu, bool()). Both are thread-local: only the thread they are entered on is counted.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from moelight.devices.device_base import StreamOrderError, current_event, current_lane
+from moelight.models.grouped_experts import grouped_mm_fast_on
 
 _aten = torch.ops.aten
 # no kernel: allocations, metadata, aliases
@@ -92,6 +93,9 @@ class _Dispatch(TorchDispatchMode):
         if (name in _SYNCING_OPS or name == "aten::repeat_interleave" and "output_size" not in kwargs) \
                 and any(self.on_device(t) for t in inputs):
             self.counts.add(sync=name)
+        elif name == "aten::_grouped_mm" and self.on_device(args[0]) \
+                and not grouped_mm_fast_on(args[0].device, args[0].dtype):
+            self.counts.add(sync=name)  # its fallback reads the offsets on the host
         out = func(*args, **kwargs)
         if func not in _NOT_LAUNCHES and not func.is_view:
             self.counts.add(launches=1)
