@@ -73,9 +73,10 @@ def _tensors(tree) -> list[torch.Tensor]:
 
 class _Dispatch(TorchDispatchMode):
     def __init__(self, counts: ComputeCounts, on_device: Callable[[torch.Tensor], bool],
-                 memory=None, check_use: Callable[[torch.Tensor], None] | None = None) -> None:
+                 memory=None, check_use: Callable[[torch.Tensor], None] | None = None, kernel=None) -> None:
         super().__init__()
         self.counts, self.on_device, self.memory, self.check_use = counts, on_device, memory, check_use
+        self.kernel = kernel  # kernel(func, args, kwargs, out): each op's accesses (the emulated race check)
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -104,6 +105,8 @@ class _Dispatch(TorchDispatchMode):
             for t in _tensors(out):
                 if t.untyped_storage().data_ptr() not in known:
                     self.memory.track(t, name)
+        if self.kernel is not None:
+            self.kernel(func, args, kwargs, out)
         return out
 
 
@@ -127,11 +130,11 @@ def _to_host_device(args, kwargs) -> bool:
 
 
 def counting(counts: ComputeCounts, on_device: Callable[[torch.Tensor], bool], memory=None,
-             check_use: Callable[[torch.Tensor], None] | None = None) -> ExitStack:
+             check_use: Callable[[torch.Tensor], None] | None = None, kernel=None) -> ExitStack:
     """Enter the counting modes on the calling thread (exit the returned stack to stop)."""
     stack = ExitStack()
     stack.enter_context(_HostReads(counts, on_device))
-    stack.enter_context(_Dispatch(counts, on_device, memory, check_use))
+    stack.enter_context(_Dispatch(counts, on_device, memory, check_use, kernel))
     return stack
 
 
