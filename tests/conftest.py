@@ -4,10 +4,15 @@ kernel-path fixtures the CPU-kernel tests share."""
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
 HAS_CUDA = torch.cuda.is_available()
+# the emulated device checks every cross-lane access as TORCH_CUDA_SANITIZER would (devices/race_check.py);
+# set here, so ranks spawned by the TP tests inherit it
+os.environ.setdefault("MOELIGHT_EMULATED_RACE_CHECK", "1")
 
 
 def device_kinds(gpus: int = 1) -> list:

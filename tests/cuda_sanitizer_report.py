@@ -7,8 +7,8 @@ test at its first report and prints ~100 lines of stack per report).
 Each report names the kernel, the access (r/w) and the stream of both accesses, with the innermost
 project frames of each stack, and the tests where it occurred; the report is written after every
 test to `$MOELIGHT_CSAN_REPORT` (default: cuda-sanitizer-report.txt; one file per xdist worker).
-The runtime's device threads join the sanitizer (moelight/devices/cuda_device.py), so their
-kernels are checked too.
+The runtime's device threads join the sanitizer, whose records are then updated under one lock
+(moelight/devices/cuda_sanitizer.py), so their kernels are checked too, without false reports.
 """
 
 from __future__ import annotations

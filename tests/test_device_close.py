@@ -52,3 +52,28 @@ def test_closing_a_copy_stream_fails_its_queued_copies_instead_of_running_them()
     errors = dict(finished)
     assert errors[0] is None  # the copy it was in completed
     assert all("closed before the copy ran" in str(errors[k]) for k in (1, 2, 3))
+
+
+def test_closing_the_expert_cache_waits_for_the_copies_it_issued():
+    """ExpertCacheExecutor.close(): its copy thread stops after the copy under way, then the device is
+    synchronized before it closes, so no copy it issued is abandoned mid-flight (on CUDA: into slots
+    about to be freed)."""
+    from moelight.expert_cache.cache_executor import ExpertCacheExecutor
+    from moelight.expert_cache.cache_state import Fetch
+    from moelight.expert_cache.policy_registry import make_policy
+    from moelight.models.config import ModelConfig
+    from tests.tp_helpers import random_model
+
+    cfg = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2, num_heads=4,
+                      num_kv_heads=2, num_experts=4, top_k=2, head_dim=8, max_position_embeddings=64)
+    model = random_model(cfg, seed=1)
+    ex = ExpertCacheExecutor(model, 4, make_policy("on-demand", 2, 4), "emulated", max_tokens=16,
+                             h2d_bandwidth=2e5)  # an expert (18 KiB) takes ~0.1 s
+    keys = [0, 1, 2]
+    ex.worker.submit([Fetch(k, k, True, 0.0, k) for k in keys])
+    for k in keys:
+        assert ex.worker.done[k].wait(10)  # issued: queued on the h2d stream, not yet run
+    copies = [ex.worker.device_done[k] for k in keys]
+    assert not copies[-1].done
+    ex.close()
+    assert all(c.done and c.error is None for c in copies)

@@ -133,3 +133,33 @@ def test_a_pass_longer_than_the_expert_chunk_runs_chunk_by_chunk_with_the_same_r
     assert calls == [8, 8, 8, 8, 5]
     # the same rows through the same experts; only the GEMMs' blocking differs with the row count
     torch.testing.assert_close(chunked, whole, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("capability,dtype,fast", [((9, 0), torch.bfloat16, True), ((10, 0), torch.bfloat16, True),
+                                                   ((8, 0), torch.bfloat16, False), ((8, 9), torch.bfloat16, False),
+                                                   ((7, 5), torch.float16, False), ((9, 0), torch.float16, False),
+                                                   ((9, 0), torch.float32, False)])
+def test_grouped_mm_runs_on_a_gpu_only_where_its_grouped_kernel_does(monkeypatch, capability, dtype, fast):
+    """torch._grouped_mm's fallback (every CUDA GPU but sm90/sm100 in bfloat16) reads its offsets on the
+    host and runs one mm per group: the padded bmm runs there instead, decided without touching the GPU."""
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(grouped_experts, "_grouped_mm_works", {})
+    gpu = torch.device("cuda", 0)
+    assert grouped_experts.grouped_mm_fast_on(gpu, dtype) is fast
+    if not fast:  # no probe on the GPU: refused before it
+        assert grouped_experts.grouped_mm_supported(gpu, dtype) is False
+    assert grouped_experts.grouped_mm_fast_on(torch.device("cpu"), dtype)  # the emulated device's CPU
+
+
+def test_a_grouped_mm_that_takes_its_fallback_counts_as_a_host_sync(monkeypatch):
+    from moelight.devices import compute_counter
+
+    gu, dn = _experts(4, 16, 24)
+    x, w, e = _routing(8, 4, 2, 16)
+    offs = torch.tensor([3, 8], dtype=torch.int32)
+    for fast, syncs in ((True, 0), (False, 1)):
+        monkeypatch.setattr(compute_counter, "grouped_mm_fast_on", lambda device, dtype, fast=fast: fast)
+        counts = ComputeCounts()
+        with counting(counts, lambda t: True):
+            torch._grouped_mm(x, gu[:2].transpose(-2, -1), offs=offs)
+        assert counts.syncs == syncs

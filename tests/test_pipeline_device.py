@@ -212,3 +212,47 @@ def test_unknown_device_kind():
     if not torch.cuda.is_available():
         with pytest.raises(RuntimeError, match="emulated"):
             create_device("cuda")
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_a_read_back_not_ordered_after_the_kernel_that_wrote_is_a_race(monkeypatch, ordered):
+    """The sanitizer's rule, independent of timing: the D2H copy runs after the kernel here (the
+    compute lane runs kernels when issued), but only a dependency orders them on a GPU."""
+    monkeypatch.setenv("MOELIGHT_EMULATED_RACE_CHECK", "1")
+    dev = create_device("emulated")
+    try:
+        t = dev.empty((4,), torch.float32, "x", lane="gpu")
+        host = dev.pinned((4,), torch.float32)
+        write = dev.submit("gpu", lambda: t.fill_(1.0), name="write")
+        dev.lanes.wait_done([write])
+        dev.submit("d2h", lambda: dev.copy(host, t), [write] if ordered else [], name="read back")
+        if ordered:
+            dev.synchronize()
+        else:
+            with pytest.raises(StreamOrderError, match="read back .* not ordered after"):
+                dev.synchronize()
+    finally:
+        dev.close()
+
+
+@pytest.mark.parametrize("ordered", [True, False])
+def test_a_copy_over_memory_a_queued_kernel_reads_is_a_race(monkeypatch, ordered):
+    """Write after read: the next layer's weights copied into the slot the last kernel read, before
+    that kernel is ordered before the copy (on a GPU it may not have run yet)."""
+    monkeypatch.setenv("MOELIGHT_EMULATED_RACE_CHECK", "1")
+    dev = create_device("emulated")
+    try:
+        slot = dev.empty((4,), torch.float32, "slot", lane="h2d")
+        dev.record_stream(slot, "gpu")
+        src = dev.pinned((4,), torch.float32).fill_(1.0)
+        first = dev.submit("h2d", lambda: dev.copy(slot, src), name="load")
+        read = dev.submit("gpu", lambda: slot * 2, [first], name="use")
+        dev.lanes.wait_done([read])
+        dev.submit("h2d", lambda: dev.copy(slot, src), [read] if ordered else [], name="next load")
+        if ordered:
+            dev.synchronize()
+        else:
+            with pytest.raises(StreamOrderError, match="next load .* writes .* use"):
+                dev.synchronize()
+    finally:
+        dev.close()

@@ -3,9 +3,9 @@ device, every tensor its kernels allocate, which then counts against the device'
 
 A `TorchDispatchMode` sees every aten op the compute thread runs (each non-view op is one kernel
 launch on a GPU; ops whose output size depends on the data, such as nonzero or bincount, make the
-host wait for the GPU); a `TorchFunctionMode` sees the Python calls that read a device tensor on
-the host (tolist, item, numpy, cpu, bool()). Both are thread-local: only the thread they are
-entered on is counted.
+host wait for the GPU, and so does torch._grouped_mm where it runs its fallback); a
+`TorchFunctionMode` sees the Python calls that read a device tensor on the host (tolist, item,
+numpy, cpu, bool()). Both are thread-local: only the thread they are entered on is counted.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
 from moelight.devices.device_base import StreamOrderError, current_event, current_lane
+from moelight.models.grouped_experts import grouped_mm_fast_on
 
 _aten = torch.ops.aten
 # no kernel: allocations, metadata, aliases
@@ -72,9 +73,10 @@ def _tensors(tree) -> list[torch.Tensor]:
 
 class _Dispatch(TorchDispatchMode):
     def __init__(self, counts: ComputeCounts, on_device: Callable[[torch.Tensor], bool],
-                 memory=None, check_use: Callable[[torch.Tensor], None] | None = None) -> None:
+                 memory=None, check_use: Callable[[torch.Tensor], None] | None = None, kernel=None) -> None:
         super().__init__()
         self.counts, self.on_device, self.memory, self.check_use = counts, on_device, memory, check_use
+        self.kernel = kernel  # kernel(func, args, kwargs, out): each op's accesses (the emulated race check)
 
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
@@ -92,6 +94,9 @@ class _Dispatch(TorchDispatchMode):
         if (name in _SYNCING_OPS or name == "aten::repeat_interleave" and "output_size" not in kwargs) \
                 and any(self.on_device(t) for t in inputs):
             self.counts.add(sync=name)
+        elif name == "aten::_grouped_mm" and self.on_device(args[0]) \
+                and not grouped_mm_fast_on(args[0].device, args[0].dtype):
+            self.counts.add(sync=name)  # its fallback reads the offsets on the host
         out = func(*args, **kwargs)
         if func not in _NOT_LAUNCHES and not func.is_view:
             self.counts.add(launches=1)
@@ -100,6 +105,8 @@ class _Dispatch(TorchDispatchMode):
             for t in _tensors(out):
                 if t.untyped_storage().data_ptr() not in known:
                     self.memory.track(t, name)
+        if self.kernel is not None:
+            self.kernel(func, args, kwargs, out)
         return out
 
 
@@ -123,11 +130,11 @@ def _to_host_device(args, kwargs) -> bool:
 
 
 def counting(counts: ComputeCounts, on_device: Callable[[torch.Tensor], bool], memory=None,
-             check_use: Callable[[torch.Tensor], None] | None = None) -> ExitStack:
+             check_use: Callable[[torch.Tensor], None] | None = None, kernel=None) -> ExitStack:
     """Enter the counting modes on the calling thread (exit the returned stack to stop)."""
     stack = ExitStack()
     stack.enter_context(_HostReads(counts, on_device))
-    stack.enter_context(_Dispatch(counts, on_device, memory, check_use))
+    stack.enter_context(_Dispatch(counts, on_device, memory, check_use, kernel))
     return stack
 
 

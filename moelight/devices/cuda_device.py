@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from moelight.devices.compute_counter import ComputeCounts, counting
+from moelight.devices.cuda_sanitizer import sanitize_this_thread
 from moelight.devices.device_base import (
     DEVICE_LANES,
     STREAM_LANES,
@@ -40,22 +41,6 @@ _MIN_MARGIN = 512 * 2**20  # what the CUDA context, cuBLAS and fragmentation may
 
 def default_margin(total: int) -> int:
     return max(_MIN_MARGIN, total // 20)
-
-
-_thread_state = threading.local()
-
-
-def sanitize_this_thread() -> None:
-    """Under TORCH_CUDA_SANITIZER, check this thread's kernels too. The sanitizer is a dispatch mode,
-    and dispatch modes are per thread: it sees the kernels of the thread that enabled it alone, so
-    the lanes' cross-stream accesses would go unchecked. Each device thread joins it once."""
-    if getattr(_thread_state, "sanitized", False) or threading.current_thread() is threading.main_thread():
-        return
-    _thread_state.sanitized = True
-    from torch.cuda import _sanitizer
-
-    if _sanitizer.cuda_sanitizer.enabled:
-        _sanitizer.cuda_sanitizer.dispatch.__enter__()
 
 
 class CudaDevice(Device):
@@ -85,6 +70,7 @@ class CudaDevice(Device):
         self._timed: list[tuple[Event, torch.cuda.Event, torch.cuda.Event]] = []
         self._anchor: tuple[float, torch.cuda.Event] | None = None
         self._staging: list[list] = []  # [pinned buffer, its last copy's event]: pageable transfer sources
+        sanitize_this_thread()  # under TORCH_CUDA_SANITIZER: its records shared safely with the lane threads
         self.lanes = LaneSet(self._launch, DEVICE_LANES, thread_init=self._init_thread)
 
     # ---- memory ----

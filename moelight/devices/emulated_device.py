@@ -25,6 +25,7 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from moelight.devices import race_check
 from moelight.devices.compute_counter import ComputeCounts, counting, stream_order_check, uncounted
 from moelight.devices.copy_stream import CopyJob, CopyStream
 from moelight.devices.device_base import (
@@ -40,6 +41,7 @@ from moelight.devices.device_base import (
 )
 from moelight.devices.emulated_memory import DeviceMemory, poison
 from moelight.devices.lanes import LaneItem, LaneSet
+from moelight.devices.race_check import RaceCheck
 
 _COPY_LANES = ("h2d", "d2h")
 
@@ -64,6 +66,9 @@ class EmulatedDevice(Device):
         self._tls = threading.local()
         self.memory = DeviceMemory(capacity_bytes, self._positions)
         self._check_use = stream_order_check(self.memory)
+        self.races = RaceCheck(lambda t: self.memory.block_of(t) is not None) if race_check.wanted() else None
+        if self.races is not None:
+            self.memory.on_new_storage = self.races.forget
         self.lanes = LaneSet(self._launch, DEVICE_LANES, done_on_launch=("gpu", "cpu", "pin"),
                              thread_init=self._init_thread)
         self.lanes.on_complete.append(self.memory.settle)
@@ -75,7 +80,8 @@ class EmulatedDevice(Device):
         return (lanes.position, lanes.done_position) if lanes is not None else ({}, {})
 
     def _counting(self):
-        return counting(self.counts, lambda t: self.memory.block_of(t) is not None, self.memory, self._check_use)
+        return counting(self.counts, lambda t: self.memory.block_of(t) is not None, self.memory, self._check_use,
+                        None if self.races is None else self.races.kernel)
 
     def _init_thread(self, lane: str) -> None:
         bind_current(lane)
@@ -188,6 +194,9 @@ class EmulatedDevice(Device):
         lane, ev = current_lane(), current_event()
         for t in (dst, src):
             self._first_use(t, lane, ev)
+        if self.races is not None:
+            self.races.access(src, False, "copy")
+            self.races.access(dst, True, "copy")
         host = src if lane == "h2d" else dst
         if not self.is_pinned(host):
             self.pageable_copies += 1
@@ -246,6 +255,8 @@ class EmulatedDevice(Device):
         self.lanes.wait_all()
         for s in self.streams.values():
             s.drain()
+        if self.races is not None:
+            self.races.reset()
 
     def close(self) -> None:
         self.lanes.close()

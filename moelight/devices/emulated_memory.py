@@ -66,6 +66,7 @@ class DeviceMemory:
         self.pools: dict[tuple[str, int], list[Block]] = {}  # (lane, nbytes) -> free blocks, newest last
         self.waiting: list[tuple[Block, torch.Tensor | None]] = []  # released, uses on other lanes pending
         self.lane_positions = lane_positions
+        self.on_new_storage: Callable[[torch.Tensor], None] | None = None  # a storage (re)allocated: the race check
 
     # ---- counting ----
     def _charge(self, nbytes: int, tag: str) -> None:
@@ -87,6 +88,8 @@ class DeviceMemory:
                 return self.blocks.get(key)
             self._charge(n, tag)
             block = self.blocks[key] = Block(n, tag, "")
+        if self.on_new_storage is not None:
+            self.on_new_storage(t)
         weakref.finalize(s, self._untrack, key, block)
         return block
 
@@ -118,6 +121,8 @@ class DeviceMemory:
                 self.blocks[block.buffer.untyped_storage().data_ptr()] = block
             block.tag, block.live, block.recorded = tag, True, set()
             block.alloc_position = self.lane_positions()[0].get(lane, -1)
+            if self.on_new_storage is not None:
+                self.on_new_storage(block.buffer)
         return block.buffer[:nbytes].view(dtype).view(shape)
 
     def release(self, t: torch.Tensor) -> None:

@@ -3,9 +3,10 @@
 A runtime holds a layer's experts in a few contiguous stacks (the resident ones, a paged slot);
 `GroupedExperts` names them, and `grouped_expert_mix` computes the MoE block over them with every
 index on the device: no per-expert Python loop (two grouped GEMMs per group instead of ~8 small
-kernels per expert) and no count read back to the host. Where `torch._grouped_mm` runs (checked
-once per device and dtype against per-group matmuls, and where every row of its operands is a multiple
-of 16 bytes, as it requires: a tensor-parallel rank's odd expert width is not) it does the GEMMs;
+kernels per expert) and no count read back to the host. Where `torch._grouped_mm` runs its grouped
+kernel (bfloat16 on compute capability 9.x/10.x, or the CPU; checked once per device and dtype against
+per-group matmuls, and where every row of its operands is a multiple of 16 bytes, as it requires: a
+tensor-parallel rank's odd expert width is not) it does the GEMMs;
 elsewhere each group is
 padded to [experts, tokens, hidden] for a `bmm` (every expert has room for every token: with k
 experts per token that is E/k times the rows, acceptable for decode micro-batches; a larger
@@ -74,11 +75,26 @@ def swiglu(gate_up: torch.Tensor) -> torch.Tensor:
     return F.silu(gate) * up
 
 
+def grouped_mm_fast_on(device: torch.device, dtype: torch.dtype) -> bool:
+    """Whether torch._grouped_mm runs its grouped kernel here. Elsewhere on a GPU it runs its fallback
+    (torch 2.13: GroupedBlas.cpp `_grouped_mm_cuda`, GroupedMMUtils.h `_grouped_mm_fallback`), which
+    copies the offsets to the host (a host sync per call, unseen by a dispatch-mode counter) and
+    launches one mm per group: the grouped kernel takes bfloat16 on compute capability 9.x or 10.x
+    only (not T4, L4, A100, nor float16/float32 anywhere; on ROCm, the fallback too). On the CPU (the
+    emulated device) there is no GPU to stall: the fallback is as good as a grouped GEMM there."""
+    if device.type == "cpu":
+        return True
+    if device.type != "cuda" or torch.version.hip is not None:
+        return False
+    return dtype == torch.bfloat16 and torch.cuda.get_device_capability(device)[0] in (9, 10)
+
+
 def grouped_mm_supported(device: torch.device, dtype: torch.dtype) -> bool:
-    """Whether torch._grouped_mm runs here and agrees with per-group matmuls (probed once)."""
+    """Whether torch._grouped_mm runs here without a host sync (`grouped_mm_fast_on`) and agrees
+    with per-group matmuls (probed once); where not, the padded bmm runs."""
     key = (str(device), dtype)
     if key not in _grouped_mm_works:
-        ok = hasattr(torch, "_grouped_mm")
+        ok = hasattr(torch, "_grouped_mm") and grouped_mm_fast_on(device, dtype)
         if ok:
             try:
                 gen = torch.Generator().manual_seed(0)

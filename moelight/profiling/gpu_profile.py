@@ -86,11 +86,12 @@ def measure_link(quick: bool = False):
 
 def measure_expert_gemm(dtype, quick: bool = False) -> tuple[float, list[list[float]]]:
     """(weight bytes/s at few rows per expert, [[rows, FLOP/s], ...]) of the experts' three GEMMs
-    (gate/up [2f, h] then down [h, f]) over 8 experts, more bytes than the L2 holds."""
+    (gate/up [2f, h] then down [h, f]) over 8 experts, more bytes than the L2 holds, run as the runtime
+    runs them on this GPU and dtype (grouped_experts.py: grouped_mm, else the padded bmm, else a loop)."""
     import torch
     import torch.nn.functional as F
 
-    from moelight.models.grouped_experts import grouped_mm_supported
+    from moelight.models.grouped_experts import PADDED_MAX_TOKENS, grouped_mm_supported
 
     dev, sync = torch.device("cuda:0"), torch.cuda.synchronize
     h, f, n_exp = (2048, 4096, 4) if quick else (4096, 8192, 8)
@@ -98,7 +99,7 @@ def measure_expert_gemm(dtype, quick: bool = False) -> tuple[float, list[list[fl
     dn = [torch.randn(h, f, device=dev, dtype=dtype) for _ in range(n_exp)]
     weight_bytes = n_exp * 3 * h * f * gu[0].element_size()
     grouped = grouped_mm_supported(dev, dtype)
-    gu_stack, dn_stack = (torch.stack(gu), torch.stack(dn)) if grouped else (None, None)
+    gu_stack, dn_stack = torch.stack(gu), torch.stack(dn)
     curve, stream = [], []
     for rows in EXPERT_ROWS[:-1] if quick else EXPERT_ROWS:
         x = torch.randn(rows, h, device=dev, dtype=dtype)
@@ -110,7 +111,13 @@ def measure_expert_gemm(dtype, quick: bool = False) -> tuple[float, list[list[fl
             def experts(xs=xs, offs=offs) -> None:
                 g, u = torch._grouped_mm(xs, gu_stack.transpose(-2, -1), offs=offs).chunk(2, dim=-1)
                 torch._grouped_mm(F.silu(g) * u, dn_stack.transpose(-2, -1), offs=offs)
-        else:
+        elif rows <= PADDED_MAX_TOKENS:  # the padded bmm the runtime runs where _grouped_mm has no grouped kernel
+            xb = x.expand(n_exp, rows, h)
+
+            def experts(xb=xb) -> None:
+                g, u = torch.bmm(xb, gu_stack.transpose(-2, -1)).chunk(2, dim=-1)
+                torch.bmm(F.silu(g) * u, dn_stack.transpose(-2, -1))
+        else:  # the per-expert loop, as the runtime runs larger passes there
             def experts(x=x) -> None:
                 for a, b in zip(gu, dn, strict=True):
                     g, u = F.linear(x, a).chunk(2, dim=-1)
