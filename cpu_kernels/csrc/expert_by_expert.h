@@ -107,9 +107,6 @@ void mix_by_expert(const ExpertIsa* isa, const uint16_t* x, int64_t h, const flo
                    uint16_t* out) {
   using row_quant::RowQuant;
   using row_quant::uninitialized;
-  // The busy experts' first gate/up strips read while this thread sets the call up (the codes were
-  // evicted by the previous layer's stream; the worker thread would otherwise start them cold).
-  for (int64_t e : sp.busy) prefetch_head(p13.strip(e, 0));
   const int64_t hp = p13.k, fp = p2.k, ldy = p2.strips * kStrip, pairs = sp.tokens * sp.top, top = sp.top;
   // an expert's rows at its pairs' sorted positions: intermediate (bf16), both int8 operands, outputs
   const auto mid = uninitialized<uint16_t>(pairs * fp);
@@ -123,13 +120,12 @@ void mix_by_expert(const ExpertIsa* isa, const uint16_t* x, int64_t h, const flo
   int64_t most = 0;
   const int64_t busy = static_cast<int64_t>(sp.busy.size());
   for (int64_t e : sp.busy) most = std::max(most, sp.count[e]);
-  // per busy expert: gate/up and down strips, and whether its gate/up and intermediate rows are quantized
+  // per busy expert: gate/up and down strips, and whether its intermediate rows are quantized
   std::unique_ptr<SharedStrips[]> up(new SharedStrips[busy]), down(new SharedStrips[busy]);
-  std::unique_ptr<std::atomic<int>[]> ready13(new std::atomic<int>[busy]), ready(new std::atomic<int>[busy]);
+  std::unique_ptr<std::atomic<int>[]> ready(new std::atomic<int>[busy]);
   for (int64_t u = 0; u < busy; ++u) {
     up[u].reset(p13.strips);
     down[u].reset(p2.strips);
-    ready13[u].store(0, std::memory_order_relaxed);
     ready[u].store(0, std::memory_order_relaxed);
   }
   // runs a thread takes at once: 8 gate/up strips (128 KB of int4 at K = 1024), 2 down strips
@@ -138,17 +134,11 @@ void mix_by_expert(const ExpertIsa* isa, const uint16_t* x, int64_t h, const flo
   {
     const auto c = uninitialized<float>(most * kStrip);
     const auto row = uninitialized<uint16_t>(std::max(hp, fp));
-    const int tid = omp_get_thread_num(), team = omp_get_num_threads();  // (team: nt unless omp gave fewer)
-    // Each thread quantizes its own experts' gate/up rows (no barrier: a helper waits for that expert's
-    // alone, which its owner does first).
-    for (int64_t u = tid; u < busy; u += team) {
-      const int64_t e = sp.busy[u];
-      for (int64_t i = sp.first[e]; i < sp.first[e] + sp.count[e]; ++i) {
-        std::memcpy(row.get(), x + (sp.sorted[i] / top) * h, h * 2);  // padded to hp with zeros
-        std::fill(row.get() + h, row.get() + hp, uint16_t{0});
-        q13.quantize(row.get(), i);
-      }
-      ready13[u].store(1, std::memory_order_release);
+#pragma omp for schedule(static)
+    for (int64_t i = 0; i < pairs; ++i) {  // every pair's gate/up row, quantized where the expert reads it
+      std::memcpy(row.get(), x + (sp.sorted[i] / top) * h, h * 2);  // padded to hp with zeros
+      std::fill(row.get() + h, row.get() + hp, uint16_t{0});
+      q13.quantize(row.get(), i);
     }
     // Expert u's strips from the front (its owner) or the back (a helper). Whoever finishes its last
     // gate/up strip quantizes the intermediate rows; down strips wait for that.
@@ -157,7 +147,6 @@ void mix_by_expert(const ExpertIsa* isa, const uint16_t* x, int64_t h, const flo
       const int64_t* pair = sp.sorted.data() + r0;
       const Rows block13{nullptr, hp, false}, block2{mid.get() + r0 * fp, fp, false};  // iqgemm reads no bf16 rows
       const QuantRows qa = q13.at(r0), qd = q2.at(r0);
-      while (back && !up[u].empty() && !ready13[u].load(std::memory_order_acquire)) spin_pause();
       for (auto run = up[u].take(kRun13, back); run.second; run = up[u].take(kRun13, back)) {
         for (int64_t j = run.first; j < run.first + run.second; ++j) {
           strip_gemm(isa, block13, n, p13.strip(e, j), nullptr, &qa, nullptr, c.get());
@@ -178,10 +167,11 @@ void mix_by_expert(const ExpertIsa* isa, const uint16_t* x, int64_t h, const flo
         }
       }
     };
-    for (int64_t u = tid; u < busy; u += team) work(u, false);  // its own experts, front to back
+    const int tid = omp_get_thread_num();
+    for (int64_t u = tid; u < busy; u += nt) work(u, false);  // its own experts, front to back
     for (int64_t v = 1; v <= busy; ++v) work((tid + v) % busy, true);  // then the others' remaining strips
 #pragma omp barrier
-#pragma omp for schedule(static) nowait  // the region's end is the barrier
+#pragma omp for schedule(static)
     for (int64_t t = 0; t < sp.tokens; ++t) {
       for (int64_t q = 0; q < h; ++q) {
         float sum = 0.0f;  // add_down's y, from zero
