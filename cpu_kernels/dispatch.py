@@ -178,14 +178,22 @@ def expert_mix(x: torch.Tensor, ids: torch.Tensor, weights: torch.Tensor, packed
     -> sum over each token's experts of weight * down(act(gate_up(x))), [T, h] in x's dtype.
     Computes in bf16 with float32 accumulation whatever x's dtype (csrc/expert_mix.cpp); float32 engines run
     quantized experts dequantized on their float32 loop instead (moelight/runtime/cpu_linear.py)."""
-    if not _cpp_available() or x.device.type != "cpu":
+    if not _cpp_available() or not x.is_cpu:
         return expert_mix_torch(x, ids, weights, packed, act)
     p = packed
     out = torch.ops.moelight.expert_mix(
-        x.to(torch.bfloat16).contiguous(), ids.to(torch.int64).contiguous(), weights.float().contiguous(),
+        _as_op_takes(x, torch.bfloat16), _as_op_takes(ids, torch.int64), _as_op_takes(weights, torch.float32),
         p.w13, p.s13, p.z13, p.w2, p.s2, p.z2, p.bias13, p.bias2, FORMATS[p.fmt13], p.group13, FORMATS[p.fmt2],
         p.group2, act.kind, float(act.limit), float(act.alpha), INT8_ACTIVATIONS)
-    return out.to(x.dtype)
+    return out if x.dtype is torch.bfloat16 else out.to(x.dtype)
+
+
+def _as_op_takes(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """`t` itself where it is contiguous `dtype` already (the engine's case), else a converted copy. No
+    conversion call that would return `t` anyway: at one row each such dispatcher call (.to, .contiguous,
+    .float) cost the op ~10-20 us, its code and data cold after the previous layer's experts streamed
+    through the caches (benchmarks/results/expert_int4_t1_amx.md)."""
+    return t if t.dtype is dtype and t.is_contiguous() else t.to(dtype).contiguous()
 
 
 def pack_experts(gate_up: QuantMatrix, down: QuantMatrix, gate_up_bias: torch.Tensor | None = None,
