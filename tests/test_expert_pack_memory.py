@@ -12,6 +12,7 @@ import torch
 from cpu_kernels import dispatch
 from moelight.loading.expert_storage import with_expert_format
 from moelight.loading.hf_config import config_from_hf_dict
+from moelight.loading.presets import PRESETS
 from moelight.loading.weights import build_model
 from moelight.planning import memory_check
 from moelight.planning.memory_check import peak_rss_bytes, reset_peak_rss
@@ -125,6 +126,9 @@ def test_memory_check_counts_one_expert_where_the_packer_releases(quantize, monk
     monkeypatch.setattr(memory_check, "packs_expert_by_expert", lambda: True)
     assert memory_check.expert_pack_transient_bytes(cfg, torch.bfloat16) == (
         layer // 32 + memory_check.EXPERT_PACK_SLACK)
+    tiny = PRESETS["tiny"]  # a layer smaller than the slack: never counted above the layer
+    assert memory_check.expert_pack_transient_bytes(tiny, torch.bfloat16) == memory_check.layer_expert_bytes(
+        tiny, torch.bfloat16)
     monkeypatch.setattr(memory_check, "packs_expert_by_expert", lambda: False)  # the torch reference packer
     assert memory_check.expert_pack_transient_bytes(cfg, torch.bfloat16) == layer
     monkeypatch.setattr(memory_check, "packs_expert_by_expert", lambda: True)

@@ -91,7 +91,7 @@ def expert_pack_transient_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
     layer = layer_expert_bytes(cfg, dtype)
     fused = dtype == torch.bfloat16 and (cfg.expert_format is not None or fused_enabled(dtype, "none"))
     if layer and fused and packs_expert_by_expert():
-        return layer // cfg.num_experts + EXPERT_PACK_SLACK
+        return min(layer, layer // cfg.num_experts + EXPERT_PACK_SLACK)  # never more than the layer
     return layer
 
 
