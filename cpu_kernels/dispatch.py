@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import threading
 import warnings
+from collections.abc import Callable
 
 import torch
 
@@ -197,12 +198,20 @@ def _as_op_takes(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def pack_experts(gate_up: QuantMatrix, down: QuantMatrix, gate_up_bias: torch.Tensor | None = None,
-                 down_bias: torch.Tensor | None = None, alloc: Alloc = torch_alloc) -> PackedExperts:
+                 down_bias: torch.Tensor | None = None, alloc: Alloc = torch_alloc,
+                 packed_through: Callable[[int], None] | None = None) -> PackedExperts:
     """A layer's experts in the kernel's strips (expert_pack.pack_experts' bytes): by the C++ packer
-    (expert_strips.py, one pass, no full-size temporaries) where the kernels load, else by the torch reference."""
-    if _cpp_available() and hasattr(torch.ops.moelight, "pack_code_strips"):
-        return pack_experts_native(gate_up, down, gate_up_bias, down_bias, alloc)
+    (expert_strips.py, one pass, no full-size temporaries, expert by expert) where the kernels load, else by
+    the torch reference. `packed_through(i)`: called once experts 0..i are packed (by the C++ packer only:
+    packs_expert_by_expert says whether it will be)."""
+    if packs_expert_by_expert():
+        return pack_experts_native(gate_up, down, gate_up_bias, down_bias, alloc, packed_through)
     return expert_pack.pack_experts(gate_up, down, gate_up_bias, down_bias, alloc)
+
+
+def packs_expert_by_expert() -> bool:
+    """Whether pack_experts runs the C++ packer, which packs one expert at a time (and calls packed_through)."""
+    return _cpp_available() and hasattr(torch.ops.moelight, "pack_code_strips")
 
 
 SMALL_LINEAR_ROWS = 4  # csrc/small_linear.cpp's kSmallLinearRows

@@ -11,6 +11,8 @@ reference where the C++ kernels do not load.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from cpu_kernels.expert_pack import (
@@ -41,34 +43,52 @@ def plain_rows(n: int, n_pad: int) -> torch.Tensor:
     return torch.where(r < n, r, -1)
 
 
-def _strips(m: QuantMatrix, rows: torch.Tensor, k_pad: int, alloc: Alloc
-            ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None, int]:
-    """One matrix's (codes [E, S, strip bytes], scales, additive terms [E, S, k_pad / group, 32], group)."""
-    e, s, nib = m.codes.shape[0], rows.numel() // STRIP, m.fmt in NIBBLE_FORMATS
-    codes = m.codes.contiguous()
-    packed = alloc((e, s, k_pad // 2 * STRIP if nib else k_pad * STRIP), codes.dtype)
-    torch.ops.moelight.pack_code_strips(codes, rows, k_pad, nib, packed)
+def _buffers(m: QuantMatrix, s: int, k_pad: int, alloc: Alloc
+             ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """One matrix's output arrays, unwritten: codes [E, S, strip bytes], scales and additive terms
+    [E, S, k_pad / group, 32] (None where the format has none)."""
+    e, nib = m.codes.shape[0], m.fmt in NIBBLE_FORMATS
+    codes = alloc((e, s, k_pad // 2 * STRIP if nib else k_pad * STRIP), m.codes.dtype)
     if m.fmt == "bf16":
-        return packed, None, None, k_pad
+        return codes, None, None
+    groups = (e, s, k_pad // m.group, STRIP)
+    return (codes, alloc(groups, torch.float32) if m.scales is not None else None,
+            alloc(groups, torch.float32) if m.bias is not None else None)
 
-    def per_strip(t: torch.Tensor | None) -> torch.Tensor | None:
-        if t is None:
-            return None
-        out = alloc((e, s, k_pad // m.group, STRIP), torch.float32)
-        torch.ops.moelight.pack_group_strips(t.float().contiguous(), rows, k_pad // m.group, out)
-        return out
 
-    return packed, per_strip(m.scales), per_strip(m.bias), m.group
+def _pack_expert(m: QuantMatrix, rows: torch.Tensor, k_pad: int, out: tuple, i: int) -> None:
+    """Expert `i` of matrix `m` into its part of the `out` arrays (_buffers)."""
+    one = slice(i, i + 1)
+    torch.ops.moelight.pack_code_strips(m.codes[one].contiguous(), rows, k_pad, m.fmt in NIBBLE_FORMATS,
+                                        out[0][one])
+    for t, o in ((m.scales, out[1]), (m.bias, out[2])):
+        if o is not None:
+            torch.ops.moelight.pack_group_strips(t[one].float().contiguous(), rows, k_pad // m.group, o[one])
+
+
+def _k_pad(m: QuantMatrix, k: int) -> int:
+    return ceil_to(k, max(m.group if m.fmt != "bf16" else 0, STRIP))
 
 
 def pack_experts_native(gate_up: QuantMatrix, down: QuantMatrix, gate_up_bias: torch.Tensor | None = None,
-                        down_bias: torch.Tensor | None = None, alloc: Alloc = torch_alloc) -> PackedExperts:
-    """`expert_pack.pack_experts` by the C++ packer (the kernels must be loaded: dispatch.pack_experts)."""
+                        down_bias: torch.Tensor | None = None, alloc: Alloc = torch_alloc,
+                        packed_through: Callable[[int], None] | None = None) -> PackedExperts:
+    """`expert_pack.pack_experts` by the C++ packer (the kernels must be loaded: dispatch.pack_experts), one
+    expert at a time: `packed_through(i)` runs once experts 0..i of both matrices are packed, so a caller that
+    owns the sources can hand their pages back while the rest are packed (runtime/fused_experts.pack_moe: the
+    load's transient is then one expert, not a layer's worth of new arrays beside the old)."""
     gate_up, down, f_pad, h_pad = experts_layout(gate_up, down)
     e, h, f = down.shape
-    group = gate_up.group if gate_up.fmt != "bf16" else 0
-    w13, s13, z13, g13 = _strips(gate_up, gate_up_rows(f, f_pad), ceil_to(h, max(group, STRIP)), alloc)
-    group = down.group if down.fmt != "bf16" else 0
-    w2, s2, z2, g2 = _strips(down, plain_rows(h, h_pad), ceil_to(f_pad, max(group, STRIP)), alloc)
-    return finish_packed((w13.view(e, f_pad // 16, -1), s13, z13, g13), (w2, s2, z2, g2), gate_up, down,
+    rows13, rows2 = gate_up_rows(f, f_pad), plain_rows(h, h_pad)
+    k13, k2 = _k_pad(gate_up, h), _k_pad(down, f_pad)
+    out13 = _buffers(gate_up, rows13.numel() // STRIP, k13, alloc)
+    out2 = _buffers(down, rows2.numel() // STRIP, k2, alloc)
+    for i in range(e):
+        _pack_expert(gate_up, rows13, k13, out13, i)
+        _pack_expert(down, rows2, k2, out2, i)
+        if packed_through is not None:
+            packed_through(i)
+    g13 = gate_up.group if gate_up.fmt != "bf16" else k13
+    g2 = down.group if down.fmt != "bf16" else k2
+    return finish_packed((out13[0].view(e, f_pad // 16, -1), out13[1], out13[2], g13), (*out2, g2), gate_up, down,
                          gate_up_bias, down_bias, f_pad)

@@ -22,8 +22,12 @@ class WorkloadSpec:
     compute them again; decode attention still reads them. The memory they save is in kv_pool (pool_tokens).
     kv_pool: the token slots of the KV pool the engine reserves for a batch of 1, 2, ... sequences
     (moelight/runtime/paged_layout.pool_table: the rooms of the largest ones in whole pages, each
-    shared prefix counted once per distinct prefix live at once); None: every sequence max_context
-    slots, unshared (a shared_prefix alone does not say how many distinct prefixes are live).
+    shared prefix counted once per distinct prefix live at once); None: kv_pool_shared's pool, else every
+    sequence max_context slots, unshared.
+    kv_pool_shared: a job given as figures (plan / simulate --shared-prefix), whose prompts are taken to share
+    one prefix: (slots a sequence reserves alone, slots each reserves beside the prefix, slots of the prefix,
+    held once for the whole batch); moelight/runtime/paged_layout.one_prefix_pool says them as the engine's
+    paged pool would.
     argmax_only: every request greedy, without logits processors or logprobs: the host sampler takes
     each row's argmax and makes no working copies of the logits (hrm/operators.sampled_logits_bytes).
     """
@@ -36,6 +40,7 @@ class WorkloadSpec:
     shared_prefix: float = 0.0
     kv_pool: tuple[int, ...] | None = field(default=None, repr=False)
     argmax_only: bool = False
+    kv_pool_shared: tuple[int, int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.prompt_len <= 0 or self.gen_len < 1:
@@ -79,11 +84,16 @@ class WorkloadSpec:
 
     def pool_tokens(self, seqs):
         """Token slots of the KV pool a batch of `seqs` sequences reserves (the memory its KV cache may fill):
-        kv_pool's entry for that batch (its last for a larger one), else seqs * max_context. The pool as the
+        kv_pool's entry for that batch (its last for a larger one), else seqs sequences' own slots and
+        kv_pool_shared's prefix once, else seqs * max_context. The pool as the
         engine allocates it, not what its sequences fill: it was found resident in full (2 MiB huge pages a few
         MiB of each head's slots; first-fit pages moving past the prefixes that finished sequences leave named:
         benchmarks/results/memory_planner_check.md)."""
         seqs = np.asarray(seqs, float)
+        if not self.kv_pool and self.kv_pool_shared:
+            alone, own, once = self.kv_pool_shared  # the prefix once from the first sequence on, or all unshared
+            first = min(alone, own + once)
+            return np.where(seqs >= 1.0, np.minimum(seqs * alone, seqs * own + once), seqs * first)
         if not self.kv_pool:
             return seqs * self.max_context
         table = np.concatenate([[0.0], np.asarray(self.kv_pool, float)])

@@ -60,7 +60,7 @@ def test_the_load_check_counts_packings_transient():
     counted = check_fits(cfg, torch.bfloat16, 0, available=100 * GIB, on_cpu=True, plain_weights=False)
     per = 8 if cpu_linear.upcast_bf16_linears() else 2
     assert counted["load_transient_bytes"] == max(cfg.vocab_size * cfg.hidden_size * per,
-                                                  memory_check.layer_expert_bytes(cfg, torch.bfloat16))
+                                                  memory_check.expert_pack_transient_bytes(cfg, torch.bfloat16))
     assert counted["peak_bytes"] == counted["weights_bytes"] + counted["load_transient_bytes"]
     # off the CPU engine nothing is packed, and the run's activations are the device's
     device = check_fits(cfg, torch.bfloat16, 0, available=100 * GIB)

@@ -4,6 +4,8 @@ model's context refused: `run` would refuse such prompts, so a plan for them wou
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import typer
 
 PREFILL_CHUNK_OPTION = typer.Option(
@@ -13,7 +15,10 @@ PREFILL_CHUNK_OPTION = typer.Option(
 SHARED_PREFIX_OPTION = typer.Option(
     0.0, "--shared-prefix", min=0.0,
     help="prompt tokens per request (a mean) served by a shared prefix: what run measures on a dataset "
-         "with prefix caching on (its report's policy.workload.shared_prefix)")
+         "with prefix caching on (its report's policy.workload.shared_prefix). The KV pool is counted as the "
+         "engine's paged pool with one prefix of that many tokens that every request shares, held once per "
+         "batch (many distinct prefixes, e.g. n samples of each prompt, hold more: plan from the dataset with "
+         "run for those)")
 
 
 def workload_from_options(mspec, prompt_len: float, gen_len: int, max_prompt_len: int | None, padded: bool,
@@ -44,10 +49,20 @@ def workload_from_options(mspec, prompt_len: float, gen_len: int, max_prompt_len
                                  f"{mspec.name}'s context of {mspec.max_position} tokens; shorten one of them",
                                  param_hint=which)
     try:
-        return WorkloadSpec(prompt_len, gen_len, max_prompt_len, padded, prefill_chunk=prefill_chunk or None,
+        spec = WorkloadSpec(prompt_len, gen_len, max_prompt_len, padded, prefill_chunk=prefill_chunk or None,
                             shared_prefix=shared_prefix)
+        return replace(spec, kv_pool_shared=shared_pool(spec)) if shared_prefix > 0 else spec
     except ValueError as e:
         raise typer.BadParameter(str(e)) from None
+
+
+def shared_pool(spec) -> tuple[int, int]:
+    """kv_pool_shared of a WorkloadSpec given as figures with a shared prefix: the paged pool `run` would
+    reserve with prefix caching on for prompts of the mean length that all begin with one prefix of
+    --shared-prefix tokens (runtime/paged_layout.one_prefix_pool: its whole pages once per batch)."""
+    from moelight.runtime.paged_layout import one_prefix_pool
+
+    return one_prefix_pool(spec.effective_prompt, spec.max_context, spec.shared_prefix)
 
 
 COMPUTE_DTYPES = ("float32", "bfloat16", "float16")

@@ -8,15 +8,20 @@ import resource
 
 import torch
 
+from cpu_kernels.dispatch import packs_expert_by_expert
 from moelight.errors import MoelightError
 from moelight.models.config import ModelConfig
 from moelight.runtime.cpu_linear import extra_linear_bytes, packed_linears, packing_supported, upcast_bf16_linears
+from moelight.runtime.fused_experts import fused_enabled
 
 HEADROOM = 0.9  # leave 10% of available memory for activations, allocator slack and the OS
 # what a process grows by between its first plan and its peak beyond the HRM's terms (weights, KV cache,
 # activations): the planner's and engine's imports, the kernels, thread pools. 54 MiB measured for one short
 # request of a tiny model (x86_64, torch 2.x, 2 cores); tests/test_process_memory.py holds a run to it
 RUNTIME_GROWTH = 64 * 2**20
+# packing expert by expert, above one expert: the pages straddling experts, and a huge page ahead in each of the
+# six packed arrays being written (runtime/fused_experts.expert_alloc)
+EXPERT_PACK_SLACK = 16 * 2**20
 
 
 class OutOfMemoryPlan(MoelightError):
@@ -69,13 +74,25 @@ def parameter_count(cfg: ModelConfig) -> int:
 def load_transient_bytes(cfg: ModelConfig, dtype: torch.dtype, on_cpu: bool = False) -> int:
     """The load's peak above the loaded weights: the CPU engine packs one weight at a time with the old and
     the new copy alive together (runtime/cpu_linear.pack_model), so its largest packed matmul (Qwen3-30B-A3B's
-    LM head, 0.58 GiB in bf16) or one MoE layer's routed experts (new packed arrays beside the loaded ones),
-    whichever is larger. An upcast layer first makes a float32 copy, then packs it in float32. 0 off the CPU."""
+    LM head, 0.58 GiB in bf16) or the routed experts' transient (expert_pack_transient_bytes), whichever is
+    larger. An upcast layer first makes a float32 copy, then packs it in float32. 0 off the CPU."""
     if not on_cpu:
         return 0
     upcast = dtype == torch.bfloat16 and upcast_bf16_linears()
     per_param = 8 if upcast else dtype_bytes(dtype) if packing_supported(dtype) else 0
-    return max(largest_packed_linear(cfg) * per_param, layer_expert_bytes(cfg, dtype))
+    return max(largest_packed_linear(cfg) * per_param, expert_pack_transient_bytes(cfg, dtype))
+
+
+def expert_pack_transient_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
+    """What packing a layer's routed experts adds above the weights held: one expert and a few pages where the
+    fused kernel's C++ packer takes them (bf16 or quantized experts in a bf16 run) and hands each expert's
+    loaded pages back once it is packed (runtime/expert_sources.py); else one layer's, new beside old (the
+    per-expert oneDNN loop, float32 runs, the torch reference packer)."""
+    layer = layer_expert_bytes(cfg, dtype)
+    fused = dtype == torch.bfloat16 and (cfg.expert_format is not None or fused_enabled(dtype, "none"))
+    if layer and fused and packs_expert_by_expert():
+        return min(layer, layer // cfg.num_experts + EXPERT_PACK_SLACK)  # never more than the layer
+    return layer
 
 
 def run_activation_bytes(cfg: ModelConfig, dtype: torch.dtype, batch: int, prefill_tokens: int,

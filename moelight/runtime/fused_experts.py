@@ -19,6 +19,7 @@ from cpu_kernels import expert_mix, pack_experts
 from cpu_kernels.expert_pack import Alloc, PackedExperts, QuantMatrix, bf16_matrix
 from cpu_kernels.expert_quant import int4_group_for, quantize
 from cpu_kernels.expert_reference import ActSpec
+from moelight.runtime.expert_sources import ExpertSources, sole_expert_arrays
 from moelight.runtime.host_memory import HUGE_PAGE, empty_huge
 
 QUANTIZE_CHOICES = ("none", "int8", "int4")
@@ -80,14 +81,19 @@ def on_huge_pages(packed: PackedExperts) -> PackedExperts:
 def pack_moe(moe, method: str = "none", group: int = 128, alloc: Alloc = expert_alloc) -> FusedExperts:
     """Pack (and quantize with `method`) one MoE block's routed experts; frees the dense copies. The codes
     and scales are packed straight into `alloc`'s buffers (huge pages by default): no 4 KiB-page draft and
-    no copy (README job: loading ~1.1 s shorter, benchmarks/results/huge_page_loading.md)."""
+    no copy (README job: loading ~1.1 s shorter, benchmarks/results/huge_page_loading.md). Expert by expert,
+    the loaded arrays' pages are handed back as they are packed where the model alone holds them
+    (expert_sources.py): the load's peak is one expert, not one layer, above the weights it keeps."""
+    arrays = sole_expert_arrays(moe)  # before this function takes references of its own
+    release = ExpertSources(arrays) if arrays else None
     gate_up, down = moe.gate_up_proj, moe.down_proj
     if method == "int4" and isinstance(gate_up, torch.Tensor):
         group = int4_group_for(gate_up.shape[2], down.shape[2], preferred=group)
     bias = getattr(moe, "expert_bias", None)
     packed = pack_experts(_matrix(gate_up, method, group), _matrix(down, method, group),
                           None if bias is None else bias.gate_up.detach(),
-                          None if bias is None else bias.down.detach(), alloc=alloc)
+                          None if bias is None else bias.down.detach(), alloc=alloc, packed_through=release)
+    del arrays, release
     fused = FusedExperts(packed, act_of(moe))
     del moe.gate_up_proj, moe.down_proj
     moe.gate_up_proj = moe.down_proj = fused

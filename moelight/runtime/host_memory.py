@@ -78,3 +78,29 @@ def release_free_heap() -> bool:
 
 
 _trim = None  # glibc's malloc_trim, looked up once (False where there is none)
+
+
+PAGE = mmap.PAGESIZE
+
+
+def release_pages(address: int, nbytes: int) -> bool:
+    """Hand back to the OS the whole pages inside [address, address + nbytes) of memory this process owns and
+    will not read again (madvise MADV_DONTNEED: they read as zeros afterwards); False where it cannot (no libc
+    madvise). Why: a loaded array consumed piece by piece (runtime/expert_sources.py) stops holding memory as it
+    goes, not only when the whole array is freed."""
+    global _madvise
+    start, stop = -(-address // PAGE) * PAGE, (address + nbytes) // PAGE * PAGE
+    if stop <= start:
+        return True
+    if _madvise is None:
+        try:
+            _madvise = ctypes.CDLL(None, use_errno=True).madvise
+            _madvise.argtypes = (ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)
+        except (OSError, AttributeError):
+            _madvise = False
+    if not _madvise or not hasattr(mmap, "MADV_DONTNEED"):
+        return False
+    return _madvise(start, stop - start, mmap.MADV_DONTNEED) == 0
+
+
+_madvise = None  # libc's madvise, looked up once (False where there is none)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import math
 from collections import Counter
 from dataclasses import dataclass
 
@@ -59,6 +60,21 @@ def pool_slots(rooms: list[int], batch: int, paged: bool, prompts: list[list[int
     if not rooms:
         return 0
     return pool_table(rooms, paged, prompts, share, page_size)[min(max(1, batch), len(rooms)) - 1]
+
+
+def one_prefix_pool(prompt_len: float, room: float, shared_prefix: float,
+                    page_size: int = PAGE_SIZE) -> tuple[int, int, int]:
+    """The paged pool of a job given as figures whose prompts (`prompt_len` tokens, `room` with their new
+    tokens) all begin with one prefix of `shared_prefix` tokens -> (slots a sequence reserves alone, slots each
+    reserves beside the prefix, slots the prefix holds once for the whole batch): pool_table's pool for b such
+    prompts is min(b x the first, b x the second + the third). A sequence reuses
+    the prefix's whole pages, never the one holding its last prompt position; a prefix that is the whole prompt
+    (the samples of one prompt) also holds that last page once, which each sequence still counts as its own."""
+    prompt = math.ceil(prompt_len)
+    reused = min(int(shared_prefix) // page_size, (prompt - 1) // page_size)
+    once = pages_for(prompt, page_size) if shared_prefix >= prompt else reused
+    alone = pages_for(math.ceil(room), page_size)
+    return alone * page_size, (alone - reused) * page_size, once * page_size
 
 
 def prefix_pages(prompts: list[list[int]], share: list[bool],
