@@ -210,12 +210,8 @@ int main(int argc, char** argv) {
     std::vector<double> tk(V);
     for (int64_t vi = 0; vi < V; ++vi) {
       const int64_t v = (vi + pass) % V;  // rotate the order per pass
-      uint64_t acc = 0;
-      double t0 = now();
-#pragma omp parallel for num_threads(2) reduction(^ : acc)
-      for (size_t i = 0; i < fb / 8; ++i) acc ^= flush[i];
-      double t1 = now();
-      if (acc == 42) printf("x");
+      const double flush_s = flush_read(flush, fb);  // the pass's read-bandwidth probe
+      const double t1 = now();
       const Var& var = vars[v];
       for (int l = 0; l < L; ++l) {
         const int e0 = (pass * 3 + l) % E, e1 = (e0 + 3) % E;
@@ -253,7 +249,7 @@ int main(int argc, char** argv) {
       double t2 = now();
       const double bytes = L * 2.0 * (s13n * b13 + s2n * b2 + (s13n * g13 + s2n * g2) * 256);
       tk[v] = t2 - t1;
-      share[v].push_back(bytes / (t2 - t1) / (fb / (t1 - t0)));
+      share[v].push_back(bytes / (t2 - t1) / (fb / flush_s));
     }
     for (int64_t v = 0; v < V; ++v) ratio[v].push_back(tk[v] / tk[0]);
   }
