@@ -43,6 +43,16 @@ def code_values(fmt: str, codes: torch.Tensor) -> torch.Tensor:
     return torch.stack((low.float(), high.float()), dim=-1).flatten(-2)
 
 
+def expand_rows(fmt: str, codes: torch.Tensor, scales: torch.Tensor, offsets: torch.Tensor | None,
+                group: int) -> torch.Tensor:
+    """Rows of one quantized matrix as float32 [rows, K]: value(code) * scale (+ offset) per group of K."""
+    v = code_values(fmt, codes)
+    g = v.view(v.shape[0], -1, group) * scales.unsqueeze(-1)
+    if offsets is not None:
+        g = g + offsets.unsqueeze(-1)
+    return g.view(v.shape)
+
+
 @dataclass(frozen=True)
 class QuantizedStack:
     """n experts' [N, K] matrices held quantized: codes [n, N, K or K/2], float32 scales (and additive
@@ -78,11 +88,8 @@ class QuantizedStack:
 
     def __getitem__(self, e: int) -> torch.Tensor:
         """Expert e expanded [N, K] in the run's dtype (the per-expert loop's fallback)."""
-        v = code_values(self.fmt, self.codes[e])
-        g = v.view(v.shape[0], -1, self.group) * self.scales[e].unsqueeze(-1)
-        if self.offsets is not None:
-            g = g + self.offsets[e].unsqueeze(-1)
-        return g.view(v.shape).to(self.dtype)
+        offsets = None if self.offsets is None else self.offsets[e]
+        return expand_rows(self.fmt, self.codes[e], self.scales[e], offsets, self.group).to(self.dtype)
 
 
 def block_k(k: int, group: int) -> int | None:

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 
 from moelight.models.expert_format import ExpertFormat
-from moelight.models.fused_dequant import QuantizedStack, code_values, use_fused
+from moelight.models.fused_dequant import QuantizedStack, expand_rows, use_fused
 from moelight.models.quantized_experts import QuantizedExperts, held_quantized
 
 _ALIGN = 64  # bytes: every stack starts aligned for any element type
@@ -130,11 +130,8 @@ def dequantize_stacks(layout: StackLayout, views: dict[str, torch.Tensor], gate_
         for e in range(layout.n):
             for r in range(0, out.shape[1], rows):
                 sl = slice(r, r + rows)
-                values = code_values(layout.form.fmt, codes[e, sl])  # [rows, K] float32
-                g = values.view(values.shape[0], -1, group) * scales[e, sl].unsqueeze(-1)
-                if offsets is not None:
-                    g = g + offsets[e, sl].unsqueeze(-1)
-                out[e, sl].copy_(g.view(values.shape))
+                rows_offsets = None if offsets is None else offsets[e, sl]
+                out[e, sl].copy_(expand_rows(layout.form.fmt, codes[e, sl], scales[e, sl], rows_offsets, group))
 
 
 def runs_fused(model, device) -> bool:
