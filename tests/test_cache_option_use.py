@@ -122,3 +122,14 @@ def test_latency_mode_prices_its_cpu_crossover_on_the_experts_as_held(monkeypatc
               quantize="int8", dtype="float32")
     llm.generate([PROMPTS[0]], SamplingParams(max_tokens=2), use_tqdm=False)
     assert seen and all(8.0 <= bits < 8.5 for bits in seen), seen
+
+
+def test_a_bad_dequant_gemm_setting_is_refused_when_the_llm_is_built(monkeypatch):
+    """MOELIGHT_DEQUANT_GEMM is named before anything loads, with what to do, not when the device runtime is
+    built after the load."""
+    from moelight import LLM
+    from moelight.engine.options import OptionError
+
+    monkeypatch.setenv("MOELIGHT_DEQUANT_GEMM", "fast")
+    with pytest.raises(OptionError, match=r"MOELIGHT_DEQUANT_GEMM='fast': auto, fused or expand; set it"):
+        LLM(str(CKPT), device="emulated", hardware="t4", quantize="int4")

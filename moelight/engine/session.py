@@ -28,6 +28,7 @@ from moelight.engine.options import EngineOptions, OptionError
 from moelight.loading.expert_storage import with_expert_format
 from moelight.loading.model_source import load_model
 from moelight.loading.resolved_model import ResolvedModel, resolve
+from moelight.models.fused_dequant import mode as dequant_gemm_mode
 from moelight.parallel import shard_config
 from moelight.parallel.rank_group import tensor_parallel_degree
 from moelight.planning.hardware_choice import resolve_device
@@ -123,6 +124,11 @@ class EngineSession:
                                  self.opts.quantize)
         self.resolved = replace(self.resolved, source=replace(self.source, config=cfg))
         self.source, self.config = self.resolved.source, cfg
+        if cfg.expert_format is not None and self.device != "cpu":  # a device runtime reads it once built
+            try:
+                dequant_gemm_mode()
+            except ValueError as e:
+                raise OptionError(f"{e}; set it to one of them or unset it (auto)") from None
         if cfg.expert_format is not None and self.log:
             self.log(f"routed experts held as {cfg.expert_format.fmt} ({cfg.expert_format.origin})")
 
