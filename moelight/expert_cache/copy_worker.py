@@ -80,9 +80,10 @@ class CopyWorker:
         """Block until `key`'s copy is issued, then make compute wait for it on the device."""
         ev = self.done.get(key)
         if ev is not None:
-            while not ev.wait(timeout=0.5):
-                if self.error is not None:
-                    raise RuntimeError(f"expert copy failed: {self.error!r}") from self.error
+            while not ev.wait(timeout=0.5) and self.error is None:
+                pass
+        if self.error is not None:  # a failed copy also sets its job done: check after the wait too
+            raise RuntimeError(f"expert copy failed: {self.error!r}") from self.error
         self.device.wait_event(self.device_done.get(key))
 
     def used(self, slots: list[int]) -> None:
