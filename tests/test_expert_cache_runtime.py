@@ -14,6 +14,8 @@ import numpy as np
 import pytest
 
 from hrm import get_hardware, model_from_hf_config
+from moelight.devices import race_check as race_check_module
+from moelight.devices.device_base import StreamOrderError
 from moelight.errors import NumericalError
 from moelight.expert_cache import cache_executor
 from moelight.expert_cache.cache_executor import ExpertCacheExecutor, non_expert_bytes
@@ -181,7 +183,11 @@ def test_uploads_reuse_pooled_pinned_buffers(setup, plain):
 
 @pytest.mark.parametrize("fault", ["a slot filled with another expert", "a dropped attention output",
                                    "compute not waiting for its copy"])
-def test_the_comparison_catches_a_cache_fault(setup, plain, fault, monkeypatch):
+@pytest.mark.parametrize("race_check", [False, True])
+def test_the_comparison_catches_a_cache_fault(setup, plain, fault, race_check, monkeypatch):
+    """Wrong weights or a dropped output change the tokens; compute that does not wait for its expert's
+    copy reads the copy's poison (NaN logits), or, with the race check, is refused at the read."""
+    monkeypatch.setenv(race_check_module.ENV, "1" if race_check else "0")
     model, prompts, params, L, E, eamc = setup
     ex = _executor(model, policy_of("lru", L, E, eamc), 12, h2d_bandwidth=4e7) if "waiting" in fault else \
         _executor(model, policy_of("lru", L, E, eamc), 12)
@@ -209,8 +215,25 @@ def test_the_comparison_catches_a_cache_fault(setup, plain, fault, monkeypatch):
             monkeypatch.setattr(cache_executor, "batched_decode_attention", dropped)
         else:  # the slot still holds the copy's poison when the expert runs: NaN logits stop the job
             monkeypatch.setattr(ex.device, "wait_event", lambda event: None)
-        with pytest.raises(NumericalError if "waiting" in fault else AssertionError):
+        expected = AssertionError
+        if "waiting" in fault:
+            expected = StreamOrderError if race_check else NumericalError
+        with pytest.raises(expected):
             assert_same_run(run_job(model, ex, prompts, params, 3, 3, max_prefill_tokens=256), plain[3])
+    finally:
+        ex.close()
+
+
+def test_the_race_check_catches_a_copy_into_a_slot_compute_still_reads(setup, monkeypatch):
+    """A slot's next copy must wait for the compute that last read it (`used`: on a GPU that compute
+    may still be queued). The emulated compute has always run by then, so only the race check sees it."""
+    monkeypatch.setenv(race_check_module.ENV, "1")
+    model, prompts, params, L, E, eamc = setup
+    ex = _executor(model, policy_of("lru", L, E, eamc), SLOTS)
+    monkeypatch.setattr(ex.worker, "used", lambda slots: None)
+    try:
+        with pytest.raises(RuntimeError, match=r"expert copy failed: StreamOrderError.*writes device memory that"):
+            run_job(model, ex, prompts, params, 3, 3, max_prefill_tokens=256)
     finally:
         ex.close()
 

@@ -220,7 +220,10 @@ class EmulatedDevice(Device):
                 ev.error, ev.launched, ev.done = err, True, True
                 self.lanes.cond.notify_all()
 
-        job = CopyJob([after] if isinstance(after, Event) else [], ev, 0.0, finish)
+        after = after if isinstance(after, Event) else None
+        if self.races is not None:
+            self.races.transfer(ev, [dst for dst, _ in pairs], after)
+        job = CopyJob([after] if after is not None else [], ev, 0.0, finish)
         for dst, src in pairs:
             if not self.is_pinned(src):
                 self.pageable_copies += 1
@@ -237,16 +240,27 @@ class EmulatedDevice(Device):
         self.lanes.wait_done([event])
         if event.error is not None:
             raise RuntimeError(f"a copy the compute waited for failed: {event.error!r}") from event.error
+        if self.races is not None and current_event() is self.races.direct:
+            self.races.waited(event.clock)
+
+    def record_event(self):
+        """With the race check, a point of the direct compute that copies can be ordered after; else
+        None (the emulated compute has run what it issued)."""
+        return self.races.record_point() if self.races is not None else None
 
     @contextlib.contextmanager
     def compute(self):
         before = current_lane(), current_event()
-        bind_current("gpu")
+        if self.races is not None:  # CUDA issues it on the compute stream, after that stream's earlier work
+            self.races.waited(self.lanes.issued_clock("gpu"))
+        bind_current("gpu", self.races.direct if self.races is not None else None)
         try:
             with self._counting():
                 yield
         finally:
             bind_current(*before)
+            if self.races is not None:  # and before the stream's later work
+                self.lanes.order_after("gpu", self.races.direct_clock())
 
     def counters(self) -> dict[str, int]:
         return self.counts.snapshot() | {"pageable_copies": self.pageable_copies}

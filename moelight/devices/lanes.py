@@ -71,6 +71,20 @@ class LaneSet:
             self.cond.notify_all()
         return ev
 
+    def issued_clock(self, lane: str) -> dict[str, int]:
+        """The clock of the latest task launched on `lane`."""
+        with self.cond:
+            return dict(self.last_clock[lane])
+
+    def order_after(self, lane: str, clock: dict[str, int]) -> None:
+        """`lane`'s tasks launched from now on come after `clock`: work issued on the lane's stream from
+        outside its worker (`Device.compute()`)."""
+        with self.cond:
+            mine = self.last_clock[lane]
+            for other, pos in clock.items():
+                if mine.get(other, -1) < pos:
+                    mine[other] = pos
+
     def _pick(self, lane: str) -> LaneItem | None:
         for k, it in enumerate(self.queues[lane]):
             if all(dependency_ready(d) for d in it.deps):

@@ -194,13 +194,19 @@ def fused_linear(xs: torch.Tensor, w: QuantizedStack, first: int, starts: torch.
     lut = _lut(w.fmt, xs.device)
     grid = (tile_expert.numel(), -(-N // BLOCK_N))
     interpret = xs.device.type != "cuda"
+    target = out
+    if interpret:  # Triton's interpreter writes each argument's whole storage back (a slot's neighbours,
+        # which the expert cache's copy thread may be filling): give it storages of its own
+        xs, codes, scales, offsets, lut, out = (t.clone() for t in (xs, codes, scales, offsets, lut, out))
     kernel(interpret)[grid](
         xs, codes, scales, offsets, lut, out, tile_expert, tile_row, tile_end,
         N, K, w.group, xs.stride(0), out.stride(0), codes.stride(0), codes.stride(1), scales.stride(0),
         scales.stride(1), FMT=FORMAT_CODES[w.fmt], HAS_OFFSETS=w.offsets is not None,
         IEEE=xs.dtype == torch.float32, UPCAST=interpret, GLU=glu, BLOCK_M=block_m, BLOCK_N=BLOCK_N,
         BLOCK_W=2 * BLOCK_N if glu else BLOCK_N, BLOCK_K=block_k(K, w.group))
-    return out
+    if target is not out:
+        target.copy_(out)
+    return target
 
 
 _luts: dict[tuple[str, str], torch.Tensor] = {}
