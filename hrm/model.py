@@ -44,6 +44,9 @@ class ModelSpec:
     shared_expert_gate: bool = True  # Qwen2-MoE's sigmoid gate on the shared expert (DeepSeek has none)
     score_bias: bool = False  # a per-expert bias on the routing scores (DeepSeek-V3's e_score_correction_bias)
     expert_bits: float = 0.0  # bits per routed-expert weight held quantized (codes and scales); 0: the dtype's
+    # bytes the CPU engine holds beyond these weights (float32 copies of bf16 matmuls where the CPU's oneDNN
+    # packs no bf16); host memory, counted where the weights stay on the host
+    host_weight_extra_bytes: float = 0.0
     expert_format: str = ""  # their kernel format ('int8', 'uint4', ...): the CPU kernel's rate for it, if measured
     # multi-head latent attention (DeepSeek-V2/V3, Kimi-K2; hrm/latent_attention.py), 0: GQA
     kv_lora_rank: int = 0

@@ -306,7 +306,7 @@ def build_point_model(hw: HardwareSpec, m: ModelSpec, wl: WorkloadSpec, dtype: s
         gpu_mem["kv_cache"] = _aff(0.0, 0.0, kv_total, shape)
         gpu_mem["kv_prefetch_buffers"] = _aff(2 * kv_mb_layer, 0.0, -2 * kv_mb_layer, shape)
     if not f_g:
-        cpu_mem["non_expert_weights"] = _aff(non_exp, shape=shape)
+        cpu_mem["non_expert_weights"] = _aff(non_exp + m.host_weight_extra_bytes, shape=shape)
         if a_g:  # attention on the GPU: its micro-batch's float32 logits come back to the host
             cpu_mem["activations"] = _aff(act, shape=shape)
         else:  # all on the CPU: its largest pass and the batch's sampled logits, as the memory check counts them

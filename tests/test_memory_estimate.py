@@ -34,7 +34,7 @@ def _qwen3_int4():
     return with_expert_format(PRESETS["qwen3-30b-a3b"], torch.bfloat16, "cpu", "int4")
 
 
-def test_the_qwen3_job_counts_at_least_its_measured_peak():
+def test_the_qwen3_job_counts_at_least_its_measured_peak(bf16_packing_host):
     """check_fits's peak for the job covers what the job grew by; the old check (weights + KV) fell short."""
     counted = check_fits(_qwen3_int4(), torch.bfloat16, available=100 * GIB, on_cpu=True, plain_weights=False,
                          **QWEN3_JOB)
@@ -42,7 +42,7 @@ def test_the_qwen3_job_counts_at_least_its_measured_peak():
     assert counted["peak_bytes"] <= QWEN3_MEASURED_GROWTH + 1.0 * GIB  # and not by a margin that refuses it here
 
 
-def test_a_host_below_the_qwen3_jobs_peak_refuses_it_before_loading():
+def test_a_host_below_the_qwen3_jobs_peak_refuses_it_before_loading(bf16_packing_host):
     """No loading: check_fits is pure. 20.8 GiB available leaves 18.72 usable, above the old count (18.60)
     and below the job's measured peak (18.95); 21.6 GiB (19.44 usable) runs it."""
     with pytest.raises(OutOfMemoryPlan, match="activations"):
@@ -102,9 +102,11 @@ def test_packing_peaks_at_most_one_weight_above_the_loaded_model(probe):
     loop kept them to its end: +324 MiB here against 125 MiB counted)."""
     if not (cpu_linear.packing_supported(torch.bfloat16) or cpu_linear.upcast_bf16_linears()):
         pytest.skip("this torch/CPU packs nothing")
-    counted = memory_check.load_transient_bytes(_probe_config(), torch.bfloat16, on_cpu=True)
-    assert probe["pack"]["peak"] <= counted + 16 * MIB
-    assert probe["pack"]["after"] <= 16 * MIB
+    cfg = _probe_config()
+    copies = memory_check.cpu_engine_extra_bytes(cfg, torch.bfloat16, True)  # float32 copies, where this CPU makes them
+    counted = memory_check.load_transient_bytes(cfg, torch.bfloat16, on_cpu=True)
+    assert probe["pack"]["peak"] <= copies + counted + 16 * MIB
+    assert probe["pack"]["after"] <= copies + 16 * MIB
 
 
 def test_a_generation_stays_within_its_kv_cache_and_activations(probe):

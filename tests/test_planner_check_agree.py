@@ -48,7 +48,7 @@ def _session(sharing: bool, hardware: str) -> EngineSession:
                                                          (False, 640, {"temperature": 1.0, "top_p": 0.9})])
 @pytest.mark.parametrize("available_gib", [21.5, 22.9])
 def test_the_planners_batch_is_the_checks_on_the_same_host(tmp_path, monkeypatch, sharing, distinct, sampling,
-                                                           available_gib):
+                                                           available_gib, bf16_packing_host):
     """640 requests of 8 new tokens: a replicated dataset with prefix sharing (most prompt tokens shared) and
     greedy sampling, and distinct prompts without sharing, sampled with top-p. The host declares
     `available_gib` and the process holds nothing beside the model, so the planner and the check have the same

@@ -3,6 +3,7 @@
 import json
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from hrm import HardwareSpec, Level
@@ -87,7 +88,12 @@ def test_explicit_batch_size_wins(tmp_path):
 def test_explicit_batch_size_gets_the_fit_check_of_a_policy_file(tmp_path, model_only_host):
     """--batch-size is checked against the HRM's memory model before loading, as a --policy file's sizes are
     (it was not: the job loaded and ran out of memory mid-job), naming the option and the largest that fits."""
-    hw = _hardware(tmp_path, memory=int(3.0 * 2**20))  # the tiny model's weights and a small batch (its longest prompt)
+    from moelight.loading.presets import PRESETS
+    from moelight.planning.memory_check import cpu_engine_extra_bytes
+
+    # the tiny model's weights and a small batch (its longest prompt), and its float32 copies where this CPU makes them
+    copies = cpu_engine_extra_bytes(PRESETS["tiny"], torch.bfloat16, True)
+    hw = _hardware(tmp_path, memory=int(3.0 * 2**20) + copies)
     r, rep, out = _run(tmp_path, "--hardware", hw, "--batch-size", "48", n=48)
     assert r.exit_code == 2, r.output
     assert says(r.output, "--batch-size 48 does not fit test-host") and says(r.output, "kv_cache")

@@ -12,8 +12,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+import torch
+
 from moelight.planning.hardware_choice import PlanError, hardware_for_device
 from moelight.planning.held_model import held_model_spec
+from moelight.planning.memory_check import cpu_engine_extra_bytes
 from moelight.planning.mode_choice import ModeError, apply_mode
 from moelight.planning.size_overrides import check_sizes_fit
 from moelight.runtime.paged_layout import pool_table, shared_prefix_tokens
@@ -95,6 +98,8 @@ def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
             raise PlanError(f"--gpus {opts.gpus}: {e}") from None
     _check_dtype_rates(hw, dtype, opts.hardware)
     mspec = held_model_spec(cfg, opts.model)  # experts held quantized: the bytes they read, page and hold
+    if device == "cpu":  # and the CPU engine's float32 copies, where it makes them
+        mspec = replace(mspec, host_weight_extra_bytes=float(cpu_engine_extra_bytes(cfg, getattr(torch, dtype), True)))
     sharing = opts.enable_prefix_caching  # every executor pages K and V caches and MLA's latent alike
     workload = workload_of(prompts, params, opts.max_prefill_tokens, sharing, turn)
     t0 = time.perf_counter()

@@ -49,6 +49,15 @@ def weight_bytes(cfg: ModelConfig, dtype: torch.dtype, on_cpu: bool = False, pla
     return (parameter_count(cfg) - dense_experts) * dtype_bytes(dtype) + held + extra
 
 
+def cpu_engine_extra_bytes(cfg: ModelConfig, dtype: torch.dtype, on_cpu: bool) -> int:
+    """What the CPU engine holds beyond the weights as the HRM counts them (hrm.ModelSpec): float32 copies of
+    bf16 matmuls where this CPU packs no bf16 (upcast_bf16_linears), a dense copy of quantized experts in a
+    float32 run. The planner plans with that much less host memory, so its batch is one the check accepts."""
+    if not on_cpu:
+        return 0
+    return max(0, weight_bytes(cfg, dtype, True, plain_weights=False) - weight_bytes(cfg, dtype))
+
+
 def _meta_model(cfg: ModelConfig):
     """The family's model on the meta device: its parameters' shapes, nothing allocated."""
     from moelight.models.causal_lm import MoECausalLM
