@@ -1,8 +1,8 @@
 // This host's AVX2 ceilings for the expert kernels' inner instructions, in inline asm (10 independent
 // accumulator chains, no loads): float32 FMA (bf16 / dequantised weights), vpmaddwd + vpaddd (int8
 // codes on int8 activations), vpmaddubsw + vpaddw (uint4 codes). On 1 and 2 threads; ops counted as
-// multiplies + adds (16, 16 and 32 per instruction pair). bench_expert_kernels.py's "GEMM roof" is
-// oneDNN's GEMM, not these.
+// the benchmarks count FLOPs, 2 per multiply-add (16, 32 and 64 per instruction pair).
+// bench_expert_kernels.py's "GEMM roof" is oneDNN's GEMM, not these.
 //
 //   g++ -O2 -fopenmp -std=c++17 benchmarks/avx2_peaks.cpp -o /tmp/avx2_peaks && flock /tmp/cpu.lock /tmp/avx2_peaks
 #include <omp.h>
@@ -45,6 +45,6 @@ void probe(const char* name, double ops) {
 
 int main() {
   probe<0>("vfmadd231ps ymm", 16);
-  probe<1>("vpmaddwd + vpaddd ymm", 16);
-  probe<2>("vpmaddubsw + vpaddw ymm", 32);
+  probe<1>("vpmaddwd + vpaddd ymm", 32);
+  probe<2>("vpmaddubsw + vpaddw ymm", 64);
 }
