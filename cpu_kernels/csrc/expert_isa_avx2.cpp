@@ -1,8 +1,10 @@
 // AVX2 + FMA pieces of the fused expert op (CPUs without AVX512-BF16): bf16 pairs widened to
-// float32 by shifts (even k) and masks (odd k), FMAs over 2 rows x 32 columns; dequantisation of
-// the quantized formats to bf16 pairs, into scratch or in registers for an expert's 1-2 decode rows;
-// int8 / uint4 codes times int8 activations in integer multiply-adds; the gate/up epilogue.
+// float32 by shifts (even k) and masks (odd k), FMAs over 2 rows x 32 columns, or at 3 rows and more
+// over 3 rows on a k-block widened once into L1; dequantisation of the quantized formats to bf16
+// values, in registers for an expert's 1-2 decode rows, else a k-block at a time into float32; int8 /
+// uint4 codes times int8 activations (expert_iq_avx2.h); the gate/up epilogue.
 // Reached only after the CPU check.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
 
@@ -12,6 +14,7 @@
 #pragma GCC push_options
 #pragma GCC target("avx2,fma,f16c")
 #include "simd_avx2.h"
+#include "expert_iq_avx2.h"
 
 namespace {
 
@@ -108,10 +111,67 @@ inline void gemm_rows(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t
     for (int q = 0; q < 4; ++q) _mm256_storeu_ps(c + r * ldc + 8 * q, acc[r][q]);
 }
 
+// Pair rows [p0, p0 + n) of a bf16 strip widened to float32, per column block q the 8 even-k values
+// then the 8 odd-k ones (64 floats a pair row): fgemm_rows' weights, read from L1.
+inline void widen_pairs(const uint16_t* b, int64_t p0, int64_t n, float* wf) {
+  for (int64_t p = 0; p < n; ++p)
+    for (int q = 0; q < 4; ++q) {
+      __m256 we, wo;
+      VecAvx2::load_bf16_pair(b + (p0 + p) * 64 + 16 * q, we, wo);
+      _mm256_store_ps(wf + p * 64 + 16 * q, we);
+      _mm256_store_ps(wf + p * 64 + 16 * q + 8, wo);
+    }
+}
+
+// gemm_rows over pair rows [p0, p0 + n) on widened weights, R rows at once (3: 12 accumulators, each a
+// chain of two FMAs a pair row, 24 FMAs to hide their latency), c's partial sums carried between
+// calls (`first`: from zero): the same sums in the same order as gemm_rows.
+template <int R>
+inline void fgemm_rows(const uint16_t* a, int64_t lda, const float* wf, int64_t p0, int64_t n, bool first, float* c,
+                       int64_t ldc) {
+  __m256 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (int q = 0; q < 4; ++q) acc[r][q] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(c + r * ldc + 8 * q);
+  for (int64_t p = 0; p < n; ++p) {
+    const float* w = wf + p * 64;
+    for (int r = 0; r < R; ++r) {
+      __m256 ae[1], ao[1];
+      pair_activations<1>(a + r * lda, lda, p0 + p, ae, ao);
+      for (int q = 0; q < 4; ++q)
+        acc[r][q] = _mm256_fmadd_ps(_mm256_load_ps(w + 16 * q + 8), ao[0],
+                                    _mm256_fmadd_ps(_mm256_load_ps(w + 16 * q), ae[0], acc[r][q]));
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int q = 0; q < 4; ++q) _mm256_storeu_ps(c + r * ldc + 8 * q, acc[r][q]);
+}
+
+// Pair rows a gemm of many rows widens at once: 16 KB of float32, in L1 while every row block reads it.
+constexpr int64_t kWidePairs = 64;
+
+// c[0, m) = a[0, m) x a strip of depth k whose pair rows widen(p0, n, wf) puts in float32, a block
+// of kWidePairs at a time, for 3 rows and more.
+template <class Widen>
+void wide_gemm(const uint16_t* a, int64_t lda, int64_t m, int64_t k, float* c, int64_t ldc, Widen widen) {
+  alignas(32) float wf[kWidePairs * 64];
+  for (int64_t p0 = 0; p0 < k / 2; p0 += kWidePairs) {
+    const int64_t n = std::min<int64_t>(kWidePairs, k / 2 - p0);
+    widen(p0, n, wf);
+    int64_t r = 0;
+    for (; r + 3 <= m; r += 3) fgemm_rows<3>(a + r * lda, lda, wf, p0, n, p0 == 0, c + r * ldc, ldc);
+    if (m - r == 2) fgemm_rows<2>(a + r * lda, lda, wf, p0, n, p0 == 0, c + r * ldc, ldc);
+    if (m - r == 1) fgemm_rows<1>(a + r * lda, lda, wf, p0, n, p0 == 0, c + r * ldc, ldc);
+  }
+}
+
 void gemm(const uint16_t* a, int64_t lda, int64_t m, const uint16_t* b, int64_t k, float* c, int64_t ldc) {
   int64_t r = 0;
-  for (; r + 2 <= m; r += 2) gemm_rows<2>(a + r * lda, lda, b, k, c + r * ldc, ldc);
-  if (r < m) gemm_rows<1>(a + r * lda, lda, b, k, c + r * ldc, ldc);  // an odd row (decode: often the only one)
+  if (m < 3) {  // decode rows: widened in registers, as many rows were before the k-blocks
+    for (; r + 2 <= m; r += 2) gemm_rows<2>(a + r * lda, lda, b, k, c + r * ldc, ldc);
+    if (r < m) gemm_rows<1>(a + r * lda, lda, b, k, c + r * ldc, ldc);  // an odd row (decode: often the only one)
+    return;
+  }
+  wide_gemm(a, lda, m, k, c, ldc, [&](int64_t p0, int64_t n, float* wf) { widen_pairs(b, p0, n, wf); });
 }
 
 // --- gemm on quantized strips, dequantised in registers -----------------------------------------
@@ -184,8 +244,38 @@ void qgemm_rows(const uint16_t* a, int64_t lda, const Strip& st, float* c, int64
     for (int q = 0; q < 4; ++q) _mm256_storeu_ps(c + r * ldc + 8 * q, acc[r][q]);
 }
 
+// Pair rows [p0, p0 + n) of a quantized strip dequantised as qgemm_rows does (the bf16 values dequant
+// stores) into widen_pairs' float32 layout: no bf16 scratch to write and widen again.
+template <WFormat F>
+void dequant_pairs(const Strip& st, int64_t p0, int64_t n, float* wf) {
+  constexpr int64_t kRowBytes = F == WFormat::U4 || F == WFormat::FP4 ? 32 : 64;
+  const __m256 half = _mm256_set1_ps(F == WFormat::FP4 ? 0.5f : 1.0f);
+  const int64_t rows_per_group = st.group / 2;
+  __m256 s[4] = {}, b[4] = {};  // set at p0
+  for (int64_t p = p0; p < p0 + n; ++p) {
+    if (p == p0 || p % rows_per_group == 0) {
+      const int64_t g = p / rows_per_group;
+      for (int q = 0; q < 4; ++q) {
+        s[q] = _mm256_mul_ps(_mm256_loadu_ps(st.scales + g * 32 + 8 * q), half);
+        b[q] = st.bias ? _mm256_loadu_ps(st.bias + g * 32 + 8 * q) : _mm256_setzero_ps();
+      }
+    }
+    const uint8_t* row = st.codes + p * kRowBytes;
+    float* w = wf + (p - p0) * 64;
+    for (int q = 0; q < 4; ++q) {
+      const __m128i x = block_codes<F>(row, q);
+      _mm256_store_ps(w + 16 * q, round_bf16(_mm256_fmadd_ps(code_values<F>(x), s[q], b[q])));
+      _mm256_store_ps(w + 16 * q + 8, round_bf16(_mm256_fmadd_ps(code_values<F>(_mm_srli_si128(x, 8)), s[q], b[q])));
+    }
+  }
+}
+
+// qgemm: 1-2 rows dequantised in registers per row pair, more a k-block at a time into float32.
 template <WFormat F>
 void qgemm_format(const uint16_t* a, int64_t lda, int64_t m, const Strip& st, float* c, int64_t ldc) {
+  if (m >= 3) return wide_gemm(a, lda, m, st.k, c, ldc, [&](int64_t p0, int64_t n, float* wf) {
+    dequant_pairs<F>(st, p0, n, wf);
+  });
   int64_t r = 0;
   for (; r + 2 <= m; r += 2) qgemm_rows<F, 2>(a + r * lda, lda, st, c + r * ldc, ldc);
   if (r < m) qgemm_rows<F, 1>(a + r * lda, lda, st, c + r * ldc, ldc);
@@ -199,113 +289,6 @@ void qgemm(const uint16_t* a, int64_t lda, int64_t m, const Strip& st, float* c,
     case WFormat::FP4: return qgemm_format<WFormat::FP4>(a, lda, m, st, c, ldc);
     default: return;  // BF16 strips never come here
   }
-}
-
-// --- int8 / uint4 strips times int8 activations -------------------------------------------------
-
-// One block's int32 sums (k in [32 blk, 32 blk + 32), pair-rows 16 blk ..) for R activation rows:
-// iacc[r][q] = columns 8q .. 8q + 7.
-
-// int8 codes: each column block's 16 codes widened to int16 in pair order (column 8q + i: k even,
-// k odd), multiplied by a broadcast pair of activations with _mm256_madd_epi16.
-template <int R>
-inline void i8_block(const moelight::QuantRows& a, const uint8_t* codes, int64_t blk, __m256i iacc[R][4]) {
-  for (int64_t p = blk * 16; p < blk * 16 + 16; ++p) {
-    __m256i ap[R];
-    for (int r = 0; r < R; ++r) {
-      int16_t pair[2] = {a.q[r * a.k + 2 * p], a.q[r * a.k + 2 * p + 1]};
-      int32_t bits;
-      std::memcpy(&bits, pair, 4);
-      ap[r] = _mm256_set1_epi32(bits);
-    }
-    for (int q = 0; q < 4; ++q) {
-      const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + p * 64 + 16 * q)));
-      for (int r = 0; r < R; ++r) iacc[r][q] = _mm256_add_epi32(iacc[r][q], _mm256_madd_epi16(w, ap[r]));
-    }
-  }
-}
-
-// uint4 codes in 8-bit multiply-adds: _mm256_maddubs_epi16 multiplies a pair-row's unsigned codes
-// by the signed activations of its two k and adds each column's pair into one int16. The row's 32
-// bytes hold columns 0..15 in their low nibbles and 16..31 in their high ones, so two multiply-adds
-// take the whole pair-row. A pair is at most 2 x 15 x 127 = 3810 in magnitude, so 8 pair-rows sum
-// in int16 without overflow before they are widened: the same integers as int16 products would give.
-template <int R>
-inline void u4_block(const moelight::QuantRows& a, const uint8_t* codes, int64_t blk, __m256i iacc[R][4]) {
-  const __m256i low = _mm256_set1_epi8(0x0F);
-  for (int64_t p0 = blk * 16; p0 < blk * 16 + 16; p0 += 8) {
-    __m256i sacc[R][2];  // columns 0..15 and 16..31 in int16
-    for (int r = 0; r < R; ++r) sacc[r][0] = sacc[r][1] = _mm256_setzero_si256();
-    for (int64_t p = p0; p < p0 + 8; ++p) {
-      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + p * 32));
-      const __m256i lo = _mm256_and_si256(x, low), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), low);
-      for (int r = 0; r < R; ++r) {
-        int16_t pair;
-        std::memcpy(&pair, a.q + r * a.k + 2 * p, 2);
-        const __m256i ap = _mm256_set1_epi16(pair);
-        sacc[r][0] = _mm256_add_epi16(sacc[r][0], _mm256_maddubs_epi16(lo, ap));
-        sacc[r][1] = _mm256_add_epi16(sacc[r][1], _mm256_maddubs_epi16(hi, ap));
-      }
-    }
-    for (int r = 0; r < R; ++r)
-      for (int h = 0; h < 2; ++h) {
-        const __m128i lo8 = _mm256_castsi256_si128(sacc[r][h]), hi8 = _mm256_extracti128_si256(sacc[r][h], 1);
-        iacc[r][2 * h] = _mm256_add_epi32(iacc[r][2 * h], _mm256_cvtepi16_epi32(lo8));
-        iacc[r][2 * h + 1] = _mm256_add_epi32(iacc[r][2 * h + 1], _mm256_cvtepi16_epi32(hi8));
-      }
-  }
-}
-
-template <WFormat F, int R>
-void iqgemm_rows(const moelight::QuantRows& a, const Strip& st, float* c, int64_t ldc) {
-  __m256 acc[R][4];  // the sum over finished groups
-  for (int r = 0; r < R; ++r)
-    for (auto& x : acc[r]) x = _mm256_setzero_ps();
-  const int64_t blocks_per_group = st.group / 32;
-  for (int64_t g = 0; g < st.k / st.group; ++g) {
-    __m256 gacc[R][4];  // this group's sum of c * a (a = scale * q per block)
-    float asum[R];      // and of a, for the bias
-    for (int r = 0; r < R; ++r) {
-      asum[r] = 0.0f;
-      for (auto& x : gacc[r]) x = _mm256_setzero_ps();
-    }
-    for (int64_t blk = g * blocks_per_group; blk < (g + 1) * blocks_per_group; ++blk) {
-      __m256i iacc[R][4];
-      for (int r = 0; r < R; ++r)
-        for (auto& x : iacc[r]) x = _mm256_setzero_si256();
-      if constexpr (F == WFormat::I8) i8_block<R>(a, st.codes, blk, iacc);
-      else u4_block<R>(a, st.codes, blk, iacc);
-      for (int r = 0; r < R; ++r) {
-        const float sa = a.scale[r * (a.k / 32) + blk];
-        asum[r] += sa * static_cast<float>(a.sum[r * (a.k / 32) + blk]);
-        const __m256 sv = _mm256_set1_ps(sa);
-        for (int q = 0; q < 4; ++q) gacc[r][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[r][q]), sv, gacc[r][q]);
-      }
-    }
-    for (int q = 0; q < 4; ++q) {
-      const __m256 s = _mm256_loadu_ps(st.scales + g * 32 + 8 * q);
-      const __m256 b = st.bias ? _mm256_loadu_ps(st.bias + g * 32 + 8 * q) : _mm256_setzero_ps();
-      for (int r = 0; r < R; ++r)
-        acc[r][q] = _mm256_fmadd_ps(b, _mm256_set1_ps(asum[r]), _mm256_fmadd_ps(gacc[r][q], s, acc[r][q]));
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int q = 0; q < 4; ++q) _mm256_storeu_ps(c + r * ldc + 8 * q, acc[r][q]);
-}
-
-template <WFormat F>
-void iqgemm_format(const moelight::QuantRows& a, int64_t m, const Strip& st, float* c, int64_t ldc) {
-  const auto rows = [&](int64_t r0) {
-    return moelight::QuantRows{a.q + r0 * a.k, a.scale + r0 * (a.k / 32), a.sum + r0 * (a.k / 32), a.k};
-  };
-  int64_t r = 0;
-  for (; r + 2 <= m; r += 2) iqgemm_rows<F, 2>(rows(r), st, c + r * ldc, ldc);
-  if (r < m) iqgemm_rows<F, 1>(rows(r), st, c + r * ldc, ldc);
-}
-
-void iqgemm(const moelight::QuantRows& a, int64_t m, const Strip& st, float* c, int64_t ldc) {
-  if (st.fmt == WFormat::I8) return iqgemm_format<WFormat::I8>(a, m, st, c, ldc);
-  if (st.fmt == WFormat::U4) return iqgemm_format<WFormat::U4>(a, m, st, c, ldc);
 }
 
 void act(const float* c, int64_t ldc, int64_t m, const float* bias, moelight::Act fn, uint16_t* out, int64_t ldo) {
@@ -328,12 +311,13 @@ void act(const float* c, int64_t ldc, int64_t m, const float* bias, moelight::Ac
   }
 }
 
-// qgemm for up to 2 rows per expert: at 4 it ties with dequantising once (bench-1b's experts, fp8 / MXFP4 here).
+// qgemm at every row count: 1-2 rows dequantise in registers, 3 and more a k-block at a time into
+// float32 (no bf16 scratch to write and widen again: bench-1b's int8 strips at 64 rows ~1.15x).
 // iqgemm: int8 strips up to 16 rows (at 32-64 rows dequantising once and the bf16 kernel win on
 // some shapes); uint4 strips at every row count, where two 8-bit multiply-adds per pair-row beat
 // expanding the codes at 1 to 256 tokens on every family's shape (benchmarks/bench_expert_kernels.py).
 constexpr int64_t kAllRows = int64_t{1} << 40;
-const moelight::ExpertIsa kIsa{dequant, gemm, act, qgemm, 2, iqgemm, 16, kAllRows, nullptr, nullptr, 1};
+const moelight::ExpertIsa kIsa{dequant, gemm, act, qgemm, kAllRows, iqgemm, 16, kAllRows, nullptr, nullptr, 1};
 
 }  // namespace
 #pragma GCC pop_options

@@ -52,7 +52,8 @@ struct ExpertIsa {
   void (*act)(const float* c, int64_t ldc, int64_t m, const float* bias, Act act, uint16_t* out, int64_t ldo);
   // Optional: gemm on a quantized strip with its weights dequantised in registers (no scratch), the
   // same bf16 values and summation order as dequant + gemm; used for m <= qgemm_rows, where
-  // writing and re-reading the dequantised strip costs more than dequantising it per row pair.
+  // writing and re-reading the dequantised strip costs more than dequantising it per row pair
+  // (AVX2: every m, its qgemm dequantising many rows' strip a k-block at a time into float32).
   void (*qgemm)(const uint16_t* a, int64_t lda, int64_t m, const Strip& b, float* c, int64_t ldc);
   int64_t qgemm_rows;
   // Optional: int8 / uint4 strips times activations quantized to int8 per block of 32 k (QuantRows),

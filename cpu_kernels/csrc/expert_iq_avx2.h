@@ -1,0 +1,122 @@
+// AVX2's int8-activation products (expert_isa_avx2.cpp's iqgemm): int8 / uint4 strips times rows
+// quantized to int8 per block of 32 k, in integer multiply-adds summed per block, scaled in float32.
+// Include only from that AVX2 + FMA unit (an anonymous namespace).
+#pragma once
+#include <immintrin.h>
+
+#include <cstdint>
+#include <cstring>
+
+#include "experts.h"
+
+namespace {
+
+using moelight::Strip;
+using moelight::WFormat;
+
+// One block's int32 sums (k in [32 blk, 32 blk + 32), pair-rows 16 blk ..) for R activation rows:
+// iacc[r][q] = columns 8q .. 8q + 7.
+
+// int8 codes: each column block's 16 codes widened to int16 in pair order (column 8q + i: k even,
+// k odd), multiplied by a broadcast pair of activations with _mm256_madd_epi16.
+template <int R>
+inline void i8_block(const moelight::QuantRows& a, const uint8_t* codes, int64_t blk, __m256i iacc[R][4]) {
+  for (int64_t p = blk * 16; p < blk * 16 + 16; ++p) {
+    __m256i ap[R];
+    for (int r = 0; r < R; ++r) {
+      int16_t pair[2] = {a.q[r * a.k + 2 * p], a.q[r * a.k + 2 * p + 1]};
+      int32_t bits;
+      std::memcpy(&bits, pair, 4);
+      ap[r] = _mm256_set1_epi32(bits);
+    }
+    for (int q = 0; q < 4; ++q) {
+      const __m256i w = _mm256_cvtepi8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(codes + p * 64 + 16 * q)));
+      for (int r = 0; r < R; ++r) iacc[r][q] = _mm256_add_epi32(iacc[r][q], _mm256_madd_epi16(w, ap[r]));
+    }
+  }
+}
+
+// uint4 codes in 8-bit multiply-adds: _mm256_maddubs_epi16 multiplies a pair-row's unsigned codes
+// by the signed activations of its two k and adds each column's pair into one int16. The row's 32
+// bytes hold columns 0..15 in their low nibbles and 16..31 in their high ones, so two multiply-adds
+// take the whole pair-row. A pair is at most 2 x 15 x 127 = 3810 in magnitude, so 8 pair-rows sum
+// in int16 without overflow before they are widened: the same integers as int16 products would give.
+template <int R>
+inline void u4_block(const moelight::QuantRows& a, const uint8_t* codes, int64_t blk, __m256i iacc[R][4]) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  for (int64_t p0 = blk * 16; p0 < blk * 16 + 16; p0 += 8) {
+    __m256i sacc[R][2];  // columns 0..15 and 16..31 in int16
+    for (int r = 0; r < R; ++r) sacc[r][0] = sacc[r][1] = _mm256_setzero_si256();
+    for (int64_t p = p0; p < p0 + 8; ++p) {
+      const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + p * 32));
+      const __m256i lo = _mm256_and_si256(x, low), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), low);
+      for (int r = 0; r < R; ++r) {
+        int16_t pair;
+        std::memcpy(&pair, a.q + r * a.k + 2 * p, 2);
+        const __m256i ap = _mm256_set1_epi16(pair);
+        sacc[r][0] = _mm256_add_epi16(sacc[r][0], _mm256_maddubs_epi16(lo, ap));
+        sacc[r][1] = _mm256_add_epi16(sacc[r][1], _mm256_maddubs_epi16(hi, ap));
+      }
+    }
+    for (int r = 0; r < R; ++r)
+      for (int h = 0; h < 2; ++h) {
+        const __m128i lo8 = _mm256_castsi256_si128(sacc[r][h]), hi8 = _mm256_extracti128_si256(sacc[r][h], 1);
+        iacc[r][2 * h] = _mm256_add_epi32(iacc[r][2 * h], _mm256_cvtepi16_epi32(lo8));
+        iacc[r][2 * h + 1] = _mm256_add_epi32(iacc[r][2 * h + 1], _mm256_cvtepi16_epi32(hi8));
+      }
+  }
+}
+
+template <WFormat F, int R>
+void iqgemm_rows(const moelight::QuantRows& a, const Strip& st, float* c, int64_t ldc) {
+  __m256 acc[R][4];  // the sum over finished groups
+  for (int r = 0; r < R; ++r)
+    for (auto& x : acc[r]) x = _mm256_setzero_ps();
+  const int64_t blocks_per_group = st.group / 32;
+  for (int64_t g = 0; g < st.k / st.group; ++g) {
+    __m256 gacc[R][4];  // this group's sum of c * a (a = scale * q per block)
+    float asum[R];      // and of a, for the bias
+    for (int r = 0; r < R; ++r) {
+      asum[r] = 0.0f;
+      for (auto& x : gacc[r]) x = _mm256_setzero_ps();
+    }
+    for (int64_t blk = g * blocks_per_group; blk < (g + 1) * blocks_per_group; ++blk) {
+      __m256i iacc[R][4];
+      for (int r = 0; r < R; ++r)
+        for (auto& x : iacc[r]) x = _mm256_setzero_si256();
+      if constexpr (F == WFormat::I8) i8_block<R>(a, st.codes, blk, iacc);
+      else u4_block<R>(a, st.codes, blk, iacc);
+      for (int r = 0; r < R; ++r) {
+        const float sa = a.scale[r * (a.k / 32) + blk];
+        asum[r] += sa * static_cast<float>(a.sum[r * (a.k / 32) + blk]);
+        const __m256 sv = _mm256_set1_ps(sa);
+        for (int q = 0; q < 4; ++q) gacc[r][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[r][q]), sv, gacc[r][q]);
+      }
+    }
+    for (int q = 0; q < 4; ++q) {
+      const __m256 s = _mm256_loadu_ps(st.scales + g * 32 + 8 * q);
+      const __m256 b = st.bias ? _mm256_loadu_ps(st.bias + g * 32 + 8 * q) : _mm256_setzero_ps();
+      for (int r = 0; r < R; ++r)
+        acc[r][q] = _mm256_fmadd_ps(b, _mm256_set1_ps(asum[r]), _mm256_fmadd_ps(gacc[r][q], s, acc[r][q]));
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int q = 0; q < 4; ++q) _mm256_storeu_ps(c + r * ldc + 8 * q, acc[r][q]);
+}
+
+template <WFormat F>
+void iqgemm_format(const moelight::QuantRows& a, int64_t m, const Strip& st, float* c, int64_t ldc) {
+  const auto rows = [&](int64_t r0) {
+    return moelight::QuantRows{a.q + r0 * a.k, a.scale + r0 * (a.k / 32), a.sum + r0 * (a.k / 32), a.k};
+  };
+  int64_t r = 0;
+  for (; r + 2 <= m; r += 2) iqgemm_rows<F, 2>(rows(r), st, c + r * ldc, ldc);
+  if (r < m) iqgemm_rows<F, 1>(rows(r), st, c + r * ldc, ldc);
+}
+
+void iqgemm(const moelight::QuantRows& a, int64_t m, const Strip& st, float* c, int64_t ldc) {
+  if (st.fmt == WFormat::I8) return iqgemm_format<WFormat::I8>(a, m, st, c, ldc);
+  if (st.fmt == WFormat::U4) return iqgemm_format<WFormat::U4>(a, m, st, c, ldc);
+}
+
+}  // namespace
