@@ -11,8 +11,21 @@ import torch
 
 HAS_CUDA = torch.cuda.is_available()
 # the emulated device checks every cross-lane access as TORCH_CUDA_SANITIZER would (devices/race_check.py);
-# set here, so ranks spawned by the TP tests inherit it
-os.environ.setdefault("MOELIGHT_EMULATED_RACE_CHECK", "1")
+# in the environment, so ranks spawned by the TP tests inherit it. A value given from outside holds for
+# every test; otherwise every test but those marked `no_race_check` runs with it.
+RACE_CHECK = "MOELIGHT_EMULATED_RACE_CHECK"
+RACE_CHECK_GIVEN = RACE_CHECK in os.environ
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Before the test's fixtures (module-scoped ones too), so a model a fixture builds follows its test."""
+    if RACE_CHECK_GIVEN:
+        return
+    if item.get_closest_marker("no_race_check"):
+        os.environ.pop(RACE_CHECK, None)
+    else:
+        os.environ[RACE_CHECK] = "1"
 
 
 def device_kinds(gpus: int = 1) -> list:

@@ -22,6 +22,8 @@ from moelight.sampling.params import SamplingParams
 from tests.runtime_check import run_job
 from tests.tp_helpers import random_model
 
+pytestmark = pytest.mark.no_race_check  # activation memory; ordering: the runtimes' own tests
+
 SMALL = dict(num_layers=2, vocab_size=512, hidden_size=256, num_heads=4, num_kv_heads=2, head_dim=64)
 FAMILIES = {
     "mixtral": replace(PRESETS["bench-1b"], intermediate_size=512, **SMALL),

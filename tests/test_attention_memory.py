@@ -20,6 +20,8 @@ from moelight.cli import app
 from moelight.devices.compute_counter import ComputeCounts, counting
 from moelight.devices.emulated_memory import DeviceMemory
 
+pytestmark = pytest.mark.no_race_check  # attention's device memory; ordering: the runtimes' own tests
+
 
 def call_peak(B: int, p: int, Hq: int, Hkv: int, d: int, sinks: bool, budget: int = SCORE_BUDGET):
     """(device peak of one varlen_attention call beyond its output, the HRM's bytes for it, its result)."""

@@ -12,6 +12,8 @@ from moelight.cli import app
 from tests.cli_text import says
 from tests.test_cli_run import report_of, write_jsonl
 
+pytestmark = pytest.mark.no_race_check  # options used; ordering: test_expert_cache_runtime
+
 CKPT = Path(__file__).parent / "data" / "stdlib-moe"
 PROMPTS = ["def __init__(self, name, value=None):\n    ", "import os\nimport sys\n\n\ndef main(",
            "class Config:\n    def __init__(self", "    return sorted("]

@@ -17,6 +17,8 @@ from moelight.expert_cache.routing_trace import Trace, TraceError
 from tests.cli_text import says
 from tests.test_cli_run import read_jsonl, report_of, write_jsonl
 
+pytestmark = pytest.mark.no_race_check  # the commands; ordering: test_expert_cache_runtime
+
 CKPT = Path(__file__).parent / "data" / "stdlib-moe"
 CODE = ["def parse(text):\n    ", "class Config:\n    def __init__(self", "    return sorted(", "import re\n\n",
         "    if not isinstance(value, int):\n        raise"]

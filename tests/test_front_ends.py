@@ -15,6 +15,8 @@ from moelight.engine.options import OptionError
 from moelight.errors import PromptError
 from optimizer import Policy
 
+pytestmark = pytest.mark.no_race_check  # two front ends agree; ordering: the runtimes' own tests
+
 PROMPTS = ["Tell me about cats.", "Why is the sky blue? " * 3, "Hi", "Write a limerick about PCIe lanes."]
 # report fields that describe the job (not its timings)
 SAME_FIELDS = ("model", "dtype", "requests", "batch_size", "micro_batch_size", "prompt_tokens", "generated_tokens",

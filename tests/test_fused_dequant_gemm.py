@@ -66,10 +66,15 @@ CASES = [  # fmt, group, E, h, f, T, k, resident
     ("mxfp4", 32, 4, 64, 32, 11, 2, 4),
     ("uint4", 32, 8, 64, 64, 150, 2, 3),  # 300 rows: the taller M tiles of a prefill
 ]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
+# every format in every dtype (the decode and its rounding); the tiling cases (group 64 / 128, no resident
+# group, tall M tiles: the same in any dtype, the kernel's tiles do not depend on it) once each
+MATRIX = ([(c, d) for c in (CASES[0], CASES[3], CASES[4], CASES[5]) for d in DTYPES]
+          + list(zip((CASES[1], CASES[2], CASES[6]), (torch.bfloat16, torch.float16, torch.float32), strict=True)))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16], ids=str)
-@pytest.mark.parametrize("fmt,group,E,h,f,T,k,resident", CASES)
+@pytest.mark.parametrize("fmt,group,E,h,f,T,k,resident,dtype",
+                         [pytest.param(*c, d, id=f"{c[0]}-g{c[1]}-T{c[5]}-{d}") for c, d in MATRIX])
 def test_fused_mix_equals_the_expand_path(monkeypatch, dtype, fmt, group, E, h, f, T, k, resident):
     gu, dn = _experts(fmt, group, E, h, f)
     x, w, e = _routing(T, E, k, h, dtype, idle=E - 2)

@@ -18,6 +18,8 @@ import moelight.engine.generation
 from moelight.cli import app
 from tests.cli_text import says
 
+pytestmark = pytest.mark.no_race_check  # a job's files; ordering: the runtimes' own tests
+
 HW = ["--hardware", "cpu-server"]
 TINY = ["--model", "tiny", "--load-format", "dummy", "--no-progress", "--gen-len", "4", *HW]
 

@@ -14,6 +14,8 @@ import pytest
 from moelight import LLM, SamplingParams
 from tests.checkpoints import make_hf_model, save_checkpoint
 
+pytestmark = pytest.mark.no_race_check  # what a closed LLM frees; ordering: the runtimes' own tests
+
 GREEDY = SamplingParams(max_tokens=4, temperature=0)
 RUNTIMES = {"emulated-throughput": {"device": "emulated", "mode": "throughput"},
             "emulated-latency": {"device": "emulated", "mode": "latency"},

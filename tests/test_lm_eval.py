@@ -18,6 +18,8 @@ from typer.testing import CliRunner  # noqa: E402
 
 from moelight.cli import app  # noqa: E402
 
+pytestmark = pytest.mark.no_race_check  # lm-eval's scores; ordering: the runtimes' own tests
+
 QUESTIONS = [
     {"question": "The sky is", "choices": [" blue", " green", " loud"], "answer": 0},
     {"question": "Two and two make", "choices": [" four", " five"], "answer": 0},

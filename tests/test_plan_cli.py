@@ -8,6 +8,8 @@ from typer.testing import CliRunner
 from moelight.cli import app
 from tests.cli_text import says
 
+pytestmark = pytest.mark.no_race_check  # plans and profiles; ordering: the runtimes' own tests
+
 runner = CliRunner()
 
 

@@ -10,6 +10,8 @@ from typer.testing import CliRunner
 from moelight.cli import app
 from tests.cli_text import says
 
+pytestmark = pytest.mark.no_race_check  # plans; quantized paging's ordering: test_quantized_paging
+
 runner = CliRunner()
 MIXTRAL = {"model_type": "mixtral", "architectures": ["MixtralForCausalLM"], "vocab_size": 512, "hidden_size": 256,
            "intermediate_size": 512, "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,

@@ -21,6 +21,8 @@ from typer.testing import CliRunner
 
 from moelight.cli import app, with_ray_default
 
+pytestmark = pytest.mark.no_race_check  # the README runs; ordering: the runtimes' own tests
+
 ROOT = Path(__file__).resolve().parents[1]
 TRAINED = ROOT / "tests" / "data" / "stdlib-moe"
 # README text -> what runs here (each a whole word or option value)

@@ -93,6 +93,8 @@ def test_a_follower_failing_mid_job_ends_it_and_keeps_finished_results(tmp_path,
     done = _tokens(out)
     assert 0 < len(done) < len(ref)  # the first batch finished and is on disk
     assert all(ref[i] == t for i, t in done.items())
+    if collectives == "block":
+        return  # what is on disk is the same as with "fail": resuming it once proves the resume
     monkeypatch.delenv("MOELIGHT_TP_FAULT")
     res = _run(out, ckpt, data, "--gpus", "2", "--resume")
     assert res.exit_code == 0, res.output
