@@ -9,6 +9,8 @@ import os
 import time
 from types import SimpleNamespace
 
+import pytest
+
 from hrm import hardware_presets
 from moelight.planning.hardware_choice import resolve_hardware
 from moelight.profiling import gpu_profile, host_load, machine_profile
@@ -23,16 +25,29 @@ def test_busy_note_names_the_share_and_what_to_do():
     assert busy_warning("measured by moelight profile (no CUDA)") == ""
 
 
-def test_other_work_counts_other_processes_not_this_one():
-    if host_busy_seconds() is None:
-        import pytest
-
-        pytest.skip("no /proc/stat here")
+def test_other_work_counts_other_processes_not_this_one(monkeypatch):
+    # A host whose other processes keep 0.3 of a CPU busy, read through a fake /proc/stat: on a real
+    # one, other work that this process's spinning displaces would hide the count under test.
+    start = time.perf_counter()
+    monkeypatch.setattr(host_load, "host_busy_seconds",
+                        lambda: time.process_time() + 0.3 * (time.perf_counter() - start))
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
     with OtherWork() as own:  # this process busy: not other work
         t0 = time.perf_counter()
         while time.perf_counter() - t0 < 0.3:
             pass
+    assert abs(own.other_share() - 0.15) < 0.03, own.other_share()
     assert own.note() == ""
+
+
+def test_host_busy_seconds_reads_a_growing_count():
+    first = host_busy_seconds()
+    if first is None:
+        pytest.skip("no /proc/stat here")
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < 0.2:  # this process busy: the host's count moves
+        pass
+    assert host_busy_seconds() > first
 
 
 def _fake_measurements(monkeypatch, load: float) -> None:

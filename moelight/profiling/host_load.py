@@ -46,12 +46,16 @@ class OtherWork:
     def __exit__(self, *exc) -> None:
         self.host1, self.own1, self.wall1 = host_busy_seconds(), time.process_time(), time.perf_counter()
 
-    def note(self) -> str:
+    def other_share(self) -> float | None:
+        """Other processes' share of all CPUs while the block ran; None where /proc/stat is unreadable."""
         if self.host0 is None or self.host1 is None:
-            return ""
-        cpus = os.cpu_count() or 1
+            return None
         other = (self.host1 - self.host0) - (self.own1 - self.own0)
-        return busy_note(max(0.0, other) / (max(self.wall1 - self.wall0, 1e-9) * cpus), cpus)
+        return max(0.0, other) / (max(self.wall1 - self.wall0, 1e-9) * (os.cpu_count() or 1))
+
+    def note(self) -> str:
+        share = self.other_share()
+        return "" if share is None else busy_note(share, os.cpu_count() or 1)
 
 
 def busy_warning(notes: str) -> str:
