@@ -5,19 +5,31 @@ its share of the memory plan."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
 from moelight.models import fused_dequant  # noqa: E402
+from moelight.sampling.params import SamplingParams  # noqa: E402
 from tests.runtime_check import assert_same_run  # noqa: E402
-from tests.test_quantized_paging import _quantized_pair, _run, job  # noqa: E402, F401
+from tests.test_quantized_paging import _quantized_pair, _run  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def job():
+    """Five prompts of 3-13 tokens, 2-4 new tokens each: prefill, decode and both micro-batches, kept
+    short because Triton's interpreter runs every launch of the fused kernel in numpy."""
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 256) for _ in range(rng.randrange(3, 14))] for _ in range(5)]
+    return prompts, [SamplingParams(max_tokens=2 + k % 3, temperature=0.0, ignore_eos=True) for k in range(5)]
 
 
 @pytest.mark.parametrize("method,dtype", [("int4", torch.float32), ("int8", torch.float32),
                                           ("int4", torch.bfloat16)], ids=str)
-def test_fused_runtime_takes_the_expand_path_s_tokens(job, monkeypatch, method, dtype):  # noqa: F811
+def test_fused_runtime_takes_the_expand_path_s_tokens(job, monkeypatch, method, dtype):
     prompts, params = job
     held, _ = _quantized_pair(method, dtype)
     runs = {}
@@ -61,7 +73,7 @@ def test_the_planner_counts_the_path_the_gpu_takes():
 
 
 @pytest.mark.parametrize("policy", ["lru", "combined"])
-def test_latency_mode_multiplies_the_slots_codes(job, monkeypatch, policy):  # noqa: F811
+def test_latency_mode_multiplies_the_slots_codes(job, monkeypatch, policy):
     """Latency mode's slots, fused: the per-expert loop's F.linear takes the slot's codes (no expanded
     expert buffer); the same tokens and logits as the expand path (float32)."""
     from moelight.expert_cache.cache_executor import ExpertCacheExecutor
