@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "expert_iq4_tiles_avx2.h"
 #include "experts.h"
 
 namespace {
@@ -88,7 +89,7 @@ void iqgemm_rows(const moelight::QuantRows& a, const Strip& st, float* c, int64_
       else u4_block<R>(a, st.codes, blk, iacc);
       for (int r = 0; r < R; ++r) {
         const float sa = a.scale[r * (a.k / 32) + blk];
-        asum[r] += sa * static_cast<float>(a.sum[r * (a.k / 32) + blk]);
+        asum[r] = fma_ss(sa, static_cast<float>(a.sum[r * (a.k / 32) + blk]), asum[r]);
         const __m256 sv = _mm256_set1_ps(sa);
         for (int q = 0; q < 4; ++q) gacc[r][q] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[r][q]), sv, gacc[r][q]);
       }
@@ -114,8 +115,12 @@ void iqgemm_format(const moelight::QuantRows& a, int64_t m, const Strip& st, flo
   if (r < m) iqgemm_rows<F, 1>(rows(r), st, c + r * ldc, ldc);
 }
 
+// Rows per expert from which uint4 strips are unpacked once per k-block for all rows (iq4_many_rows).
+constexpr int64_t kIq4ManyRows = 4;
+
 void iqgemm(const moelight::QuantRows& a, int64_t m, const Strip& st, float* c, int64_t ldc) {
   if (st.fmt == WFormat::I8) return iqgemm_format<WFormat::I8>(a, m, st, c, ldc);
+  if (st.fmt == WFormat::U4 && m >= kIq4ManyRows) return iq4_many_rows(a, m, st, c, ldc);
   if (st.fmt == WFormat::U4) return iqgemm_format<WFormat::U4>(a, m, st, c, ldc);
 }
 

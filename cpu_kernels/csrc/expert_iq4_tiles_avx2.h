@@ -1,0 +1,211 @@
+// AVX2's uint4 strips on int8 activations at many rows per expert (expert_iq_avx2.h's iqgemm): a
+// k-block of the strip's nibbles is unpacked once into L1, in an order where one 32-bit broadcast of
+// a row's 4 activations (a plain load on AVX2) meets 8 columns x 4 k per _mm256_maddubs_epi16, then
+// tiles of R rows x 32 columns multiply it. Per (row, column, block of 32 k) the int32 sum and every
+// float32 step after it are u4_block's and iqgemm_rows', so the outputs are the same bits.
+// Include only from that AVX2 + FMA unit (an anonymous namespace).
+#pragma once
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <type_traits>
+
+#include "experts.h"
+
+namespace {
+
+using moelight::Strip;
+
+// k per unpacked block (8 KB of codes: L1 while every row tile reads it), rows whose float partial
+// sums one pass keeps in scratch (12 KB), and the register tile: 4 rows x 2 of the 4 column blocks
+// (8 int16 accumulators, 2 weight vectors, a broadcast; 3 x 4, 2 x 4, 4 x 4 and 8 x 1 were no
+// faster in a one-strip loop), the 2 halves of the columns one after the other.
+constexpr int64_t kIq4KBlock = 256, kIq4Rows = 96;
+constexpr int kIq4TileRows = 4, kIq4TileCols = 2;
+
+// s + a b rounded once: the activation sums' step, spelled out so that it does not depend on whether
+// the compiler contracts `s += a * b` (it did in iqgemm_rows, not always in iq4_tile's).
+inline float fma_ss(float a, float b, float s) {
+  return _mm_cvtss_f32(_mm_fmadd_ss(_mm_set_ss(a), _mm_set_ss(b), _mm_set_ss(s)));
+}
+
+// Codes of k [k0, k0 + n) (n a multiple of 32) as bytes: per 4 k (quad j) and column block q, 32
+// bytes at (4 j + q) 32 holding columns 8q .. 8q + 7, each as its 4 codes in k order.
+inline void unpack_quads(const uint8_t* codes, int64_t k0, int64_t n, uint8_t* wb) {
+  const __m256i low = _mm256_set1_epi8(0x0F);
+  for (int64_t j = 0; j < n / 4; ++j) {
+    const uint8_t* row = codes + (k0 / 2 + 2 * j) * 32;  // pair rows 2j (k 4j, 4j + 1) and 2j + 1
+    const __m256i x0 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row));
+    const __m256i x1 = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(row + 32));
+    for (int h = 0; h < 2; ++h) {  // low nibbles: columns 0..15, high: 16..31 (2 bytes a column)
+      const __m256i c0 = _mm256_and_si256(h ? _mm256_srli_epi16(x0, 4) : x0, low);
+      const __m256i c1 = _mm256_and_si256(h ? _mm256_srli_epi16(x1, 4) : x1, low);
+      const __m256i a = _mm256_unpacklo_epi16(c0, c1), b = _mm256_unpackhi_epi16(c0, c1);  // 0-3 | 8-11, 4-7 | 12-15
+      uint8_t* out = wb + (4 * j + 2 * h) * 32;
+      _mm256_store_si256(reinterpret_cast<__m256i*>(out), _mm256_permute2x128_si256(a, b, 0x20));
+      _mm256_store_si256(reinterpret_cast<__m256i*>(out + 32), _mm256_permute2x128_si256(a, b, 0x31));
+    }
+  }
+}
+
+// One block of 32 k for R rows and C column blocks from c0 (q: row 0's int8 activations at the
+// block, rows lda apart; wb: the block's 8 quads): iacc[r][c] = the int32 sums of columns
+// 8 (c0 + c) .. + 7. Each int16 lane takes one pair of k a quad, at most 2 x 15 x 127 = 3810 in
+// magnitude, 8 of them at most 30480: no overflow, and _mm256_madd_epi16 against ones adds a
+// column's two lanes exactly.
+template <int R, int C>
+inline void iq4_tile_block(const int8_t* q, int64_t lda, const uint8_t* wb, int c0, __m256i iacc[R][C]) {
+  __m256i s[R][C];
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) s[r][c] = _mm256_setzero_si256();
+#pragma GCC unroll 1  // a loop: unrolled, GCC computed every product first and spilled them
+  for (int j = 0; j < 8; ++j) {
+    __m256i w[C];
+    for (int c = 0; c < C; ++c) w[c] = _mm256_load_si256(reinterpret_cast<const __m256i*>(wb + (4 * j + c0 + c) * 32));
+    for (int r = 0; r < R; ++r) {
+      int32_t quad;
+      std::memcpy(&quad, q + r * lda + 4 * j, 4);
+      const __m256i ab = _mm256_set1_epi32(quad);
+      for (int c = 0; c < C; ++c) {
+        s[r][c] = _mm256_add_epi16(s[r][c], _mm256_maddubs_epi16(w[c], ab));
+      }
+    }
+  }
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) iacc[r][c] = _mm256_madd_epi16(s[r][c], ones);
+}
+
+// iq4_tile_block<4, 2> in inline asm, 2 quads a loop: the same products and sums, but GCC's own
+// code for them moved or spilled accumulators every quad (~20% slower in a one-strip loop). 8 int16
+// accumulators; per quad 2 weight loads, 4 broadcasts, 8 multiply-adds and 8 adds.
+template <>
+inline void iq4_tile_block<4, 2>(const int8_t* q, int64_t lda, const uint8_t* wb, int c0, __m256i iacc[4][2]) {
+  __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0, s4 = s0, s5 = s0, s6 = s0, s7 = s0;
+  const uint8_t* w = wb + c0 * 32;
+  const int8_t* q3 = q + 3 * lda;
+  asm("1:\n\t"
+      "vmovdqa 0(%[w]), %%ymm12\n\t"
+      "vmovdqa 32(%[w]), %%ymm13\n\t"
+      "vpbroadcastd (%[q]), %%ymm14\n\t"
+      "vpmaddubsw %%ymm14, %%ymm12, %%ymm15\n\t"
+      "vpaddw %%ymm15, %[s0], %[s0]\n\t"
+      "vpmaddubsw %%ymm14, %%ymm13, %%ymm15\n\t"
+      "vpaddw %%ymm15, %[s1], %[s1]\n\t"
+      "vpbroadcastd (%[q], %[lda]), %%ymm14\n\t"
+      "vpmaddubsw %%ymm14, %%ymm12, %%ymm15\n\t"
+      "vpaddw %%ymm15, %[s2], %[s2]\n\t"
+      "vpmaddubsw %%ymm14, %%ymm13, %%ymm15\n\t"
+      "vpaddw %%ymm15, %[s3], %[s3]\n\t"
+      "vpbroadcastd (%[q], %[lda], 2), %%ymm14\n\t"
+      "vpmaddubsw %%ymm14, %%ymm12, %%ymm15\n\t"
+      "vpaddw %%ymm15, %[s4], %[s4]\n\t"
+      "vpmaddubsw %%ymm14, %%ymm13, %%ymm15\n\t"
+      "vpaddw %%ymm15, %[s5], %[s5]\n\t"
+      "vpbroadcastd (%[q3]), %%ymm14\n\t"
+      "vpmaddubsw %%ymm14, %%ymm12, %%ymm15\n\t"
+      "vpaddw %%ymm15, %[s6], %[s6]\n\t"
+      "vpmaddubsw %%ymm14, %%ymm13, %%ymm15\n\t"
+      "vpaddw %%ymm15, %[s7], %[s7]\n\t"
+      "vmovdqa 128(%[w]), %%ymm12\n\t"
+      "vmovdqa 160(%[w]), %%ymm13\n\t"
+      "vpbroadcastd 4(%[q]), %%ymm14\n\t"
+      "vpmaddubsw %%ymm14, %%ymm12, %%ymm15\n\t"
+      "vpaddw %%ymm15, %[s0], %[s0]\n\t"
+      "vpmaddubsw %%ymm14, %%ymm13, %%ymm15\n\t"
+      "vpaddw %%ymm15, %[s1], %[s1]\n\t"
+      "vpbroadcastd 4(%[q], %[lda]), %%ymm14\n\t"
+      "vpmaddubsw %%ymm14, %%ymm12, %%ymm15\n\t"
+      "vpaddw %%ymm15, %[s2], %[s2]\n\t"
+      "vpmaddubsw %%ymm14, %%ymm13, %%ymm15\n\t"
+      "vpaddw %%ymm15, %[s3], %[s3]\n\t"
+      "vpbroadcastd 4(%[q], %[lda], 2), %%ymm14\n\t"
+      "vpmaddubsw %%ymm14, %%ymm12, %%ymm15\n\t"
+      "vpaddw %%ymm15, %[s4], %[s4]\n\t"
+      "vpmaddubsw %%ymm14, %%ymm13, %%ymm15\n\t"
+      "vpaddw %%ymm15, %[s5], %[s5]\n\t"
+      "vpbroadcastd 4(%[q3]), %%ymm14\n\t"
+      "vpmaddubsw %%ymm14, %%ymm12, %%ymm15\n\t"
+      "vpaddw %%ymm15, %[s6], %[s6]\n\t"
+      "vpmaddubsw %%ymm14, %%ymm13, %%ymm15\n\t"
+      "vpaddw %%ymm15, %[s7], %[s7]\n\t"
+      "add $256, %[w]\n\t"
+      "add $8, %[q]\n\t"
+      "add $8, %[q3]\n\t"
+      "cmp %[wend], %[w]\n\t"
+      "jne 1b"
+      : [s0] "+x"(s0), [s1] "+x"(s1), [s2] "+x"(s2), [s3] "+x"(s3), [s4] "+x"(s4), [s5] "+x"(s5), [s6] "+x"(s6),
+        [s7] "+x"(s7), [w] "+r"(w), [q] "+r"(q), [q3] "+r"(q3)
+      : [lda] "r"(lda), [wend] "r"(w + 1024)
+      : "xmm12", "xmm13", "xmm14", "xmm15", "cc", "memory");
+  const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i sums[8] = {s0, s1, s2, s3, s4, s5, s6, s7};
+  for (int r = 0; r < 4; ++r)
+    for (int c = 0; c < 2; ++c) iacc[r][c] = _mm256_madd_epi16(sums[2 * r + c], ones);
+}
+
+// Rows [0, R) of a (their gacc / asum in scratch) over blocks [b0, b1) of the k-block unpacked in
+// wb (block b0 at wb), C column blocks a pass: iqgemm_rows' float32 steps, a block at a time. gacc
+// and asum hold the current group's sums; at a group's last block they are added into c.
+template <int R, int C>
+void iq4_tile(const moelight::QuantRows& a, const Strip& st, const uint8_t* wb, int64_t b0, int64_t b1, float* gacc,
+              float* asum, float* c, int64_t ldc) {
+  const int64_t bpg = st.group / 32, nb = a.k / 32;
+  for (int64_t blk = b0; blk < b1; ++blk) {
+    const bool first = blk % bpg == 0, last = blk % bpg == bpg - 1;
+    const int64_t grp = blk / bpg;
+    for (int r = 0; r < R; ++r)
+      asum[r] = fma_ss(a.scale[r * nb + blk], static_cast<float>(a.sum[r * nb + blk]), first ? 0.0f : asum[r]);
+    for (int c0 = 0; c0 < 4; c0 += C) {
+      __m256i iacc[R][C];
+      iq4_tile_block<R, C>(a.q + blk * 32, a.k, wb + (blk - b0) * 1024, c0, iacc);
+      for (int r = 0; r < R; ++r) {
+        const __m256 sv = _mm256_set1_ps(a.scale[r * nb + blk]);
+        for (int cc = 0; cc < C; ++cc) {
+          const int q = c0 + cc;
+          const __m256 g0 = first ? _mm256_setzero_ps() : _mm256_load_ps(gacc + r * 32 + 8 * q);
+          const __m256 g = _mm256_fmadd_ps(_mm256_cvtepi32_ps(iacc[r][cc]), sv, g0);
+          if (!last) {
+            _mm256_store_ps(gacc + r * 32 + 8 * q, g);
+            continue;
+          }
+          const __m256 s = _mm256_loadu_ps(st.scales + grp * 32 + 8 * q);
+          const __m256 b = st.bias ? _mm256_loadu_ps(st.bias + grp * 32 + 8 * q) : _mm256_setzero_ps();
+          float* cp = c + r * ldc + 8 * q;
+          _mm256_storeu_ps(cp, _mm256_fmadd_ps(b, _mm256_set1_ps(asum[r]), _mm256_fmadd_ps(g, s, _mm256_loadu_ps(cp))));
+        }
+      }
+    }
+  }
+}
+
+// c[0, m) = a x a uint4 strip, kIq4Rows rows at a time, each pass over the strip's k-blocks.
+void iq4_many_rows(const moelight::QuantRows& a, int64_t m, const Strip& st, float* c, int64_t ldc) {
+  alignas(32) uint8_t wb[kIq4KBlock * 32];
+  alignas(32) float gacc[kIq4Rows * 32];
+  float asum[kIq4Rows];
+  const auto rows = [&](int64_t r0) {
+    return moelight::QuantRows{a.q + r0 * a.k, a.scale + r0 * (a.k / 32), a.sum + r0 * (a.k / 32), a.k};
+  };
+  for (int64_t r = 0; r < m; ++r) std::memset(c + r * ldc, 0, 32 * sizeof(float));
+  for (int64_t m0 = 0; m0 < m; m0 += kIq4Rows) {
+    const int64_t mn = std::min(kIq4Rows, m - m0);
+    for (int64_t k0 = 0; k0 < st.k; k0 += kIq4KBlock) {
+      const int64_t n = std::min(kIq4KBlock, st.k - k0), b0 = k0 / 32, b1 = (k0 + n) / 32;
+      unpack_quads(st.codes, k0, n, wb);
+      const auto tile = [&](int64_t r, auto rows_c) {
+        constexpr int R = decltype(rows_c)::value / 8, C = decltype(rows_c)::value % 8;
+        iq4_tile<R, C>(rows(m0 + r), st, wb, b0, b1, gacc + r * 32, asum + r, c + (m0 + r) * ldc, ldc);
+      };
+      int64_t r = 0;
+      for (; r + kIq4TileRows <= mn; r += kIq4TileRows)
+        tile(r, std::integral_constant<int, kIq4TileRows * 8 + kIq4TileCols>{});
+      for (; r + 2 <= mn; r += 2) tile(r, std::integral_constant<int, 2 * 8 + kIq4TileCols>{});
+      if (r < mn) tile(r, std::integral_constant<int, 1 * 8 + kIq4TileCols>{});
+    }
+  }
+}
+
+}  // namespace
