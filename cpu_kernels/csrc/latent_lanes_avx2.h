@@ -22,7 +22,8 @@ namespace {
 
 constexpr int kLanesStepKeys = 32;  // keys a step: two kernel blocks
 
-// f(integral_constant<NT>, t0) over [0, nk) in passes of at most 6 keys, none below 4 where nk allows.
+// f(integral_constant<NT>, t0) over [0, nk) in passes of 6 keys, a remainder of 7 to 11 keys in two
+// near-equal passes: a short pass loads the queries' chunk for few FMAs.
 template <class F>
 inline void for_key_passes(int nk, F&& f) {
   int t = 0;
@@ -89,7 +90,7 @@ struct LanesPrefetch {
   int lines[3] = {0, 0, 0};
   int total = 0;
   void add(const void* at, int n) {
-    if (n <= 0 || total >= 1024) return;
+    if (n <= 0 || total >= 1024) return;  // 64 KiB: more than a step's 32 rows of 576
     for (int i = 0; i < 3; ++i) {
       if (p[i] == nullptr) {
         p[i] = static_cast<const char*>(at);
