@@ -187,3 +187,20 @@ def test_rows_past_each_sequence_are_never_read(isa, paged):
             got = latent_decode_attention(q, cache, offs, lens, w**-0.5, dv)
         assert not got.isnan().any()
         within_rounding(got, reference64(q, ragged, offs, lens, w**-0.5, dv))
+
+
+@needs_cpp
+@pytest.mark.parametrize("dt", [torch.bfloat16, torch.float16])
+def test_every_tail_and_rescale_of_a_step(isa, dt):
+    """Every length over one to two steps of 32 keys (the AVX2 kernel's; key passes of 1 to 6), with
+    scores that climb by more than the softmax's slack from key to key for some heads and not others:
+    each head's maximum moves at its own steps and rescales only its own accumulator row."""
+    lengths = list(range(1, 66))
+    for w, dv in LATENT_SHAPES:
+        q, cache, offs, lens = case(w, dt, 16, seed=5, lengths=lengths)
+        for o, n in zip(offs.tolist(), lengths, strict=True):  # heads 0-7: each key's score ~0.8 above the last
+            cache[0, o : o + n, 0] = (torch.arange(n) * 0.5).to(dt)
+        q[:, :8, 0] = 40.0
+        q[:, 8:, 0] = -40.0
+        got = latent_decode_attention(q, cache, offs, lens, w**-0.5, dv)
+        within_rounding(got, reference64(q, cache, offs, lens, w**-0.5, dv))

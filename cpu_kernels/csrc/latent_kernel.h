@@ -17,6 +17,7 @@
 
 #include "attend_kernel.h"
 #include "latent_lanes.h"
+#include "latent_lanes_avx2.h"
 #include "latent_kernels.h"
 
 namespace {
@@ -90,6 +91,9 @@ inline void latent_scores(float* S, const void* q, const void* q_lo, int H, cons
 template <class V, class T, int DK, int DV>
 void latent_attend(const moelight::LatentArgs& a) {
   static_assert(kKeyBlock == moelight::kLatentBlockKeys, "LatentArgs::blocks are of kKeyBlock keys");
+  if constexpr (V::W == 8 && !std::is_same<T, float>::value && DV % 16 == 0) {
+    if (a.heads % 16 == 0) return latent_attend_lanes<V, T, DK, DV>(a);  // AVX2: latent_lanes_avx2.h
+  }
   using R = typename V::R;
   constexpr bool kDot = V::kBf16Dot && std::is_same<T, Bf16>::value;
   const int H = a.heads;

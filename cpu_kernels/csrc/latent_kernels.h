@@ -46,9 +46,9 @@ using LatentFn = void (*)(const LatentArgs&);
 constexpr int64_t kLatentBlockKeys = 16;  // keys per block of the kernels (an AMX tile): LatentArgs::blocks
 
 // Floats of per-thread scratch one call needs (queries, accumulators, scores, one widened block,
-// maxima, the queries packed with heads in the lanes).
+// maxima, the queries packed with heads in the lanes; the AVX2 kernel's 32 keys x 64 columns widened).
 inline int64_t latent_scratch_floats(int64_t heads, int64_t dk, int64_t dv) {
-  return heads * dk + heads * dv + 2 * heads * 16 + 16 * dk + heads + heads * dk;
+  return heads * dk + heads * dv + 2 * heads * 16 + 16 * dk + heads + heads * dk + 32 * 64;
 }
 
 // AMX (latent_amx.cpp): a bf16 cache and bf16 queries, work items of at most kAmxMaxKeys keys, read in
