@@ -110,7 +110,8 @@ def quick_expert_curve():
     def curve(quick: bool = False):
         assert quick, "the suite measures the quick curve only"
         if not measured:
-            measured.append(measure_expert_curve(quick=True, stream_bytes=1))  # two layer copies: the rates' streaming is test_profile_in_place's
+            # two layer copies: the rates' streaming over copies is test_profile_in_place's
+            measured.append(measure_expert_curve(quick=True, stream_bytes=1))
         return copy.deepcopy(measured[0])
 
     return curve
