@@ -4,7 +4,7 @@ tenants by more than a kernel change, so many short alternated processes resolve
 
     S=$PWD/benchmarks/ab_latent_cold.py  # run from each side's root, so each imports its own kernels
     for i in 1 2 3 4; do for d in /tmp/base $PWD; do
-      (cd $d && flock /tmp/cpu.lock env PYTHONPATH=$d python $S --isa avx2); done; done
+      (cd $d && PYTHONPATH=$d python $S --isa avx2); done; done
 
 Prints `case|kernel|best ms|median ms` of --calls calls, each after an L3 eviction.
 """
