@@ -1,8 +1,9 @@
 // AVX2's uint4 strips on int8 activations at many rows per expert (expert_iq_avx2.h's iqgemm): a
 // k-block of the strip's nibbles is unpacked once into L1, in an order where one 32-bit broadcast of
 // a row's 4 activations (a plain load on AVX2) meets 8 columns x 4 k per _mm256_maddubs_epi16, then
-// tiles of R rows x 32 columns multiply it. Per (row, column, block of 32 k) the int32 sum and every
-// float32 step after it are u4_block's and iqgemm_rows', so the outputs are the same bits.
+// tiles of R rows x 16 columns (two passes cover the strip's 32) multiply it. Per (row, column,
+// block of 32 k) the int32 sum and every float32 step after it are u4_block's and iqgemm_rows', so the
+// outputs are the same bits.
 // Include only from that AVX2 + FMA unit (an anonymous namespace).
 #pragma once
 #include <immintrin.h>
