@@ -25,7 +25,8 @@ SOURCES = ["ops.cpp", "decode_attention.cpp", "prefill_attention.cpp", "stream_r
            "expert_isa_avx512vnni.cpp", "expert_isa_amx.cpp", "expert_isa_avx2.cpp", "topk_rows.cpp",
            "paged_attention.cpp", "latent_attention.cpp", "latent_amx.cpp", "latent_avx512bf16.cpp",
            "latent_avx512.cpp", "latent_avx2.cpp", "small_linear.cpp", "small_linear_avx2.cpp",
-           "small_linear_avx512.cpp", "norm_rotary.cpp", "expert_pack.cpp", "row_quant_avx512.cpp", "route.cpp"]
+           "small_linear_avx512.cpp", "norm_rotary.cpp", "expert_pack.cpp", "row_quant_avx512.cpp",
+           "row_quant_avx2.cpp", "route.cpp"]
 CFLAGS = ["-O3", "-fopenmp", "-fno-math-errno"]
 LDFLAGS = ["-fopenmp"]
 NAME = "moelight_cpu_kernels"

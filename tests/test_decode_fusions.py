@@ -20,8 +20,8 @@ from moelight.models.mixtral import DecoderLayer
 pytestmark = pytest.mark.skipif(not dispatch.small_linear_available(), reason="C++ kernels unavailable")
 
 
-def _avx512bw() -> bool:
-    return os.path.exists("/proc/cpuinfo") and " avx512bw" in open("/proc/cpuinfo").read()
+def _cpu_has(flag: str) -> bool:
+    return os.path.exists("/proc/cpuinfo") and f" {flag}" in open("/proc/cpuinfo").read()
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -125,20 +125,27 @@ def _torch_row_quant(x: torch.Tensor):
     return q.to(torch.int8).view_as(x), (amax / 127.0).squeeze(-1), q.sum(-1, dtype=torch.int32)
 
 
+@pytest.mark.parametrize("loop,flag", [("avx2", "avx2"), ("avx512", "avx512bw")])
 @pytest.mark.parametrize("k", [32, 1024, 3584])
-def test_row_quant_avx512_is_the_scalar_loop(k):
+def test_row_quant_vector_loops_are_the_scalar_loop(k, loop, flag):
     g = torch.Generator().manual_seed(k)
     x = torch.randn(64, k, generator=g) * torch.rand(64, 1, generator=g) * 8
     x[0] = 0.0  # an all-zero row: scale 0, codes 0
     x[1, :32] = torch.arange(32) - 15.5  # halves in v * inv: ties, to even
+    x[2, :32] = -0.0  # a block of negative zeros: scale 0, codes 0
     x = x.to(torch.bfloat16)
-    scalar = torch.ops.moelight.row_quant_int8(x, False)
+    scalar = torch.ops.moelight.row_quant_int8(x, "scalar")
     for got, want in zip(scalar, _torch_row_quant(x), strict=True):
         assert torch.equal(got, want)
-    if not _avx512bw():
-        pytest.skip("CPU lacks AVX-512BW")
-    for got, want in zip(torch.ops.moelight.row_quant_int8(x, True), scalar, strict=True):
+    if not _cpu_has(flag):
+        pytest.skip(f"CPU lacks {flag}")
+    for got, want in zip(torch.ops.moelight.row_quant_int8(x, loop), scalar, strict=True):
         assert torch.equal(got, want)
+
+
+def test_row_quant_names_an_unknown_loop():
+    with pytest.raises(RuntimeError, match="scalar, avx2 or avx512"):
+        torch.ops.moelight.row_quant_int8(torch.zeros(1, 32, dtype=torch.bfloat16), "sse")
 
 
 @pytest.mark.parametrize("rows,experts,top_k", [(1, 8, 2), (3, 64, 8), (4, 60, 4)])

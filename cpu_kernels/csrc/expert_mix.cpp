@@ -261,11 +261,17 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
 }
 
 // RowQuant's quantize of bf16 rows x [T, k] (k a multiple of 32) -> (codes [T, k] int8, scales and code sums
-// [T, k / 32]), by the AVX-512 loop (`wide`, where the CPU has it) or the scalar one: for tests.
-std::tuple<at::Tensor, at::Tensor, at::Tensor> row_quant_int8(const at::Tensor& x, bool wide) {
+// [T, k / 32]) by the named loop ("scalar", "avx2", "avx512"; refused where the CPU lacks it): for tests.
+std::tuple<at::Tensor, at::Tensor, at::Tensor> row_quant_int8(const at::Tensor& x, const std::string& loop_name) {
   TORCH_CHECK(x.dim() == 2 && x.scalar_type() == at::kBFloat16 && x.size(1) % 32 == 0,
               "moelight: row_quant_int8 wants bf16 rows [T, k], k a multiple of 32");
-  TORCH_CHECK(!wide || row_quant::wide_quantize(), "moelight: row_quant_int8: this CPU has no AVX-512BW");
+  using row_quant::QuantizeLoop;
+  const QuantizeLoop loop = loop_name == "avx512" ? QuantizeLoop::kAvx512
+                            : loop_name == "avx2" ? QuantizeLoop::kAvx2
+                                                  : QuantizeLoop::kScalar;
+  TORCH_CHECK(loop_name == "scalar" || loop_name == "avx2" || loop_name == "avx512",
+              "moelight: row_quant_int8: loop is scalar, avx2 or avx512, not ", loop_name);
+  TORCH_CHECK(loop <= row_quant::best_quantize_loop(), "moelight: row_quant_int8: this CPU cannot run ", loop_name);
   const at::Tensor xc = x.contiguous();
   const int64_t T = x.size(0), k = x.size(1);
   at::Tensor q = at::empty({T, k}, x.options().dtype(at::kChar));
@@ -274,7 +280,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> row_quant_int8(const at::Tensor& 
   const uint16_t* xp = reinterpret_cast<const uint16_t*>(xc.data_ptr());
   for (int64_t t = 0; t < T; ++t)
     row_quant::quantize_row(xp + t * k, k, q.data_ptr<int8_t>() + t * k, scale.data_ptr<float>() + t * (k / 32),
-                            sum.data_ptr<int32_t>() + t * (k / 32), wide);
+                            sum.data_ptr<int32_t>() + t * (k / 32), loop);
   return {q, scale, sum};
 }
 

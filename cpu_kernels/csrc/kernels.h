@@ -52,6 +52,8 @@ void small_linear_rows_avx512(const float* x, int64_t m, const uint16_t* w, int6
 // Activation rows quantized to int8 per block of 32 k (row_quant.h's RowQuant) on AVX-512: codes q[k], and per
 // block its scale and code sum, bit for bit the scalar loop's (row_quant_avx512.cpp).
 void quantize_row32_avx512(const uint16_t* a, int64_t k, int8_t* q, float* scale, int32_t* sum);
+// The same on AVX2 (row_quant_avx2.cpp).
+void quantize_row32_avx2(const uint16_t* a, int64_t k, int8_t* q, float* scale, int32_t* sum);
 
 // Active kernel table, chosen from the CPU at first use (see isa.cpp).
 AttnFn attn_fn(KvDtype dtype, int64_t d);

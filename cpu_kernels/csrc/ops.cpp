@@ -30,7 +30,7 @@ std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::T
                                                 double eps);
 void kv_write(at::Tensor& k_cache, at::Tensor& v_cache, const at::Tensor& k, const at::Tensor& v,
               const at::Tensor& slots);
-std::tuple<at::Tensor, at::Tensor, at::Tensor> row_quant_int8(const at::Tensor& x, bool wide);
+std::tuple<at::Tensor, at::Tensor, at::Tensor> row_quant_int8(const at::Tensor& x, const std::string& loop_name);
 std::tuple<at::Tensor, at::Tensor> route_topk(const at::Tensor& x, const at::Tensor& gate_weight, int64_t k,
                                               bool normalize);
 at::Tensor paged_decode_attention(const at::Tensor& q, const at::Tensor& k_cache, const at::Tensor& v_cache,
@@ -65,7 +65,7 @@ TORCH_LIBRARY(moelight, m) {
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.def("add_rms_norm(Tensor x, Tensor delta, Tensor w, float eps) -> (Tensor, Tensor)");
   m.def("kv_write(Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor k, Tensor v, Tensor slots) -> ()");
-  m.def("row_quant_int8(Tensor x, bool wide) -> (Tensor, Tensor, Tensor)");
+  m.def("row_quant_int8(Tensor x, str loop) -> (Tensor, Tensor, Tensor)");
   m.def("route_topk(Tensor x, Tensor gate_weight, int k, bool normalize) -> (Tensor, Tensor)");
   m.def("paged_decode_attention(Tensor q, Tensor k_cache, Tensor v_cache, Tensor block_table, Tensor lengths, "
         "int page_size, float scale) -> Tensor");
