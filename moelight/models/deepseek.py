@@ -41,8 +41,7 @@ class DeepseekMoE(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(e, 2 * f, h))
         self.down_proj = nn.Parameter(torch.empty(e, h, f))
         self.linear = F.linear  # cpu_linear.pack_model swaps in pre-packed weights and their matmul
-        if cfg.shared_expert_size:
-            self.shared_expert = SwiGLU(h, cfg.shared_expert_size)
+        self.shared_expert = SwiGLU(h, cfg.shared_expert_size) if cfg.shared_expert_size else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_with(x, self.gate_up_proj, self.down_proj, self.linear)
@@ -59,7 +58,7 @@ class DeepseekMoE(nn.Module):
         weights, experts = self.route(x) if routing is None else routing
         out = expert_mix(x, weights, experts, gate_up_proj, down_proj, linear, compute_order=compute_order,
                          counts=counts, ready=ready)
-        return out + self.shared_expert(x) if hasattr(self, "shared_expert") else out
+        return out if self.shared_expert is None else out + self.shared_expert(x)
 
 
 class DecoderLayer(DecoderLayerBase):

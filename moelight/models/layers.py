@@ -123,9 +123,10 @@ class SparseMoE(nn.Module):
         self.gate_up_proj = nn.Parameter(torch.empty(cfg.num_experts, 2 * cfg.intermediate_size, cfg.hidden_size))
         self.down_proj = nn.Parameter(torch.empty(cfg.num_experts, cfg.hidden_size, cfg.intermediate_size))
         self.linear = F.linear  # cpu_linear.pack_model swaps in pre-packed weights and their matmul
-        if cfg.shared_expert_size:
-            self.shared_expert = SwiGLU(cfg.hidden_size, cfg.shared_expert_size)
-            self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False)
+        # None, not absent: hasattr on an nn.Module raises and catches inside __getattr__ each layer
+        shared = cfg.shared_expert_size
+        self.shared_expert = SwiGLU(cfg.hidden_size, shared) if shared else None
+        self.shared_expert_gate = nn.Linear(cfg.hidden_size, 1, bias=False) if shared else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.forward_with(x, self.gate_up_proj, self.down_proj, self.linear)
@@ -146,7 +147,7 @@ class SparseMoE(nn.Module):
         weights, experts = self.route(x) if routing is None else routing
         out = expert_mix(x, weights, experts, gate_up_proj, down_proj, linear, compute_order=compute_order,
                          counts=counts, ready=ready)
-        if hasattr(self, "shared_expert"):
+        if self.shared_expert is not None:
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out
 
