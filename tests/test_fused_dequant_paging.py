@@ -14,7 +14,7 @@ pytest.importorskip("triton")
 
 from moelight.models import fused_dequant  # noqa: E402
 from moelight.sampling.params import SamplingParams  # noqa: E402
-from tests.runtime_check import assert_same_run  # noqa: E402
+from tests.runtime_check import assert_close_run_on_gpu, assert_same_run  # noqa: E402
 from tests.test_quantized_paging import _quantized_pair, _run  # noqa: E402
 
 
@@ -39,7 +39,8 @@ def test_fused_runtime_takes_the_expand_path_s_tokens(job, monkeypatch, method, 
     (fused, _, _, peak, planned), (expand, _, _, expand_peak, expand_planned) = runs["fused"], runs["expand"]
     if dtype == torch.float32:
         assert_same_run(fused, expand, rtol=1e-4, atol=1e-4, what=f"{method} fused")
-    assert fused.tokens == expand.tokens
+    else:  # the paths round bf16 partial sums apart (max |dlogit| 0.10-0.30, mean 0.03-0.06): a near tie may flip
+        assert_close_run_on_gpu(fused, expand, rtol=0.0, atol=0.4, what=f"{method} fused bf16")
     # the dense layer (E x 3hf values of the run's dtype) and the expansion's scratch are gone from both
     assert peak <= planned < expand_planned and peak < expand_peak
 
