@@ -18,7 +18,7 @@ from moelight.engine.options import EngineOptions
 from moelight.engine.session import EngineSession
 from moelight.loading.expert_storage import with_expert_format
 from moelight.loading.presets import PRESETS
-from moelight.planning.memory_check import OutOfMemoryPlan, check_fits
+from moelight.planning.memory_check import OutOfMemoryPlan, check_fits, run_sizes
 from moelight.sampling.params import SamplingParams
 
 GIB = 2**30
@@ -41,6 +41,7 @@ def _session(sharing: bool, hardware: str) -> EngineSession:
     s.config = with_expert_format(PRESETS["qwen3-30b-a3b"], torch.bfloat16, "cpu", "int4")
     s.source = type("Source", (), {"dtype": torch.bfloat16})()
     s.dtype_name, s.device, s.ranks, s.log, s.model, s.plain_weights = "bfloat16", "cpu", 1, None, None, True
+    s.plain_allowed = True
     return s
 
 
@@ -68,7 +69,7 @@ def test_the_planners_batch_is_the_checks_on_the_same_host(tmp_path, monkeypatch
     assert 8 < plan.batch_size < len(prompts)  # memory bounds it
 
     def check(batch: int) -> dict:
-        sizes = EngineSession._run_sizes(plan.workload, len(prompts), batch, batch)
+        sizes = run_sizes(plan.workload, len(prompts), batch, batch)
         return check_fits(s.config, torch.bfloat16, available=available, on_cpu=True, plain_weights=False, **sizes)
 
     check(plan.batch_size)

@@ -10,6 +10,7 @@ from hrm import HardwareSpec, Level
 from hrm.hardware import Link
 from moelight.cli import app
 from moelight.planning.job_plan import workload_of
+from moelight.runtime.cpu_linear import keeps_plain_weights
 from moelight.sampling.params import SamplingParams
 from optimizer import Policy, fit_policy
 from tests.cli_text import says
@@ -266,15 +267,17 @@ def test_cached_profile_from_an_older_version_is_retaken(tmp_path, monkeypatch):
 
 
 
-def _session_plan(monkeypatch, available: int, n: int):
-    """The session's plan of n tiny-model requests (nothing loads) with `available` bytes of host memory
+def _session_plan(monkeypatch, available: int, n: int, model: str = "tiny", session_out: list | None = None):
+    """The session's plan of n `model` requests (nothing loads) with `available` bytes of host memory
     free, as the session reads it before planning and checking; and what it logged."""
     from moelight.engine import session
     from moelight.engine.options import EngineOptions
 
     monkeypatch.setattr(session, "available_bytes", lambda: available)
     said: list[str] = []
-    s = session.EngineSession(EngineOptions(model="tiny", load_format="dummy", device="cpu"), log=said.append)
+    s = session.EngineSession(EngineOptions(model=model, load_format="dummy", device="cpu"), log=said.append)
+    if session_out is not None:
+        session_out.append(s)
     prompts = [[1 + i % 50] * (10 + i % 20) for i in range(n)]
     return s.plan(prompts, [SamplingParams(max_tokens=3)] * n), said
 
@@ -307,3 +310,25 @@ def test_a_hardware_file_without_the_dtypes_rate_is_refused_before_loading(tmp_p
     r, _, out = _run(tmp_path, "--hardware", str(hw), "--dtype", "float32", "--device", "cpu")
     assert r.exit_code == 2 and "Traceback" not in r.output and not out.exists(), r.output
     assert says(r.output, f"--hardware {hw}") and says(r.output, "cpu.flops holds bfloat16"), r.output
+
+
+def test_a_small_job_leaves_out_the_plain_copies_where_only_they_do_not_fit(monkeypatch, model_only_host):
+    """A job of a few sequences keeps plain bf16 copies of the 16-bit matmuls for its few-row steps (a
+    speed-up, cpu_linear.keeps_plain_weights); where the host has room for the job but not for them, the job
+    runs without them, not refused (Qwen3-30B-A3B int4 and DeepSeek-V2-Lite int8 on a 24 GiB host)."""
+    from moelight.planning.memory_check import HEADROOM, check_fits, run_sizes
+
+    sessions: list = []
+    plan, _ = _session_plan(monkeypatch, 1 << 40, 3, "bench-1b", sessions)
+    s = sessions[0]
+    assert s._plain_for(plan.batch_size) == keeps_plain_weights(plan.batch_size) and plan.batch_size == 3
+    sizes = run_sizes(plan.workload, 3, plan.batch_size, plan.micro_batch_size)
+    peak = {p: check_fits(s.config, s.source.dtype, available=1 << 40, on_cpu=True, plain_weights=p, **sizes)
+            ["peak_bytes"] for p in (True, False)}
+    if peak[True] == peak[False]:
+        pytest.skip("this CPU keeps no plain bf16 copies beside its packed matmuls")
+    between = int((peak[True] + peak[False]) / 2 / HEADROOM)
+    sessions.clear()
+    plan, said = _session_plan(monkeypatch, between, 3, "bench-1b", sessions)
+    assert plan.batch_size == 3 and not sessions[0]._plain_for(3)
+    assert any("loading without them" in line for line in said), said

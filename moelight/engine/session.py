@@ -15,7 +15,6 @@ engine/tp_follower.py); front ends open a session with engine/session_start.py.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -32,8 +31,15 @@ from moelight.models.fused_dequant import mode as dequant_gemm_mode
 from moelight.parallel import shard_config
 from moelight.parallel.rank_group import tensor_parallel_degree
 from moelight.planning.hardware_choice import resolve_device
-from moelight.planning.job_plan import JobPlan, plan_job
-from moelight.planning.memory_check import OutOfMemoryPlan, available_bytes, check_fits, held_before_job, weight_bytes
+from moelight.planning.job_plan import JobPlan, plan_job, quantize_note
+from moelight.planning.memory_check import (
+    OutOfMemoryPlan,
+    available_bytes,
+    check_fits,
+    held_before_job,
+    run_sizes,
+    weight_bytes,
+)
 from moelight.planning.size_overrides import largest_size
 from moelight.runtime.cpu_linear import keeps_plain_weights, pack_model, weights_on_huge_pages
 from moelight.runtime.executor import Executor
@@ -74,6 +80,7 @@ class EngineSession:
         self.model = None
         self.load_seconds = 0.0
         self.plain_weights = True  # the loaded model keeps plain bf16 weights (cpu_linear.keeps_plain_weights)
+        self.plain_allowed = True  # False once those copies did not fit beside a small job's weights (plan)
         self._executor: Executor | None = None
         self._executor_size: tuple | None = None  # what a reusable CGOPipe runtime was built for
         self.sampling = SamplingChecker(self.tokenizer, self.config.vocab_size, self.eos)
@@ -147,26 +154,37 @@ class EngineSession:
                         self.ranks, solved=solved, host_available=available, host_in_use=held, turn=turn)
         plan.info["host_in_use"] = held
         plan.info["tensor_parallel"] = self.ranks
-        try:
+        sizes = run_sizes(plan.workload, len(prompts), plan.batch_size, plan.micro_batch_size)
+
+        def check(plain: bool) -> None:
             check_fits(self.config, self.source.dtype, available=available, ranks=self.ranks, on_cpu=on_cpu,
-                       hint=self._batch_hint(plan), plain_weights=self._plain_for(plan.batch_size),
-                       **self._run_sizes(plan.workload, len(prompts), plan.batch_size, plan.micro_batch_size))
-        except OutOfMemoryPlan:
+                       hint=self._batch_hint(plan), plain_weights=plain, **sizes)
+
+        try:
+            try:
+                check(self._plain_for(plan.batch_size))
+            except OutOfMemoryPlan:
+                if not (self.model is None and self._plain_for(plan.batch_size)):
+                    raise
+                check(False)  # the few-row steps' plain bf16 copies are a speed-up: left out, not the job
+                self.plain_allowed = False
+                if self.log:
+                    self.log("the plain bf16 weight copies that speed up few-row steps do not fit beside the "
+                             "weights: loading without them")
+        except OutOfMemoryPlan as e:
             if self.opts.batch_size or plan.info["source"] != "auto":
-                raise
-            plan = self._capped(plan, prompts, params, turn, solved, available, held)
+                raise self._with_quantize_note(e, plan, len(prompts), available) from None
+            try:
+                plan = self._capped(plan, prompts, params, turn, solved, available, held)
+            except OutOfMemoryPlan as capped:
+                raise self._with_quantize_note(capped, plan, len(prompts), available) from None
         return plan
 
-    @staticmethod
-    def _run_sizes(workload, requests: int, batch: int, micro: int) -> dict:
-        """check_fits's sizes for a batch as the planner counts them, from the plan's workload (hrm
-        WorkloadSpec): the KV pool the engine reserves (pool_tokens), the batch's sequences and the prompt tokens
-        of its largest prefill pass (prefill_pass_tokens: a pass never holds more than one micro-batch), and
-        whether every row takes its argmax (argmax_only: the sampler copies no logits)."""
-        batch = min(batch, requests)
-        micro = min(micro, batch)
-        return {"batch_kv_tokens": math.ceil(workload.pool_tokens(batch)), "batch": batch,
-                "prefill_tokens": math.ceil(workload.prefill_pass_tokens(micro)), "argmax_only": workload.argmax_only}
+    def _with_quantize_note(self, e: OutOfMemoryPlan, plan: JobPlan, requests: int, available: int) -> OutOfMemoryPlan:
+        """The check's refusal, and whether --quantize int8 or int4 would have fit (planning.job_plan.quantize_note)."""
+        note = quantize_note(self.opts, self.config, self.dtype_name, plan.hardware, plan.workload, self.device,
+                             self.ranks, requests, available)
+        return OutOfMemoryPlan(f"{e}{note}") if note else e
 
     def _batch_hint(self, plan: JobPlan) -> str:
         """What to lower when the batch's KV cache does not fit: the option or file that set its size."""
@@ -186,7 +204,7 @@ class EngineSession:
         def check(batch: int) -> None:
             check_fits(self.config, self.source.dtype, available=available, ranks=self.ranks, on_cpu=on_cpu,
                        plain_weights=self._plain_for(batch),
-                       **self._run_sizes(plan.workload, len(prompts), batch, plan.micro_batch_size))
+                       **run_sizes(plan.workload, len(prompts), batch, plan.micro_batch_size))
 
         def fits(batch: int) -> bool:
             try:
@@ -235,7 +253,9 @@ class EngineSession:
     def _plain_for(self, batch_size: int | None) -> bool:
         """Whether a job of `batch_size` keeps the plain bf16 weights (cpu_linear.keeps_plain_weights); a model
         already loaded keeps what it was loaded with."""
-        return self.plain_weights if self.model is not None else keeps_plain_weights(batch_size)
+        if self.model is not None:
+            return self.plain_weights
+        return self.plain_allowed and keeps_plain_weights(batch_size)
 
     def _load_shard(self) -> None:
         from moelight.parallel.rank_group import load_together, start_group

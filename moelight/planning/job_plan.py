@@ -16,14 +16,16 @@ import torch
 
 from moelight.planning.hardware_choice import PlanError, hardware_for_device
 from moelight.planning.held_model import held_model_spec
-from moelight.planning.memory_check import cpu_engine_extra_bytes
+from moelight.planning.memory_check import OutOfMemoryPlan, check_fits, cpu_engine_extra_bytes, run_sizes
 from moelight.planning.mode_choice import ModeError, apply_mode
+from moelight.planning.quantize_advice import quantize_advice
 from moelight.planning.size_overrides import check_sizes_fit
 from moelight.runtime.paged_layout import pool_table, shared_prefix_tokens
 from moelight.sampling.params import SamplingParams
 
 if TYPE_CHECKING:  # the engine's options type the argument; planning runs below the engine
     from moelight.engine.options import EngineOptions
+    from moelight.models.config import ModelConfig
 
 
 @dataclass
@@ -76,7 +78,7 @@ def kv_pool_table(prompts: list[list[int]], params: list[SamplingParams], paged:
     return tuple(n * (2 if turn > 1 else 1) for n in table)
 
 
-def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
+def plan_job(opts: EngineOptions, cfg: ModelConfig, dtype: str, prompts, params, device: str,
              log: Callable[[str], None] | None = None, ranks: int = 1, solved=None,
              host_available: int | None = None, host_in_use: int = 0, turn: int = 1) -> JobPlan:
     """The policy for this job: planned (auto), read from a file, or `solved` already for the same
@@ -97,9 +99,7 @@ def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
         except ValueError as e:
             raise PlanError(f"--gpus {opts.gpus}: {e}") from None
     _check_dtype_rates(hw, dtype, opts.hardware)
-    mspec = held_model_spec(cfg, opts.model)  # experts held quantized: the bytes they read, page and hold
-    if device == "cpu":  # and the CPU engine's float32 copies, where it makes them
-        mspec = replace(mspec, host_weight_extra_bytes=float(cpu_engine_extra_bytes(cfg, getattr(torch, dtype), True)))
+    mspec = _planned_spec(cfg, opts.model, device, dtype)
     sharing = opts.enable_prefix_caching  # every executor pages K and V caches and MLA's latent alike
     workload = workload_of(prompts, params, opts.max_prefill_tokens, sharing, turn)
     t0 = time.perf_counter()
@@ -107,17 +107,21 @@ def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
         planned, source = replace(solved, dtype=dtype), "auto"  # solved once for the job (a Ray driver)
     elif opts.policy == "auto":
         family = _runtime_family(device, opts.schedule, hw)
+        def refusal(e: Exception) -> PlanError:
+            advice = quantize_note(opts, cfg, dtype, hw, workload, device, ranks, n_req, host_available)
+            return PlanError(f"the job does not fit: {e}{_held_note(e, host_in_use)}{advice}")
+
         try:  # only the placement the device's runtime executes: its memory check must hold for what runs
             planned = plan(hw, mspec, workload, dtype, family=family).policy
         except InfeasibleError as e:
             if family == "moelight" or opts.mode == "throughput":
-                raise PlanError(f"the job does not fit: {e}{_held_note(e, host_in_use)}") from None
+                raise refusal(e) from None
             # latency mode may still run (its own fit check): the throughput plan is only its reference
             no_throughput = f"throughput mode does not fit: {e}"
             try:
                 planned = plan(hw, mspec, workload, dtype).policy
             except InfeasibleError:
-                raise PlanError(f"the job does not fit: {e}{_held_note(e, host_in_use)}") from None
+                raise refusal(e) from None
         except ValueError as e:  # a GPU count the model's heads or expert width cannot be split into
             raise PlanError(str(e)) from None
         source = "auto"
@@ -173,6 +177,40 @@ def plan_job(opts: EngineOptions, cfg, dtype: str, prompts, params, device: str,
         if plan.info.get("warning"):
             log(f"warning: {plan.info['warning']}")
     return plan
+
+
+def quantize_note(opts: EngineOptions, cfg: ModelConfig, dtype: str, hw, workload, device: str, ranks: int,
+                  requests: int, host_available: int | None) -> str:
+    """For a refusal of a job with 16-bit experts: whether --quantize int8 or int4 would fit, by the planner and
+    (with the host's memory known) the check before loading, its batch and predicted rate ("" where the user
+    gave --quantize or the checkpoint ships its experts quantized)."""
+    from optimizer import InfeasibleError, fit_policy, plan, predict_job
+
+    family = _runtime_family(device, opts.schedule, hw)
+
+    def fits(held: ModelConfig) -> str | None:
+        spec = _planned_spec(held, opts.model, device, dtype)
+        try:
+            policy = fit_policy(plan(hw, spec, workload, dtype, family=family).policy, requests)
+            if host_available is not None:  # as the session checks it, without the optional plain copies
+                check_fits(held, getattr(torch, dtype), available=host_available, ranks=ranks,
+                           on_cpu=device == "cpu", plain_weights=False,
+                           **run_sizes(workload, requests, policy.batch_size, policy.micro_batch_size))
+        except (InfeasibleError, OutOfMemoryPlan):
+            return None
+        pred = predict_job(hw, spec, workload, policy, requests, policy.batch_size, policy.micro_batch_size)
+        return f"batch {policy.batch_size}, predicted {pred['end_to_end_tokens_per_s']:.1f} tok/s end-to-end"
+
+    return quantize_advice(cfg, opts.quantize, ranks, fits)
+
+
+def _planned_spec(cfg: ModelConfig, name: str, device: str, dtype: str):
+    """hrm.ModelSpec the planner prices: the experts as held (quantized: the bytes they read, page and hold) and,
+    on the CPU, the engine's float32 copies where it makes them."""
+    mspec = held_model_spec(cfg, name)
+    if device == "cpu":
+        mspec = replace(mspec, host_weight_extra_bytes=float(cpu_engine_extra_bytes(cfg, getattr(torch, dtype), True)))
+    return mspec
 
 
 def check_policy_fits(policy, hw, mspec, workload, what: str) -> None:

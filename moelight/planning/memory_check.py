@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import math
 import os
 import resource
 
@@ -225,3 +226,14 @@ def check_fits(cfg: ModelConfig, dtype: torch.dtype, batch_kv_tokens: int, avail
         )
     return {"weights_bytes": need_w, "kv_cache_bytes": need_kv, "activation_bytes": need_act,
             "load_transient_bytes": need_load, "peak_bytes": need, "budget_bytes": budget}
+
+
+def run_sizes(workload, requests: int, batch: int, micro: int) -> dict:
+    """check_fits's sizes for a batch as the planner counts them, from the plan's workload (hrm WorkloadSpec):
+    the KV pool the engine reserves (pool_tokens), the batch's sequences and the prompt tokens of its largest
+    prefill pass (prefill_pass_tokens: a pass never holds more than one micro-batch), and whether every row takes
+    its argmax (argmax_only: the sampler copies no logits)."""
+    batch = min(batch, requests)
+    micro = min(micro, batch)
+    return {"batch_kv_tokens": math.ceil(workload.pool_tokens(batch)), "batch": batch,
+            "prefill_tokens": math.ceil(workload.prefill_pass_tokens(micro)), "argmax_only": workload.argmax_only}
