@@ -82,3 +82,14 @@ def test_the_check_before_loading_gives_the_same_advice(tmp_path, monkeypatch):
     r = _run(tmp_path, monkeypatch, 96, free_gib=30)
     assert r.exit_code == 2, r.output
     assert says(r.output, "does not fit in CPU memory") and says(r.output, "with --quantize int4 it fits"), r.output
+
+
+def test_plan_gives_the_advice_too(tmp_path):
+    """`moelight plan` on a host too small for 16-bit experts: the refusal and what fits instead; with
+    --quantize int8 the plan then succeeds."""
+    hw = _host(tmp_path, 48)
+    r = CliRunner().invoke(app, ["plan", "--model", "qwen3-30b-a3b", "--hardware", hw, "--gpus", "0"])
+    assert r.exit_code == 2 and says(r.output, "no policy fits") and says(r.output, "with --quantize int8 it fits")
+    r = CliRunner().invoke(app, ["plan", "--model", "qwen3-30b-a3b", "--hardware", hw, "--gpus", "0",
+                                 "--quantize", "int8"])
+    assert r.exit_code == 0, r.output

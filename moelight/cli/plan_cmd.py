@@ -228,7 +228,12 @@ def register(app: typer.Typer) -> None:
         try:
             res = run_plan(hw, mspec, workload, dtype, gpus=gpus, family=family)
         except (InfeasibleError, ValueError) as e:  # a job too big, --gpus on a host without GPU, ...: exit 2
-            typer.echo(f"error: {e}", err=True)
+            advice = ""
+            if isinstance(e, InfeasibleError):
+                ranks = max(1, hw.gpu_count if gpus is None else gpus) if on_gpu else 1
+                advice = _quantize_advice(held, quantize, ranks, name,
+                                          lambda spec: run_plan(hw, spec, workload, dtype, gpus=gpus, family=family))
+            typer.echo(f"error: {e}{advice}", err=True)
             raise typer.Exit(2) from None
         if mode not in ("throughput", "latency", "auto"):
             raise typer.BadParameter(f"{mode!r}: choose throughput, latency or auto", param_hint="--mode")
@@ -258,3 +263,19 @@ def register(app: typer.Typer) -> None:
             paths = plot_all(used, mspec, workload, dtype, plot, micro_batch=p.mu, r_w=p.r_w)
             if not as_json:
                 typer.echo("plots: " + ", ".join(str(p) for p in paths))
+
+
+def _quantize_advice(held, quantize: str, ranks: int, name: str, planned) -> str:
+    """Whether the plan refused with 16-bit experts fits with --quantize int8 or int4 (`planned(spec)`: the
+    planner's result for a model spec, InfeasibleError where it does not fit either)."""
+    from moelight.planning.quantize_advice import quantize_advice
+    from optimizer import InfeasibleError
+
+    def fits(cfg) -> str | None:
+        try:
+            res = planned(held_model_spec(cfg, name))
+        except InfeasibleError:
+            return None
+        return f"batch {res.policy.batch_size}, predicted {res.e2e_tok_s:.1f} tok/s end-to-end"
+
+    return quantize_advice(held, quantize, ranks, fits)
