@@ -1,6 +1,7 @@
 """Run in a fresh interpreter by tests/test_memory_estimate.py: resident-memory rises of a small Qwen3-MoE-shaped
 model's packing and of one generation on it, printed as JSON. Each phase's peak is its own: reset_peak_rss() before
-the phase."""
+the phase. Arguments: batch, prompt length, and optionally `plain` (the packed bf16 linears keep their plain copies,
+as a job of a few sequences does)."""
 
 from __future__ import annotations
 
@@ -26,10 +27,11 @@ SHAPE = {"model_type": "qwen3_moe", "vocab_size": 32000, "hidden_size": 2048, "i
 
 def main() -> None:
     batch, prompt_len = int(sys.argv[1]), int(sys.argv[2])
+    plain = sys.argv[3:] == ["plain"]
     cfg = config_from_hf_dict(SHAPE)
     model = build_model(cfg, torch.bfloat16, None, seed=0)
     before = reset_peak_rss()
-    pack_model(model, huge_pages=False, plain_weights=False)
+    pack_model(model, huge_pages=False, plain_weights=plain)
     pack = {"peak": peak_rss_bytes() - before, "after": process_bytes() - before}
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(3, cfg.vocab_size, (prompt_len,), generator=gen).tolist() for _ in range(batch)]

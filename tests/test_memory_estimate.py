@@ -58,7 +58,7 @@ def test_the_load_check_counts_packings_transient():
     cfg = _qwen3_int4()
     assert memory_check.largest_packed_linear(cfg) == cfg.vocab_size * cfg.hidden_size
     counted = check_fits(cfg, torch.bfloat16, 0, available=100 * GIB, on_cpu=True, plain_weights=False)
-    per = 8 if cpu_linear.upcast_bf16_linears() else 2
+    per = 6 if cpu_linear.upcast_bf16_linears() else 2  # a float32 copy beside the bf16 weight (no plain copy)
     assert counted["load_transient_bytes"] == max(cfg.vocab_size * cfg.hidden_size * per,
                                                   memory_check.expert_pack_transient_bytes(cfg, torch.bfloat16))
     assert counted["peak_bytes"] == counted["weights_bytes"] + counted["load_transient_bytes"]
@@ -79,15 +79,19 @@ def test_layer_expert_bytes_are_the_held_arrays():
     assert memory_check.layer_expert_bytes(cfg, torch.bfloat16) == packed.nbytes()
 
 
-@pytest.fixture(scope="module")
-def probe() -> dict:
-    """tests/memory_probe.py in a fresh interpreter: 16 prompts of 128 tokens, 2 new tokens each."""
+def _run_probe(*args: str) -> dict:
     if not Path("/proc/self/clear_refs").exists():
         pytest.skip("no /proc/self/clear_refs to reset the peak")
-    res = subprocess.run([sys.executable, str(ROOT / "tests" / "memory_probe.py"), "16", "128"], cwd=ROOT,
+    res = subprocess.run([sys.executable, str(ROOT / "tests" / "memory_probe.py"), *args], cwd=ROOT,
                          capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr[-2000:]
     return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+@pytest.fixture(scope="module")
+def probe() -> dict:
+    """tests/memory_probe.py in a fresh interpreter: 16 prompts of 128 tokens, 2 new tokens each."""
+    return _run_probe("16", "128")
 
 
 def _probe_config():
@@ -96,17 +100,25 @@ def _probe_config():
     return config_from_hf_dict(SHAPE)
 
 
-def test_packing_peaks_at_most_one_weight_above_the_loaded_model(probe):
+@pytest.mark.parametrize("plain", [False, True])
+def test_packing_peaks_at_most_one_weight_above_the_loaded_model(probe, plain):
     """pack_model drops each replaced weight as it goes (and returns glibc's heap holes): its peak over the
     loaded model is the transient the check counts, not every attention weight of the model at once (the old
-    loop kept them to its end: +324 MiB here against 125 MiB counted)."""
+    loop kept them to its end: +324 MiB here against 125 MiB counted). Where the CPU packs float32 copies of
+    bf16 weights, that transient is the copy packed from and, without plain copies, its bf16 source: counted no
+    more than it is (a count of both float32 copies refused GPT-OSS-20B on a 24 GiB AVX2 host by 0.45 GiB)."""
     if not (cpu_linear.packing_supported(torch.bfloat16) or cpu_linear.upcast_bf16_linears()):
         pytest.skip("this torch/CPU packs nothing")
+    got = _run_probe("1", "8", "plain") if plain else probe
     cfg = _probe_config()
-    copies = memory_check.cpu_engine_extra_bytes(cfg, torch.bfloat16, True)  # float32 copies, where this CPU makes them
-    counted = memory_check.load_transient_bytes(cfg, torch.bfloat16, on_cpu=True)
-    assert probe["pack"]["peak"] <= copies + counted + 16 * MIB
-    assert probe["pack"]["after"] <= copies + 16 * MIB
+    # the float32 copies (and plain bf16 ones) the loaded model holds, where this CPU makes them
+    copies = (memory_check.weight_bytes(cfg, torch.bfloat16, True, plain_weights=plain)
+              - memory_check.weight_bytes(cfg, torch.bfloat16))
+    counted = memory_check.load_transient_bytes(cfg, torch.bfloat16, on_cpu=True, plain_weights=plain)
+    assert got["pack"]["peak"] <= copies + counted + 16 * MIB
+    assert got["pack"]["after"] <= copies + 16 * MIB
+    if cpu_linear.upcast_bf16_linears():  # measured here: 373 MiB against 375 counted, 248 against 250 with plain
+        assert got["pack"]["peak"] - got["pack"]["after"] >= 0.8 * counted
 
 
 def test_a_generation_stays_within_its_kv_cache_and_activations(probe):

@@ -12,7 +12,13 @@ import torch
 from cpu_kernels.dispatch import packs_expert_by_expert
 from moelight.errors import MoelightError
 from moelight.models.config import ModelConfig
-from moelight.runtime.cpu_linear import extra_linear_bytes, packed_linears, packing_supported, upcast_bf16_linears
+from moelight.runtime.cpu_linear import (
+    extra_linear_bytes,
+    packed_linears,
+    packing_supported,
+    plain_bf16_rows,
+    upcast_bf16_linears,
+)
 from moelight.runtime.fused_experts import fused_enabled
 
 HEADROOM = 0.9  # leave 10% of available memory for activations, allocator slack and the OS
@@ -81,15 +87,19 @@ def parameter_count(cfg: ModelConfig) -> int:
                if not (cfg.tie_word_embeddings and name == "lm_head.weight"))
 
 
-def load_transient_bytes(cfg: ModelConfig, dtype: torch.dtype, on_cpu: bool = False) -> int:
+def load_transient_bytes(cfg: ModelConfig, dtype: torch.dtype, on_cpu: bool = False, plain_weights: bool = True) -> int:
     """The load's peak above the loaded weights: the CPU engine packs one weight at a time with the old and
     the new copy alive together (runtime/cpu_linear.pack_model), so its largest packed matmul (Qwen3-30B-A3B's
     LM head, 0.58 GiB in bf16) or the routed experts' transient (expert_pack_transient_bytes), whichever is
-    larger. An upcast layer first makes a float32 copy, then packs it in float32. 0 off the CPU."""
+    larger. An upcast layer packs a float32 copy of its bf16 weight: that copy (4 bytes a parameter) and the bf16
+    weight it came from (2 more, unless it is the plain copy the layer keeps: `plain_weights`) are the transient,
+    the packed float32 weight the loaded model's (tests/test_memory_estimate.py measures both). 0 off the CPU."""
     if not on_cpu:
         return 0
-    upcast = dtype == torch.bfloat16 and upcast_bf16_linears()
-    per_param = 8 if upcast else dtype_bytes(dtype) if packing_supported(dtype) else 0
+    if dtype == torch.bfloat16 and upcast_bf16_linears():
+        per_param = 4 if plain_weights and plain_bf16_rows(True) else 6
+    else:
+        per_param = dtype_bytes(dtype) if packing_supported(dtype) else 0
     return max(largest_packed_linear(cfg) * per_param, expert_pack_transient_bytes(cfg, dtype))
 
 
@@ -206,7 +216,7 @@ def check_fits(cfg: ModelConfig, dtype: torch.dtype, batch_kv_tokens: int, avail
     need_kv = kv_bytes(cfg, batch_kv_tokens, dtype, ranks)
     need_act = (run_activation_bytes(cfg, dtype, batch, prefill_tokens, argmax_only)
                 if on_cpu and (batch or prefill_tokens) else 0)
-    need_load = load_transient_bytes(cfg, dtype, on_cpu)
+    need_load = load_transient_bytes(cfg, dtype, on_cpu, plain_weights)
     need = need_w + max(need_load, need_kv + need_act)
     budget = int(HEADROOM * available)
     if need > budget:
