@@ -154,23 +154,8 @@ class EngineSession:
                         self.ranks, solved=solved, host_available=available, host_in_use=held, turn=turn)
         plan.info["host_in_use"] = held
         plan.info["tensor_parallel"] = self.ranks
-        sizes = run_sizes(plan.workload, len(prompts), plan.batch_size, plan.micro_batch_size)
-
-        def check(plain: bool) -> None:
-            check_fits(self.config, self.source.dtype, available=available, ranks=self.ranks, on_cpu=on_cpu,
-                       hint=self._batch_hint(plan), plain_weights=plain, **sizes)
-
         try:
-            try:
-                check(self._plain_for(plan.batch_size))
-            except OutOfMemoryPlan:
-                if not (self.model is None and self._plain_for(plan.batch_size)):
-                    raise
-                check(False)  # the few-row steps' plain bf16 copies are a speed-up: left out, not the job
-                self.plain_allowed = False
-                if self.log:
-                    self.log("the plain bf16 weight copies that speed up few-row steps do not fit beside the "
-                             "weights: loading without them")
+            self._check_before_loading(plan, len(prompts), available)
         except OutOfMemoryPlan as e:
             if self.opts.batch_size or plan.info["source"] != "auto":
                 raise self._with_quantize_note(e, plan, len(prompts), available) from None
@@ -179,6 +164,27 @@ class EngineSession:
             except OutOfMemoryPlan as capped:
                 raise self._with_quantize_note(capped, plan, len(prompts), available) from None
         return plan
+
+    def _check_before_loading(self, plan: JobPlan, requests: int, available: int) -> None:
+        """check_fits for the plan's batch. The plain bf16 copies a job of a few sequences keeps are a speed-up of
+        its few-row steps: where they alone do not fit, the job loads without them rather than being refused."""
+        sizes = run_sizes(plan.workload, requests, plan.batch_size, plan.micro_batch_size)
+
+        def check(plain: bool) -> None:
+            check_fits(self.config, self.source.dtype, available=available, ranks=self.ranks,
+                       on_cpu=self.device == "cpu", hint=self._batch_hint(plan), plain_weights=plain, **sizes)
+
+        plain = self._plain_for(plan.batch_size)
+        try:
+            check(plain)
+        except OutOfMemoryPlan:
+            if not (plain and self.model is None):
+                raise
+            check(False)
+            self.plain_allowed = False
+            if self.log:
+                self.log("the plain bf16 weight copies that speed up few-row steps do not fit beside the weights: "
+                         "loading without them")
 
     def _with_quantize_note(self, e: OutOfMemoryPlan, plan: JobPlan, requests: int, available: int) -> OutOfMemoryPlan:
         """The check's refusal, and whether --quantize int8 or int4 would have fit (planning.job_plan.quantize_note)."""
