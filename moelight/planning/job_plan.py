@@ -107,6 +107,7 @@ def plan_job(opts: EngineOptions, cfg: ModelConfig, dtype: str, prompts, params,
         planned, source = replace(solved, dtype=dtype), "auto"  # solved once for the job (a Ray driver)
     elif opts.policy == "auto":
         family = _runtime_family(device, opts.schedule, hw)
+
         def refusal(e: Exception) -> PlanError:
             advice = quantize_note(opts, cfg, dtype, hw, workload, device, ranks, n_req, host_available)
             return PlanError(f"the job does not fit: {e}{_held_note(e, host_in_use)}{advice}")
