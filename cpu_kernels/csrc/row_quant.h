@@ -58,14 +58,15 @@ inline void quantize_row_scalar(const uint16_t* a, int64_t k, int8_t* q, float* 
 
 // Which quantize loop this CPU runs: row_quant_avx512.cpp's, row_quant_avx2.cpp's or the scalar one (the same
 // numbers; ~10x and ~5x faster than the scalar loop).
-enum class QuantizeLoop { kScalar, kAvx2, kAvx512 };
+enum class QuantizeLoop { kScalar, kAvx2, kAvx512 };  // ordered: a CPU that runs one runs those before it
 
 inline QuantizeLoop best_quantize_loop() {
 #if defined(__x86_64__) || defined(_M_X64)
-  static const QuantizeLoop loop = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")
-                                       ? QuantizeLoop::kAvx512
-                                   : __builtin_cpu_supports("avx2") ? QuantizeLoop::kAvx2
-                                                                    : QuantizeLoop::kScalar;
+  static const QuantizeLoop loop = [] {
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw")) return QuantizeLoop::kAvx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return QuantizeLoop::kAvx2;  // as isa.cpp
+    return QuantizeLoop::kScalar;
+  }();
   return loop;
 #else
   return QuantizeLoop::kScalar;

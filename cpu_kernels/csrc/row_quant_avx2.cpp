@@ -8,24 +8,11 @@
 
 #if defined(__x86_64__) || defined(_M_X64)
 #pragma GCC push_options
-#pragma GCC target("avx2")
-#include <immintrin.h>
+#pragma GCC target("avx2,fma,f16c")
+#include "simd_avx2.h"
 
 namespace moelight {
 namespace {
-
-// 8 bf16 -> float32 (the bits shifted into the high half).
-inline __m256 widen8(const uint16_t* p) {
-  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
-  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
-}
-
-inline float hmax8(__m256 v) {
-  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-  m = _mm_max_ss(m, _mm_movehdup_ps(m));
-  return _mm_cvtss_f32(m);
-}
 
 inline int32_t hsum8(__m256i v) {
   __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -50,10 +37,10 @@ __attribute__((optimize("fp-contract=off"))) void quantize_row32_avx2(const uint
     // max_ps(x, m) returns m where x is NaN: NaNs are skipped, as std::max(amax, NaN) keeps amax
     __m256 m = _mm256_setzero_ps();
     for (int i = 0; i < 4; ++i) {
-      v[i] = widen8(a + b * 32 + 8 * i);
+      v[i] = VecAvx2::load(a + b * 32 + 8 * i, true);
       m = _mm256_max_ps(_mm256_and_ps(v[i], magnitude), m);
     }
-    const float amax = hmax8(m);
+    const float amax = VecAvx2::hmax(m);
     const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
     const __m256 vi = _mm256_set1_ps(inv);
     __m256i c[4];

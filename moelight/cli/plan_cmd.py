@@ -268,7 +268,7 @@ def register(app: typer.Typer) -> None:
 def _quantize_advice(held, quantize: str, ranks: int, name: str, planned) -> str:
     """Whether the plan refused with 16-bit experts fits with --quantize int8 or int4 (`planned(spec)`: the
     planner's result for a model spec, InfeasibleError where it does not fit either)."""
-    from moelight.planning.quantize_advice import quantize_advice
+    from moelight.planning.quantize_advice import planned_text, quantize_advice
     from optimizer import InfeasibleError
 
     def fits(cfg) -> str | None:
@@ -276,6 +276,6 @@ def _quantize_advice(held, quantize: str, ranks: int, name: str, planned) -> str
             res = planned(held_model_spec(cfg, name))
         except InfeasibleError:
             return None
-        return f"batch {res.policy.batch_size}, predicted {res.e2e_tok_s:.1f} tok/s end-to-end"
+        return planned_text(res.policy.batch_size, res.e2e_tok_s)
 
     return quantize_advice(held, quantize, ranks, fits)

@@ -18,7 +18,7 @@ from moelight.planning.hardware_choice import PlanError, hardware_for_device
 from moelight.planning.held_model import held_model_spec
 from moelight.planning.memory_check import OutOfMemoryPlan, check_fits, cpu_engine_extra_bytes, run_sizes
 from moelight.planning.mode_choice import ModeError, apply_mode
-from moelight.planning.quantize_advice import quantize_advice
+from moelight.planning.quantize_advice import planned_text, quantize_advice
 from moelight.planning.size_overrides import check_sizes_fit
 from moelight.runtime.paged_layout import pool_table, shared_prefix_tokens
 from moelight.sampling.params import SamplingParams
@@ -200,7 +200,7 @@ def quantize_note(opts: EngineOptions, cfg: ModelConfig, dtype: str, hw, workloa
         except (InfeasibleError, OutOfMemoryPlan):
             return None
         pred = predict_job(hw, spec, workload, policy, requests, policy.batch_size, policy.micro_batch_size)
-        return f"batch {policy.batch_size}, predicted {pred['end_to_end_tokens_per_s']:.1f} tok/s end-to-end"
+        return planned_text(policy.batch_size, pred["end_to_end_tokens_per_s"])
 
     return quantize_advice(cfg, opts.quantize, ranks, fits)
 

@@ -31,3 +31,8 @@ def quantize_advice(cfg: ModelConfig, quantize: str, ranks: int, fits: Callable[
         if planned is not None:
             return f"; with --quantize {method} it fits: {planned}"
     return "; it would not fit with --quantize int4 either"
+
+
+def planned_text(batch: int, tok_s: float) -> str:
+    """What `fits` says of a plan that fits: its batch and predicted end-to-end rate."""
+    return f"batch {batch}, predicted {tok_s:.1f} tok/s end-to-end"
