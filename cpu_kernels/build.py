@@ -26,7 +26,8 @@ SOURCES = ["ops.cpp", "decode_attention.cpp", "prefill_attention.cpp", "stream_r
            "paged_attention.cpp", "latent_attention.cpp", "latent_amx.cpp", "latent_avx512bf16.cpp",
            "latent_avx512.cpp", "latent_avx2.cpp", "small_linear.cpp", "small_linear_avx2.cpp",
            "small_linear_avx512.cpp", "norm_rotary.cpp", "expert_pack.cpp", "row_quant_avx512.cpp",
-           "row_quant_avx2.cpp", "route.cpp"]
+           "row_quant_avx2.cpp", "route.cpp", "strip_linear.cpp",
+           "strip_gemm_avx2.cpp"]
 CFLAGS = ["-O3", "-fopenmp", "-fno-math-errno"]
 LDFLAGS = ["-fopenmp"]
 NAME = "moelight_cpu_kernels"

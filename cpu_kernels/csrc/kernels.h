@@ -49,6 +49,12 @@ void small_linear_rows_avx2(const float* x, int64_t m, const uint16_t* w, int64_
 void small_linear_rows_avx512(const float* x, int64_t m, const uint16_t* w, int64_t n0, int64_t n1, int64_t k,
                               float* out, int64_t ldo);
 
+// c[r][0, 32) = sum_k a[r][k] strip[k][.] for r < m <= 64: float32 rows a of stride lda times one bf16 strip of
+// depth k in the expert kernel's pair layout (experts.h), on AVX2 + FMA (strip_gemm_avx2.cpp, for strip_linear).
+void strip_gemm_avx2(const float* a, int64_t lda, int64_t m, const uint16_t* strip, int64_t k, float* c);
+// out[r][0, 32) = bf16(c[r][0, 32) + bias) for r < m (bias: 32 floats or nullptr), rounded as torch rounds.
+void strip_out_avx2(const float* c, int64_t m, const float* bias, uint16_t* out, int64_t ldo);
+
 // Activation rows quantized to int8 per block of 32 k (row_quant.h's RowQuant) on AVX-512: codes q[k], and per
 // block its scale and code sum, bit for bit the scalar loop's (row_quant_avx512.cpp).
 void quantize_row32_avx512(const uint16_t* a, int64_t k, int8_t* q, float* scale, int32_t* sum);

@@ -24,6 +24,8 @@ at::Tensor expert_mix(const at::Tensor& x, const at::Tensor& ids, const at::Tens
 const char* set_expert_schedule(const char* name);
 std::tuple<at::Tensor, at::Tensor> topk_rows(const at::Tensor& x, int64_t k);
 at::Tensor small_linear(const at::Tensor& x, const at::Tensor& w, const c10::optional<at::Tensor>& bias);
+at::Tensor strip_linear(const at::Tensor& x, const at::Tensor& strips, const c10::optional<at::Tensor>& bias,
+                        int64_t n);
 at::Tensor rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps);
 std::tuple<at::Tensor, at::Tensor> add_rms_norm(const at::Tensor& x, const at::Tensor& delta, const at::Tensor& w,
@@ -61,6 +63,7 @@ TORCH_LIBRARY(moelight, m) {
         "int act, float limit, float alpha, bool int8_activations=True) -> Tensor");
   m.def("topk_rows(Tensor x, int k) -> (Tensor, Tensor)");
   m.def("small_linear(Tensor x, Tensor w, Tensor? bias) -> Tensor");
+  m.def("strip_linear(Tensor x, Tensor strips, Tensor? bias, int n) -> Tensor");
   m.def("rotary(Tensor x, Tensor cos, Tensor sin) -> Tensor");
   m.def("rms_norm(Tensor x, Tensor w, float eps) -> Tensor");
   m.def("add_rms_norm(Tensor x, Tensor delta, Tensor w, float eps) -> (Tensor, Tensor)");
@@ -85,6 +88,7 @@ TORCH_LIBRARY_IMPL(moelight, CPU, m) {
   m.impl("expert_mix", &moelight::expert_mix);
   m.impl("topk_rows", &moelight::topk_rows);
   m.impl("small_linear", &moelight::small_linear);
+  m.impl("strip_linear", &moelight::strip_linear);
   m.impl("rotary", &moelight::rotary);
   m.impl("rms_norm", &moelight::rms_norm);
   m.impl("add_rms_norm", &moelight::add_rms_norm);
