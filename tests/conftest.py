@@ -120,9 +120,8 @@ def quick_expert_curve():
 @pytest.fixture
 def bf16_packing_host(monkeypatch):
     """Plan as on a CPU whose oneDNN packs bf16 weights (AVX512-BF16 or AMX: the hosts whose measured peaks the
-    memory tests hold), whatever this one packs: no float32 copies of bf16 matmuls (cpu_linear.upcast_bf16_linears)."""
-    from moelight.planning import memory_check
+    memory tests hold), whatever this one packs: no strips or float32 copies of bf16 matmuls
+    (cpu_linear.linear_form)."""
     from moelight.runtime import cpu_linear
 
-    for module in (cpu_linear, memory_check):
-        monkeypatch.setattr(module, "packing_supported", lambda dtype: True)
+    monkeypatch.setattr(cpu_linear, "packing_supported", lambda dtype: True)

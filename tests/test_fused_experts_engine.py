@@ -97,11 +97,14 @@ def test_quantize_option_is_checked_before_loading():
     assert EngineOptions("tiny", quantize="int4-g64").quantization() == ("int4", 64)
 
 
+@pytest.mark.parametrize("form", ["strips", "float32"])
 @pytest.mark.parametrize("cfg", [TINY, GPT_OSS], ids=["mixtral", "gpt-oss"])
-def test_bf16_matmuls_run_on_float32_copies_where_onednn_packs_no_bf16(cfg, monkeypatch):
+def test_bf16_matmuls_where_onednn_packs_no_bf16(cfg, form, monkeypatch):
     """An AVX2 host (simulated on any host): the attention, dense and LM-head matmuls of a bf16 model run
-    on packed float32 copies of their weights, the products of the same bf16 values, so the logits are
-    the unpacked model's up to its own bf16 rounding; the memory check counts the float32 copies."""
+    on bf16 strips (strip_linear, the AVX2 expert GEMM) or, without those kernels, packed float32 copies of
+    their weights: the products of the same bf16 values, so the logits are the unpacked model's up to its own
+    bf16 rounding; the memory check counts the float32 copies (2 bytes a weight) and strips at the weight's."""
+    from cpu_kernels import strip_linear
     from moelight.planning import memory_check
     from moelight.runtime import cpu_linear
 
@@ -109,18 +112,28 @@ def test_bf16_matmuls_run_on_float32_copies_where_onednn_packs_no_bf16(cfg, monk
     monkeypatch.setattr(cpu_linear, "packing_supported", lambda dt: dt != torch.bfloat16 and real(dt))
     if not real(torch.float32):
         pytest.skip("no oneDNN packing on this torch build")
-    model = build_model(cfg, torch.bfloat16, None, seed=0)
-    dense = copy.deepcopy(model)
-    packed = list(cpu_linear.packed_linears(model))
-    count = sum(sum(p.numel() for p in lin.parameters()) for *_, lin in packed)
-    pack_model(model, fused_experts=False)
-    assert all(getattr(parent, name).upcast for parent, name, _ in packed)
-    prompts = _prompts(cfg.vocab_size)
-    assert _rel(_logits(model, prompts), _logits(dense, prompts)) < 2e-2
-    assert memory_check.packed_linear_count(cfg) == count
-    plain = memory_check.weight_bytes(cfg, torch.bfloat16)
-    extra = 4 if dispatch.small_linear_available() else 2  # the bf16 weights kept for few-row matmuls
-    assert memory_check.weight_bytes(cfg, torch.bfloat16, on_cpu=True) == plain + extra * count
+    if form == "float32":
+        monkeypatch.setattr(cpu_linear, "strip_linear_available", lambda: False)
+    elif not dispatch.small_linear_available():
+        pytest.skip("no C++ kernels here")
+    if form == "strips" and not strip_linear.strip_linear_available():
+        torch.ops.moelight.set_isa("avx2")  # an AMX / AVX512-BF16 host runs the AVX2 GEMM the strips take
+    try:
+        model = build_model(cfg, torch.bfloat16, None, seed=0)
+        dense = copy.deepcopy(model)
+        packed = list(cpu_linear.packed_linears(model))
+        count = sum(sum(p.numel() for p in lin.parameters()) for *_, lin in packed)
+        pack_model(model, fused_experts=False)
+        assert {getattr(parent, name).form for parent, name, _ in packed} == {form}
+        prompts = _prompts(cfg.vocab_size)
+        assert _rel(_logits(model, prompts), _logits(dense, prompts)) < 2e-2
+        assert sum(n for _, n in memory_check.packed_linear_sizes(cfg)) == count
+        plain = memory_check.weight_bytes(cfg, torch.bfloat16)
+        extra = (2 if form == "float32" else 0) + (2 if dispatch.small_linear_available() else 0)  # + plain copies
+        assert memory_check.weight_bytes(cfg, torch.bfloat16, on_cpu=True) == plain + extra * count
+    finally:
+        if dispatch.small_linear_available():
+            torch.ops.moelight.set_isa("auto")
     assert memory_check.weight_bytes(cfg, torch.float32, on_cpu=True) == memory_check.weight_bytes(cfg, torch.float32)
 
 
@@ -137,7 +150,7 @@ def test_bf16_layers_keep_their_plain_weight_for_one_row_where_onednn_packs_bf16
         pytest.skip("no C++ kernels here")
     real = cpu_linear.packing_supported
     monkeypatch.setattr(cpu_linear, "packing_supported", lambda dt: True)  # the memory check's view of such a host
-    count = memory_check.packed_linear_count(cfg)
+    count = sum(n for _, n in memory_check.packed_linear_sizes(cfg))
     plain = memory_check.weight_bytes(cfg, torch.bfloat16)
     assert memory_check.weight_bytes(cfg, torch.bfloat16, on_cpu=True) == plain + 2 * count
     assert memory_check.weight_bytes(cfg, torch.float32, on_cpu=True) == memory_check.weight_bytes(cfg, torch.float32)

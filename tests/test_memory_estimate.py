@@ -54,11 +54,12 @@ def test_a_host_below_the_qwen3_jobs_peak_refuses_it_before_loading(bf16_packing
 
 def test_the_load_check_counts_packings_transient():
     """Before loading (no batch yet) the check counts the weights and the largest weight packed beside its
-    loaded copy: Qwen3-30B-A3B's LM head, 151,936 x 2,048 in bf16 where oneDNN packs bf16."""
+    loaded copy: Qwen3-30B-A3B's LM head, 151,936 x 2,048, in bf16 where oneDNN packs bf16 or in strips, and as a
+    float32 copy beside its bf16 source where the CPU makes float32 copies (cpu_linear.linear_form)."""
     cfg = _qwen3_int4()
-    assert memory_check.largest_packed_linear(cfg) == cfg.vocab_size * cfg.hidden_size
+    assert max(n for _, n in memory_check.packed_linear_sizes(cfg)) == cfg.vocab_size * cfg.hidden_size
     counted = check_fits(cfg, torch.bfloat16, 0, available=100 * GIB, on_cpu=True, plain_weights=False)
-    per = 6 if cpu_linear.upcast_bf16_linears() else 2  # a float32 copy beside the bf16 weight (no plain copy)
+    per = {"packed": 2, "strips": 2, "float32": 6}[cpu_linear.linear_form(torch.bfloat16, cfg.hidden_size)]
     assert counted["load_transient_bytes"] == max(cfg.vocab_size * cfg.hidden_size * per,
                                                   memory_check.expert_pack_transient_bytes(cfg, torch.bfloat16))
     assert counted["peak_bytes"] == counted["weights_bytes"] + counted["load_transient_bytes"]

@@ -15,7 +15,8 @@ from moelight.loading.weights import build_model
 from moelight.planning import memory_check
 from moelight.runtime import cpu_linear
 
-PLAIN = cpu_linear.extra_linear_bytes(torch.bfloat16) > cpu_linear.extra_linear_bytes(torch.bfloat16, plain=False)
+PLAIN = (cpu_linear.extra_linear_bytes(torch.bfloat16, 1024)
+         > cpu_linear.extra_linear_bytes(torch.bfloat16, 1024, plain=False))
 
 
 def test_small_batches_keep_them():
@@ -29,7 +30,7 @@ def test_the_memory_check_counts_them_only_where_kept():
     cfg = PRESETS["bench-1b"]
     with_plain = memory_check.weight_bytes(cfg, torch.bfloat16, on_cpu=True)
     without = memory_check.weight_bytes(cfg, torch.bfloat16, on_cpu=True, plain_weights=False)
-    assert with_plain - without == 2 * memory_check.packed_linear_count(cfg)
+    assert with_plain - without == 2 * sum(n for _, n in memory_check.packed_linear_sizes(cfg))
 
 
 @pytest.mark.skipif(not PLAIN, reason="this CPU keeps no plain bf16 weights beside packed ones")

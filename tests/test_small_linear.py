@@ -52,7 +52,7 @@ def test_packed_linear_reads_the_bf16_weight_for_few_rows(monkeypatch):
     if not cpu_linear.packing_supported(torch.float32):
         pytest.skip("no oneDNN packing on this torch build")
     lin = nn.Linear(256, 384).to(torch.bfloat16)
-    layer = cpu_linear.PackedLinear(lin, upcast=True)
+    layer = cpu_linear.PackedLinear(lin, form="float32")
     calls = []
     real = dispatch.small_linear
     monkeypatch.setattr(dispatch, "small_linear", lambda *a: calls.append(a[0].shape) or real(*a))

@@ -12,13 +12,7 @@ import torch
 from cpu_kernels.dispatch import packs_expert_by_expert
 from moelight.errors import MoelightError
 from moelight.models.config import ModelConfig
-from moelight.runtime.cpu_linear import (
-    extra_linear_bytes,
-    packed_linears,
-    packing_supported,
-    plain_bf16_rows,
-    upcast_bf16_linears,
-)
+from moelight.runtime.cpu_linear import extra_linear_bytes, load_transient_per_param, packed_linears
 from moelight.runtime.fused_experts import fused_enabled
 
 HEADROOM = 0.9  # leave 10% of available memory for activations, allocator slack and the OS
@@ -42,10 +36,12 @@ def dtype_bytes(dtype: torch.dtype) -> int:
 def weight_bytes(cfg: ModelConfig, dtype: torch.dtype, on_cpu: bool = False, plain_weights: bool = True) -> int:
     """Every weight in `dtype`, routed experts in `cfg.expert_format` where the run holds them quantized (on
     the CPU in bf16 only: float32 / float16 expand them to a dense copy);
-    `on_cpu`: the CPU engine's packed matmuls, float32 copies of bf16 weights where this CPU packs no bf16,
-    and with `plain_weights` the plain bf16 weights beside them that the few-row decode matmuls read
-    (extra_linear_bytes; cpu_linear.keeps_plain_weights says which jobs keep them)."""
-    extra = extra_linear_bytes(dtype, plain_weights) * packed_linear_count(cfg) if on_cpu else 0
+    `on_cpu`: the CPU engine's packed matmuls, float32 copies of bf16 weights where it makes them
+    (cpu_linear.linear_form), and with `plain_weights` the plain bf16 weights beside them that the few-row
+    decode matmuls read (extra_linear_bytes; cpu_linear.keeps_plain_weights says which jobs keep them)."""
+    extra = 0
+    if on_cpu:
+        extra = sum(extra_linear_bytes(dtype, k, plain_weights) * n for k, n in packed_linear_sizes(cfg))
     form = cfg.expert_format
     if form is None or (on_cpu and dtype != torch.bfloat16):  # the CPU engine expands them (pack_model)
         return parameter_count(cfg) * dtype_bytes(dtype) + extra
@@ -58,7 +54,7 @@ def weight_bytes(cfg: ModelConfig, dtype: torch.dtype, on_cpu: bool = False, pla
 
 def cpu_engine_extra_bytes(cfg: ModelConfig, dtype: torch.dtype, on_cpu: bool) -> int:
     """What the CPU engine holds beyond the weights as the HRM counts them (hrm.ModelSpec): float32 copies of
-    bf16 matmuls where this CPU packs no bf16 (upcast_bf16_linears), a dense copy of quantized experts in a
+    bf16 matmuls where it makes them (cpu_linear.linear_form), a dense copy of quantized experts in a
     float32 run. The planner plans with that much less host memory, so its batch is one the check accepts."""
     if not on_cpu:
         return 0
@@ -74,9 +70,10 @@ def _meta_model(cfg: ModelConfig):
 
 
 @functools.lru_cache(maxsize=32)
-def packed_linear_count(cfg: ModelConfig) -> int:
-    """Parameters of the matmuls the CPU engine packs (runtime/cpu_linear.packed_linears)."""
-    return sum(sum(p.numel() for p in lin.parameters()) for _, _, lin in packed_linears(_meta_model(cfg)))
+def packed_linear_sizes(cfg: ModelConfig) -> tuple[tuple[int, int], ...]:
+    """(input width, parameters) of each matmul the CPU engine packs (runtime/cpu_linear.packed_linears)."""
+    return tuple((lin.in_features, sum(p.numel() for p in lin.parameters()))
+                 for _, _, lin in packed_linears(_meta_model(cfg)))
 
 
 @functools.lru_cache(maxsize=32)
@@ -89,18 +86,14 @@ def parameter_count(cfg: ModelConfig) -> int:
 
 def load_transient_bytes(cfg: ModelConfig, dtype: torch.dtype, on_cpu: bool = False, plain_weights: bool = True) -> int:
     """The load's peak above the loaded weights: the CPU engine packs one weight at a time with the old and
-    the new copy alive together (runtime/cpu_linear.pack_model), so its largest packed matmul (Qwen3-30B-A3B's
-    LM head, 0.58 GiB in bf16) or the routed experts' transient (expert_pack_transient_bytes), whichever is
-    larger. An upcast layer packs a float32 copy of its bf16 weight: that copy (4 bytes a parameter) and the bf16
-    weight it came from (2 more, unless it is the plain copy the layer keeps: `plain_weights`) are the transient,
-    the packed float32 weight the loaded model's (tests/test_memory_estimate.py measures both). 0 off the CPU."""
+    the new copy alive together (runtime/cpu_linear.pack_model), so the largest of its packed matmuls' transients
+    (cpu_linear.load_transient_per_param: Qwen3-30B-A3B's LM head, 0.58 GiB in bf16, is the largest) or the
+    routed experts' (expert_pack_transient_bytes), whichever is larger. 0 off the CPU."""
     if not on_cpu:
         return 0
-    if dtype == torch.bfloat16 and upcast_bf16_linears():
-        per_param = 4 if plain_weights and plain_bf16_rows(True) else 6
-    else:
-        per_param = dtype_bytes(dtype) if packing_supported(dtype) else 0
-    return max(largest_packed_linear(cfg) * per_param, expert_pack_transient_bytes(cfg, dtype))
+    linears = max((load_transient_per_param(dtype, k, plain_weights) * n for k, n in packed_linear_sizes(cfg)),
+                  default=0)
+    return max(linears, expert_pack_transient_bytes(cfg, dtype))
 
 
 def expert_pack_transient_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
@@ -136,12 +129,6 @@ def layer_expert_bytes(cfg: ModelConfig, dtype: torch.dtype) -> int:
     if form is None or dtype != torch.bfloat16:
         return e * 3 * h * f * dtype_bytes(dtype)
     return e * (form.matrix_bytes(2 * f, h) + form.matrix_bytes(h, f))
-
-
-@functools.lru_cache(maxsize=32)
-def largest_packed_linear(cfg: ModelConfig) -> int:
-    """Parameters of the largest weight the CPU engine packs (runtime/cpu_linear.packed_linears)."""
-    return max((lin.weight.numel() for _, _, lin in packed_linears(_meta_model(cfg))), default=0)
 
 
 def kv_bytes(cfg: ModelConfig, tokens: int, dtype: torch.dtype, ranks: int = 1) -> int:

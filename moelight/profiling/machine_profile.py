@@ -52,29 +52,28 @@ def _cpu_memory_bytes() -> float:
 
 def measure_gemm_curve(dtype, rows=GEMM_ROWS, pool_bytes: float = 96 * 2**20,
                        repeat: int = 3) -> list[list[float]]:
-    """[[M, FLOP/s], ...] of the engine's CPU GEMM (packed oneDNN weights, float32 copies of bf16 ones
-    where oneDNN packs no bf16; aten if neither), with PackedLinear's few-row path (small_linear on the
-    plain bf16 weight) at the rows it takes it."""
+    """[[M, FLOP/s], ...] of the engine's CPU GEMM as runtime/cpu_linear holds its weights (linear_form: packed
+    oneDNN weights, bf16 strips or float32 copies where oneDNN packs no bf16; aten if neither), with
+    PackedLinear's few-row path (small_linear on the plain bf16 weight) at the rows it takes it."""
     import torch
 
     from cpu_kernels import dispatch
-    from moelight.runtime.cpu_linear import (
-        pack_weight,
-        packed_linear,
-        packing_supported,
-        plain_bf16_rows,
-        upcast_bf16_linears,
-    )
+    from cpu_kernels.strip_linear import pack_linear_strips, strip_linear
+    from moelight.runtime.cpu_linear import linear_form, pack_weight, packed_linear, plain_bf16_rows
 
     elem = torch.empty((), dtype=dtype).element_size()
     n_w = max(2, int(pool_bytes // (_GEMM_K * _GEMM_N * elem)))
     dense = [torch.randn(_GEMM_N, _GEMM_K).to(dtype) for _ in range(n_w)]
-    few = 0
-    if packing_supported(dtype):
+    form = linear_form(dtype, _GEMM_K)
+    few = plain_bf16_rows(form) if dtype == torch.bfloat16 else 0
+    if form == "packed":
         weights, mm = [pack_weight(w) for w in dense], packed_linear
-        few = plain_bf16_rows(False) if dtype == torch.bfloat16 else 0
-    elif dtype == torch.bfloat16 and upcast_bf16_linears():  # the engine's float32 copies (cpu_linear)
-        few = plain_bf16_rows(True)
+    elif form == "strips":
+        weights = [pack_linear_strips(w) for w in dense]
+
+        def mm(x, w):
+            return strip_linear(x, w, None, _GEMM_N)
+    elif form == "float32":
         weights = [pack_weight(w.float()) for w in dense]
 
         def mm(x, w):
