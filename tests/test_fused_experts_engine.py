@@ -127,7 +127,7 @@ def test_bf16_matmuls_where_onednn_packs_no_bf16(cfg, form, monkeypatch):
         assert {getattr(parent, name).form for parent, name, _ in packed} == {form}
         prompts = _prompts(cfg.vocab_size)
         assert _rel(_logits(model, prompts), _logits(dense, prompts)) < 2e-2
-        assert sum(n for _, n in memory_check.packed_linear_sizes(cfg)) == count
+        assert sum(n for _, n, _ in memory_check.packed_linear_sizes(cfg)) == count
         plain = memory_check.weight_bytes(cfg, torch.bfloat16)
         extra = (2 if form == "float32" else 0) + (2 if dispatch.small_linear_available() else 0)  # + plain copies
         assert memory_check.weight_bytes(cfg, torch.bfloat16, on_cpu=True) == plain + extra * count
@@ -150,7 +150,7 @@ def test_bf16_layers_keep_their_plain_weight_for_one_row_where_onednn_packs_bf16
         pytest.skip("no C++ kernels here")
     real = cpu_linear.packing_supported
     monkeypatch.setattr(cpu_linear, "packing_supported", lambda dt: True)  # the memory check's view of such a host
-    count = sum(n for _, n in memory_check.packed_linear_sizes(cfg))
+    count = sum(n for _, n, _ in memory_check.packed_linear_sizes(cfg))
     plain = memory_check.weight_bytes(cfg, torch.bfloat16)
     assert memory_check.weight_bytes(cfg, torch.bfloat16, on_cpu=True) == plain + 2 * count
     assert memory_check.weight_bytes(cfg, torch.float32, on_cpu=True) == memory_check.weight_bytes(cfg, torch.float32)

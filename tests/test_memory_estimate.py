@@ -57,7 +57,7 @@ def test_the_load_check_counts_packings_transient():
     loaded copy: Qwen3-30B-A3B's LM head, 151,936 x 2,048, in bf16 where oneDNN packs bf16 or in strips, and as a
     float32 copy beside its bf16 source where the CPU makes float32 copies (cpu_linear.linear_form)."""
     cfg = _qwen3_int4()
-    assert max(n for _, n in memory_check.packed_linear_sizes(cfg)) == cfg.vocab_size * cfg.hidden_size
+    assert max(n for *_, n in memory_check.packed_linear_sizes(cfg)) == cfg.vocab_size * cfg.hidden_size
     counted = check_fits(cfg, torch.bfloat16, 0, available=100 * GIB, on_cpu=True, plain_weights=False)
     per = {"packed": 2, "strips": 2, "float32": 6}[cpu_linear.linear_form(torch.bfloat16, cfg.hidden_size)]
     assert counted["load_transient_bytes"] == max(cfg.vocab_size * cfg.hidden_size * per,

@@ -30,7 +30,7 @@ def test_the_memory_check_counts_them_only_where_kept():
     cfg = PRESETS["bench-1b"]
     with_plain = memory_check.weight_bytes(cfg, torch.bfloat16, on_cpu=True)
     without = memory_check.weight_bytes(cfg, torch.bfloat16, on_cpu=True, plain_weights=False)
-    assert with_plain - without == 2 * sum(n for _, n in memory_check.packed_linear_sizes(cfg))
+    assert with_plain - without == 2 * sum(n for _, n, _ in memory_check.packed_linear_sizes(cfg))
 
 
 @pytest.mark.skipif(not PLAIN, reason="this CPU keeps no plain bf16 weights beside packed ones")

@@ -111,18 +111,6 @@ inline void gemm_rows(const uint16_t* a, int64_t lda, const uint16_t* b, int64_t
     for (int q = 0; q < 4; ++q) _mm256_storeu_ps(c + r * ldc + 8 * q, acc[r][q]);
 }
 
-// Pair rows [p0, p0 + n) of a bf16 strip widened to float32, per column block q the 8 even-k values
-// then the 8 odd-k ones (64 floats a pair row): fgemm_rows' weights, read from L1.
-inline void widen_pairs(const uint16_t* b, int64_t p0, int64_t n, float* wf) {
-  for (int64_t p = 0; p < n; ++p)
-    for (int q = 0; q < 4; ++q) {
-      __m256 we, wo;
-      VecAvx2::load_bf16_pair(b + (p0 + p) * 64 + 16 * q, we, wo);
-      _mm256_store_ps(wf + p * 64 + 16 * q, we);
-      _mm256_store_ps(wf + p * 64 + 16 * q + 8, wo);
-    }
-}
-
 // gemm_rows over pair rows [p0, p0 + n) on widened weights, R rows at once (3: 12 accumulators, each a
 // chain of two FMAs a pair row, 24 FMAs to hide their latency), c's partial sums carried between
 // calls (`first`: from zero): the same sums in the same order as gemm_rows.
@@ -171,7 +159,7 @@ void gemm(const uint16_t* a, int64_t lda, int64_t m, const uint16_t* b, int64_t 
     if (r < m) gemm_rows<1>(a + r * lda, lda, b, k, c + r * ldc, ldc);  // an odd row (decode: often the only one)
     return;
   }
-  wide_gemm(a, lda, m, k, c, ldc, [&](int64_t p0, int64_t n, float* wf) { widen_pairs(b, p0, n, wf); });
+  wide_gemm(a, lda, m, k, c, ldc, [&](int64_t p0, int64_t n, float* wf) { widen_pair_rows(b, p0, n, wf); });
 }
 
 // --- gemm on quantized strips, dequantised in registers -----------------------------------------
@@ -245,7 +233,7 @@ void qgemm_rows(const uint16_t* a, int64_t lda, const Strip& st, float* c, int64
 }
 
 // Pair rows [p0, p0 + n) of a quantized strip dequantised as qgemm_rows does (the bf16 values dequant
-// stores) into widen_pairs' float32 layout: no bf16 scratch to write and widen again.
+// stores) into widen_pair_rows' float32 layout: no bf16 scratch to write and widen again.
 template <WFormat F>
 void dequant_pairs(const Strip& st, int64_t p0, int64_t n, float* wf) {
   constexpr int64_t kRowBytes = F == WFormat::U4 || F == WFormat::FP4 ? 32 : 64;

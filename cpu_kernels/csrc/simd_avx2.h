@@ -135,4 +135,17 @@ struct VecAvx2 {
   }
 };
 
+// Pair rows [p0, p0 + n) of a bf16 strip (experts.h's pair layout, 64 values a row) widened to float32: per
+// block q of 8 columns the 8 even-k values, then the 8 odd-k ones (64 floats a pair row, 32-byte aligned `wf`).
+// The k-blocks that the AVX2 expert GEMM and strip_linear's GEMM multiply from L1.
+inline void widen_pair_rows(const uint16_t* b, int64_t p0, int64_t n, float* wf) {
+  for (int64_t p = 0; p < n; ++p)
+    for (int q = 0; q < 4; ++q) {
+      __m256 we, wo;
+      VecAvx2::load_bf16_pair(b + (p0 + p) * 64 + 16 * q, we, wo);
+      _mm256_store_ps(wf + p * 64 + 16 * q, we);
+      _mm256_store_ps(wf + p * 64 + 16 * q + 8, wo);
+    }
+}
+
 }  // namespace

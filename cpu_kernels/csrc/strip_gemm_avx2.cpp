@@ -21,17 +21,6 @@ namespace {
 
 constexpr int64_t kPairs = 64;  // pair rows widened at once: 64 x 64 floats
 
-// Pair rows [p0, p0 + n) widened, per 8 columns the 8 even-k values then the 8 odd-k ones (64 floats a row).
-inline void widen(const uint16_t* b, int64_t p0, int64_t n, float* wf) {
-  for (int64_t p = 0; p < n; ++p)
-    for (int q = 0; q < 4; ++q) {
-      __m256 we, wo;
-      VecAvx2::load_bf16_pair(b + (p0 + p) * 64 + 16 * q, we, wo);
-      _mm256_store_ps(wf + p * 64 + 16 * q, we);
-      _mm256_store_ps(wf + p * 64 + 16 * q + 8, wo);
-    }
-}
-
 // c[r][16h, 16h + 16) for R rows of a (stride lda) over pair rows [p0, p0 + n) of wf; `first`: from zero.
 template <int R>
 inline void rows_half(const float* a, int64_t lda, const float* wf, int64_t p0, int64_t n, int h, bool first,
@@ -70,7 +59,7 @@ void strip_gemm_avx2(const float* a, int64_t lda, int64_t m, const uint16_t* str
   alignas(32) float wf[kPairs * 64];
   for (int64_t p0 = 0; p0 < k / 2; p0 += kPairs) {
     const int64_t n = std::min(kPairs, k / 2 - p0);
-    widen(strip, p0, n, wf);
+    widen_pair_rows(strip, p0, n, wf);
     const bool first = p0 == 0;
     for (int h = 0; h < 2; ++h) {
       int64_t r = 0;

@@ -41,7 +41,7 @@ def weight_bytes(cfg: ModelConfig, dtype: torch.dtype, on_cpu: bool = False, pla
     decode matmuls read (extra_linear_bytes; cpu_linear.keeps_plain_weights says which jobs keep them)."""
     extra = 0
     if on_cpu:
-        extra = sum(extra_linear_bytes(dtype, k, plain_weights) * n for k, n in packed_linear_sizes(cfg))
+        extra = sum(extra_linear_bytes(dtype, k, plain_weights) * n for k, n, _ in packed_linear_sizes(cfg))
     form = cfg.expert_format
     if form is None or (on_cpu and dtype != torch.bfloat16):  # the CPU engine expands them (pack_model)
         return parameter_count(cfg) * dtype_bytes(dtype) + extra
@@ -70,10 +70,14 @@ def _meta_model(cfg: ModelConfig):
 
 
 @functools.lru_cache(maxsize=32)
-def packed_linear_sizes(cfg: ModelConfig) -> tuple[tuple[int, int], ...]:
-    """(input width, parameters) of each matmul the CPU engine packs (runtime/cpu_linear.packed_linears)."""
-    return tuple((lin.in_features, sum(p.numel() for p in lin.parameters()))
-                 for _, _, lin in packed_linears(_meta_model(cfg)))
+def packed_linear_sizes(cfg: ModelConfig) -> tuple[tuple[int, int, int], ...]:
+    """(input width, parameters, the largest matmul's parameters) of the matmuls the CPU engine packs
+    (runtime/cpu_linear.packed_linears), per input width: how they are held depends on it (linear_form), and
+    asking per matmul cost DeepSeek-V3's 428 of them ~1 s per check."""
+    widths: dict[int, list[int]] = {}
+    for _, _, lin in packed_linears(_meta_model(cfg)):
+        widths.setdefault(lin.in_features, []).append(sum(p.numel() for p in lin.parameters()))
+    return tuple((k, sum(ns), max(ns)) for k, ns in sorted(widths.items()))
 
 
 @functools.lru_cache(maxsize=32)
@@ -91,8 +95,8 @@ def load_transient_bytes(cfg: ModelConfig, dtype: torch.dtype, on_cpu: bool = Fa
     routed experts' (expert_pack_transient_bytes), whichever is larger. 0 off the CPU."""
     if not on_cpu:
         return 0
-    linears = max((load_transient_per_param(dtype, k, plain_weights) * n for k, n in packed_linear_sizes(cfg)),
-                  default=0)
+    linears = max((load_transient_per_param(dtype, k, plain_weights) * largest
+                   for k, _, largest in packed_linear_sizes(cfg)), default=0)
     return max(linears, expert_pack_transient_bytes(cfg, dtype))
 
 

@@ -9,6 +9,8 @@ model's dense weights layer by layer, so peak memory grows by one layer at most.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -23,8 +25,10 @@ from moelight.runtime.host_memory import huge_copy, release_free_heap
 _PACK_HINT = 64  # expected rows per matmul; oneDNN picks the blocking from it
 
 
+@functools.cache
 def packing_supported(dtype: torch.dtype) -> bool:
-    """float32 and bfloat16 on an x86 build of torch with oneDNN (float16 stays dense)."""
+    """float32 and bfloat16 on an x86 build of torch with oneDNN (float16 stays dense). Asked once per dtype: the
+    memory check asks per input width of a model's matmuls, and each probe packs and multiplies a weight."""
     if dtype not in (torch.float32, torch.bfloat16) or not torch.backends.mkldnn.is_available():
         return False
     try:
@@ -55,7 +59,7 @@ def upcast_bf16_linears() -> bool:
 def linear_form(dtype: torch.dtype, in_features: int) -> str:
     """How the CPU engine holds a packed matmul's weight: 'packed' (oneDNN's layout, in `dtype`); where oneDNN
     packs no bf16 (upcast_bf16_linears) 'strips' (the bf16 weight in the expert kernel's strips, strip_linear:
-    half a float32 copy's bytes, 1.0-2.9x its speed up to 64 rows and 0.86-1.03x at 256, BENCHMARKS §16) where
+    half a float32 copy's bytes, 1.04-3.3x its speed up to 64 rows and 0.92-1.17x at 256, BENCHMARKS §16) where
     the kernels run it and the input width is whole strips, else 'float32' (oneDNN on a float32 copy); 'dense'
     where oneDNN packs neither (float16; nn.Linear as it is)."""
     if packing_supported(dtype):
@@ -68,7 +72,7 @@ def linear_form(dtype: torch.dtype, in_features: int) -> str:
 def plain_bf16_rows(form: str) -> int:
     """Rows up to which a packed bf16 linear of `form` (linear_form) runs small_linear on a plain copy of its bf16
     weight (0: it keeps none). On a CPU whose oneDNN packs no bf16, up to 4: at 4 rows small_linear runs
-    1.05-1.2x the strips' speed, and a float32 copy moves twice the bytes. Where oneDNN packs bf16, one row: a
+    1.15-1.4x the strips' speed, and a float32 copy moves twice the bytes. Where oneDNN packs bf16, one row: a
     decode row reads the plain weight 1.4-1.6x as fast as oneDNN's packed one at one row, and slower at four
     (BENCHMARKS §18)."""
     if not dispatch.small_linear_available() or form == "dense":
