@@ -24,9 +24,10 @@ def strip_linear_available() -> bool:
     return dispatch._cpp_available() and torch.ops.moelight.kernel_isa() in _STRIP_ISAS
 
 
-def strips_fit(weight: torch.Tensor) -> bool:
-    """A bf16 weight [N, K] strip_linear can take: K whole strips' depth (the rows are read K wide, unpadded)."""
-    return weight.dim() == 2 and weight.dtype == torch.bfloat16 and weight.shape[1] % STRIP == 0
+def strips_fit(in_features: int) -> bool:
+    """A weight of this input width strip_linear can take: whole strips' depth (the rows are read K wide,
+    unpadded)."""
+    return in_features % STRIP == 0
 
 
 def pack_linear_strips(weight: torch.Tensor, alloc: Alloc = torch_alloc) -> torch.Tensor:

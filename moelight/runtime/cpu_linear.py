@@ -15,8 +15,8 @@ import torch
 from torch import nn
 
 from cpu_kernels import dispatch
-from cpu_kernels.expert_pack import STRIP, torch_alloc
-from cpu_kernels.strip_linear import pack_linear_strips, strip_linear, strip_linear_available
+from cpu_kernels.expert_pack import torch_alloc
+from cpu_kernels.strip_linear import pack_linear_strips, strip_linear, strip_linear_available, strips_fit
 from moelight.models.causal_lm import MoECausalLM
 from moelight.runtime.fused_experts import expert_alloc, fused_enabled, pack_moe
 from moelight.runtime.fused_qkv import fuse_qkv
@@ -66,7 +66,7 @@ def linear_form(dtype: torch.dtype, in_features: int) -> str:
         return "packed"
     if dtype != torch.bfloat16 or not upcast_bf16_linears():
         return "dense"
-    return "strips" if in_features % STRIP == 0 and strip_linear_available() else "float32"
+    return "strips" if strips_fit(in_features) and strip_linear_available() else "float32"
 
 
 def plain_bf16_rows(form: str) -> int:
