@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <cstring>
 
+#include "code_prefetch.h"
 #include "expert_iq4_tiles_avx2.h"
 #include "experts.h"
 
@@ -68,8 +69,9 @@ inline void u4_block(const moelight::QuantRows& a, const uint8_t* codes, int64_t
   }
 }
 
+// R rows of c = a x the strip (`ahead`: prefetching it, on the first pass over it).
 template <WFormat F, int R>
-void iqgemm_rows(const moelight::QuantRows& a, const Strip& st, float* c, int64_t ldc) {
+void iqgemm_rows(const moelight::QuantRows& a, const Strip& st, float* c, int64_t ldc, bool ahead) {
   __m256 acc[R][4];  // the sum over finished groups
   for (int r = 0; r < R; ++r)
     for (auto& x : acc[r]) x = _mm256_setzero_ps();
@@ -81,10 +83,12 @@ void iqgemm_rows(const moelight::QuantRows& a, const Strip& st, float* c, int64_
       asum[r] = 0.0f;
       for (auto& x : gacc[r]) x = _mm256_setzero_ps();
     }
+    if (ahead) prefetch_group_scales(st, g);
     for (int64_t blk = g * blocks_per_group; blk < (g + 1) * blocks_per_group; ++blk) {
       __m256i iacc[R][4];
       for (int r = 0; r < R; ++r)
         for (auto& x : iacc[r]) x = _mm256_setzero_si256();
+      if (ahead) prefetch_block_codes<F>(st.codes, blk);
       if constexpr (F == WFormat::I8) i8_block<R>(a, st.codes, blk, iacc);
       else u4_block<R>(a, st.codes, blk, iacc);
       for (int r = 0; r < R; ++r) {
@@ -111,8 +115,8 @@ void iqgemm_format(const moelight::QuantRows& a, int64_t m, const Strip& st, flo
     return moelight::QuantRows{a.q + r0 * a.k, a.scale + r0 * (a.k / 32), a.sum + r0 * (a.k / 32), a.k};
   };
   int64_t r = 0;
-  for (; r + 2 <= m; r += 2) iqgemm_rows<F, 2>(rows(r), st, c + r * ldc, ldc);
-  if (r < m) iqgemm_rows<F, 1>(rows(r), st, c + r * ldc, ldc);
+  for (; r + 2 <= m; r += 2) iqgemm_rows<F, 2>(rows(r), st, c + r * ldc, ldc, r == 0);
+  if (r < m) iqgemm_rows<F, 1>(rows(r), st, c + r * ldc, ldc, r == 0);
 }
 
 // Rows per expert from which uint4 strips are unpacked once per k-block for all rows (iq4_many_rows).

@@ -14,6 +14,8 @@
 #pragma GCC target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")
 #include <immintrin.h>
 
+#include "code_prefetch.h"
+
 namespace {
 
 using moelight::QuantRows;
@@ -100,23 +102,6 @@ inline void u4_block(const QuantRows& a, const uint8_t* codes, int64_t blk, __m5
   }
 }
 
-// Prefetch of the codes kAhead bytes past block blk's, into L2 (prefetcht2): at a token or two per
-// expert the strip is read once, front to back, faster than the hardware prefetcher brings it (it
-// stops at every 4 KB page); none at all is slower. 3 KB ahead: with the by-expert schedule (a thread
-// streams whole experts) it timed 1.10-1.13x faster than 6 KB for int4 at 1 and 8 rows (AMX host,
-// cold experts, distances alternated in one process; 1-2 KB close to 3, 4 KB and 6 KB slower). Into
-// L2 rather than L1 (T0): 0.94-0.96x the time for int4 at 1 and 8 rows, 0.98x for int8 (the same
-// A/B; 2.5-4 KB as good for int4, 1 KB worse). Likely why (not measured with counters): a T0
-// prefetch holds one of the core's few L1 fill buffers until its line arrives from DRAM.
-// Past the strip's end they are the next strip's in gate/up, where a thread takes runs of an
-// expert's strips.
-template <WFormat F>
-inline void prefetch_block(const uint8_t* codes, int64_t blk) {
-  constexpr int64_t kAhead = 3072, kBytes = F == WFormat::I8 ? 1024 : 512;  // a block's codes
-  const char* p = reinterpret_cast<const char*>(codes + blk * kBytes + kAhead);
-  for (int64_t o = 0; o < kBytes; o += 64) _mm_prefetch(p + o, _MM_HINT_T2);
-}
-
 // R rows of c = a x the strip (`ahead`: prefetching it, on the first pass over it). Per block: the
 // int32 sums scaled by the block's activation scale into the group's float32 sums; per group: times
 // the weight scales, plus bias x the activations' sum.
@@ -136,19 +121,12 @@ void iqgemm_rows(const QuantRows& a, const Strip& st, float* c, int64_t ldc, boo
       asum[r] = 0.0f;
       gacc[r][0] = gacc[r][1] = _mm512_setzero_ps();
     }
-    if (ahead) {  // the scales (and bias) two groups on: past the strip's, the next strip's
-      _mm_prefetch(reinterpret_cast<const char*>(st.scales + (g + 2) * 32), _MM_HINT_T0);
-      _mm_prefetch(reinterpret_cast<const char*>(st.scales + (g + 2) * 32 + 16), _MM_HINT_T0);
-      if (st.bias) {
-        _mm_prefetch(reinterpret_cast<const char*>(st.bias + (g + 2) * 32), _MM_HINT_T0);
-        _mm_prefetch(reinterpret_cast<const char*>(st.bias + (g + 2) * 32 + 16), _MM_HINT_T0);
-      }
-    }
+    if (ahead) prefetch_group_scales(st, g);
     for (int64_t blk = g * blocks_per_group; blk < (g + 1) * blocks_per_group; ++blk) {
       __m512i iacc[R][2];
 #pragma GCC unroll 8
       for (int r = 0; r < R; ++r) iacc[r][0] = iacc[r][1] = _mm512_setzero_si512();
-      if (ahead) prefetch_block<F>(st.codes, blk);
+      if (ahead) prefetch_block_codes<F>(st.codes, blk);
       if constexpr (F == WFormat::I8) i8_block<R>(a, st.codes, blk, iacc);
       else u4_block<R>(a, st.codes, blk, iacc);
 #pragma GCC unroll 8
