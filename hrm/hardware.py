@@ -48,6 +48,9 @@ class Level:
     flops: dict[str, float] = field(default_factory=dict)  # dtype -> peak FLOP/s
     # dtype -> [[M, FLOP/s], ...] measured for the engine's GEMM kernel, M ascending
     gemm_flops: dict[str, list[list[float]]] = field(default_factory=dict)
+    # the form the engine held bf16 matmul weights in when that curve was measured (a CPU level:
+    # runtime/cpu_linear's linear_form, 'packed' | 'strips' | 'float32' | 'dense'); '' where not recorded
+    gemm_form: str = ""
     attention_bandwidth: float = 0.0  # bytes/s the decode attention kernel reads KV at (0: bandwidth)
     attention_flops: dict[str, float] = field(default_factory=dict)  # prefill attention kernel FLOP/s
     layer_overhead_s: float = 0.0  # fixed cost of one layer pass of one micro-batch

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from hrm import HardwareSpec, Level
+from moelight.profiling.machine_profile import bf16_gemm_form
 
 MEASURED_AT = "2026-11-30T00:00:00+00:00"
 
@@ -15,7 +16,7 @@ def measured_cpu(**kw) -> Level:
     """A measured CPU level (it has a GEMM curve) with every rate the HRM uses; `kw` overrides fields."""
     base = dict(name="c", memory_bytes=1e10, bandwidth=1e10, flops={"bfloat16": 1e11},
                 gemm_flops={"bfloat16": [[1, 1e9]]}, elementwise_bandwidth=2e10, sequence_step_s=4e-5,
-                logits_bandwidth=1e10, kv_first_touch_bandwidth=2e9)
+                logits_bandwidth=1e10, kv_first_touch_bandwidth=2e9, gemm_form=bf16_gemm_form())
     return Level(**(base | kw))
 
 

@@ -114,7 +114,9 @@ def _profile_is_stale(path) -> bool:
     (written before prefill paid a fresh pool's page faults, and before a job's report could print the
     profile's age), or a measured GPU without its
     expert-GEMM rate (written before the HRM used achieved GPU rates: plans 2-3x optimistic) or
-    without the runtime's cost per layer pass (small models on fast GPUs: ~10x optimistic)."""
+    without the runtime's cost per layer pass (small models on fast GPUs: ~10x optimistic), or a CPU
+    GEMM curve measured on another form of the bf16 matmul weights than this engine holds them in
+    (_gemm_form_changed)."""
     import json
 
     try:
@@ -127,8 +129,21 @@ def _profile_is_stale(path) -> bool:
     measured_cpu = bool(cpu.get("gemm_flops"))
     return (measured_cpu and (not cpu.get("elementwise_bandwidth") or not cpu.get("sequence_step_s")
                               or not cpu.get("logits_bandwidth") or not cpu.get("kv_first_touch_bandwidth")
-                              or not d.get("measured_at"))) or (
+                              or not d.get("measured_at") or _gemm_form_changed(cpu))) or (
         bool(gpu) and (not gpu.get("gemm_bandwidth") or not gpu.get("runtime_layer_s")))
+
+
+def _gemm_form_changed(cpu: dict) -> bool:
+    """The CPU's bf16 GEMM curve was measured on another form of the weights than the engine here holds
+    them in (runtime/cpu_linear's linear_form): a profile copied from another host, or one written before
+    the form was recorded on a host that now runs the bf16 strips (those measured float32 copies, 1.0-3.3x
+    slower at 1-64 rows, so their few-row plans were pessimistic). Unrecorded forms elsewhere were the
+    same as today's."""
+    from moelight.profiling.machine_profile import bf16_gemm_form
+
+    current = bf16_gemm_form()
+    recorded = cpu.get("gemm_form")
+    return current == "strips" if recorded is None else recorded != current
 
 
 def resolve_device(name: str) -> str:

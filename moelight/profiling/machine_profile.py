@@ -50,6 +50,15 @@ def _cpu_memory_bytes() -> float:
         return 16.0 * 2**30
 
 
+def bf16_gemm_form() -> str:
+    """The form the engine holds bf16 matmul weights in on this host (what the bf16 GEMM curve measures)."""
+    import torch
+
+    from moelight.runtime.cpu_linear import linear_form
+
+    return linear_form(torch.bfloat16, _GEMM_K)
+
+
 def measure_gemm_curve(dtype, rows=GEMM_ROWS, pool_bytes: float = 96 * 2**20,
                        repeat: int = 3) -> list[list[float]]:
     """[[M, FLOP/s], ...] of the engine's CPU GEMM as runtime/cpu_linear holds its weights (linear_form: packed
@@ -231,7 +240,7 @@ def measure_cpu(quick: bool = False) -> Level:
     per_sequence = measure_sequence_step(quick)
     experts = measure_expert_curve(quick)
     level = Level(f"cpu-{os.cpu_count()}c-{platform.machine()}", _cpu_memory_bytes(), bw, flops,
-                  gemm_flops=curves, attention_bandwidth=att_bw, attention_flops=att_flops,
+                  gemm_flops=curves, gemm_form=bf16_gemm_form(), attention_bandwidth=att_bw, attention_flops=att_flops,
                   step_overhead_s=step_oh, sequence_step_s=per_sequence, expert_gemm_flops=experts,
                   logits_bandwidth=measure_logits_passes(quick),
                   kv_first_touch_bandwidth=measure_kv_first_touch(quick))
