@@ -50,7 +50,9 @@ def run_moelight(out_dir: Path, batch: int, gen: int, quantize: str | None, mode
         cmd += ["--tokenizer", "byte"]
     if quantize:
         cmd += ["--quantize", quantize]
-    subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=ROOT)
+    done = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    if done.returncode:
+        sys.exit(f"{' '.join(cmd)} failed ({done.returncode}):\n{done.stderr[-4000:]}")
     rep = json.loads(out.with_name(out.name + ".report.json").read_text())
     return {"decode": rep["decode_tokens_per_s"], "e2e": rep["end_to_end_tokens_per_s"],
             "peak_gib": rep["peak_memory_bytes"] / 2**30, "tpot_p50": rep["tpot_ms"].get("p50", 0.0)}
