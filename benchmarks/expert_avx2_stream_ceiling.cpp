@@ -9,6 +9,13 @@
 //   g++ -O3 -fopenmp -fno-math-errno -Icpu_kernels/csrc -Ibenchmarks benchmarks/expert_avx2_stream_ceiling.cpp
 //       cpu_kernels/csrc/expert_isa_avx2.cpp -o /tmp/avx2_ceiling   (one line)
 //   flock /tmp/cpu.lock /tmp/avx2_ceiling 3 9 3     # format, passes, layers (int4: ~0.7 GB a layer)
+//
+// A/B against another commit's unit, alternated pass by pass in one process (the host's speed drifts
+// between minutes): build that unit under another name and link both, with -DAB:
+//   git worktree add /tmp/base COMMIT && g++ -O3 -fopenmp -fno-math-errno -c -Davx2_expert_isa=avx2_expert_isa_base
+//       -I/tmp/base/cpu_kernels/csrc /tmp/base/cpu_kernels/csrc/expert_isa_avx2.cpp -o /tmp/base.o
+//   g++ ... -DAB benchmarks/expert_avx2_stream_ceiling.cpp cpu_kernels/csrc/expert_isa_avx2.cpp /tmp/base.o
+// It prints the per-pair ratio (this tree's GB/s over the base's) beside the figures of both together.
 #include <omp.h>
 
 #include <algorithm>
@@ -19,12 +26,22 @@
 #include "driver_buffers.h"
 #include "experts.h"
 using namespace moelight;
+#ifdef AB
+namespace moelight {
+const ExpertIsa* avx2_expert_isa_base();
+}
+#endif
 
 int main(int argc, char** argv) {
   if (argc < 4) return fprintf(stderr, "usage: %s FORMAT(0|1|3) PASSES LAYERS\n", argv[0]), 2;
   const int fmt = atoi(argv[1]), passes = atoi(argv[2]), L = atoi(argv[3]);
-  const ExpertIsa* isa = avx2_expert_isa();
-  if (!isa) return fprintf(stderr, "no AVX2 unit in this build\n"), 1;
+#ifdef AB
+  const ExpertIsa* isas[2] = {avx2_expert_isa_base(), avx2_expert_isa()};  // even passes: the base
+#else
+  const ExpertIsa* isas[2] = {avx2_expert_isa(), avx2_expert_isa()};
+#endif
+  if (!isas[0] || !isas[1]) return fprintf(stderr, "no AVX2 unit in this build\n"), 1;
+  const ExpertIsa* isa = isas[0];
   const int64_t E = 8, H = 4096, F = 14336, s13n = 2 * F / 32, s2n = H / 32;
   const bool q = fmt != 0, zero = fmt == 3;
   const int64_t g13 = fmt == 3 ? 128 : H, g2 = fmt == 3 ? 128 : F;  // k per scale group
@@ -52,8 +69,9 @@ int main(int argc, char** argv) {
     if (q) isa->iqgemm(a, 1, st, c, 32);
     else isa->gemm(a16.data(), st.k, 1, reinterpret_cast<const uint16_t*>(st.codes), st.k, c, 32);
   };
-  std::vector<double> ks, rs, shares;
+  std::vector<double> ks, rs, shares, by_unit[2];
   for (int pass = 0; pass < passes; ++pass) {
+    isa = isas[pass % 2];
     const double flush_s = flush_read(flush, fb);
     const double t1 = now();
     for (int l = 0; l < L; ++l) {
@@ -71,7 +89,15 @@ int main(int argc, char** argv) {
     rs.push_back(fb / flush_s / 1e9);
     ks.push_back(bytes / (t2 - t1) / 1e9);
     shares.push_back(ks.back() / rs.back());
+    by_unit[pass % 2].push_back(ks.back());
   }
+#ifdef AB
+  std::vector<double> ratio;
+  for (size_t i = 0; i < by_unit[1].size(); ++i) ratio.push_back(by_unit[1][i] / by_unit[0][i]);
+  std::sort(ratio.begin(), ratio.end());
+  printf("this tree / base, per pair of passes: %.2f / %.2f / %.2f (min / median / max of %zu)\n", ratio[0],
+         ratio[ratio.size() / 2], ratio.back(), ratio.size());
+#endif
   for (auto* v : {&ks, &rs, &shares}) std::sort(v->begin(), v->end());
   const int mid = passes / 2;
   printf("format %d: kernel %.1f / %.1f / %.1f GB/s (min / median / max), read %.1f GB/s, kernel/read %.2f / %.2f / %.2f\n",
