@@ -49,3 +49,12 @@ def test_a_profile_measured_on_another_form_is_retaken(monkeypatch, tmp_path, he
     path = _cached(tmp_path, recorded)
     monkeypatch.setattr(machine_profile, "bf16_gemm_form", lambda: here)
     assert _profile_is_stale(path) is stale
+
+
+def test_moelight_profile_names_the_form_its_bf16_curve_measured():
+    from moelight.cli.profile_cmd import _describe
+    from tests.current_profile import current_profile, measured_cpu
+
+    cpu = measured_cpu(gemm_flops={"bfloat16": [[1, 1e9]], "float32": [[1, 1e9]]}, gemm_form="strips")
+    text = _describe(current_profile(cpu))
+    assert "GEMM bfloat16 (strips, GFLOP/s" in text and "GEMM float32 (packed, GFLOP/s" in text

@@ -15,7 +15,8 @@ def _describe(hw) -> str:
     lines = [f"CPU  {c.name}: {c.memory_bytes / g:.1f} GiB, read {c.bandwidth / 1e9:.1f} GB/s, "
              + ", ".join(f"{k} {v / 1e12:.2f} TFLOP/s" for k, v in hw.cpu.flops.items())]
     for dt, curve in c.gemm_flops.items():
-        lines.append(f"     GEMM {dt} (packed, GFLOP/s by rows M): "
+        form = c.gemm_form if dt == "bfloat16" and c.gemm_form else "packed"  # the weights' form it measured
+        lines.append(f"     GEMM {dt} ({form}, GFLOP/s by rows M): "
                      + ", ".join(f"{m:g}: {f / 1e9:.0f}" for m, f in curve))
     for dt, curve in c.expert_gemm_flops.items():
         lines.append(f"     routed experts {dt} (fused kernel, GFLOP/s by rows per expert): "
