@@ -10,8 +10,9 @@
 // rather than L1 (T0) 0.94-0.96x the time (int4), 0.98x (int8). Likely why (not measured with
 // counters): a T0 prefetch holds one of the core's few L1 fill buffers until its line arrives from
 // DRAM. On the AVX2 host (Zen 3) 2-6 KB ahead, T2 or T0, lift the AVX2 kernel from 0.93-0.96x to
-// 1.05-1.15x the same pass's plain read for Mixtral-shaped int4 experts at one row
-// (benchmarks/expert_avx2_stream_ceiling.cpp). Past the strip's end they are the next strip's in
+// 1.01-1.16x the same pass's plain read for Mixtral-shaped int4 experts at one row (medians of 9 passes,
+// benchmarks/expert_avx2_stream_ceiling.cpp; 1.08-1.11x as fast as without, alternated in one process:
+// benchmarks/results/expert_avx2_t1_prefetch.md). Past the strip's end they are the next strip's in
 // gate/up, where a thread takes runs of an expert's strips.
 #pragma once
 #include <immintrin.h>
