@@ -19,6 +19,9 @@ RATE_FLOOR = 1e6
 DTYPE_KEYS = tuple(DTYPE_BYTES)
 # expert_gemm_flops also takes the quantized expert formats whose kernel `moelight profile` measures
 EXPERT_KEYS = (*DTYPE_KEYS, "uint4", "fp8", "mxfp4")
+# the forms a CPU level's bf16 GEMM curve may have been measured on (moelight's runtime/cpu_linear.linear_form);
+# '' where a profile did not record it
+GEMM_FORMS = ("", "packed", "strips", "float32", "dense")
 REQUIRED = {"cpu": ("name", "memory_bytes", "bandwidth"), "gpu": ("name", "memory_bytes", "bandwidth"),
             "link": ("h2d", "d2h")}
 
@@ -95,6 +98,9 @@ def check_level(bad: list[str], name: str, lvl) -> None:
         for dtype, v in lvl.flops.items():
             number(bad, f"{name}.flops.{dtype}", v, zero_ok=False, rate=True)
     check_curves(f"{name}.gemm_flops", lvl.gemm_flops, bad)
+    if lvl.gemm_form not in GEMM_FORMS:
+        bad.append(f"{name}.gemm_form must be one of {', '.join(map(repr, GEMM_FORMS))} (the form of the bf16 "
+                   f"weights its GEMM curve measured), got {lvl.gemm_form!r}")
     check_curves(f"{name}.expert_gemm_flops", lvl.expert_gemm_flops, bad, EXPERT_KEYS)
     attn = lvl.attention_flops
     if not isinstance(attn, dict):

@@ -58,3 +58,16 @@ def test_moelight_profile_names_the_form_its_bf16_curve_measured():
     cpu = measured_cpu(gemm_flops={"bfloat16": [[1, 1e9]], "float32": [[1, 1e9]]}, gemm_form="strips")
     text = _describe(current_profile(cpu))
     assert "GEMM bfloat16 (strips, GFLOP/s" in text and "GEMM float32 (packed, GFLOP/s" in text
+
+
+@pytest.mark.parametrize("form", ["strip", 3, None])
+def test_a_profile_with_a_form_the_engine_never_uses_is_refused_by_its_field(form):
+    from hrm import HardwareSpec
+    from hrm.hardware_checks import GEMM_FORMS
+    from tests.current_profile import current_profile
+
+    assert machine_profile.bf16_gemm_form() in GEMM_FORMS
+    d = current_profile().to_dict()
+    d["cpu"]["gemm_form"] = form
+    with pytest.raises(ValueError, match=r"cpu\.gemm_form must be one of"):
+        HardwareSpec.from_dict(d)
