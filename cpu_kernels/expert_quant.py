@@ -37,6 +37,15 @@ def quantize_int4(w: torch.Tensor, group: int = 128) -> QuantMatrix:
     return QuantMatrix("uint4", packed.contiguous(), s.contiguous(), (-8.0 * s).contiguous(), group)
 
 
+def random_mxfp4(e: int, n: int, k: int, generator: torch.Generator | None = None) -> QuantMatrix:
+    """[E, N, K] MXFP4 as GPT-OSS ships it (e2m1 codes, two a byte along K, a power-of-two scale per 32 k)
+    with random codes and scales near a 0.02-wide weight's: for the kernel probes and benchmarks, whose
+    speed does not depend on the values (no rounding from float weights is offered: GPT-OSS comes so)."""
+    codes = torch.randint(0, 256, (e, n, k // 2), generator=generator, dtype=torch.uint8)
+    scales = torch.ldexp(torch.ones(e, n, k // 32), torch.randint(-9, -6, (e, n, k // 32), generator=generator))
+    return QuantMatrix("mxfp4", codes, scales, None, 32)
+
+
 def int4_group_for(*dims: int, preferred: int = 128) -> int:
     """The largest int4 group size <= `preferred` that divides every K of a layer's experts."""
     for g in sorted(INT4_GROUPS, reverse=True):

@@ -17,7 +17,7 @@ import torch
 import cpu_kernels
 from cpu_kernels import dispatch
 from cpu_kernels.expert_pack import QuantMatrix, bf16_matrix, dequantize, pack_experts
-from cpu_kernels.expert_quant import int4_group_for, quantize_int4, quantize_int8
+from cpu_kernels.expert_quant import int4_group_for, quantize_int4, quantize_int8, random_mxfp4
 from cpu_kernels.expert_reference import ActSpec, apply_act, expert_biases, quantize_activation_blocks, unpack_expert
 
 HAS_CPP = cpu_kernels.kernel_backend() != "torch"
@@ -72,10 +72,7 @@ def _fp8_blocks(w: torch.Tensor) -> QuantMatrix:
 def _mxfp4(w: torch.Tensor) -> QuantMatrix:
     """Random e2m1 codes with power-of-two scales per 32 values (GPT-OSS's MXFP4), near w's scale."""
     e, n, k = w.shape
-    g = torch.Generator().manual_seed(k)
-    codes = torch.randint(0, 256, (e, n, k // 2), generator=g, dtype=torch.uint8)
-    scales = torch.ldexp(torch.ones(e, n, k // 32), torch.randint(-9, -6, (e, n, k // 32), generator=g))
-    return QuantMatrix("mxfp4", codes, scales, None, 32)
+    return random_mxfp4(e, n, k, torch.Generator().manual_seed(k))
 
 
 def _matrices(fmt, w13, w2):
@@ -309,15 +306,17 @@ INT_IDS = ["clamped-int8", "clamped-int4", "qwen3-int4", "mixtral-int8"]
 
 
 @pytest.mark.parametrize("int_isa", ["avx2", "avx512", "avx512bf16", "amx"])
-@pytest.mark.parametrize("shape,fmt", INT_CASES, ids=INT_IDS)
+@pytest.mark.parametrize("shape,fmt", INT_CASES + [(SHAPES[7], "mxfp4"), (SHAPES[3], "mxfp4")],
+                         ids=INT_IDS + ["clamped-mxfp4", "qwen3-mxfp4"])
 def test_few_int_rows_run_on_int8_activations(shape, fmt, int_isa):
     """int4 experts with any number of rows, and int8 experts with up to 16 (AVX2) or any number
     (AVX512-VNNI, whose 4-k integer multiply-add beats expanding the codes at every row count), or
-    both up to 20 / 16 rows (AMX, whose tiles win above): the kernel is the int8-activation
-    computation it claims. It is 3-7x closer to a float64 model of that computation than to the bf16
-    path's reference, from which it departs by ~1% (root-mean-square, relative) where the bf16
-    path's own rounding departs by ~0.35%. Experts with more rows than that (AVX2's int8, AMX's) take
-    the bf16 path: closer to its reference than to the model."""
+    both up to 20 / 16 rows (AMX, whose tiles win above), and MXFP4 experts at any number on AVX2
+    (the VNNI tables keep their bf16 path): the kernel is the int8-activation computation it claims.
+    It is 3-7x closer to a float64 model of that computation than to the bf16 path's reference, from
+    which it departs by ~1% (root-mean-square, relative) where the bf16 path's own rounding departs by
+    ~0.35%. Experts with more rows than that (AVX2's int8, AMX's) take the bf16 path: closer to its
+    reference than to the model."""
     _int_isa(int_isa)
     try:
         name, e, k, h, f, clamped = shape
@@ -338,7 +337,8 @@ def test_few_int_rows_run_on_int8_activations(shape, fmt, int_isa):
             # root-mean-square: the model's bf16 intermediate may round a value the other way than the
             # kernel's float32 one, and an int8 code then moves by one; such rare flips stay small here
             to_model, to_exact = _rms(got - model), _rms(got - exact)
-            if skew is None and (int_isa == "amx" or (fmt == "int8" and int_isa == "avx2")):
+            bf16_rows = skew is None and (int_isa == "amx" or (fmt == "int8" and int_isa == "avx2"))
+            if bf16_rows or (fmt == "mxfp4" and int_isa != "avx2"):
                 assert to_exact < 0.5 * to_model, f"{what}: {to_exact:.5f} from bf16's, {to_model:.5f} from the model"
             else:
                 assert to_model < 0.5 * to_exact, f"{what}: {to_model:.5f} from its model, {to_exact:.5f} from bf16's"

@@ -144,7 +144,7 @@ def test_profile_measures_the_fused_expert_kernel(quick_expert_curve):
     if kernel_backend() == "torch":
         assert curve == {}
         return
-    assert set(curve) == {"bfloat16", "int8", "uint4"}
+    assert set(curve) == {"bfloat16", "int8", "uint4", "mxfp4"}
     for points in curve.values():
         assert [m for m, _ in points] == [1.0, 16.0, 64.0, 256.0] and all(f > 0 for _, f in points)
 

@@ -1,4 +1,4 @@
-// AVX2's int8-activation products (expert_isa_avx2.cpp's iqgemm): int8 / uint4 strips times rows
+// AVX2's int8-activation products (expert_isa_avx2.cpp's iqgemm): int8 / uint4 / MXFP4 strips times rows
 // quantized to int8 per block of 32 k, in integer multiply-adds summed per block, scaled in float32.
 // Include only from that AVX2 + FMA unit (an anonymous namespace).
 #pragma once
@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
 
 #include "code_prefetch.h"
 #include "expert_iq4_tiles_avx2.h"
@@ -38,20 +39,22 @@ inline void i8_block(const moelight::QuantRows& a, const uint8_t* codes, int64_t
   }
 }
 
-// uint4 codes in 8-bit multiply-adds: _mm256_maddubs_epi16 multiplies a pair-row's unsigned codes
-// by the signed activations of its two k and adds each column's pair into one int16. The row's 32
-// bytes hold columns 0..15 in their low nibbles and 16..31 in their high ones, so two multiply-adds
-// take the whole pair-row. A pair is at most 2 x 15 x 127 = 3810 in magnitude, so 8 pair-rows sum
-// in int16 without overflow before they are widened: the same integers as int16 products would give.
-template <int R>
-inline void u4_block(const moelight::QuantRows& a, const uint8_t* codes, int64_t blk, __m256i iacc[R][4]) {
+// Nibble codes (uint4, or MXFP4 as offset codes: fp4_offset_codes) in 8-bit multiply-adds:
+// _mm256_maddubs_epi16 multiplies a pair-row's unsigned codes by the signed activations of its two
+// k and adds each column's pair into one int16. The row's 32 bytes hold columns 0..15 in their low
+// nibbles and 16..31 in their high ones, so two multiply-adds take the whole pair-row. kInt16Run<F>
+// pair-rows sum in int16 without overflow (uint4: 8 x 2 x 15 x 127 = 30,480) before they are
+// widened: the same integers as int16 products would give.
+template <WFormat F, int R>
+inline void nibble_block(const moelight::QuantRows& a, const uint8_t* codes, int64_t blk, __m256i iacc[R][4]) {
   const __m256i low = _mm256_set1_epi8(0x0F);
-  for (int64_t p0 = blk * 16; p0 < blk * 16 + 16; p0 += 8) {
+  for (int64_t p0 = blk * 16; p0 < blk * 16 + 16; p0 += kInt16Run<F>) {
     __m256i sacc[R][2];  // columns 0..15 and 16..31 in int16
     for (int r = 0; r < R; ++r) sacc[r][0] = sacc[r][1] = _mm256_setzero_si256();
-    for (int64_t p = p0; p < p0 + 8; ++p) {
+    for (int64_t p = p0; p < p0 + kInt16Run<F>; ++p) {
       const __m256i x = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + p * 32));
-      const __m256i lo = _mm256_and_si256(x, low), hi = _mm256_and_si256(_mm256_srli_epi16(x, 4), low);
+      const __m256i lo = nibble_codes<F>(_mm256_and_si256(x, low));
+      const __m256i hi = nibble_codes<F>(_mm256_and_si256(_mm256_srli_epi16(x, 4), low));
       for (int r = 0; r < R; ++r) {
         int16_t pair;
         std::memcpy(&pair, a.q + r * a.k + 2 * p, 2);
@@ -90,7 +93,7 @@ void iqgemm_rows(const moelight::QuantRows& a, const Strip& st, float* c, int64_
         for (auto& x : iacc[r]) x = _mm256_setzero_si256();
       if (ahead) prefetch_block_codes<F>(st.codes, blk);
       if constexpr (F == WFormat::I8) i8_block<R>(a, st.codes, blk, iacc);
-      else u4_block<R>(a, st.codes, blk, iacc);
+      else nibble_block<F, R>(a, st.codes, blk, iacc);
       for (int r = 0; r < R; ++r) {
         const float sa = a.scale[r * (a.k / 32) + blk];
         asum[r] = fma_ss(sa, static_cast<float>(a.sum[r * (a.k / 32) + blk]), asum[r]);
@@ -109,23 +112,62 @@ void iqgemm_rows(const moelight::QuantRows& a, const Strip& st, float* c, int64_
     for (int q = 0; q < 4; ++q) _mm256_storeu_ps(c + r * ldc + 8 * q, acc[r][q]);
 }
 
+// R rows of c = a x an MXFP4 strip (`ahead`: prefetching it): fp4_block_step a block at a time.
+template <int R>
+void fp4_iqgemm_rows(const moelight::QuantRows& a, const Strip& st, float* c, int64_t ldc, bool ahead) {
+  __m256 acc[R][4];
+  for (int r = 0; r < R; ++r)
+    for (auto& x : acc[r]) x = _mm256_setzero_ps();
+  const int64_t nb = a.k / 32;
+  for (int64_t blk = 0; blk < nb; ++blk) {
+    if (ahead) {
+      prefetch_group_scales(st, blk);
+      prefetch_block_codes<WFormat::FP4>(st.codes, blk);
+    }
+    __m256i iacc[R][4];
+    for (int r = 0; r < R; ++r)
+      for (auto& x : iacc[r]) x = _mm256_setzero_si256();
+    nibble_block<WFormat::FP4, R>(a, st.codes, blk, iacc);
+    for (int r = 0; r < R; ++r)
+      for (int q = 0; q < 4; ++q)
+        acc[r][q] = fp4_block_step(iacc[r][q], a.sum[r * nb + blk], a.scale[r * nb + blk], st.scales + blk * 32 + 8 * q,
+                                   acc[r][q]);
+  }
+  for (int r = 0; r < R; ++r)
+    for (int q = 0; q < 4; ++q) _mm256_storeu_ps(c + r * ldc + 8 * q, acc[r][q]);
+}
+
 template <WFormat F>
 void iqgemm_format(const moelight::QuantRows& a, int64_t m, const Strip& st, float* c, int64_t ldc) {
   const auto rows = [&](int64_t r0) {
     return moelight::QuantRows{a.q + r0 * a.k, a.scale + r0 * (a.k / 32), a.sum + r0 * (a.k / 32), a.k};
   };
+  const auto run = [&](int64_t r, auto two) {
+    constexpr int R = decltype(two)::value ? 2 : 1;
+    if constexpr (F == WFormat::FP4) fp4_iqgemm_rows<R>(rows(r), st, c + r * ldc, ldc, r == 0);
+    else iqgemm_rows<F, R>(rows(r), st, c + r * ldc, ldc, r == 0);
+  };
   int64_t r = 0;
-  for (; r + 2 <= m; r += 2) iqgemm_rows<F, 2>(rows(r), st, c + r * ldc, ldc, r == 0);
-  if (r < m) iqgemm_rows<F, 1>(rows(r), st, c + r * ldc, ldc, r == 0);
+  for (; r + 2 <= m; r += 2) run(r, std::true_type{});
+  if (r < m) run(r, std::false_type{});
 }
 
-// Rows per expert from which uint4 strips are unpacked once per k-block for all rows (iq4_many_rows).
+// Rows per expert from which nibble strips are unpacked once per k-block for all rows (iq4_many_rows).
 constexpr int64_t kIq4ManyRows = 4;
 
+template <WFormat F>
+void nibble_iqgemm(const moelight::QuantRows& a, int64_t m, const Strip& st, float* c, int64_t ldc) {
+  if (m >= kIq4ManyRows) return iq4_many_rows<F>(a, m, st, c, ldc);
+  iqgemm_format<F>(a, m, st, c, ldc);
+}
+
 void iqgemm(const moelight::QuantRows& a, int64_t m, const Strip& st, float* c, int64_t ldc) {
-  if (st.fmt == WFormat::I8) return iqgemm_format<WFormat::I8>(a, m, st, c, ldc);
-  if (st.fmt == WFormat::U4 && m >= kIq4ManyRows) return iq4_many_rows(a, m, st, c, ldc);
-  if (st.fmt == WFormat::U4) return iqgemm_format<WFormat::U4>(a, m, st, c, ldc);
+  switch (st.fmt) {
+    case WFormat::I8: return iqgemm_format<WFormat::I8>(a, m, st, c, ldc);
+    case WFormat::U4: return nibble_iqgemm<WFormat::U4>(a, m, st, c, ldc);
+    case WFormat::FP4: return nibble_iqgemm<WFormat::FP4>(a, m, st, c, ldc);
+    default: return;  // int_rows sends no other format here
+  }
 }
 
 }  // namespace

@@ -2,7 +2,7 @@
 // float32 by shifts (even k) and masks (odd k), FMAs over 2 rows x 32 columns, or at 3 rows and more
 // over 3 rows on a k-block widened once into L1; dequantisation of the quantized formats to bf16
 // values, in registers for an expert's 1-2 decode rows, else a k-block at a time into float32; int8 /
-// uint4 codes times int8 activations (expert_iq_avx2.h); the gate/up epilogue.
+// uint4 / MXFP4 codes times int8 activations (expert_iq_avx2.h); the gate/up epilogue.
 // Reached only after the CPU check.
 #include <algorithm>
 #include <cstdint>
@@ -303,9 +303,15 @@ void act(const float* c, int64_t ldc, int64_t m, const float* bias, moelight::Ac
 // float32 (no bf16 scratch to write and widen again: bench-1b's int8 strips at 64 rows ~1.15x).
 // iqgemm: int8 strips up to 16 rows (at 32-64 rows dequantising once and the bf16 kernel win on
 // some shapes); uint4 strips at every row count, where two 8-bit multiply-adds per pair-row beat
-// expanding the codes at 1 to 256 tokens on every family's shape (benchmarks/bench_expert_kernels.py).
+// expanding the codes at 1 to 256 tokens on every family's shape (benchmarks/bench_expert_kernels.py);
+// MXFP4 strips alike, 3.7-4.0x the expanded codes' speed at 1-8 tokens on GPT-OSS's shapes and 1.7-2.0x
+// at 64-256 (benchmarks/bench_mxfp4_experts.py, results/expert_mxfp4_avx2.md).
 constexpr int64_t kAllRows = int64_t{1} << 40;
-const moelight::ExpertIsa kIsa{dequant, gemm, act, qgemm, kAllRows, iqgemm, 16, kAllRows, nullptr, nullptr, 1};
+const moelight::ExpertIsa kIsa = [] {
+  moelight::ExpertIsa t{dequant, gemm, act, qgemm, kAllRows, iqgemm, 16, kAllRows, nullptr, nullptr, 1};
+  t.iqgemm_rows_fp4 = kAllRows;
+  return t;
+}();
 
 }  // namespace
 #pragma GCC pop_options

@@ -182,6 +182,7 @@ void moelight::with_vnni_products(ExpertIsa& t) {
   // 256 tokens per layer call (benchmarks/bench_expert_kernels.py)
   t.iqgemm = iqgemm;
   t.iqgemm_rows_i8 = t.iqgemm_rows_u4 = int64_t{1} << 40;
+  t.iqgemm_rows_fp4 = 0;  // no MXFP4 products here (AVX2's were not timed against AVX512-BF16's path)
 }
 #else
 void moelight::with_vnni_products(ExpertIsa&) {}

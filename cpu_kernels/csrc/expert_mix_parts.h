@@ -60,6 +60,8 @@ Packed packed_of(const at::Tensor& codes, const c10::optional<at::Tensor>& scale
     TORCH_CHECK(group > 0 && group % 32 == 0 && k % group == 0, "moelight: group ", group, " of ", what,
                 " must be a multiple of 32 dividing K = ", k);
     p.group = group;
+    TORCH_CHECK(f != WFormat::FP4 || group == 32, "moelight: MXFP4 ", what, " has a scale per 32 k (group 32), not ",
+                group);
     TORCH_CHECK(scales.has_value() && scales->scalar_type() == at::kFloat && scales->is_contiguous() &&
                     scales->numel() == experts * p.strips * (k / group) * kStrip,
                 "moelight: ", what, " needs float32 scales [E, strips, K / group, 32]");
@@ -112,7 +114,12 @@ struct Rows {
 // Whether an expert with n tokens multiplies `fmt` strips on int8 activations (iqgemm).
 bool int_rows(const ExpertIsa* isa, WFormat fmt, int64_t n) {
   if (!isa->iqgemm) return false;
-  return (fmt == WFormat::I8 && n <= isa->iqgemm_rows_i8) || (fmt == WFormat::U4 && n <= isa->iqgemm_rows_u4);
+  switch (fmt) {
+    case WFormat::I8: return n <= isa->iqgemm_rows_i8;
+    case WFormat::U4: return n <= isa->iqgemm_rows_u4;
+    case WFormat::FP4: return n <= isa->iqgemm_rows_fp4;
+    default: return false;
+  }
 }
 
 // The rows an expert with n tokens runs on `fmt` strips: iqgemm takes exactly its n (a decode token
@@ -121,7 +128,7 @@ bool int_rows(const ExpertIsa* isa, WFormat fmt, int64_t n) {
 // products land in rows of c that nothing reads (a tile's row depends on its own A row only).
 int64_t rows_of(const ExpertIsa* isa, WFormat fmt, int64_t n) { return int_rows(isa, fmt, n) ? n : rows_for(isa, n); }
 
-// c[0, m) = a[0, m) x the strip: bf16 strips directly; int8 / uint4 ones for a few rows on the int8
+// c[0, m) = a[0, m) x the strip: bf16 strips directly; int8 / uint4 / MXFP4 ones (int_rows) on the int8
 // activations `qa` (when given); other quantized ones dequantised in registers for a few rows, or
 // once into `scratch` and shared by all of them. `next`: the codes of the strip the thread
 // multiplies next (nullptr: unknown), which the tile GEMM reads ahead.

@@ -56,11 +56,12 @@ struct ExpertIsa {
   // (AVX2: every m, its qgemm dequantising many rows' strip a k-block at a time into float32).
   void (*qgemm)(const uint16_t* a, int64_t lda, int64_t m, const Strip& b, float* c, int64_t ldc);
   int64_t qgemm_rows;
-  // Optional: int8 / uint4 strips times activations quantized to int8 per block of 32 k (QuantRows),
-  // integer multiply-adds summed per block, scaled in float32: for m <= iqgemm_rows_i8 (int8 strips)
-  // or iqgemm_rows_u4 (uint4), where expanding the codes to bf16 (per row pair, or once into
-  // scratch) costs more than the integer products. Not the bf16 path's numbers: the activation is
-  // rounded to 8 bits (a relative error of at most 1/254 of its block's largest value).
+  // Optional: int8 / uint4 / MXFP4 strips times activations quantized to int8 per block of 32 k
+  // (QuantRows), integer multiply-adds summed per block, scaled in float32: for m <= iqgemm_rows_i8
+  // (int8 strips), iqgemm_rows_u4 (uint4) or iqgemm_rows_fp4 (MXFP4, below), where expanding the
+  // codes to bf16 (per row pair, or once into scratch) costs more than the integer products. Not the
+  // bf16 path's numbers: the activation is rounded to 8 bits (a relative error of at most 1/254 of
+  // its block's largest value).
   void (*iqgemm)(const QuantRows& a, int64_t m, const Strip& b, float* c, int64_t ldc);
   int64_t iqgemm_rows_i8, iqgemm_rows_u4;
   // Optional per-thread setup / teardown (AMX tile configuration).
@@ -82,6 +83,8 @@ struct ExpertIsa {
   // k-block at a time between the tile products, in place of dequant then tile_gemm.
   void (*tile_qgemm)(const uint16_t* a, int64_t m, const Strip& b, uint16_t* scratch, const uint8_t* next,
                      int64_t next_bytes, float* c, int64_t ldc) = nullptr;
+  // iqgemm's row limit for MXFP4 strips (0: iqgemm has no MXFP4 products; AVX2's has).
+  int64_t iqgemm_rows_fp4 = 0;
 };
 
 // tile_gemm's A layout, rows of K values in groups of 16: group g's k-block b (16 rows x 32 k, an

@@ -116,7 +116,8 @@ def _profile_is_stale(path) -> bool:
     expert-GEMM rate (written before the HRM used achieved GPU rates: plans 2-3x optimistic) or
     without the runtime's cost per layer pass (small models on fast GPUs: ~10x optimistic), or a CPU
     GEMM curve measured on another form of the bf16 matmul weights than this engine holds them in
-    (_gemm_form_changed)."""
+    (_gemm_form_changed), or expert-kernel curves without MXFP4's (written before MXFP4 experts multiplied on
+    int8 activations: GPT-OSS's experts were priced at bf16's rate, its plans pessimistic)."""
     import json
 
     try:
@@ -129,8 +130,15 @@ def _profile_is_stale(path) -> bool:
     measured_cpu = bool(cpu.get("gemm_flops"))
     return (measured_cpu and (not cpu.get("elementwise_bandwidth") or not cpu.get("sequence_step_s")
                               or not cpu.get("logits_bandwidth") or not cpu.get("kv_first_touch_bandwidth")
-                              or not d.get("measured_at") or _gemm_form_changed(cpu))) or (
+                              or not d.get("measured_at") or _gemm_form_changed(cpu)
+                              or _expert_curves_lack_mxfp4(cpu))) or (
         bool(gpu) and (not gpu.get("gemm_bandwidth") or not gpu.get("runtime_layer_s")))
+
+
+def _expert_curves_lack_mxfp4(cpu: dict) -> bool:
+    """The profile measured the expert kernel's formats (uint4 among them) but not MXFP4."""
+    curves = cpu.get("expert_gemm_flops") or {}
+    return "uint4" in curves and "mxfp4" not in curves
 
 
 def _gemm_form_changed(cpu: dict) -> bool:

@@ -30,17 +30,18 @@ def layer_copies(packed, stream_bytes: int = STREAM_BYTES) -> list:
 
 
 def measure_expert_curve(quick: bool = False, stream_bytes: int = STREAM_BYTES) -> dict[str, list[list[float]]]:
-    """{"bfloat16" | "int8" | "uint4": [[rows per expert, FLOP/s], ...]} of the fused kernel, the quantized
-    formats as `--quantize int8|int4` holds them ({} where the kernel does not run: without the C++
-    kernels the engine's loop runs the experts as GEMMs, which the GEMM curve prices). int4 experts
-    multiply on int8 activations at every row count on AVX2 and run faster than bf16 ones; the HRM
+    """{"bfloat16" | "int8" | "uint4" | "mxfp4": [[rows per expert, FLOP/s], ...]} of the fused kernel, the
+    quantized formats as `--quantize int8|int4` holds them and MXFP4 as GPT-OSS ships it ({} where the
+    kernel does not run: without the C++ kernels the engine's loop runs the experts as GEMMs, which the
+    GEMM curve prices). int4 and MXFP4 experts multiply on int8 activations at every row count on AVX2
+    and run faster than bf16 ones; the HRM
     prices a model's experts by its format's curve (hrm.ModelSpec.expert_format). Each rate is a pass
     over `stream_bytes` of layer copies (layer_copies), as a decode step reads its layers' experts."""
     import torch
 
     from cpu_kernels import expert_mix, kernel_backend, pack_experts
     from cpu_kernels.expert_pack import bf16_matrix
-    from cpu_kernels.expert_quant import int4_group_for, quantize
+    from cpu_kernels.expert_quant import int4_group_for, quantize, random_mxfp4
 
     if kernel_backend() == "torch":
         return {}
@@ -50,7 +51,8 @@ def measure_expert_curve(quick: bool = False, stream_bytes: int = STREAM_BYTES) 
     group = int4_group_for(_H, _F)
     makers = {"bfloat16": lambda: pack_experts(bf16_matrix(w13), bf16_matrix(w2)),
               "int8": lambda: pack_experts(quantize(w13, "int8"), quantize(w2, "int8")),
-              "uint4": lambda: pack_experts(quantize(w13, "int4", group), quantize(w2, "int4", group))}
+              "uint4": lambda: pack_experts(quantize(w13, "int4", group), quantize(w2, "int4", group)),
+              "mxfp4": lambda: pack_experts(random_mxfp4(_E, 2 * _F, _H, g), random_mxfp4(_E, _H, _F, g))}
     rows_set = EXPERT_ROWS_QUICK if quick else EXPERT_ROWS
     inputs = []
     for rows in rows_set:
