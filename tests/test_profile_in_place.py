@@ -37,8 +37,8 @@ def test_the_expert_probe_cycles_layer_copies(monkeypatch):
     monkeypatch.setattr(cpu_kernels, "expert_mix", recording)
     monkeypatch.setattr(ec, "EXPERT_ROWS_QUICK", (1,))
     curves = ec.measure_expert_curve(quick=True, stream_bytes=1)  # at least two layers whatever the size
-    assert set(curves) == {"bfloat16", "int8", "uint4"}
-    assert len(seen) == 3 and all(len(ptrs) >= 2 for ptrs in seen.values())  # two distinct packs a format at least
+    assert set(curves) == {"bfloat16", "int8", "uint4", "mxfp4"}
+    assert len(seen) == 4 and all(len(ptrs) >= 2 for ptrs in seen.values())  # two distinct packs a format at least
     packed = ec.layer_copies(type("P", (), {"nbytes": lambda self: 100})(), stream_bytes=1000)
     assert len(packed) == 10
 

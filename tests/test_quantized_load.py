@@ -17,6 +17,7 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from cpu_kernels import dispatch
 from moelight.errors import ConfigError
 from moelight.loading.expert_storage import choose_expert_format, with_expert_format
 from moelight.loading.hf_config import load_config
@@ -95,7 +96,7 @@ def _gpt_oss_hf_config(cfg) -> dict:
     return hf
 
 
-def test_mxfp4_experts_kept_packed_match_dequantised(tmp_path):
+def test_mxfp4_experts_kept_packed_match_dequantised(tmp_path, monkeypatch):
     folder = tmp_path / "gpt_oss"
     _gpt_oss_mxfp4_checkpoint(folder)
     shipped = load_config(folder)
@@ -115,7 +116,12 @@ def test_mxfp4_experts_kept_packed_match_dequantised(tmp_path):
     assert kept.layers[0].mlp.gate_up_proj.packed.fmt13 == "mxfp4"
     assert reference.layers[0].mlp.gate_up_proj.packed.fmt13 == "bf16"
     prompts = _prompts(300)
-    assert _rel(_logits(kept, prompts), _logits(reference, prompts)) < 1e-2
+    expected = _logits(reference, prompts)
+    # on int8 activations (AVX2's MXFP4 path) within their rounding, as int8 / int4 experts
+    # (test_fused_experts_engine); on the bf16 path's numbers the codes' values exactly, up to the sums' order
+    assert _rel(_logits(kept, prompts), expected) < 3e-2
+    monkeypatch.setattr(dispatch, "INT8_ACTIVATIONS", False)
+    assert _rel(_logits(kept, prompts), expected) < 1e-2
 
 
 def test_a_piece_in_another_format_is_named(tmp_path):
