@@ -3,7 +3,8 @@
 // fp4_offset_codes), in an order where one 32-bit broadcast of a row's 4 activations (a plain load on
 // AVX2) meets 8 columns x 4 k per _mm256_maddubs_epi16, then tiles of R rows x 16 columns (two passes
 // cover the strip's 32) multiply it. Per (row, column, block of 32 k) the int32 sum and every float32
-// step after it are nibble_block's and iqgemm_rows', so the outputs are the same bits.
+// step after it are those of the few-row kernel (nibble_block, then iqgemm_rows' or, for MXFP4,
+// fp4_iqgemm_rows'), so the outputs are the same bits.
 // Include only from that AVX2 + FMA unit (an anonymous namespace).
 #pragma once
 #include <immintrin.h>
@@ -22,7 +23,7 @@ using moelight::WFormat;
 
 // MXFP4's e2m1 codes for _mm256_maddubs_epi16, whose weight operand is unsigned: twice the value
 // (an integer in [-12, 12]) plus 12, in [0, 24]. A block's int32 sum then carries 12 x the sum of
-// its activation codes, taken off in int32 (fp4_block_sum: exact), and the group scale is halved.
+// its activation codes, taken off in int32 (exact), and the group scale is halved (fp4_block_step).
 // Summing n multiply-adds in an int16 lane reaches n x 2 x 24 x 127 = n x 6096: 4 at a time (24,384)
 // before they are widened, where uint4's 15 allow 8.
 constexpr int32_t kFp4Offset = 12;
@@ -176,14 +177,18 @@ inline void iq4_quads(const int8_t* q, int64_t lda, const uint8_t* wb, int c0, i
 template <WFormat F, int R, int C>
 inline void iq4_tile_block(const int8_t* q, int64_t lda, const uint8_t* wb, int c0, __m256i iacc[R][C]) {
   const __m256i ones = _mm256_set1_epi16(1);
-  for (int r = 0; r < R; ++r)
-    for (int c = 0; c < C; ++c) iacc[r][c] = _mm256_setzero_si256();
-  for (int j0 = 0; j0 < 8; j0 += kInt16Run<F>) {
-    __m256i s[R][C];
+  const auto run = [&](int j0, __m256i s[R][C]) {  // s = quads [j0, j0 + kInt16Run<F>) in int16
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) s[r][c] = _mm256_setzero_si256();
     if constexpr (R == 4 && C == 2) iq4_quads_4x2(q, lda, wb, c0, j0, kInt16Run<F>, &s[0][0]);
     else iq4_quads<R, C>(q, lda, wb, c0, j0, kInt16Run<F>, s);
+  };
+  __m256i s[R][C];
+  run(0, s);  // the first run sets iacc (uint4's only one: no zeroed int32 sums kept across the asm)
+  for (int r = 0; r < R; ++r)
+    for (int c = 0; c < C; ++c) iacc[r][c] = _mm256_madd_epi16(s[r][c], ones);
+  for (int j0 = kInt16Run<F>; j0 < 8; j0 += kInt16Run<F>) {
+    run(j0, s);
     for (int r = 0; r < R; ++r)
       for (int c = 0; c < C; ++c) iacc[r][c] = _mm256_add_epi32(iacc[r][c], _mm256_madd_epi16(s[r][c], ones));
   }
@@ -191,7 +196,8 @@ inline void iq4_tile_block(const int8_t* q, int64_t lda, const uint8_t* wb, int 
 
 // Rows [0, R) of a (their gacc / asum in scratch) over blocks [b0, b1) of the k-block unpacked in
 // wb (block b0 at wb), C column blocks a pass: iqgemm_rows' float32 steps, a block at a time. gacc
-// and asum hold the current group's sums; at a group's last block they are added into c.
+// and asum hold the current group's sums; at a group's last block they are added into c. MXFP4:
+// fp4_block_step into c, a block at a time.
 template <WFormat F, int R, int C>
 void iq4_tile(const moelight::QuantRows& a, const Strip& st, const uint8_t* wb, int64_t b0, int64_t b1, float* gacc,
               float* asum, float* c, int64_t ldc) {
