@@ -51,6 +51,10 @@ def main() -> None:
     ap.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 64, 256], help="rows per layer call (T)")
     ap.add_argument("--output", type=Path)
     a = ap.parse_args()
+    unknown = sorted(set(a.shapes) - {s[0] for s in SHAPES})
+    if unknown or min(a.tokens) < 1:
+        sys.exit(f"--shapes {' '.join(unknown)}: not one of {', '.join(s[0] for s in SHAPES)}" if unknown
+                 else "--tokens: each a positive number of rows per layer call")
     dispatch.kernel_backend()
     if kernel_backend() == "torch":
         sys.exit("needs the C++ kernels")
