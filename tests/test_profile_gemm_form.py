@@ -19,7 +19,7 @@ def test_measure_cpu_records_the_form_of_the_weights_it_measured(monkeypatch):
             "measure_attention": lambda dt, quick: (1e10, 1e11), "measure_overheads": lambda dt, quick: (1e-4, 1e-4),
             "measure_sequence_step": lambda quick: 4e-5, "measure_expert_curve": lambda quick: {},
             "measure_logits_passes": lambda quick: 1e10, "measure_kv_first_touch": lambda quick: 2e9,
-            "measure_layer_glue": lambda dt, gemm_s, quick, toy: (1e-4, 2e10)}
+            "measure_layer_glue": lambda dt, quick, toy: (1e-4, 2e10)}
     for name, fn in stub.items():
         monkeypatch.setattr(machine_profile, name, fn)
     level = machine_profile.measure_cpu(quick=True)

@@ -15,10 +15,11 @@ from __future__ import annotations
 
 import copy
 
-from moelight.profiling.timing import best_time
+from moelight.profiling.timing import fastest_in_rounds
 
 EXPERT_ROWS = (1, 4, 16, 64, 256)
 EXPERT_ROWS_QUICK = (1, 16, 64, 256)  # 64: a decode step of 256 sequences, top-2 of 8 experts
+ROUNDS = 3  # samples of each point, a round apart (timing.fastest_in_rounds)
 STREAM_BYTES = 1 << 30  # more than any last-level cache: each pass reads every copy from DRAM
 _E, _K, _H, _F = 8, 2, 1024, 3584  # bench-1b's experts: a Mixtral layer at a tenth of its width
 
@@ -68,9 +69,10 @@ def measure_expert_curve(quick: bool = False, stream_bytes: int = STREAM_BYTES) 
             for p in layers:
                 expert_mix(x, ids, w, p)
 
-        curves[name] = []
-        for rows, x, ids, w in inputs:
-            t = best_time(lambda x=x, ids=ids, w=w: one_pass(x, ids, w), 2) / len(layers)
-            curves[name].append([float(rows), 6.0 * _H * _F * rows * _E / t])
-        layers = None
+        passes = [lambda x=x, ids=ids, w=w: one_pass(x, ids, w) for _, x, ids, w in inputs]
+        seconds = fastest_in_rounds(passes, ROUNDS)
+        curves[name] = [[float(rows), 6.0 * _H * _F * rows * _E * len(layers) / t]
+                        for (rows, *_), t in zip(inputs, seconds, strict=True)]
+        layers = passes = None
     return curves
+

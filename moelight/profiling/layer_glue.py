@@ -10,15 +10,16 @@ never go parallel) gave the HRM ~1.4 ms.
 
 So `measure_layer_glue` decodes through LAYERS real bench-1b layers, packed as the engine packs them
 (fused experts), at two token counts, and times the pass, the expert kernel and the attention kernel in
-place. What is left after the experts, the attention and the HRM's own GEMM terms for the projections
-and the router (`gemm_seconds`, from the GEMM curve the profile measured) is the glue; the HRM charges
-it as a fixed cost per layer pass plus element-wise bytes (hrm.operators) at a rate: the line through
-the two points.
+place. Right after each step it times the same layers' projection and router GEMMs alone (the terms the
+HRM prices from its GEMM curve), and the glue is the step's rest less those: both sides of the difference
+come from the same phase of a shared host, where a GEMM curve measured a minute earlier moved the
+difference by more than its size (a layer's glue at 256 tokens read -1.5 to 8.3 ms over six repeats
+against ~13 ms of GEMMs). The HRM charges the glue as a fixed cost per layer pass plus element-wise
+bytes (hrm.operators) at a rate: the line through the two points.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import replace
 
 LAYERS = 4  # distinct layers: each pass reads other experts, as a decode step does
@@ -38,11 +39,9 @@ def glue_line(glue_s: tuple[float, float], nbytes: tuple[float, float],
     return fallback_overhead, b1 / max(g1 - fallback_overhead, 1e-6)
 
 
-def measure_layer_glue(dtype, gemm_seconds: Callable[[object, float], float], quick: bool = False,
-                       fallback_overhead: float = 0.0) -> tuple[float, float]:
-    """(seconds per layer pass, element-wise bytes/s) of the engine's decode layer beyond its kernels;
-    (fallback_overhead, 0.0) where the model cannot be packed for this dtype. `gemm_seconds(spec, tokens)`:
-    the HRM's seconds for one layer's projection and router GEMMs at `tokens` rows."""
+def measure_layer_glue(dtype, quick: bool = False, fallback_overhead: float = 0.0) -> tuple[float, float]:
+    """(seconds per layer pass, element-wise bytes/s) of the engine's decode layer beyond its kernels and
+    GEMMs; (fallback_overhead, 0.0) where the model cannot be packed for this dtype."""
 
     from hrm.dtypes import dtype_bytes
     from hrm.model import model_from_hf_config
@@ -60,15 +59,35 @@ def measure_layer_glue(dtype, gemm_seconds: Callable[[object, float], float], qu
     samples = 4 if quick else 10
     glue, nbytes = [], []
     for t in TOKENS:
-        rest = _pass_rest_seconds(model, cfg, dtype, t, samples)
-        glue.append(rest - gemm_seconds(spec, float(t)))
+        glue.append(_glue_seconds(model, cfg, dtype, t, samples))
         nbytes.append(float(pre_attention_elementwise(spec, t, b).bytes + post_attention_elementwise(spec, t, b).bytes))
     return glue_line((glue[0], glue[1]), (nbytes[0], nbytes[1]), fallback_overhead)
 
 
-def _pass_rest_seconds(model, cfg, dtype, tokens: int, samples: int) -> float:
-    """Seconds of one layer pass at `tokens` decode tokens, less its expert and attention kernels (the
-    median of `samples` steps, each over LAYERS layers)."""
+def _gemms_alone_seconds(model, tokens: int, dtype) -> float:
+    """Seconds of every layer's q/k/v, o and router GEMMs at `tokens` rows, called back to back as the
+    layer calls them (the HRM's qkv_proj, o_proj and router terms)."""
+    import time
+
+    import torch
+
+    from moelight.models.moe import router_logits
+
+    attn = model.layers[0].self_attn
+    h = torch.randn(tokens, model.config.hidden_size).to(dtype)
+    heads_out = torch.randn(tokens, attn.n_heads * attn.head_dim).to(dtype)
+    t0 = time.perf_counter()
+    for layer in model.layers:
+        layer.self_attn.qkv(h)
+        layer.self_attn.o_proj(heads_out)
+        router_logits(h, layer.mlp.gate.weight)
+    return time.perf_counter() - t0
+
+
+def _glue_seconds(model, cfg, dtype, tokens: int, samples: int) -> float:
+    """Seconds of one layer pass at `tokens` decode tokens beyond its expert and attention kernels and
+    its GEMMs: per step, the pass less its kernels less the GEMMs timed alone right after it (one phase
+    of the host), the median of `samples` steps, each over LAYERS layers."""
     import statistics
     import time
 
@@ -98,16 +117,17 @@ def _pass_rest_seconds(model, cfg, dtype, tokens: int, samples: int) -> float:
     for fused in moes:
         fused.fused_mix = timed(fused.fused_mix)
     cache.attend = timed(saved_attend)
-    rests = []
+    glue = []
     try:
         for _ in range(samples + 1):  # the first warms the allocator and the kernels' caches
             kernels[0] = 0.0
             t0 = time.perf_counter()
             decode_step(model, cache, ids, cache.offsets, pos)
-            rests.append(time.perf_counter() - t0 - kernels[0])
+            rest = time.perf_counter() - t0 - kernels[0]
+            glue.append(rest - _gemms_alone_seconds(model, tokens, dtype))
     finally:
         for fused in moes:
             del fused.fused_mix
         del cache.attend
     # the median, not the fastest: a job pays the glue's typical cost every layer of every step
-    return statistics.median(rests[1:]) / cfg.num_layers
+    return statistics.median(glue[1:]) / cfg.num_layers

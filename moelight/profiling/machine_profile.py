@@ -12,7 +12,7 @@ the engine runs, so the HRM predicts the engine rather than an ideal machine:
   (its compute is ~0), and the engine's host work per sequence per step (sequence_step.py),
 - the fixed cost per layer pass and the rate of the element-wise work between the GEMMs (norms,
   rotary, KV writes, routing), from real decoder layers decoding in place, less their expert and
-  attention kernels and the HRM's GEMM terms, at two token counts (layer_glue.py),
+  attention kernels and their GEMMs timed alone in the same phase, at two token counts (layer_glue.py),
 - the rate of the host's passes over a decode step's logits (cast, check, argmax),
 - the rate a fresh KV cache pool is faulted in at by its first writes (kv_first_touch.py).
 The pageable -> pinned copy rate (the first paging hop) is measured on any host; with CUDA
@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import platform
-from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timezone
 
@@ -36,7 +35,7 @@ from moelight.profiling.kv_first_touch import measure_kv_first_touch
 from moelight.profiling.layer_glue import measure_layer_glue
 from moelight.profiling.runtime_pass import measure_runtime_layer_pass
 from moelight.profiling.sequence_step import measure_sequence_step
-from moelight.profiling.timing import best_time
+from moelight.profiling.timing import best_time, fastest_in_rounds
 
 GEMM_ROWS = (1, 4, 16, 64, 256, 1024)
 GEMM_ROWS_QUICK = (1, 16, 128, 1024)
@@ -89,7 +88,7 @@ def measure_gemm_curve(dtype, rows=GEMM_ROWS, pool_bytes: float = 96 * 2**20,
             return packed_linear(x.float(), w).to(torch.bfloat16)
     else:
         weights, mm = dense, torch.nn.functional.linear
-    curve = []
+    passes, pools = [], []
     for m in rows:
         x = torch.randn(m, _GEMM_K).to(dtype)
         pool = weights if m <= 64 else weights[:2]  # large M is compute-bound: caches do not matter
@@ -104,9 +103,10 @@ def measure_gemm_curve(dtype, rows=GEMM_ROWS, pool_bytes: float = 96 * 2**20,
             for w in pool:
                 fn(x, w)
 
-        t = best_time(one_pass, repeat) / len(pool)
-        curve.append([float(m), 2.0 * m * _GEMM_K * _GEMM_N / t])
-    return curve
+        passes.append(one_pass)
+        pools.append(len(pool))
+    seconds = fastest_in_rounds(passes, repeat)
+    return [[float(m), 2.0 * m * _GEMM_K * _GEMM_N * n / t] for m, n, t in zip(rows, pools, seconds, strict=True)]
 
 
 def measure_attention(dtype, quick: bool = False) -> tuple[float, float]:
@@ -203,19 +203,6 @@ def measure_logits_passes(quick: bool = False) -> float:
     return LOGIT_PASS_BYTES * out.numel() / best_time(passes, 5 if quick else 10)
 
 
-def _gemm_seconds_of(level: Level) -> Callable:
-    """The HRM's seconds for one layer's q/k/v, o and router GEMMs at `tokens` rows on `level` (what the
-    layer glue probe leaves to the GEMM terms)."""
-    from hrm import costs
-    from hrm import operators as ops
-
-    def seconds(spec, tokens: float) -> float:
-        return float(sum(costs.op_time(op(spec, tokens, 2.0), level, "bfloat16")
-                         for op in (ops.qkv_proj, ops.o_proj, ops.router)))
-
-    return seconds
-
-
 def measure_cpu(quick: bool = False) -> Level:
     """CPU read bandwidth, engine GEMM FLOP/s curves, attention kernels and dispatch overheads."""
     import torch
@@ -244,8 +231,8 @@ def measure_cpu(quick: bool = False) -> Level:
                   step_overhead_s=step_oh, sequence_step_s=per_sequence, expert_gemm_flops=experts,
                   logits_bandwidth=measure_logits_passes(quick),
                   kv_first_touch_bandwidth=measure_kv_first_touch(quick))
-    # the glue left after the GEMMs this level prices: a fixed cost per layer pass and element-wise bytes
-    layer_oh, elementwise = measure_layer_glue(torch.bfloat16, _gemm_seconds_of(level), quick, toy_layer_oh)
+    # the glue beyond the kernels and the GEMMs this level prices: a fixed cost per layer pass and element-wise bytes
+    layer_oh, elementwise = measure_layer_glue(torch.bfloat16, quick, toy_layer_oh)
     return replace(level, layer_overhead_s=layer_oh, elementwise_bandwidth=elementwise)
 
 

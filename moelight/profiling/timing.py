@@ -1,4 +1,4 @@
-"""The best-of-n wall-clock timer the profilers share."""
+"""The best-of-n wall-clock timers the profilers share."""
 
 from __future__ import annotations
 
@@ -18,3 +18,19 @@ def best_time(fn: Callable[[], None], repeat: int, sync: Callable[[], None] = la
         sync()
         best = min(best, time.perf_counter() - t0)
     return max(best, 1e-9)
+
+
+def fastest_in_rounds(passes: list[Callable[[], None]], rounds: int) -> list[float]:
+    """Each pass's fastest time over `rounds` rounds of all of them, after one warm-up of the first: a
+    curve's points. A point's samples are a round apart, so a slow phase of a shared host that spans
+    a few back-to-back passes takes one sample of each point, not every sample of one (it once took
+    both of the bf16 expert kernel's at 64 rows: 75 GFLOP/s against 100-124 in other profiles, and the
+    README job's prediction 28% low)."""
+    passes[0]()
+    best = [float("inf")] * len(passes)
+    for _ in range(rounds):
+        for i, one in enumerate(passes):
+            t0 = time.perf_counter()
+            one()
+            best[i] = min(best[i], time.perf_counter() - t0)
+    return [max(t, 1e-9) for t in best]
