@@ -153,7 +153,10 @@ void iqgemm_format(const moelight::QuantRows& a, int64_t m, const Strip& st, flo
 }
 
 // Rows per expert from which nibble strips are unpacked once per k-block for all rows (iq4_many_rows).
-constexpr int64_t kIq4ManyRows = 4;
+// On strips read from DRAM (2 threads, GPT-OSS's, Qwen3's and Mixtral-like K) the few-row kernel, which
+// prefetches its first pass and re-reads the strip from L2 for each further pair of rows, took 0.55-0.93x
+// the tiles' time at 2-7 rows; from 8-10 rows the tiles win (benchmarks/expert_iq4_rows_crossover.cpp).
+constexpr int64_t kIq4ManyRows = 8;
 
 template <WFormat F>
 void nibble_iqgemm(const moelight::QuantRows& a, int64_t m, const Strip& st, float* c, int64_t ldc) {
