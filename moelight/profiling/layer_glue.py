@@ -12,10 +12,10 @@ So `measure_layer_glue` decodes through LAYERS real bench-1b layers, packed as t
 (fused experts), at two token counts, and times the pass, the expert kernel and the attention kernel in
 place. Right after each step it times the same layers' projection and router GEMMs alone (the terms the
 HRM prices from its GEMM curve), and the glue is the step's rest less those: both sides of the difference
-come from the same phase of a shared host, where a GEMM curve measured a minute earlier moved the
-difference by more than its size (a layer's glue at 256 tokens read -1.5 to 8.3 ms over six repeats
-against ~13 ms of GEMMs). The HRM charges the glue as a fixed cost per layer pass plus element-wise
-bytes (hrm.operators) at a rate: the line through the two points.
+come from the same phase of a shared host, where subtracting a GEMM curve measured a minute earlier
+moved the difference by more than its size (BENCHMARKS.md §4: 1.1-8.5 ms a layer at 256 tokens over
+four profiles, against ~12 ms of GEMMs). The HRM charges the glue as a fixed cost per layer pass plus
+element-wise bytes (hrm.operators) at a rate: the line through the two points.
 """
 
 from __future__ import annotations
