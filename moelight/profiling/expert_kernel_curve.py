@@ -75,4 +75,3 @@ def measure_expert_curve(quick: bool = False, stream_bytes: int = STREAM_BYTES) 
                         for (rows, *_), t in zip(inputs, seconds, strict=True)]
         layers = passes = None
     return curves
-
