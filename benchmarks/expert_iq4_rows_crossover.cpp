@@ -50,6 +50,11 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "K and the group must be multiples of 32 (K of the group), rounds at least 1\n");
     return 2;
   }
+  for (int arg = 5; arg < argc; ++arg)
+    if (std::atoi(argv[arg]) < 1) {
+      std::fprintf(stderr, "rows per expert '%s': give whole numbers of 1 or more\n", argv[arg]);
+      return 2;
+    }
   const int64_t strip_bytes = k / 2 * 32, n = (int64_t(512) << 20) / strip_bytes;
   std::vector<uint8_t> codes(n * strip_bytes);
   for (size_t i = 0; i < codes.size(); ++i) codes[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
@@ -63,7 +68,6 @@ int main(int argc, char** argv) {
               fp4 ? "mxfp4" : "uint4", static_cast<long>(n));
   for (int arg = 5; arg < argc; ++arg) {
     const int m = std::atoi(argv[arg]);
-    if (m < 1) continue;
     std::vector<int8_t> q(m * k);
     for (auto& x : q) x = static_cast<int8_t>(std::rand() % 255 - 127);
     std::vector<float> act_scale(m * k / 32, 0.01f);

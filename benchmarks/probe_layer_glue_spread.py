@@ -23,6 +23,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=6)
     ap.add_argument("--full", action="store_true", help="the full profile's samples (10), not the quick one's (4)")
     a = ap.parse_args()
+    if a.repeats < 1:
+        raise SystemExit(f"--repeats {a.repeats}: give 1 or more")
 
     import torch
 

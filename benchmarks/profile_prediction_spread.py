@@ -63,6 +63,10 @@ def main() -> None:
     if a.take < 0:
         raise SystemExit(f"--take {a.take}: give a count of profiles to take, 0 or more")
     profiles = list(a.profiles)
+    missing = [str(p) for p in profiles if not p.is_file()]
+    if missing:
+        raise SystemExit(f"no such profile: {', '.join(missing)} "
+                         "(write one with `moelight profile --quick --output PATH`)")
     a.dir.mkdir(parents=True, exist_ok=True)
     for i in range(a.take):
         path = a.dir / f"quick{i + 1}.json"
