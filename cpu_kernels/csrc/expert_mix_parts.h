@@ -131,7 +131,7 @@ int64_t rows_of(const ExpertIsa* isa, WFormat fmt, int64_t n) { return int_rows(
 // c[0, m) = a[0, m) x the strip: bf16 strips directly; int8 / uint4 / MXFP4 ones (int_rows) on the int8
 // activations `qa` (when given); other quantized ones dequantised in registers for a few rows, or
 // once into `scratch` and shared by all of them. `next`: the codes of the strip the thread
-// multiplies next (nullptr: unknown), which the tile GEMM reads ahead.
+// multiplies next (nullptr: unknown), which the tile GEMM and AVX512-BF16's gemm read ahead.
 void strip_gemm(const ExpertIsa* isa, const Rows& a, int64_t m, const Strip& st, const uint8_t* next,
                 const QuantRows* qa, uint16_t* scratch, float* c) {
   const uint16_t* b = reinterpret_cast<const uint16_t*>(st.codes);
@@ -144,7 +144,7 @@ void strip_gemm(const ExpertIsa* isa, const Rows& a, int64_t m, const Strip& st,
     b = scratch;
   }
   if (a.tiles) return isa->tile_gemm(a.p, m, b, st.k, next, strip_bytes(st.fmt, st.k), c, kStrip);
-  isa->gemm(a.p, a.k, m, b, st.k, c, kStrip);
+  isa->gemm(a.p, a.k, m, b, st.k, next, next ? strip_bytes(st.fmt, st.k) : 0, c, kStrip);
 }
 
 // The gate/up epilogue of m rows of c into columns [col, col + 16) of `out` (a tiled block: per tile

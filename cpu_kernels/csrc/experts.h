@@ -45,8 +45,10 @@ struct ExpertIsa {
   // A quantized strip -> bf16 pair layout, K/2 rows of 64 values.
   void (*dequant)(const Strip& s, uint16_t* out);
   // c[r][0, 32) = sum_k a[r][k] b[k][.] for r < m (m a multiple of row_step): a bf16 rows of stride lda,
-  // b a bf16 strip of depth k (pair layout), c float32 rows of stride ldc.
-  void (*gemm)(const uint16_t* a, int64_t lda, int64_t m, const uint16_t* b, int64_t k, float* c, int64_t ldc);
+  // b a bf16 strip of depth k (pair layout), c float32 rows of stride ldc. `next`: the next_bytes the
+  // thread multiplies after this strip (nullptr: none known), which the ISA may read ahead meanwhile.
+  void (*gemm)(const uint16_t* a, int64_t lda, int64_t m, const uint16_t* b, int64_t k, const uint8_t* next,
+               int64_t next_bytes, float* c, int64_t ldc);
   // Gate/up epilogue: c rows hold 16 gate then 16 up columns; bias (32 floats) or nullptr;
   // out[r][0, 16) = act(gate + bias, up + bias) rounded to bf16.
   void (*act)(const float* c, int64_t ldc, int64_t m, const float* bias, Act act, uint16_t* out, int64_t ldo);

@@ -74,7 +74,7 @@ at::Tensor strip_linear(const at::Tensor& x, const at::Tensor& strips, const c10
           if (br >= 3) {  // the float32 rows' kernel; 1-2 rows: the expert GEMM's, widening them in registers
             strip_gemm_avx2(ap + b0 * k, k, br, strip, k, c);
           } else {
-            isa->gemm(a + (r0 + b0) * k, k, br, strip, k, c, 32);
+            isa->gemm(a + (r0 + b0) * k, k, br, strip, k, nullptr, 0, c, 32);
           }
           rows_out(c, br, bp ? bp + n0 : nullptr, std::min<int64_t>(32, n - n0), y + (r0 + b0) * n + n0, n);
         }
