@@ -15,9 +15,9 @@
 //    after another (its weights contiguous, its rows kept in cache); the epilogue adds the bias,
 //    scales by the pair's routing weight and accumulates into the token's float32 row, rounded
 //    once at the end.
-// The tile GEMM is told the next strip its thread multiplies, and reads its codes ahead (a quantized
-// strip's too: they are then in L2 when it is dequantised); the down pass also reads the head of the
-// next expert's run ahead (prefetch_head) for the other ISAs.
+// The tile GEMM and AVX512-BF16's gemm are told the next strip their thread multiplies, and read its
+// codes ahead (a quantized strip's too: they are then in L2 when it is dequantised); the down pass
+// also reads the head of the next expert's run ahead (prefetch_head) for the other ISAs.
 // At a few rows per expert on int8-activation products, whole experts per thread instead
 // (expert_by_expert.h; set_expert_schedule overrides the rule for tests and benchmarks).
 // Gate/up items are ordered by their expert's row count, largest first, and down items each
