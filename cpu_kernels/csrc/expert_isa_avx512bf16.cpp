@@ -114,9 +114,10 @@ void dequant(const Strip& st, uint16_t* out) { dequant_rows(st, 0, st.k / 2, out
 
 // The strip a thread multiplies next, read into L2 a line per pair-row of this strip's products: a
 // strip multiplied by 8-64 rows (the README job's 256-token micro-batches) then finds its weights in
-// L2, where the hardware prefetcher alone left the products waiting on DRAM (0.82-0.99x the time on
-// Zen 4 at T = 256 on every family's shape; no change at 1-7 rows per expert, whose few products
-// per line keep the stream busy anyway). Spread over the first pass, so it adds no burst.
+// L2, where the hardware prefetcher alone left the products waiting on DRAM (0.81-0.99x the time on
+// Zen 4 at T = 256 on four families' shapes, Qwen3's narrow experts most). Not below 8 rows, where
+// the kernel already reads at the memory's rate (BENCHMARKS §18). Spread over the first pass, so it
+// adds no burst.
 struct ReadAhead {
   const char* p;
   int64_t left;

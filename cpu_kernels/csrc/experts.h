@@ -45,8 +45,9 @@ struct ExpertIsa {
   // A quantized strip -> bf16 pair layout, K/2 rows of 64 values.
   void (*dequant)(const Strip& s, uint16_t* out);
   // c[r][0, 32) = sum_k a[r][k] b[k][.] for r < m (m a multiple of row_step): a bf16 rows of stride lda,
-  // b a bf16 strip of depth k (pair layout), c float32 rows of stride ldc. `next`: the next_bytes the
-  // thread multiplies after this strip (nullptr: none known), which the ISA may read ahead meanwhile.
+  // b a bf16 strip of depth k (pair layout), c float32 rows of stride ldc. `next`: the codes of the strip
+  // the thread multiplies after this one (next_bytes of them; nullptr: none known), which the ISA may
+  // read ahead meanwhile (AVX512-BF16 does).
   void (*gemm)(const uint16_t* a, int64_t lda, int64_t m, const uint16_t* b, int64_t k, const uint8_t* next,
                int64_t next_bytes, float* c, int64_t ldc);
   // Gate/up epilogue: c rows hold 16 gate then 16 up columns; bias (32 floats) or nullptr;
