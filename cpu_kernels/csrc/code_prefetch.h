@@ -12,8 +12,10 @@
 // DRAM. On the AVX2 host (Zen 3) 2-6 KB ahead, T2 or T0, lift the AVX2 kernel from 0.93-0.96x to
 // 1.01-1.16x the same pass's plain read for Mixtral-shaped int4 experts at one row (medians of 9 passes,
 // benchmarks/expert_avx2_stream_ceiling.cpp; 1.08-1.11x as fast as without, alternated in one process:
-// benchmarks/results/expert_avx2_t1_prefetch.md). Past the strip's end they are the next strip's in
-// gate/up, where a thread takes runs of an expert's strips.
+// benchmarks/results/expert_avx2_t1_prefetch.md). On an AVX-512-BF16 host without AMX (Zen 4) 1, 3, 6
+// and 12 KB timed within the host's run-to-run spread (benchmarks/results/vnni_prefetch_distance_zen4.md).
+// Past the strip's end they are the next strip's in gate/up, where a thread takes runs of an expert's
+// strips.
 #pragma once
 #include <immintrin.h>
 
