@@ -135,16 +135,17 @@ int64_t rows_of(const ExpertIsa* isa, WFormat fmt, int64_t n) { return int_rows(
 void strip_gemm(const ExpertIsa* isa, const Rows& a, int64_t m, const Strip& st, const uint8_t* next,
                 const QuantRows* qa, uint16_t* scratch, float* c) {
   const uint16_t* b = reinterpret_cast<const uint16_t*>(st.codes);
+  const int64_t next_bytes = strip_bytes(st.fmt, st.k);  // a strip of the same pack
   if (st.fmt != WFormat::BF16) {
     if (qa && int_rows(isa, st.fmt, m)) return isa->iqgemm(*qa, m, st, c, kStrip);
     if (!a.tiles && isa->qgemm && m <= isa->qgemm_rows) return isa->qgemm(a.p, a.k, m, st, c, kStrip);
     if (a.tiles && isa->tile_qgemm)
-      return isa->tile_qgemm(a.p, m, st, scratch, next, strip_bytes(st.fmt, st.k), c, kStrip);
+      return isa->tile_qgemm(a.p, m, st, scratch, next, next_bytes, c, kStrip);
     isa->dequant(st, scratch);
     b = scratch;
   }
-  if (a.tiles) return isa->tile_gemm(a.p, m, b, st.k, next, strip_bytes(st.fmt, st.k), c, kStrip);
-  isa->gemm(a.p, a.k, m, b, st.k, next, next ? strip_bytes(st.fmt, st.k) : 0, c, kStrip);
+  if (a.tiles) return isa->tile_gemm(a.p, m, b, st.k, next, next_bytes, c, kStrip);
+  isa->gemm(a.p, a.k, m, b, st.k, next, next_bytes, c, kStrip);
 }
 
 // The gate/up epilogue of m rows of c into columns [col, col + 16) of `out` (a tiled block: per tile
